@@ -1,0 +1,197 @@
+"""What a model is made of, read from its HF `config.json`.
+
+A `ModelSpec` holds the exact parameter count of a model split by role (embeddings, attention,
+MLP, experts, norms, head), and the named Linear modules of each transformer block with their
+shapes, so that LoRA targets and quantized modules can be counted without building the model.
+
+`spec_from_config(config, model_id=..., source=...)` is the one entry point; each supported
+`model_type` has a small reader function registered in `ARCHITECTURE_READERS`.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+
+class ModelSource(str, Enum):
+    """Where a ModelSpec came from, most trustworthy first."""
+
+    LOCAL = "local"  # a directory or config.json path on disk
+    CACHE = "cache"  # the Hugging Face cache on this machine
+    HUB = "hub"  # fetched from the hub (or an on-disk copy of an earlier fetch)
+    CATALOG = "catalog"  # the catalog bundled with llmmem
+    CONFIG = "config"  # a config dict handed over directly (tests, pragmas)
+    GUESS = "guess"  # only a size read from the name ("8B"); the shapes are invented
+
+
+class ModelSpecError(ValueError):
+    """A config that cannot be turned into a ModelSpec; the message says why and what to do."""
+
+
+LinearRole = Literal["attention", "mlp", "expert", "shared_expert", "router", "other"]
+
+
+class LinearModule(BaseModel):
+    """One nn.Linear (or Conv1D used as a linear) inside a transformer block."""
+
+    name: str  # the leaf name PEFT matches on: "q_proj", "c_attn", "query_key_value", "w1"
+    path: str  # the dotted path inside the block: "self_attn.q_proj", "mlp.experts.w1"
+    in_features: int
+    out_features: int
+    bias: bool
+    count: int = 1  # how many copies per block (experts of a MoE layer)
+    role: LinearRole
+
+    @property
+    def weight_params(self) -> int:
+        return self.in_features * self.out_features * self.count
+
+    @property
+    def params(self) -> int:
+        return (self.in_features * self.out_features + (self.out_features if self.bias else 0)) * (
+            self.count
+        )
+
+
+class BlockGroup(BaseModel):
+    """A run of identical transformer blocks (a decoder stack, or T5's encoder and decoder)."""
+
+    name: str  # "decoder", "encoder"
+    count: int  # number of blocks in the run
+    linears: list[LinearModule]
+    norm_params: int  # parameters of the norms inside one block (weights and biases)
+    other_params: int = 0  # anything else inside one block (relative position biases, sinks, ...)
+    experts_per_token: int = 0  # routed experts each token visits (0 for a dense block)
+    num_experts: int = 0
+
+    @property
+    def params_per_block(self) -> int:
+        return sum(lin.params for lin in self.linears) + self.norm_params + self.other_params
+
+    @property
+    def params(self) -> int:
+        return self.params_per_block * self.count
+
+
+class ParamBreakdown(BaseModel):
+    """Exact parameter counts by role; `total` is what `sum(p.numel() for p in model.parameters())`
+    gives for the HF class that `architecture` names (tied weights counted once)."""
+
+    embedding: int  # token embeddings, plus learned position / token-type embeddings
+    attention: int  # q, k, v, o projections with their biases, all blocks
+    mlp: int  # dense MLP weights and biases (shared experts included), all blocks
+    experts: int  # routed experts, all of them, all blocks
+    experts_active: int  # routed experts one token visits, all blocks
+    router: int  # MoE gates
+    norms: int  # every norm in the model, final norm included
+    head: int  # the LM head (0 when tied to the embeddings) or a task head / pooler
+    other: int = 0  # relative position biases, attention sinks, ...
+
+    @property
+    def total(self) -> int:
+        return (
+            self.embedding
+            + self.attention
+            + self.mlp
+            + self.experts
+            + self.router
+            + self.norms
+            + self.head
+            + self.other
+        )
+
+    @property
+    def active(self) -> int:
+        """Parameters one token touches (experts counted only for those it is routed to)."""
+        return self.total - self.experts + self.experts_active
+
+
+NormKind = Literal["rmsnorm", "layernorm", "gemma_rmsnorm"]
+MlpKind = Literal["gated", "plain"]  # gated: act(gate) * up -> down (SwiGLU, GeGLU); plain: fc1 -> act -> fc2
+
+
+class CheckpointQuantization(BaseModel):
+    """A checkpoint that is already quantized on the hub (bnb 4-bit, GPTQ, AWQ, ...)."""
+
+    method: str  # "bitsandbytes", "gptq", "awq", "fp8", ...
+    bits: int
+    quant_type: str | None = None  # "nf4", "fp4"
+    double_quant: bool = False
+    group_size: int | None = None
+
+
+class ModelSpec(BaseModel):
+    model_id: str
+    model_type: str  # config["model_type"]
+    architecture: str  # the HF class the counts are for, e.g. "LlamaForCausalLM"
+    source: ModelSource
+    source_detail: str = ""  # a path, a URL, "bundled catalog", "guessed from '8B' in the name"
+
+    hidden_size: int
+    num_layers: int  # all transformer blocks (encoder + decoder for T5)
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int  # dense MLP width (per expert for MoE)
+    vocab_size: int
+    max_position_embeddings: int | None = None
+
+    tie_word_embeddings: bool
+    norm: NormKind
+    mlp: MlpKind
+    activation: str  # "silu", "gelu_pytorch_tanh", "gelu_new", ...
+    qk_norm: bool = False
+    parallel_residual: bool = False  # attention and MLP read the same input (GPT-J, NeoX, Phi, Falcon)
+    sliding_window: int | None = None
+    sliding_layers: int = 0  # how many blocks use the sliding window (0 = none, num_layers = all)
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
+    supports_sdpa: bool = True  # False where transformers refuses SDPA and trains eager
+    is_encoder_decoder: bool = False
+    is_causal_lm: bool = True  # has an LM head over the vocabulary
+    num_experts: int = 0
+    experts_per_token: int = 0
+
+    params: ParamBreakdown
+    blocks: list[BlockGroup]
+
+    torch_dtype: str | None = None  # the checkpoint dtype the config declares
+    checkpoint_quantization: CheckpointQuantization | None = None
+    # exact tensor bytes per safetensors dtype ("BF16", "U8", "F32"), when the hub header was read
+    checkpoint_bytes_by_dtype: dict[str, int] | None = None
+    notes: list[str] = Field(default_factory=list)  # what the reader assumed
+
+    @property
+    def total_params(self) -> int:
+        return self.params.total
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def is_guess(self) -> bool:
+        return self.source is ModelSource.GUESS
+
+    def block_linears(self) -> list[tuple[BlockGroup, LinearModule]]:
+        return [(group, lin) for group in self.blocks for lin in group.linears]
+
+
+def spec_from_config(
+    config: dict[str, Any],
+    *,
+    model_id: str,
+    source: ModelSource,
+    source_detail: str = "",
+) -> ModelSpec:
+    """Read an HF config dict into a ModelSpec.
+
+    Raises ModelSpecError with a one-line, actionable message for an unsupported `model_type`
+    or a config missing the fields its architecture needs.
+    """
+    from llmmem.models.architectures import read_architecture
+
+    return read_architecture(config, model_id=model_id, source=source, source_detail=source_detail)
