@@ -154,6 +154,8 @@ class ModelSpec(BaseModel):
     is_causal_lm: bool = True  # has an LM head over the vocabulary
     num_experts: int = 0
     experts_per_token: int = 0
+    attention_dropout: float = 0.0  # dropout on attention probabilities while training
+    hidden_dropout: float = 0.0  # dropout on the residual branches while training
 
     params: ParamBreakdown
     blocks: list[BlockGroup]
@@ -194,4 +196,29 @@ def spec_from_config(
     """
     from llmmem.models.architectures import read_architecture
 
-    return read_architecture(config, model_id=model_id, source=source, source_detail=source_detail)
+    spec = read_architecture(config, model_id=model_id, source=source, source_detail=source_detail)
+    attention_dropout, hidden_dropout = training_dropout(config)
+    return spec.model_copy(
+        update={"attention_dropout": attention_dropout, "hidden_dropout": hidden_dropout}
+    )
+
+
+# Config keys of the dropout a model applies while training, by what it drops.
+ATTENTION_DROPOUT_KEYS = ("attention_probs_dropout_prob", "attn_pdrop", "attention_dropout",
+                          "dropout_rate", "attention_dropout_prob")
+HIDDEN_DROPOUT_KEYS = ("hidden_dropout_prob", "resid_pdrop", "hidden_dropout", "dropout",
+                       "dropout_rate", "resid_dropout")
+
+
+def training_dropout(config: dict[str, Any]) -> tuple[float, float]:
+    """(attention dropout, residual dropout) as the config sets them; 0 when absent."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+
+    def first(keys: tuple[str, ...]) -> float:
+        for key in keys:
+            value = text.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+        return 0.0
+
+    return first(ATTENTION_DROPOUT_KEYS), first(HIDDEN_DROPOUT_KEYS)

@@ -1,0 +1,494 @@
+"""GPT-style decoders with LayerNorm and a plain MLP: GPT-2, GPT-NeoX (Pythia, StableLM-alpha),
+GPT-J, OPT, Falcon, BLOOM and Phi-1/1.5/2."""
+
+from __future__ import annotations
+
+from llmmem.models.architectures.assembly import (
+    ArchitectureReader,
+    Dims,
+    SpecOrigin,
+    attention_projections,
+    build_spec,
+    decoder_group,
+    layer_norm_params,
+    linear,
+    lm_head_params,
+    plain_mlp,
+)
+from llmmem.models.architectures.config_view import ConfigView
+from llmmem.models.spec import ModelSpec
+
+
+def _multi_head_dims(
+    view: ConfigView,
+    *,
+    hidden: int,
+    layers: int,
+    heads: int,
+    intermediate: int,
+    max_positions: int | None,
+    kv_heads: int | None = None,
+) -> Dims:
+    return Dims(
+        hidden=hidden,
+        layers=layers,
+        heads=heads,
+        kv_heads=heads if kv_heads is None else kv_heads,
+        head_dim=hidden // heads,
+        intermediate=intermediate,
+        vocab=view.required_int("vocab_size"),
+        tie_embeddings=view.flag("tie_word_embeddings"),
+        max_positions=max_positions,
+    )
+
+
+# --- GPT-2 -------------------------------------------------------------------------------------
+
+GPT2_DEFAULTS = {
+    "n_positions": 1024,
+    "n_inner": None,
+    "activation_function": "gelu_new",
+    "add_cross_attention": False,
+    "tie_word_embeddings": True,
+}
+
+
+def read_gpt2(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
+    hidden = view.required_int("n_embd", "hidden_size")
+    dims = _multi_head_dims(
+        view,
+        hidden=hidden,
+        layers=view.required_int("n_layer", "num_hidden_layers"),
+        heads=view.required_int("n_head", "num_attention_heads"),
+        intermediate=view.int_or(4 * hidden, "n_inner"),
+        max_positions=view.int_or(1024, "n_positions", "max_position_embeddings"),
+    )
+    # GPT-2 uses Conv1D modules (weight stored as in x out); PEFT treats them as Linear layers
+    linears = [
+        linear("c_attn", "attn.c_attn", hidden, 3 * hidden, bias=True, role="attention"),
+        linear("c_proj", "attn.c_proj", hidden, hidden, bias=True, role="attention"),
+        *plain_mlp(
+            "mlp.c_fc", "mlp.c_proj", hidden=hidden, intermediate=dims.intermediate, bias=True
+        ),
+    ]
+    notes = ["GPT-2 projections are transformers Conv1D modules (weight stored in x out)"]
+    if view.flag("add_cross_attention"):
+        notes.append(
+            "add_cross_attention is set: the cross-attention of GPT2 as a decoder is not counted"
+        )
+    return build_spec(
+        view,
+        origin,
+        architecture="GPT2LMHeadModel",
+        dims=dims,
+        groups=[
+            decoder_group(linears, layers=dims.layers, norm_params=2 * layer_norm_params(hidden))
+        ],
+        embedding=(dims.vocab + (dims.max_positions or 0)) * hidden,
+        head=lm_head_params(dims),
+        model_norms=layer_norm_params(hidden),
+        norm="layernorm",
+        mlp="plain",
+        activation=view.text("activation_function") or "gelu_new",
+        notes=notes,
+    )
+
+
+# --- GPT-NeoX ----------------------------------------------------------------------------------
+
+GPT_NEOX_DEFAULTS = {
+    "hidden_act": "gelu",
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": False,
+    "use_parallel_residual": True,
+    "attention_bias": True,
+}
+
+
+def read_gpt_neox(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
+    hidden = view.required_int("hidden_size")
+    dims = _multi_head_dims(
+        view,
+        hidden=hidden,
+        layers=view.required_int("num_hidden_layers"),
+        heads=view.required_int("num_attention_heads"),
+        intermediate=view.required_int("intermediate_size"),
+        max_positions=view.optional_int("max_position_embeddings"),
+    )
+    bias = view.flag("attention_bias")
+    linears = [
+        linear(
+            "query_key_value",
+            "attention.query_key_value",
+            hidden,
+            3 * hidden,
+            bias=bias,
+            role="attention",
+        ),
+        linear("dense", "attention.dense", hidden, hidden, bias=bias, role="attention"),
+        *plain_mlp(
+            "mlp.dense_h_to_4h",
+            "mlp.dense_4h_to_h",
+            hidden=hidden,
+            intermediate=dims.intermediate,
+            bias=True,
+        ),
+    ]
+    return build_spec(
+        view,
+        origin,
+        architecture="GPTNeoXForCausalLM",
+        dims=dims,
+        groups=[
+            decoder_group(linears, layers=dims.layers, norm_params=2 * layer_norm_params(hidden))
+        ],
+        embedding=dims.vocab * hidden,
+        head=lm_head_params(dims),
+        model_norms=layer_norm_params(hidden),
+        norm="layernorm",
+        mlp="plain",
+        activation=view.text("hidden_act") or "gelu",
+        parallel_residual=view.flag("use_parallel_residual"),
+    )
+
+
+# --- GPT-J -------------------------------------------------------------------------------------
+
+GPTJ_DEFAULTS = {
+    "n_positions": 2048,
+    "n_inner": None,
+    "activation_function": "gelu_new",
+    "tie_word_embeddings": False,
+}
+
+
+def read_gptj(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
+    hidden = view.required_int("n_embd", "hidden_size")
+    dims = _multi_head_dims(
+        view,
+        hidden=hidden,
+        layers=view.required_int("n_layer", "num_hidden_layers"),
+        heads=view.required_int("n_head", "num_attention_heads"),
+        intermediate=view.int_or(4 * hidden, "n_inner"),
+        max_positions=view.optional_int("n_positions", "max_position_embeddings"),
+    )
+    linears = [
+        *attention_projections(
+            "attn",
+            hidden=hidden,
+            heads=dims.heads,
+            kv_heads=dims.heads,
+            head_dim=dims.head_dim,
+            qkv_bias=False,
+            output_bias=False,
+            names=("q_proj", "k_proj", "v_proj", "out_proj"),
+        ),
+        *plain_mlp(
+            "mlp.fc_in", "mlp.fc_out", hidden=hidden, intermediate=dims.intermediate, bias=True
+        ),
+    ]
+    return build_spec(
+        view,
+        origin,
+        architecture="GPTJForCausalLM",
+        dims=dims,
+        groups=[decoder_group(linears, layers=dims.layers, norm_params=layer_norm_params(hidden))],
+        embedding=dims.vocab * hidden,
+        head=lm_head_params(dims, bias=True),
+        model_norms=layer_norm_params(hidden),
+        norm="layernorm",
+        mlp="plain",
+        activation=view.text("activation_function") or "gelu_new",
+        parallel_residual=True,
+        supports_sdpa=False,
+        notes=[
+            "GPTJForCausalLM has no SDPA attention in transformers 5; it trains with eager "
+            "attention"
+        ],
+    )
+
+
+# --- OPT ---------------------------------------------------------------------------------------
+
+OPT_DEFAULTS = {
+    "max_position_embeddings": 2048,
+    "do_layer_norm_before": True,
+    "_remove_final_layer_norm": False,
+    "word_embed_proj_dim": None,
+    "activation_function": "relu",
+    "enable_bias": True,
+    "layer_norm_elementwise_affine": True,
+    "tie_word_embeddings": True,
+}
+
+_OPT_POSITION_OFFSET = 2  # OPT's learned positions keep two extra rows
+
+
+def read_opt(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
+    hidden = view.required_int("hidden_size")
+    dims = _multi_head_dims(
+        view,
+        hidden=hidden,
+        layers=view.required_int("num_hidden_layers"),
+        heads=view.required_int("num_attention_heads"),
+        intermediate=view.required_int("ffn_dim"),
+        max_positions=view.int_or(2048, "max_position_embeddings"),
+    )
+    bias = view.flag("enable_bias")
+    norm_width = layer_norm_params(hidden) if view.flag("layer_norm_elementwise_affine") else 0
+    linears = [
+        *attention_projections(
+            "self_attn",
+            hidden=hidden,
+            heads=dims.heads,
+            kv_heads=dims.heads,
+            head_dim=dims.head_dim,
+            qkv_bias=bias,
+            output_bias=bias,
+            names=("q_proj", "k_proj", "v_proj", "out_proj"),
+        ),
+        *plain_mlp("fc1", "fc2", hidden=hidden, intermediate=dims.intermediate, bias=bias),
+    ]
+    projection = view.int_or(hidden, "word_embed_proj_dim")
+    # project_in / project_out map between a narrower embedding width and the hidden width
+    projections = 2 * projection * hidden if projection != hidden else 0
+    pre_norm = view.flag("do_layer_norm_before")
+    final_norm = norm_width if pre_norm and not view.flag("_remove_final_layer_norm") else 0
+    notes = []
+    if projections:
+        notes.append(
+            f"OPT embeds at width {projection}: project_in/project_out counted under other"
+        )
+    if not pre_norm:
+        notes.append("do_layer_norm_before is false: post-norm blocks and no final LayerNorm")
+    return build_spec(
+        view,
+        origin,
+        architecture="OPTForCausalLM",
+        dims=dims,
+        groups=[decoder_group(linears, layers=dims.layers, norm_params=2 * norm_width)],
+        embedding=dims.vocab * projection
+        + ((dims.max_positions or 0) + _OPT_POSITION_OFFSET) * hidden,
+        head=lm_head_params(dims, in_features=projection),
+        model_norms=final_norm,
+        model_other=projections,
+        norm="layernorm",
+        mlp="plain",
+        activation=view.text("activation_function") or "relu",
+        notes=notes,
+    )
+
+
+# --- Falcon ------------------------------------------------------------------------------------
+
+FALCON_DEFAULTS = {
+    "num_ln_in_parallel_attn": None,
+    "num_kv_heads": None,
+    "alibi": False,
+    "new_decoder_architecture": False,
+    "multi_query": True,
+    "parallel_attn": True,
+    "bias": False,
+    "max_position_embeddings": 2048,
+    "ffn_hidden_size": None,
+    "activation": "gelu",
+    "tie_word_embeddings": True,
+}
+
+
+def read_falcon(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
+    hidden = view.required_int("hidden_size", "n_embed")
+    heads = view.required_int("num_attention_heads", "n_head")
+    head_dim = hidden // heads
+    new_architecture = view.flag("new_decoder_architecture")
+    multi_query = view.flag("multi_query")
+    if new_architecture:
+        kv_heads = view.int_or(heads, "num_kv_heads", "n_head_kv")
+        qkv_width = (heads + 2 * kv_heads) * head_dim
+    elif multi_query:
+        kv_heads = 1
+        qkv_width = hidden + 2 * head_dim
+    else:
+        kv_heads = heads
+        qkv_width = 3 * hidden
+    dims = _multi_head_dims(
+        view,
+        hidden=hidden,
+        layers=view.required_int("num_hidden_layers", "n_layer"),
+        heads=heads,
+        kv_heads=kv_heads,
+        intermediate=view.int_or(4 * hidden, "ffn_hidden_size"),
+        max_positions=view.optional_int("max_position_embeddings"),
+    )
+    bias = view.flag("bias")
+    linears = [
+        linear(
+            "query_key_value",
+            "self_attention.query_key_value",
+            hidden,
+            qkv_width,
+            bias=bias,
+            role="attention",
+        ),
+        linear("dense", "self_attention.dense", hidden, hidden, bias=bias, role="attention"),
+        *plain_mlp(
+            "mlp.dense_h_to_4h",
+            "mlp.dense_4h_to_h",
+            hidden=hidden,
+            intermediate=dims.intermediate,
+            bias=bias,
+        ),
+    ]
+    parallel = view.flag("parallel_attn")
+    norms_in_parallel = view.optional_int("num_ln_in_parallel_attn")
+    if norms_in_parallel is None and new_architecture:
+        norms_in_parallel = 2
+    block_norms = 2 if (not parallel or norms_in_parallel == 2) else 1
+    notes = []
+    if view.flag("alibi"):
+        notes.append("Falcon with ALiBi position biases (no parameters)")
+    return build_spec(
+        view,
+        origin,
+        architecture="FalconForCausalLM",
+        dims=dims,
+        groups=[
+            decoder_group(
+                linears, layers=dims.layers, norm_params=block_norms * layer_norm_params(hidden)
+            )
+        ],
+        embedding=dims.vocab * hidden,
+        head=lm_head_params(dims),
+        model_norms=layer_norm_params(hidden),
+        norm="layernorm",
+        mlp="plain",
+        activation=view.text("activation") or "gelu",
+        parallel_residual=parallel,
+        notes=notes,
+    )
+
+
+# --- BLOOM -------------------------------------------------------------------------------------
+
+BLOOM_DEFAULTS = {"tie_word_embeddings": True}
+
+
+def read_bloom(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
+    hidden = view.required_int("hidden_size", "n_embed")
+    dims = _multi_head_dims(
+        view,
+        hidden=hidden,
+        layers=view.required_int("n_layer", "num_hidden_layers"),
+        heads=view.required_int("n_head", "num_attention_heads"),
+        intermediate=4 * hidden,
+        max_positions=None,
+    )
+    linears = [
+        linear(
+            "query_key_value",
+            "self_attention.query_key_value",
+            hidden,
+            3 * hidden,
+            bias=True,
+            role="attention",
+        ),
+        linear("dense", "self_attention.dense", hidden, hidden, bias=True, role="attention"),
+        *plain_mlp(
+            "mlp.dense_h_to_4h",
+            "mlp.dense_4h_to_h",
+            hidden=hidden,
+            intermediate=dims.intermediate,
+            bias=True,
+        ),
+    ]
+    return build_spec(
+        view,
+        origin,
+        architecture="BloomForCausalLM",
+        dims=dims,
+        groups=[
+            decoder_group(linears, layers=dims.layers, norm_params=2 * layer_norm_params(hidden))
+        ],
+        embedding=dims.vocab * hidden,
+        head=lm_head_params(dims),
+        # word_embeddings_layernorm after the embeddings, ln_f at the end
+        model_norms=2 * layer_norm_params(hidden),
+        norm="layernorm",
+        mlp="plain",
+        activation="gelu_pytorch_tanh",
+        supports_sdpa=False,
+        notes=[
+            "BLOOM uses ALiBi (no position parameters) and a tanh-approximated GELU",
+            "BloomForCausalLM has no SDPA attention in transformers 5; it trains with eager "
+            "attention",
+        ],
+    )
+
+
+# --- Phi-1 / Phi-1.5 / Phi-2 -------------------------------------------------------------------
+
+PHI_DEFAULTS = {
+    "num_key_value_heads": None,
+    "hidden_act": "gelu_new",
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": False,
+    "qk_layernorm": False,
+}
+
+
+def read_phi(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
+    hidden = view.required_int("hidden_size")
+    heads = view.required_int("num_attention_heads")
+    head_dim = view.int_or(hidden // heads, "head_dim")
+    dims = Dims(
+        hidden=hidden,
+        layers=view.required_int("num_hidden_layers"),
+        heads=heads,
+        kv_heads=view.int_or(heads, "num_key_value_heads"),
+        head_dim=head_dim,
+        intermediate=view.required_int("intermediate_size"),
+        vocab=view.required_int("vocab_size"),
+        tie_embeddings=view.flag("tie_word_embeddings"),
+        max_positions=view.optional_int("max_position_embeddings"),
+    )
+    linears = [
+        *attention_projections(
+            "self_attn",
+            hidden=hidden,
+            heads=heads,
+            kv_heads=dims.kv_heads,
+            head_dim=head_dim,
+            qkv_bias=True,
+            output_bias=True,
+            names=("q_proj", "k_proj", "v_proj", "dense"),
+        ),
+        *plain_mlp("mlp.fc1", "mlp.fc2", hidden=hidden, intermediate=dims.intermediate, bias=True),
+    ]
+    qk_norm = view.flag("qk_layernorm")
+    block_norms = layer_norm_params(hidden) + (2 * layer_norm_params(head_dim) if qk_norm else 0)
+    return build_spec(
+        view,
+        origin,
+        architecture="PhiForCausalLM",
+        dims=dims,
+        groups=[decoder_group(linears, layers=dims.layers, norm_params=block_norms)],
+        embedding=dims.vocab * hidden,
+        head=lm_head_params(dims, bias=True),
+        model_norms=layer_norm_params(hidden),
+        norm="layernorm",
+        mlp="plain",
+        activation=view.text("hidden_act") or "gelu_new",
+        qk_norm=qk_norm,
+        parallel_residual=True,
+    )
+
+
+READERS = [
+    ArchitectureReader("gpt2", "GPT2Config", GPT2_DEFAULTS, read_gpt2),
+    ArchitectureReader("gpt_neox", "GPTNeoXConfig", GPT_NEOX_DEFAULTS, read_gpt_neox),
+    ArchitectureReader("gptj", "GPTJConfig", GPTJ_DEFAULTS, read_gptj),
+    ArchitectureReader("opt", "OPTConfig", OPT_DEFAULTS, read_opt),
+    ArchitectureReader("falcon", "FalconConfig", FALCON_DEFAULTS, read_falcon),
+    ArchitectureReader("bloom", "BloomConfig", BLOOM_DEFAULTS, read_bloom),
+    ArchitectureReader("phi", "PhiConfig", PHI_DEFAULTS, read_phi),
+]

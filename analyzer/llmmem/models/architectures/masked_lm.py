@@ -1,0 +1,100 @@
+"""BERT and RoBERTa as masked language models (`BertForMaskedLM`, `RobertaForMaskedLM`): post-norm
+encoder blocks, learned absolute positions, and a prediction head (dense + LayerNorm + decoder tied
+to the word embeddings, with its own vocabulary bias). The pooler of `BertModel` is not part of
+the masked-LM classes."""
+
+from __future__ import annotations
+
+from llmmem.models.architectures.assembly import (
+    ArchitectureReader,
+    Dims,
+    SpecOrigin,
+    build_spec,
+    layer_norm_params,
+    linear,
+    plain_mlp,
+)
+from llmmem.models.architectures.config_view import ConfigView
+from llmmem.models.spec import BlockGroup, ModelSpec
+
+BERT_DEFAULTS = {
+    "hidden_act": "gelu",
+    "max_position_embeddings": 512,
+    "type_vocab_size": 2,
+    "tie_word_embeddings": True,
+}
+
+ROBERTA_DEFAULTS = dict(BERT_DEFAULTS)
+
+
+def _read_masked_lm(view: ConfigView, origin: SpecOrigin, *, architecture: str) -> ModelSpec:
+    hidden = view.required_int("hidden_size")
+    heads = view.required_int("num_attention_heads")
+    dims = Dims(
+        hidden=hidden,
+        layers=view.required_int("num_hidden_layers"),
+        heads=heads,
+        kv_heads=heads,
+        head_dim=hidden // heads,
+        intermediate=view.required_int("intermediate_size"),
+        vocab=view.required_int("vocab_size"),
+        tie_embeddings=view.flag("tie_word_embeddings"),
+        max_positions=view.int_or(512, "max_position_embeddings"),
+    )
+    linears = [
+        linear("query", "attention.self.query", hidden, hidden, bias=True, role="attention"),
+        linear("key", "attention.self.key", hidden, hidden, bias=True, role="attention"),
+        linear("value", "attention.self.value", hidden, hidden, bias=True, role="attention"),
+        linear("dense", "attention.output.dense", hidden, hidden, bias=True, role="attention"),
+        *plain_mlp(
+            "intermediate.dense",
+            "output.dense",
+            hidden=hidden,
+            intermediate=dims.intermediate,
+            bias=True,
+        ),
+    ]
+    block = BlockGroup(
+        name="encoder",
+        count=dims.layers,
+        linears=linears,
+        norm_params=2 * layer_norm_params(hidden),  # after attention and after the MLP
+    )
+    positions = dims.max_positions or 0
+    token_types = view.int_or(0, "type_vocab_size")
+    # prediction head: transform dense, then the decoder's vocabulary bias; the decoder weight is
+    # the word embedding unless untied, and untied it keeps a second bias of its own
+    head = hidden * hidden + hidden + dims.vocab
+    if not dims.tie_embeddings:
+        head += dims.vocab * hidden + dims.vocab
+    return build_spec(
+        view,
+        origin,
+        architecture=architecture,
+        dims=dims,
+        groups=[block],
+        embedding=(dims.vocab + positions + token_types) * hidden,
+        head=head,
+        # embeddings LayerNorm and the prediction head's LayerNorm
+        model_norms=2 * layer_norm_params(hidden),
+        norm="layernorm",
+        mlp="plain",
+        activation=view.text("hidden_act") or "gelu",
+        notes=[
+            f"{architecture}: bidirectional encoder; the vocabulary head scores every position",
+        ],
+    )
+
+
+def read_bert(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
+    return _read_masked_lm(view, origin, architecture="BertForMaskedLM")
+
+
+def read_roberta(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
+    return _read_masked_lm(view, origin, architecture="RobertaForMaskedLM")
+
+
+READERS = [
+    ArchitectureReader("bert", "BertConfig", BERT_DEFAULTS, read_bert),
+    ArchitectureReader("roberta", "RobertaConfig", ROBERTA_DEFAULTS, read_roberta),
+]
