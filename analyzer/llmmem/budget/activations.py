@@ -1,0 +1,389 @@
+"""Saved activations: the tensors autograd keeps from forward to backward, per transformer block.
+
+Each block is walked op by op in the order the HF implementation runs it, and each op adds what
+autograd saves for it, with these rules (all checked against steps measured on CPU and under
+FakeTensorMode, see `MEMORY-MODEL.md`):
+
+- a Linear saves its input only when its weight trains; a frozen Linear needs only the weight to
+  pass the gradient back. Linears reading the same tensor share one saved copy, except under
+  autocast, where each one saves its own low-precision cast of an fp32 input;
+- a LoRA adapter saves its (fp32-cast) input and the rank-r output of `lora_A`;
+- HF's RMSNorm upcasts its input to fp32 and saves that copy; it saves the normalised tensor only
+  when its weight trains; LayerNorm saves its input;
+- SDPA and flash attention save q, k, v, the output and a fp32 log-sum-exp per head and row;
+  eager attention saves the fp32 softmax of every score (b·a·s²), its cast, and K/V repeated to
+  all heads;
+- an elementwise product saves both operands; SiLU/GELU save their input; GPT-2's `gelu_new`,
+  written out in Python, saves four tensors of the MLP width.
+
+Every coefficient is kept symbolic so the hover can show the formula: `20·N·h + 4·N·kvd + ...`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llmmem.budget.setup import AttnImpl, Method, Precision, TrainingSetup
+from llmmem.models.spec import BlockGroup, LinearModule, ModelSpec
+
+# The symbols of the formulas, in the order they are printed.
+SYMBOLS = ("N·h", "N·q", "N·kvd", "N·I", "N·r", "N·E", "b·a·s", "b·a·s²", "b·s²", "k·N·h", "k·N·I")
+
+# How many tensors of the MLP width an activation function saves (its input included).
+ACTIVATION_SAVES = {
+    "silu": 1, "swish": 1, "gelu": 1, "gelu_pytorch_tanh": 1, "gelu_fast": 1, "relu": 1,
+    "gelu_new": 4, "gelu_python": 3, "quick_gelu": 2, "gelu_10": 1, "relu2": 2,
+    "gelu_accurate": 4,
+}
+
+
+@dataclass
+class Tally:
+    """Bytes as a sum of coefficient × symbol, e.g. {"N·h": 20, "N·I": 8}."""
+
+    coefficients: dict[str, float] = field(default_factory=dict)
+
+    def add(self, bytes_per_unit: float, symbol: str) -> None:
+        if bytes_per_unit:
+            self.coefficients[symbol] = self.coefficients.get(symbol, 0.0) + bytes_per_unit
+
+    def extend(self, other: Tally, times: float = 1.0) -> None:
+        for symbol, coef in other.coefficients.items():
+            self.add(coef * times, symbol)
+
+    def evaluate(self, dims: dict[str, float]) -> int:
+        return round(sum(coef * dims[symbol] for symbol, coef in self.coefficients.items()))
+
+    def formula(self) -> str:
+        parts = []
+        for symbol in SYMBOLS:
+            coef = self.coefficients.get(symbol)
+            if coef:
+                parts.append(f"{coef:g}·{symbol}")
+        return " + ".join(parts) if parts else "0"
+
+
+@dataclass(frozen=True)
+class Dtypes:
+    """Bytes per element of the tensors a block computes with."""
+
+    compute: int  # outputs of Linears and attention (2 under autocast or in bf16/fp16)
+    residual: int  # the residual stream and the norms' inputs (4 under autocast)
+    autocast: bool
+
+
+def dtypes_for(setup: TrainingSetup) -> Dtypes:
+    precision = setup.precision
+    if setup.quant is not None and setup.quant.prepare_for_kbit_training:
+        # prepare_model_for_kbit_training leaves embeddings and norms in fp32, so the residual
+        # stream is fp32, and bitsandbytes layers return their input dtype: fp32 unless autocast
+        return Dtypes(compute=2 if precision.is_autocast else 4, residual=4,
+                      autocast=precision.is_autocast)
+    return Dtypes(compute=precision.compute_bytes,
+                  residual=4 if precision in (Precision.FP32,) or precision.is_autocast else 2,
+                  autocast=precision.is_autocast)
+
+
+@dataclass(frozen=True)
+class Trainability:
+    base_trains: bool  # full fine-tuning: every weight trains
+    adapted: frozenset[str]  # paths of Linears with a LoRA adapter
+    lora_dropout: bool
+    dora: bool
+    adapter_bytes: int = 4  # PEFT keeps adapters in fp32 (autocast_adapter_dtype)
+
+    def adapter(self, lin: LinearModule) -> bool:
+        return lin.path in self.adapted
+
+
+def trainability_for(spec: ModelSpec, setup: TrainingSetup) -> Trainability:
+    from llmmem.budget.weights import lora_target_linears
+
+    if setup.method is Method.FULL or setup.lora is None:
+        return Trainability(True, frozenset(), False, False)
+    adapted = frozenset(lin.path for lin in lora_target_linears(spec, setup.lora.targets))
+    return Trainability(False, adapted, setup.lora.dropout > 0, setup.lora.dora,
+                        setup.lora.adapter_bytes)
+
+
+@dataclass
+class BlockContext:
+    spec: ModelSpec
+    setup: TrainingSetup
+    dt: Dtypes
+    train: Trainability
+
+    @property
+    def quantized(self) -> bool:
+        return self.setup.quant is not None
+
+    @property
+    def kbit_compute_bytes(self) -> int:
+        return self.setup.quant.compute_dtype_bytes if self.setup.quant else self.dt.compute
+
+    def consumers_save(self, tally: Tally, tensor_dtype: int, width: str,
+                       consumers: list[LinearModule], already_saved: bool = False) -> None:
+        """What the Linears reading one tensor save of it (shared copy or private casts)."""
+        shared = already_saved
+        private = 0.0
+        adapter_bytes = 2 if self.dt.autocast else self.train.adapter_bytes
+        for lin in consumers:
+            if self.train.base_trains:
+                if self.dt.autocast and tensor_dtype == 4:
+                    private += 2  # autocast casts an fp32 input to bf16/fp16 for each op
+                else:
+                    shared = True
+            elif self.quantized and lin.role != "expert":
+                # bitsandbytes' k-bit matmul keeps its input (cast to the compute dtype) for
+                # backward whenever the input needs a gradient, though the weight is frozen
+                if tensor_dtype == self.kbit_compute_bytes:
+                    shared = True
+                else:
+                    private += self.kbit_compute_bytes
+            if self.train.adapter(lin):
+                if self.train.lora_dropout:
+                    # dropout before lora_A: a bool mask and the dropped copy it keeps
+                    private += 1 + adapter_bytes
+                elif tensor_dtype != adapter_bytes or self.dt.autocast and tensor_dtype == 4:
+                    private += adapter_bytes  # PEFT casts the input to the adapter dtype
+                else:
+                    shared = True
+                tally.add(adapter_bytes, "N·r")  # lora_A output, saved by lora_B
+                if self.train.dora:
+                    # DoRA rescales the base output: it keeps that output for the magnitude grad
+                    tally.add(self.dt.compute * lin.out_features / _width(self.spec, width), width)
+        if shared and not already_saved:
+            tally.add(tensor_dtype, width)
+        tally.add(private, width)
+
+    def norm(self, tally: Tally, width: str = "N·h", input_dtype: int | None = None) -> int:
+        """A norm over the residual stream; returns the dtype of its output."""
+        d = self.dt.residual if input_dtype is None else input_dtype
+        trains = self.train.base_trains
+        kind = self.spec.norm
+        if kind == "layernorm":
+            tally.add(d, width)  # native_layer_norm saves its input (and per-row stats)
+        elif kind == "gemma_rmsnorm":
+            tally.add(4, width)  # x.float()
+            if trains:
+                tally.add(4, width)  # normalised fp32 tensor, saved by the (1 + weight) product
+        else:
+            tally.add(4, width)  # x.to(float32), saved by pow and by the rsqrt product
+            if trains:
+                tally.add(d, width)  # normalised tensor in the input dtype, saved by weight * x
+        return d
+
+
+def _width(spec: ModelSpec, symbol: str) -> float:
+    return {"N·h": spec.hidden_size, "N·q": spec.num_attention_heads * spec.head_dim,
+            "N·kvd": spec.kv_dim, "N·I": spec.intermediate_size}.get(symbol, spec.hidden_size)
+
+
+def _linears(group: BlockGroup, position: str) -> list[LinearModule]:
+    return [lin for lin in group.linears if linear_position(lin) == position]
+
+
+ATTN_OUT_NAMES = {"o_proj", "out_proj", "o", "dense", "c_proj", "wo"}
+MLP_OUT_NAMES = {"down_proj", "fc2", "c_proj", "dense_4h_to_h", "wo", "w2", "dense", "fc_out"}
+
+
+def linear_position(lin: LinearModule) -> str:
+    """Where a Linear sits in its block: attn_in, attn_out, cross_in, mlp_in, mlp_out, expert, router."""
+    if lin.role in ("expert", "router"):
+        return lin.role
+    path = lin.path.lower()
+    if lin.role == "attention":
+        if "cross" in path or "encdecattention" in path or ".layer.1." in path and "decoder" in path:
+            return "cross_out" if lin.name in ATTN_OUT_NAMES else "cross_in"
+        if lin.name in ATTN_OUT_NAMES or path.endswith("output.dense"):
+            return "attn_out"
+        return "attn_in"
+    if "intermediate" in path:
+        return "mlp_in"  # BERT's intermediate.dense
+    if lin.name in MLP_OUT_NAMES or path.endswith("output.dense"):
+        return "mlp_out"
+    return "mlp_in"
+
+
+def attention_core(ctx: BlockContext, tally: Tally, cross: bool = False) -> None:
+    """Saved tensors of the attention itself, between the projections and the output Linear."""
+    spec, e = ctx.spec, ctx.dt.compute
+    if spec.qk_norm and not cross:
+        for width in ("N·q", "N·kvd"):
+            tally.add(4, width)  # per-head RMSNorm on q and k upcasts to fp32
+            if ctx.train.base_trains:
+                tally.add(e, width)
+    attn = ctx.setup.attn if spec.supports_sdpa else AttnImpl.EAGER
+    grouped = spec.num_kv_heads < spec.num_attention_heads
+    if attn is AttnImpl.EAGER:
+        tally.add(e, "N·q")  # q, saved by q @ kᵀ
+        kv_width = "N·q" if grouped else "N·kvd"  # repeat_kv materialises K and V per head
+        tally.add(2 * e, kv_width)
+        tally.add(4, "b·a·s²")  # softmax(dtype=float32) output
+        if spec.attn_logit_softcapping:
+            tally.add(e, "b·a·s²")  # tanh of the capped scores
+        if e != 4:
+            tally.add(e, "b·a·s²")  # the probabilities cast back, saved by probs @ v
+        if _dropout(spec, "attention") > 0:
+            tally.add(1, "b·a·s²")  # dropout mask
+            if e == 4:
+                tally.add(4, "b·a·s²")  # dropout output, saved by probs @ v
+        return
+    tally.add(2 * e, "N·q")  # q after rotary embedding, and the attention output
+    tally.add(2 * e, "N·kvd")  # k after rotary embedding, v
+    tally.add(4, "b·a·s")  # log-sum-exp per head and row (fp32)
+
+
+def _dropout(spec: ModelSpec, kind: str) -> float:
+    return float(getattr(spec, f"{kind}_dropout", 0.0) or 0.0)
+
+
+def mlp_core(ctx: BlockContext, tally: Tally, group: BlockGroup) -> None:
+    """From the MLP input's consumers to the down projection's input."""
+    e = ctx.dt.compute
+    saves = ACTIVATION_SAVES.get(ctx.spec.activation, 1)
+    down = _linears(group, "mlp_out")
+    if ctx.spec.mlp == "gated":
+        tally.add(saves * e, "N·I")  # the gate projection, kept by the activation
+        tally.add(2 * e, "N·I")  # act(gate) and up, kept by their product
+    else:
+        tally.add(saves * e, "N·I")  # fc1 output (and the pieces of a written-out GELU)
+    ctx.consumers_save(tally, e, "N·I", down)
+
+
+def block_tally(ctx: BlockContext, group: BlockGroup) -> Tally:
+    """Saved activation bytes of one block, as coefficients of N·h, N·kvd, N·I, ..."""
+    tally = Tally()
+    spec, dt = ctx.spec, ctx.dt
+    attn_in = _linears(group, "attn_in")
+    attn_out = _linears(group, "attn_out")
+    mlp_in = _linears(group, "mlp_in") + _linears(group, "router")
+    post_norm = spec.model_type in POST_NORM_TYPES
+    # GPT-NeoX runs a second LayerNorm over the same block input for its MLP
+    two_norm_parallel = spec.parallel_residual and spec.model_type in TWO_NORM_PARALLEL_TYPES
+    if post_norm:
+        # BERT-style: attention reads the block input; LayerNorm follows each residual add
+        ctx.consumers_save(tally, dt.residual, "N·h", attn_in)
+    else:
+        ctx.norm(tally)
+        one_norm_parallel = spec.parallel_residual and not two_norm_parallel
+        ctx.consumers_save(tally, dt.residual, "N·h",
+                           attn_in + (mlp_in if one_norm_parallel else []))
+    attention_core(ctx, tally)
+    sdpa_keeps_output = (ctx.setup.attn is not AttnImpl.EAGER) and spec.supports_sdpa
+    ctx.consumers_save(tally, dt.compute, "N·q", attn_out, already_saved=sdpa_keeps_output)
+    if _dropout(spec, "hidden") > 0:
+        tally.add(2, "N·h")  # two residual dropout masks (bool)
+    if any(linear_position(lin) == "cross_in" for lin in group.linears):
+        _cross_attention(ctx, tally, group)
+    if post_norm:
+        ctx.norm(tally)
+        ctx.consumers_save(tally, dt.residual, "N·h", mlp_in)
+        mlp_core(ctx, tally, group)
+        ctx.norm(tally)
+        return tally
+    if not spec.parallel_residual:
+        ctx.norm(tally)
+        ctx.consumers_save(tally, dt.residual, "N·h", mlp_in)
+    elif two_norm_parallel:
+        # the second LayerNorm saves the same input tensor as the first: only its output is new
+        ctx.consumers_save(tally, dt.residual, "N·h", mlp_in)
+    if spec.model_type in ("gemma2", "gemma3_text", "gemma3"):
+        ctx.norm(tally)  # post-attention norm
+        ctx.norm(tally)  # post-feedforward norm
+    if group.num_experts:
+        _experts(ctx, tally, group)
+    else:
+        mlp_core(ctx, tally, group)
+    return tally
+
+
+POST_NORM_TYPES = {"bert", "roberta"}
+TWO_NORM_PARALLEL_TYPES = {"gpt_neox"}
+
+
+def _cross_attention(ctx: BlockContext, tally: Tally, group: BlockGroup) -> None:
+    cross_in = [lin for lin in group.linears if linear_position(lin) == "cross_in"]
+    cross_out = [lin for lin in group.linears if linear_position(lin) == "cross_out"]
+    ctx.norm(tally)
+    ctx.consumers_save(tally, ctx.dt.residual, "N·h", cross_in)
+    attention_core(ctx, tally, cross=True)
+    ctx.consumers_save(tally, ctx.dt.compute, "N·q", cross_out)
+
+
+def _experts(ctx: BlockContext, tally: Tally, group: BlockGroup) -> None:
+    """A routed MoE layer: each token visits k experts (shapes do not depend on the routing)."""
+    e = ctx.dt.compute
+    tally.add(8, "N·E")  # router logits in fp32 and their softmax
+    shared = [lin for lin in group.linears if lin.role == "shared_expert"]
+    trains = ctx.train.base_trains
+    # gathered inputs (kept by trainable experts), gate, act(gate), up, and the routed output
+    tally.add((2 if trains else 1) * e, "k·N·h")
+    tally.add((4 if trains else 3) * e, "k·N·I")
+    if shared:
+        mlp_core(ctx, tally, BlockGroup(name="shared", count=1, linears=shared, norm_params=0))
+
+
+@dataclass(frozen=True)
+class ActivationEstimate:
+    per_block: list[tuple[BlockGroup, Tally]]
+    outside: Tally  # final norm, head input, masks: once per model
+    checkpointed: bool
+    dims: dict[str, float]
+
+    def per_block_bytes(self, group: BlockGroup) -> int:
+        for g, tally in self.per_block:
+            if g is group:
+                return tally.evaluate(self.dims)
+        raise KeyError(group.name)
+
+    @property
+    def full_bytes(self) -> int:
+        """Every block's saved tensors, without checkpointing."""
+        return sum(t.evaluate(self.dims) * g.count for g, t in self.per_block) + (
+            self.outside.evaluate(self.dims)
+        )
+
+    @property
+    def largest_block_bytes(self) -> int:
+        return max((t.evaluate(self.dims) for _, t in self.per_block), default=0)
+
+
+def estimate_activations(spec: ModelSpec, setup: TrainingSetup) -> ActivationEstimate:
+    dt = dtypes_for(setup)
+    train = trainability_for(spec, setup)
+    ctx = BlockContext(spec, setup, dt, train)
+    per_block = [(group, block_tally(ctx, group)) for group in spec.blocks]
+    outside = Tally()
+    final = Tally()
+    ctx.norm(final)
+    head_trains = train.base_trains
+    if head_trains and spec.is_causal_lm:
+        final.add(2 if dt.autocast else dt.residual, "N·h")  # the head's input
+    outside.extend(final)
+    if spec.sliding_window and setup.seq > spec.sliding_window and spec.sliding_layers:
+        outside.add(1, "b·s²")  # the boolean sliding-window mask built once per forward
+    b, s = setup.batch, setup.seq
+    r = setup.lora.r if setup.lora else 0
+    dims = {
+        "N·h": b * s * spec.hidden_size,
+        "N·q": b * s * spec.num_attention_heads * spec.head_dim,
+        "N·kvd": b * s * spec.kv_dim,
+        "N·I": b * s * spec.intermediate_size,
+        "N·r": b * s * r,
+        "N·E": b * s * max(spec.num_experts, 1),
+        "b·a·s": b * spec.num_attention_heads * s,
+        "b·a·s²": b * spec.num_attention_heads * s * s,
+        "b·s²": b * s * s,
+        "k·N·h": spec.experts_per_token * b * s * spec.hidden_size,
+        "k·N·I": spec.experts_per_token * b * s * spec.intermediate_size,
+    }
+    return ActivationEstimate(per_block, outside, setup.grad_ckpt, dims)
+
+
+def checkpoint_input_bytes(spec: ModelSpec, setup: TrainingSetup) -> tuple[int, str]:
+    """With gradient checkpointing each block keeps only its input (the residual stream)."""
+    d = dtypes_for(setup).residual
+    n = setup.tokens * spec.hidden_size
+    blocks = sum(g.count for g in spec.blocks)
+    return d * n * blocks, f"{d}·N·h × {blocks} blocks"

@@ -1,0 +1,67 @@
+"""How data parallelism divides model states across devices and what buffers it adds.
+
+- DDP: every rank holds everything; the reducer keeps gradient buckets the size of the gradients
+  (unless `gradient_as_bucket_view=True`).
+- DeepSpeed ZeRO-1/2/3 shards optimizer states (with fp32 master weights for 16-bit training),
+  then gradients, then parameters, by the world size; offload moves them to the CPU.
+- FSDP shards parameters, gradients and states (full shard) and all-gathers one wrapped block at
+  a time (two with prefetch); hybrid shard only shards inside a node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmmem.budget.setup import FsdpShard, TrainingSetup
+
+
+@dataclass(frozen=True)
+class Sharding:
+    weights: float  # fraction of the weights each rank holds
+    gradients: float
+    states: float
+    shard_group: int  # devices one copy is spread over
+    label: str
+    gathered_blocks: int = 0  # blocks whose full parameters are gathered at once
+    gradient_buckets: bool = False  # DDP keeps bucket copies of the gradients
+    master_weights: bool = False  # fp32 master copy kept with the states (DeepSpeed, 16-bit)
+    offload_states: bool = False
+    offload_params: bool = False
+
+
+def sharding_for(setup: TrainingSetup) -> Sharding:
+    d = setup.distributed
+    world = d.world_size
+    if world == 1 and not d.zero_stage and d.fsdp is None:
+        return Sharding(1, 1, 1, 1, "single device")
+    if d.zero_stage:
+        stage = d.zero_stage
+        master = setup.precision.is_autocast or setup.precision.weight_bytes == 2
+        return Sharding(
+            weights=1 / world if stage == 3 else 1,
+            gradients=1 / world if stage >= 2 else 1,
+            states=1 / world,
+            shard_group=world,
+            label=f"DeepSpeed ZeRO-{stage} over {world} devices"
+            + (" with optimizer offload" if d.offload_optimizer else "")
+            + (" with parameter offload" if d.offload_params else ""),
+            gathered_blocks=2 if stage == 3 else 0,
+            master_weights=master,
+            offload_states=d.offload_optimizer,
+            offload_params=d.offload_params,
+        )
+    if d.fsdp is not None:
+        group = min(world, d.gpus_per_node) if d.fsdp is FsdpShard.HYBRID_SHARD else world
+        params_sharded = d.fsdp is not FsdpShard.SHARD_GRAD_OP
+        return Sharding(
+            weights=1 / group if params_sharded else 1,
+            gradients=1 / group,
+            states=1 / group,
+            shard_group=group,
+            label=f"FSDP {d.fsdp.value} over {group} of {world} devices"
+            + (" with CPU offload" if d.offload_params or d.offload_optimizer else ""),
+            gathered_blocks=2 if params_sharded else 0,
+            offload_states=d.offload_optimizer or d.offload_params,
+            offload_params=d.offload_params,
+        )
+    return Sharding(1, 1, 1, 1, f"DDP over {world} devices", gradient_buckets=True)

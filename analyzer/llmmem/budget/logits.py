@@ -1,0 +1,82 @@
+"""The logits and the loss: often the largest single item for a large vocabulary.
+
+HF's causal-LM loss upcasts the logits to fp32 and `cross_entropy` saves the fp32 log-softmax.
+At the start of backward the saved log-softmax, its incoming gradient and the gradient being
+computed are alive at once: three fp32 tensors of batch × seq × vocab, 12 bytes per logit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from llmmem.budget.activations import dtypes_for
+from llmmem.budget.setup import LossImpl, TrainingSetup
+from llmmem.models.spec import ModelSpec
+from llmmem.units import format_count
+
+
+CHUNK_POSITIONS = 128
+
+
+@dataclass(frozen=True)
+class LogitsMoments:
+    forward_end: int  # alive when forward returns the loss
+    backward_start: int  # the log-softmax backward
+    head_backward: int  # the logits' gradient alive while the head computes its gradients
+    formula_forward: str
+    formula_backward: str
+    formula_head: str
+
+
+def logits_count(spec: ModelSpec, setup: TrainingSetup) -> int:
+    return setup.tokens * spec.vocab_size
+
+
+def liger_chunk_rows(spec: ModelSpec, setup: TrainingSetup) -> int:
+    """Liger's fused linear cross-entropy splits the tokens into chunks of about h/V of them."""
+    chunks = max(1, math.ceil(spec.vocab_size / spec.hidden_size))
+    rows = math.ceil(setup.tokens / chunks)
+    return 1 << max(0, (rows - 1).bit_length())
+
+
+def logits_moments(spec: ModelSpec, setup: TrainingSetup) -> LogitsMoments:
+    if not spec.is_causal_lm:
+        return LogitsMoments(0, 0, 0, "no LM head", "no LM head", "no LM head")
+    e = dtypes_for(setup).compute
+    n_logits = logits_count(spec, setup)
+    count = f"N·V = {format_count(setup.tokens)}×{format_count(spec.vocab_size)}"
+    softcap = spec.final_logit_softcapping is not None
+    if setup.loss is LossImpl.LIGER:
+        rows = liger_chunk_rows(spec, setup)
+        chunk = 3 * 4 * rows * spec.vocab_size
+        grad_input = 4 * setup.tokens * spec.hidden_size
+        text = (f"3 × 4 B × {format_count(rows)} rows × V (one chunk) + "
+                f"4 B × N·h (input gradient computed in forward)")
+        return LogitsMoments(chunk + grad_input, grad_input, grad_input, text,
+                             "4 B × N·h (precomputed input gradient)",
+                             "4 B × N·h (precomputed input gradient)")
+    if setup.loss is LossImpl.CHUNKED:
+        # cross-entropy per chunk of CHUNK_POSITIONS positions, in the logits' own dtype (as
+        # litgpt's chunked_cross_entropy): the logits and each chunk's log-softmax are kept,
+        # and only one chunk's gradient spikes at a time
+        kept = 2 * e * n_logits
+        chunk = 12 * min(CHUNK_POSITIONS, setup.seq) * setup.batch * spec.vocab_size
+        text = f"({e} + {e}) B × {count}: logits and log-softmax in the logits' dtype"
+        return LogitsMoments(kept, kept + chunk, kept, text,
+                             text + f" + 12 B × one chunk of {CHUNK_POSITIONS} positions", text)
+    upcast = 4 if e != 4 else 0
+    capped = e if softcap else 0  # tanh of the soft-capped logits is saved
+    forward_per = e + upcast + 4 + capped
+    parts = [f"{e} (logits)"] + ([f"{upcast} (fp32 copy)"] if upcast else [])
+    parts += ["4 (log-softmax)"] + ([f"{capped} (softcap tanh)"] if capped else [])
+    backward_per = 12 + capped
+    head_per = 4 + e + capped if e != 4 else 4 + capped
+    return LogitsMoments(
+        forward_per * n_logits,
+        backward_per * n_logits,
+        head_per * n_logits,
+        f"({' + '.join(parts)}) B × {count}",
+        f"{backward_per} B × {count}: saved log-softmax + its gradient + the input gradient (fp32)",
+        f"{head_per} B × {count}: the logits' gradient in fp32 and in the compute dtype",
+    )

@@ -1,0 +1,316 @@
+"""One training step as a sequence of moments; the peak is the largest of them.
+
+Moments of a step, each a sum of components (see `MEMORY-MODEL.md`):
+
+- end of forward: weights, optimizer states (after the first step), gradients kept across
+  accumulation, autocast weight copies, saved activations, the logits and the loss;
+- start of backward: the same, with the log-softmax gradient spike instead of the forward logits;
+- the head's backward: the logits' gradient and the head's weight gradient;
+- the first block's recompute (gradient checkpointing): one block's full activations;
+- end of backward: every gradient complete, activations freed;
+- the optimizer step: weights, gradients, states and the step's own buffers.
+
+Activations and gradients trade places during backward at a constant rate per block, so the
+sum in between never exceeds the larger of its two ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmmem.budget.activations import (
+    checkpoint_input_bytes,
+    dtypes_for,
+    estimate_activations,
+)
+from llmmem.budget.distributed import Sharding, sharding_for
+from llmmem.budget.logits import logits_moments
+from llmmem.budget.optimizers import OptimizerSpec, find_optimizer
+from llmmem.budget.overheads import overhead_terms
+from llmmem.budget.result import Budget, Component, GpuTarget, Overhead, Phase, PhaseBudget, Term
+from llmmem.budget.setup import Method, Mode, TrainingSetup
+from llmmem.budget.weights import Inventory, ParameterGroup, build_inventory
+from llmmem.models.spec import ModelSpec
+from llmmem.units import format_bytes, format_count
+
+
+def _bytes_by_storage(groups: list[ParameterGroup]) -> str:
+    """`7.0e9 × 0.516 B (nf4) + 1.05e9 × 4 B` grouped by bytes per parameter."""
+    by_size: dict[tuple[float, str], int] = {}
+    for g in groups:
+        label = "k-bit" if g.quantized else ("LoRA" if g.kind == "adapter" else "")
+        key = (g.bytes_per_param, label)
+        by_size[key] = by_size.get(key, 0) + g.params
+    parts = []
+    for (size, label), params in sorted(by_size.items(), key=lambda kv: -kv[1]):
+        suffix = f" ({label})" if label else ""
+        parts.append(f"{format_count(params)} × {size:.4g} B{suffix}")
+    return " + ".join(parts) if parts else "0"
+
+
+@dataclass
+class StateTerms:
+    weights: Term
+    gradients: Term
+    states: Term
+    step_temporaries: Term
+    head_gradient: int
+
+
+def model_state_terms(
+    spec: ModelSpec, setup: TrainingSetup, inv: Inventory, optim: OptimizerSpec, shard: Sharding
+) -> StateTerms:
+    trainable = inv.trainable
+    deepspeed_16bit = shard.master_weights and setup.precision.is_autocast
+    if deepspeed_16bit:
+        # DeepSpeed runs the model in 16 bits and keeps the fp32 copy with the optimizer
+        trainable = [g.model_copy(update={"bytes_per_param": 2.0}) for g in trainable]
+        groups = [g.model_copy(update={"bytes_per_param": 2.0}) if g.bytes_per_param == 4.0
+                  else g for g in inv.groups]
+    else:
+        groups = inv.groups
+    weight_bytes = sum(g.bytes for g in groups)
+    weights_note = ""
+    if shard.offload_params:
+        weight_bytes = 0
+        weights_note = "parameters live on the CPU; gathered blocks are counted as temporaries"
+    weights = Term(
+        bytes=round(weight_bytes * shard.weights),
+        formula=_bytes_by_storage(groups) + _shard_suffix(shard.weights, shard),
+        note=weights_note,
+    )
+    grad_bytes = sum(g.bytes for g in trainable)
+    gradients = Term(
+        bytes=round(grad_bytes * shard.gradients),
+        formula=f"{format_count(sum(g.params for g in trainable))} trainable × "
+        f"{_bytes_per(trainable)} B" + _shard_suffix(shard.gradients, shard),
+    )
+    state_bytes = sum(optim.state_bytes(g) for g in trainable)
+    state_formula = (
+        f"{optim.label}: {optim.states} state(s) × "
+        f"{_state_dtype_text(optim)} × {format_count(sum(g.params for g in trainable))} params"
+    )
+    if optim.factored:
+        state_formula = f"{optim.label}: row + column statistics per matrix"
+    if shard.master_weights:
+        state_bytes += 4 * sum(g.params for g in trainable)
+        state_formula += " + 4 B fp32 master copy"
+    if shard.offload_states:
+        states = Term(bytes=0, formula=state_formula + ", offloaded to the CPU")
+    else:
+        states = Term(bytes=round(state_bytes * shard.states),
+                      formula=state_formula + _shard_suffix(shard.states, shard))
+    if optim.paged:
+        states.note = "paged: evicted to CPU memory when the GPU runs short"
+    step_temp = 0 if shard.offload_states else round(
+        optim.step_temporary_bytes(trainable) * shard.states)
+    step = Term(bytes=step_temp, formula=f"{optim.implementation} step buffers"
+                + (" (one parameter-sized copy of the trainable set)"
+                   if optim.implementation == "foreach" else ""))
+    head = sum(g.bytes for g in trainable if g.kind in ("head", "embedding", "saved_copy"))
+    return StateTerms(weights, gradients, states, step, round(head * shard.gradients))
+
+
+def _state_dtype_text(optim: OptimizerSpec) -> str:
+    return {"param": "the parameter's dtype", "fp32": "4 B",
+            "int8": "1 B (+ fp32 absmax per 256, small tensors 4 B)"}[optim.state_dtype]
+
+
+def _bytes_per(groups: list[ParameterGroup]) -> str:
+    sizes = sorted({g.bytes_per_param for g in groups})
+    return "/".join(f"{s:g}" for s in sizes) if sizes else "0"
+
+
+def _shard_suffix(fraction: float, shard: Sharding) -> str:
+    return f" ÷ {shard.shard_group} ({shard.label})" if fraction < 1 else ""
+
+
+def _weight_copy_terms(spec: ModelSpec, setup: TrainingSetup, inv: Inventory) -> tuple[int, int]:
+    """(bytes alive through forward, bytes alive at the start of backward) of weight copies."""
+    dt = dtypes_for(setup)
+    if dt.autocast and setup.method is Method.FULL:
+        linear = sum(g.params for g in inv.groups if g.kind in ("linear", "head"))
+        head = sum(g.params for g in inv.groups if g.kind == "head") or (
+            spec.vocab_size * spec.hidden_size if spec.is_causal_lm else 0)
+        if setup.grad_ckpt:
+            block = max((sum(lin.weight_params for lin in b.linears) for b in spec.blocks),
+                        default=0)
+            return 2 * (linear + (head if not spec.params.head else 0)), 2 * (head + block)
+        total = 2 * (linear + (head if not spec.params.head else 0))
+        return total, total
+    if setup.quant is not None:
+        largest = max((lin.out_features * lin.in_features for g in spec.blocks
+                       for lin in g.linears if lin.role != "expert"), default=0)
+        return 2 * largest, 2 * largest
+    return 0, 0
+
+
+def estimate_budget(spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget | None = None) -> Budget:
+    """The memory of one training step (or of generation) of `spec` under `setup`."""
+    if setup.mode is Mode.GENERATE:
+        from llmmem.budget.generation import estimate_generation
+
+        return estimate_generation(spec, setup, gpu)
+    inv = build_inventory(spec, setup)
+    optim = find_optimizer(setup.optim)
+    shard = sharding_for(setup)
+    st = model_state_terms(spec, setup, inv, optim, shard)
+    acts = estimate_activations(spec, setup)
+    logits = logits_moments(spec, setup)
+    dt = dtypes_for(setup)
+    notes: list[str] = list(inv.notes) + list(spec.notes)
+
+    if setup.grad_ckpt:
+        saved, saved_text = checkpoint_input_bytes(spec, setup)
+        saved += acts.outside.evaluate(acts.dims)
+        recompute = acts.largest_block_bytes
+        acts_formula = f"{saved_text} (checkpointed block inputs) + final norm and head input"
+    else:
+        saved = acts.full_bytes
+        recompute = 0
+        formulas = "; ".join(f"{g.count} × ({t.formula()})" for g, t in acts.per_block)
+        acts_formula = f"{formulas} + ({acts.outside.formula()})"
+    activations = Term(bytes=saved, formula=acts_formula)
+    n_h = setup.tokens * spec.hidden_size
+    n_i = setup.tokens * spec.intermediate_size
+    workspace = 2 * dt.residual * n_h + 2 * dt.compute * n_i
+    workspace_text = f"2·{dt.residual}·N·h + 2·{dt.compute}·N·I (gradients of one block in flight)"
+    copies_fwd, copies_bwd = _weight_copy_terms(spec, setup, inv)
+    copies_text = (
+        "one dequantized k-bit weight (the largest Linear)" if setup.quant is not None
+        else "bf16/fp16 copy of every Linear weight held by autocast"
+    )
+    gathered = 0
+    if shard.gathered_blocks:
+        per_block = max((g.params_per_block for g in spec.blocks), default=0)
+        gathered = shard.gathered_blocks * per_block * dt.compute
+    extra_fwd = gathered
+    ddp_buckets = st.gradients.bytes if shard.gradient_buckets else 0
+
+    grads_kept = setup.grad_accum > 1 or not setup.grads_freed_each_step
+    grads_between = st.gradients.bytes if grads_kept else 0
+    grads_text = (
+        st.gradients.formula + (" (kept across accumulation)" if setup.grad_accum > 1
+                                else " (zeroed in place, never freed)")
+        if grads_between else "none yet (set to None after each step)"
+    )
+    states = st.states
+    if setup.first_step:
+        states = Term(bytes=0, formula="none before the first step")
+        notes.append("first step: optimizer states are created inside it")
+
+    def phase(ph: Phase, moment: str, parts: dict[Component, Term]) -> PhaseBudget:
+        return PhaseBudget(phase=ph, moment=moment,
+                           components={k: v for k, v in parts.items() if v.bytes or k in (
+                               Component.WEIGHTS,)})
+
+    temp_fwd = Term(bytes=extra_fwd + ddp_buckets,
+                    formula=_temp_text(gathered, ddp_buckets, shard))
+    forward = phase(Phase.FORWARD, "end of forward, loss computed", {
+        Component.WEIGHTS: st.weights,
+        Component.WEIGHT_COPIES: Term(bytes=copies_fwd, formula=copies_text),
+        Component.GRADIENTS: Term(bytes=grads_between, formula=grads_text),
+        Component.OPTIMIZER_STATES: states,
+        Component.ACTIVATIONS: activations,
+        Component.LOGITS: Term(bytes=logits.forward_end, formula=logits.formula_forward),
+        Component.TEMPORARIES: temp_fwd,
+    })
+
+    head_grad_new = 0 if grads_between else st.head_gradient
+    backward_moments = [
+        ("start of backward: log-softmax gradient", {
+            Component.LOGITS: Term(bytes=logits.backward_start, formula=logits.formula_backward),
+            Component.GRADIENTS: Term(bytes=grads_between, formula=grads_text),
+            Component.ACTIVATIONS: activations,
+            Component.WEIGHT_COPIES: Term(bytes=copies_bwd, formula=copies_text),
+            Component.TEMPORARIES: temp_fwd,
+        }),
+        ("head backward: logits gradient and the head's weight gradient", {
+            Component.LOGITS: Term(bytes=logits.head_backward, formula=logits.formula_head),
+            Component.GRADIENTS: Term(bytes=grads_between + head_grad_new,
+                                      formula="the head's gradient" if head_grad_new
+                                      else grads_text),
+            Component.ACTIVATIONS: activations,
+            Component.WEIGHT_COPIES: Term(bytes=copies_bwd, formula=copies_text),
+            Component.TEMPORARIES: temp_fwd,
+        }),
+    ]
+    if setup.grad_ckpt:
+        backward_moments.append(("recompute of the last block", {
+            Component.GRADIENTS: Term(bytes=grads_between + head_grad_new,
+                                      formula="the head's gradient" if head_grad_new
+                                      else grads_text),
+            Component.ACTIVATIONS: activations,
+            Component.WEIGHT_COPIES: Term(bytes=copies_bwd, formula=copies_text),
+            Component.TEMPORARIES: Term(
+                bytes=recompute + workspace + extra_fwd + ddp_buckets,
+                formula=f"one block recomputed ({format_bytes(recompute)}) + {workspace_text}"),
+        }))
+    first_block = acts.largest_block_bytes if not setup.grad_ckpt else recompute
+    backward_moments.append(("end of backward: every gradient complete", {
+        Component.GRADIENTS: st.gradients,
+        Component.ACTIVATIONS: Term(bytes=first_block,
+                                    formula="the first block's saved tensors"),
+        Component.TEMPORARIES: Term(bytes=workspace + extra_fwd + ddp_buckets,
+                                    formula=workspace_text),
+    }))
+    backward_candidates = []
+    for moment, parts in backward_moments:
+        full = {Component.WEIGHTS: st.weights, Component.OPTIMIZER_STATES: states, **parts}
+        backward_candidates.append(phase(Phase.BACKWARD, moment, full))
+    backward = max(backward_candidates, key=lambda p: p.allocated_bytes)
+
+    step_states = st.states
+    optimizer_step = phase(Phase.OPTIMIZER_STEP, "inside the optimizer step", {
+        Component.WEIGHTS: st.weights,
+        Component.GRADIENTS: st.gradients,
+        Component.OPTIMIZER_STATES: step_states,
+        Component.TEMPORARIES: Term(bytes=st.step_temporaries.bytes + ddp_buckets,
+                                    formula=st.step_temporaries.formula
+                                    + (" + DDP gradient buckets" if ddp_buckets else "")),
+    })
+
+    phases = [forward, backward, optimizer_step]
+    peak = max(phases, key=lambda p: p.allocated_bytes)
+    first_step_peak = None
+    if not setup.first_step:
+        first = estimate_budget(spec, setup.model_copy(update={"first_step": True}), gpu)
+        first_step_peak = first.allocated_peak_bytes
+
+    transient = sum(term.bytes for comp, term in peak.components.items() if comp in (
+        Component.ACTIVATIONS, Component.LOGITS, Component.TEMPORARIES,
+        Component.WEIGHT_COPIES))
+    # the big persistent tensors each waste up to a segment's rounding: parameters, their
+    # gradients and states, and the per-block activations
+    live_tensors = sum(g.tensors for g in inv.groups if g.numel * g.bytes_per_param > 2**20)
+    overheads = overhead_terms(setup, transient, live_tensors)
+    reserved = peak.allocated_bytes + overheads[Overhead.ALLOCATOR_SLACK].bytes
+    device_total = reserved + sum(
+        t.bytes for k, t in overheads.items() if k is not Overhead.ALLOCATOR_SLACK)
+    if shard.shard_group > 1:
+        notes.append(f"per device, {shard.label}")
+    if not spec.supports_sdpa and setup.attn is not None and setup.attn.value != "eager":
+        notes.append(f"{spec.model_type} trains with eager attention in transformers "
+                     "(SDPA refused): its softmax keeps b·a·s² fp32 scores per block")
+    return Budget(
+        phases=phases,
+        peak_phase=peak.phase,
+        allocated_peak_bytes=peak.allocated_bytes,
+        overheads=overheads,
+        reserved_peak_bytes=reserved,
+        device_total_bytes=device_total,
+        first_step_allocated_peak_bytes=first_step_peak,
+        gpu=gpu,
+        params=inv.params,
+        trainable_params=inv.trainable_params,
+        notes=notes,
+    )
+
+
+def _temp_text(gathered: int, buckets: int, shard: Sharding) -> str:
+    parts = []
+    if gathered:
+        parts.append(f"{shard.gathered_blocks} gathered blocks ({shard.label})")
+    if buckets:
+        parts.append("DDP gradient buckets")
+    return " + ".join(parts) if parts else "none"

@@ -1,0 +1,102 @@
+"""What the accounting core returns: bytes per component per phase, with the formula of each."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, Field
+
+from llmmem.units import format_bytes
+
+
+class Phase(str, Enum):
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER_STEP = "optimizer_step"
+    GENERATE = "generate"
+
+
+class Component(str, Enum):
+    """The named parts of allocated memory. Order is the order of the report."""
+
+    WEIGHTS = "weights"
+    WEIGHT_COPIES = "weight_copies"  # autocast's low-precision copies; dequantized k-bit weights
+    GRADIENTS = "gradients"
+    OPTIMIZER_STATES = "optimizer_states"
+    ACTIVATIONS = "activations"
+    LOGITS = "logits"
+    TEMPORARIES = "temporaries"  # recompute of one layer, optimizer step buffers, collectives
+    KV_CACHE = "kv_cache"
+
+
+class Overhead(str, Enum):
+    """What sits beside allocated memory on the device."""
+
+    ALLOCATOR_SLACK = "allocator_slack"  # reserved minus allocated (caching allocator)
+    CUDA_CONTEXT = "cuda_context"
+    NCCL_BUFFERS = "nccl_buffers"
+
+
+class Term(BaseModel):
+    """One number of the budget and how it was derived, values filled in."""
+
+    bytes: int
+    formula: str
+    note: str = ""
+
+    def describe(self) -> str:
+        return f"{format_bytes(self.bytes)} = {self.formula}"
+
+
+class PhaseBudget(BaseModel):
+    phase: Phase
+    moment: str  # the instant inside the phase these bytes are for
+    components: dict[Component, Term]
+
+    @property
+    def allocated_bytes(self) -> int:
+        return sum(term.bytes for term in self.components.values())
+
+
+class GpuTarget(BaseModel):
+    name: str
+    capacity_bytes: int
+    bf16: bool = True
+
+
+class Budget(BaseModel):
+    """The memory of one step: phases, the peak, what the allocator and the driver add."""
+
+    phases: list[PhaseBudget]
+    peak_phase: Phase
+    allocated_peak_bytes: int
+    overheads: dict[Overhead, Term]
+    reserved_peak_bytes: int  # allocated peak + allocator slack
+    device_total_bytes: int  # what nvidia-smi would show: reserved + context + NCCL
+    first_step_allocated_peak_bytes: int | None = None  # the first step, before optimizer states
+    gpu: GpuTarget | None = None
+    params: int  # all parameters of the model
+    trainable_params: int
+    notes: list[str] = Field(default_factory=list)  # assumptions and caveats, one line each
+
+    def phase(self, phase: Phase) -> PhaseBudget:
+        for item in self.phases:
+            if item.phase is phase:
+                return item
+        raise KeyError(phase)
+
+    @property
+    def peak(self) -> PhaseBudget:
+        return self.phase(self.peak_phase)
+
+    @property
+    def fits(self) -> bool | None:
+        if self.gpu is None:
+            return None
+        return self.device_total_bytes <= self.gpu.capacity_bytes
+
+    @property
+    def headroom_bytes(self) -> int | None:
+        if self.gpu is None:
+            return None
+        return self.gpu.capacity_bytes - self.device_total_bytes

@@ -1,0 +1,251 @@
+"""Which parameters a setup holds on the device, at what size, and which of them train.
+
+The inventory is a list of parameter groups (same shape, same storage, same trainability); the
+weights, gradients and optimizer states are all read off it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel
+
+from llmmem.budget.setup import Method, Precision, QuantSetup, QuantType, SetupError, TrainingSetup
+from llmmem.models.spec import LinearModule, ModelSpec
+
+GroupKind = Literal["embedding", "head", "linear", "bias", "norm", "other", "adapter", "saved_copy"]
+
+# bitsandbytes 4-bit storage (blocksize 64): 4 bits per value, an fp32 absmax per block; with double
+# quantization the absmax is stored in 8 bits with an fp32 absmax per 256 blocks.
+NF4_BLOCK = 64
+NF4_DQ_BLOCK = 256
+
+
+def kbit_bytes_per_param(quant: QuantSetup, in_features: int) -> float:
+    """Bytes one quantized weight costs, block constants included."""
+    if quant.quant_type is QuantType.INT8:
+        # LLM.int8: one int8 per weight and an fp32 scale per output row (SCB)
+        return 1.0 + 4.0 / in_features
+    if quant.double_quant:
+        return 0.5 + 1.0 / NF4_BLOCK + 4.0 / (NF4_BLOCK * NF4_DQ_BLOCK)
+    return 0.5 + 4.0 / NF4_BLOCK
+
+
+class ParameterGroup(BaseModel):
+    name: str
+    kind: GroupKind
+    tensors: int  # how many tensors of this shape
+    rows: int
+    cols: int  # 1 for vectors
+    bytes_per_param: float
+    trainable: bool
+    quantized: bool = False
+
+    @property
+    def numel(self) -> int:
+        return self.rows * self.cols
+
+    @property
+    def params(self) -> int:
+        return self.tensors * self.numel
+
+    @property
+    def bytes(self) -> int:
+        return round(self.params * self.bytes_per_param)
+
+
+class Inventory(BaseModel):
+    groups: list[ParameterGroup]
+    base_bytes_per_param: float  # the storage of unquantized base weights
+    notes: list[str] = []
+
+    @property
+    def params(self) -> int:
+        return sum(g.params for g in self.groups if g.kind != "saved_copy")
+
+    @property
+    def trainable(self) -> list[ParameterGroup]:
+        return [g for g in self.groups if g.trainable]
+
+    @property
+    def trainable_params(self) -> int:
+        return sum(g.params for g in self.trainable)
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(g.bytes for g in self.groups)
+
+    @property
+    def gradient_bytes(self) -> int:
+        return sum(g.bytes for g in self.trainable)
+
+    @property
+    def quantized_params(self) -> int:
+        return sum(g.params for g in self.groups if g.quantized)
+
+    @property
+    def largest_trainable_bytes(self) -> int:
+        return max((round(g.numel * g.bytes_per_param) for g in self.trainable), default=0)
+
+
+def lora_target_linears(spec: ModelSpec, targets: list[str]) -> list[LinearModule]:
+    """The block linears PEFT would adapt for `target_modules` (leaf names or path suffixes)."""
+    every = [lin for group in spec.blocks for lin in group.linears]
+    if any(t.lower() == "all-linear" for t in targets):
+        return every
+    matched = [
+        lin
+        for lin in every
+        if any(t == lin.name or lin.path == t or lin.path.endswith("." + t) for t in targets)
+    ]
+    if not matched:
+        names = sorted({lin.name for lin in every})
+        raise SetupError(
+            f"LoRA targets {', '.join(targets)} match no Linear module of {spec.model_id}; "
+            f"its modules are: {', '.join(names)} (or use all-linear)"
+        )
+    return matched
+
+
+def base_weight_bytes(setup: TrainingSetup, spec: ModelSpec) -> float:
+    """Storage of an unquantized base weight: the precision's weight dtype."""
+    if setup.method is Method.QLORA and setup.quant is not None:
+        return float(setup.quant.compute_dtype_bytes)
+    if setup.precision in (Precision.BF16_TRUE, Precision.FP16_TRUE):
+        return 2.0
+    return 4.0
+
+
+def build_inventory(spec: ModelSpec, setup: TrainingSetup) -> Inventory:
+    """Every parameter of the model as the setup holds it on one device (before any sharding)."""
+    base = base_weight_bytes(setup, spec)
+    quant = setup.quant
+    full = setup.method is Method.FULL
+    notes: list[str] = []
+    # prepare_model_for_kbit_training upcasts every parameter that is not quantized to fp32
+    unquantized_bytes = base
+    if quant is not None and quant.prepare_for_kbit_training and setup.method is not Method.FULL:
+        unquantized_bytes = 4.0
+        notes.append(
+            "prepare_model_for_kbit_training keeps embeddings, norms and the head in fp32"
+        )
+
+    groups: list[ParameterGroup] = []
+    p = spec.params
+    hidden = spec.hidden_size
+    embed_rows = max(p.embedding // hidden, 1)
+    groups.append(
+        ParameterGroup(
+            name="embeddings", kind="embedding", tensors=1, rows=embed_rows,
+            cols=hidden, bytes_per_param=unquantized_bytes, trainable=full,
+        )
+    )
+    remainder = p.embedding - embed_rows * hidden
+    if remainder:
+        groups.append(
+            ParameterGroup(name="embedding extras", kind="other", tensors=1, rows=remainder,
+                           cols=1, bytes_per_param=unquantized_bytes, trainable=full)
+        )
+    if p.head:
+        head_rows = max(p.head // hidden, 1)
+        groups.append(
+            ParameterGroup(name="lm_head", kind="head", tensors=1, rows=head_rows, cols=hidden,
+                           bytes_per_param=unquantized_bytes, trainable=full)
+        )
+        if p.head - head_rows * hidden:
+            groups.append(
+                ParameterGroup(name="head extras", kind="other", tensors=1,
+                               rows=p.head - head_rows * hidden, cols=1,
+                               bytes_per_param=unquantized_bytes, trainable=full)
+            )
+    if p.norms:
+        groups.append(
+            ParameterGroup(name="norms", kind="norm", tensors=max(p.norms // hidden, 1),
+                           rows=p.norms // max(p.norms // hidden, 1), cols=1,
+                           bytes_per_param=unquantized_bytes, trainable=full)
+        )
+        leftover = p.norms - groups[-1].params
+        if leftover:
+            groups.append(ParameterGroup(name="norm extras", kind="norm", tensors=1, rows=leftover,
+                                         cols=1, bytes_per_param=unquantized_bytes, trainable=full))
+    if p.other:
+        groups.append(ParameterGroup(name="other", kind="other", tensors=1, rows=p.other, cols=1,
+                                     bytes_per_param=unquantized_bytes, trainable=full))
+
+    for block in spec.blocks:
+        for lin in block.linears:
+            tensors = lin.count * block.count
+            quantized = quant is not None and lin.role != "expert"
+            weight_bytes = kbit_bytes_per_param(quant, lin.in_features) if quantized and quant else base
+            if quant is not None and lin.role == "expert":
+                weight_bytes = unquantized_bytes
+            groups.append(
+                ParameterGroup(
+                    name=lin.name, kind="linear", tensors=tensors, rows=lin.out_features,
+                    cols=lin.in_features, bytes_per_param=weight_bytes, trainable=full,
+                    quantized=quantized,
+                )
+            )
+            if lin.bias:
+                groups.append(
+                    ParameterGroup(name=f"{lin.name}.bias", kind="bias", tensors=tensors,
+                                   rows=lin.out_features, cols=1,
+                                   bytes_per_param=unquantized_bytes if quant else base,
+                                   trainable=full)
+                )
+        if quant is not None and any(lin.role == "expert" for lin in block.linears):
+            notes.append(
+                "expert weights stored as 3-D tensors are not replaced by bitsandbytes layers; "
+                "they stay in the compute dtype"
+            )
+
+    if setup.method in (Method.LORA, Method.QLORA) and setup.lora is not None:
+        groups.extend(_adapter_groups(spec, setup))
+        groups.extend(_modules_to_save(spec, setup, groups))
+    return Inventory(groups=groups, base_bytes_per_param=base, notes=notes)
+
+
+def _adapter_groups(spec: ModelSpec, setup: TrainingSetup) -> list[ParameterGroup]:
+    lora = setup.lora
+    assert lora is not None
+    groups: list[ParameterGroup] = []
+    for lin in lora_target_linears(spec, lora.targets):
+        blocks = sum(g.count for g in spec.blocks if lin in g.linears)
+        tensors = lin.count * blocks
+        groups.append(ParameterGroup(name=f"lora_A.{lin.name}", kind="adapter", tensors=tensors,
+                                     rows=lora.r, cols=lin.in_features,
+                                     bytes_per_param=float(lora.adapter_bytes), trainable=True))
+        groups.append(ParameterGroup(name=f"lora_B.{lin.name}", kind="adapter", tensors=tensors,
+                                     rows=lin.out_features, cols=lora.r,
+                                     bytes_per_param=float(lora.adapter_bytes), trainable=True))
+        if lora.dora:
+            groups.append(ParameterGroup(name=f"lora_magnitude.{lin.name}", kind="adapter",
+                                         tensors=tensors, rows=lin.out_features, cols=1,
+                                         bytes_per_param=float(lora.adapter_bytes), trainable=True))
+    return groups
+
+
+def _modules_to_save(
+    spec: ModelSpec, setup: TrainingSetup, groups: list[ParameterGroup]
+) -> list[ParameterGroup]:
+    """`modules_to_save` keeps the original frozen and trains a full copy of the module."""
+    lora = setup.lora
+    assert lora is not None
+    copies: list[ParameterGroup] = []
+    wanted = {name.lower() for name in lora.modules_to_save}
+    aliases = {
+        "embed_tokens": "embeddings", "wte": "embeddings", "word_embeddings": "embeddings",
+        "shared": "embeddings", "lm_head": "lm_head", "embed_out": "lm_head",
+    }
+    for name in wanted:
+        target = aliases.get(name, name)
+        if target == "lm_head" and not spec.params.head:
+            target = "embeddings"  # a tied head is the embedding matrix
+        for g in groups:
+            if g.name == target and g.kind in ("embedding", "head"):
+                copies.append(g.model_copy(update={
+                    "name": f"modules_to_save.{name}", "kind": "saved_copy", "trainable": True,
+                    "quantized": False,
+                    "bytes_per_param": 4.0 if setup.method is Method.QLORA else g.bytes_per_param,
+                }))
+    return copies
