@@ -10,6 +10,7 @@ import types
 from pathlib import Path
 
 import pytest
+
 from llmmem import gpus
 from llmmem.gpus import (
     DetectedGpu,

@@ -49,18 +49,21 @@ def test_full_fp32_adamw_is_16_bytes_per_parameter(llama2_7b: ModelSpec) -> None
     # fp32 weights 4 + fp32 gradients 4 + two fp32 Adam states 8 = 16 B per parameter
     setup = TrainingSetup(precision="fp32", optim="adamw_torch_fused", batch=1, seq=128)
     budget = estimate_budget(llama2_7b, setup)
-    states = step_components(budget, Component.WEIGHTS, Component.GRADIENTS,
-                             Component.OPTIMIZER_STATES)
+    states = step_components(
+        budget, Component.WEIGHTS, Component.GRADIENTS, Component.OPTIMIZER_STATES
+    )
     assert states == 16 * llama2_7b.total_params
     assert budget.params == llama2_7b.total_params == 6_738_415_616
 
 
 def test_foreach_adamw_needs_one_parameter_sized_buffer(llama2_7b: ModelSpec) -> None:
     # MEMORY-MODEL: foreach peaks at W+G+S+Pt·w = 20 B/param for fp32; fused needs none
-    foreach = estimate_budget(llama2_7b, TrainingSetup(precision="fp32", optim="adamw_torch",
-                                                       batch=1, seq=64))
-    fused = estimate_budget(llama2_7b, TrainingSetup(precision="fp32", optim="adamw_torch_fused",
-                                                     batch=1, seq=64))
+    foreach = estimate_budget(
+        llama2_7b, TrainingSetup(precision="fp32", optim="adamw_torch", batch=1, seq=64)
+    )
+    fused = estimate_budget(
+        llama2_7b, TrainingSetup(precision="fp32", optim="adamw_torch_fused", batch=1, seq=64)
+    )
     p = llama2_7b.total_params
     assert foreach.phase(Phase.OPTIMIZER_STEP).allocated_bytes == 20 * p
     assert fused.phase(Phase.OPTIMIZER_STEP).allocated_bytes == 16 * p
@@ -75,8 +78,9 @@ def test_torch_adamw_states_follow_a_bf16_parameter(llama2_7b: ModelSpec) -> Non
 
 
 def test_bitsandbytes_8bit_adam_is_about_two_bytes_per_parameter(llama2_7b: ModelSpec) -> None:
-    budget = estimate_budget(llama2_7b, TrainingSetup(precision="bf16", optim="adamw_bnb_8bit",
-                                                      batch=1, seq=64))
+    budget = estimate_budget(
+        llama2_7b, TrainingSetup(precision="bf16", optim="adamw_bnb_8bit", batch=1, seq=64)
+    )
     per_param = step_components(budget, Component.OPTIMIZER_STATES) / llama2_7b.total_params
     # 2 × (1 B + fp32 absmax per 256 values); norms (< 4096 values) keep 32-bit states
     assert 2.03 <= per_param <= 2.04
@@ -90,8 +94,10 @@ def test_nf4_double_quant_is_0_516_bytes_per_quantized_parameter(llama3_8b: Mode
     # 0.5 (4 bits) + 1/64 (8-bit absmax per 64) + 4/(64·256) (fp32 absmax per 256 blocks)
     assert per_param == pytest.approx(0.5 + 1 / 64 + 4 / (64 * 256), rel=1e-6)
     assert 0.5155 < per_param < 0.5165
-    single = build_inventory(llama3_8b, setup.model_copy(
-        update={"quant": QuantSetup(quant_type="nf4", double_quant=False)}))
+    single = build_inventory(
+        llama3_8b,
+        setup.model_copy(update={"quant": QuantSetup(quant_type="nf4", double_quant=False)}),
+    )
     q1 = [g for g in single.groups if g.quantized]
     assert sum(g.bytes for g in q1) / sum(g.params for g in q1) == pytest.approx(0.5625)
 
@@ -100,8 +106,9 @@ def test_prepare_for_kbit_training_keeps_unquantized_parameters_in_fp32(
     llama3_8b: ModelSpec,
 ) -> None:
     prepared = build_inventory(llama3_8b, TrainingSetup(method="qlora"))
-    raw = build_inventory(llama3_8b, TrainingSetup(
-        method="qlora", quant=QuantSetup(prepare_for_kbit_training=False)))
+    raw = build_inventory(
+        llama3_8b, TrainingSetup(method="qlora", quant=QuantSetup(prepare_for_kbit_training=False))
+    )
     embed_and_head = 2 * 128_256 * 4096  # untied embeddings and LM head of Llama-3-8B
     norms = 32 * 2 * 4096 + 4096
     assert prepared.weight_bytes - raw.weight_bytes == (4 - 2) * (embed_and_head + norms)
@@ -111,15 +118,17 @@ def test_lora_trainable_parameters_match_peft(llama32_3b: ModelSpec) -> None:
     # calibration row: r=32 on q_proj and v_proj of Llama-3.2-3B trains 9,175,040 parameters
     setup = TrainingSetup(method="lora", lora=LoraSetup(r=32, targets=["q_proj", "v_proj"]))
     assert build_inventory(llama32_3b, setup).trainable_params == 9_175_040
-    setup = TrainingSetup(method="lora",
-                          lora=LoraSetup(r=10, targets=["gate_proj", "up_proj", "down_proj"]))
+    setup = TrainingSetup(
+        method="lora", lora=LoraSetup(r=10, targets=["gate_proj", "up_proj", "down_proj"])
+    )
     assert build_inventory(llama32_3b, setup).trainable_params == 9_461_760
 
 
 def test_lora_targets_that_match_nothing_name_the_modules(llama32_3b: ModelSpec) -> None:
     with pytest.raises(SetupError, match="q_proj"):
-        estimate_budget(llama32_3b, TrainingSetup(method="lora",
-                                                  lora=LoraSetup(targets=["c_attn"])))
+        estimate_budget(
+            llama32_3b, TrainingSetup(method="lora", lora=LoraSetup(targets=["c_attn"]))
+        )
 
 
 def test_unknown_optimizer_suggests_close_names(llama32_3b: ModelSpec) -> None:
@@ -149,7 +158,8 @@ def test_llama_block_saves_what_was_measured(mode: str, llama32_3b: ModelSpec) -
     lora = mode.startswith("lora-")
     precision = mode.removeprefix("lora-")
     setup = TrainingSetup(
-        precision=precision, method="lora" if lora else "full",
+        precision=precision,
+        method="lora" if lora else "full",
         lora=LoraSetup(r=16, targets=["q_proj", "v_proj"]) if lora else None,
     )
     tally = estimate_activations(llama32_3b, setup).per_block[0][1].coefficients
@@ -173,8 +183,9 @@ def test_eager_attention_keeps_fp32_scores(llama32_3b: ModelSpec) -> None:
 def test_gemma2_trains_eager_and_says_so() -> None:
     gemma2 = spec_of("google/gemma-2-9b")
     assert not gemma2.supports_sdpa
-    budget = estimate_budget(gemma2, TrainingSetup(precision="bf16-true", batch=1, seq=1024,
-                                                   attn="sdpa"))
+    budget = estimate_budget(
+        gemma2, TrainingSetup(precision="bf16-true", batch=1, seq=1024, attn="sdpa")
+    )
     assert any("eager" in note for note in budget.notes)
     acts = estimate_activations(gemma2, TrainingSetup(precision="bf16-true", attn="sdpa"))
     assert acts.per_block[0][1].coefficients.get("b·a·s²", 0) > 0
@@ -210,8 +221,9 @@ def test_llama3_logits_at_8k_tokens_are_12_bytes_per_logit_at_backward(
 
 def test_fused_linear_cross_entropy_shrinks_the_logits(llama3_8b: ModelSpec) -> None:
     standard = estimate_budget(llama3_8b, TrainingSetup(precision="bf16-true", batch=1, seq=8192))
-    liger = estimate_budget(llama3_8b, TrainingSetup(precision="bf16-true", batch=1, seq=8192,
-                                                     loss="liger"))
+    liger = estimate_budget(
+        llama3_8b, TrainingSetup(precision="bf16-true", batch=1, seq=8192, loss="liger")
+    )
     assert liger.allocated_peak_bytes < standard.allocated_peak_bytes - 8 * 8192 * 128_256
 
 
@@ -220,8 +232,9 @@ def test_fused_linear_cross_entropy_shrinks_the_logits(llama3_8b: ModelSpec) -> 
 
 def test_gradients_persist_across_accumulation(llama32_3b: ModelSpec) -> None:
     one = estimate_budget(llama32_3b, TrainingSetup(precision="bf16-true", batch=1, seq=256))
-    four = estimate_budget(llama32_3b, TrainingSetup(precision="bf16-true", batch=1, seq=256,
-                                                     grad_accum=4))
+    four = estimate_budget(
+        llama32_3b, TrainingSetup(precision="bf16-true", batch=1, seq=256, grad_accum=4)
+    )
     assert Component.GRADIENTS not in one.phase(Phase.FORWARD).components
     grads = four.phase(Phase.FORWARD).components[Component.GRADIENTS].bytes
     assert grads == 2 * llama32_3b.total_params
@@ -245,28 +258,45 @@ def test_peak_is_the_largest_phase(llama32_3b: ModelSpec) -> None:
 
 def test_zero3_shards_model_states(llama3_8b: ModelSpec) -> None:
     single = estimate_budget(llama3_8b, TrainingSetup(precision="bf16-true", batch=1, seq=512))
-    zero3 = estimate_budget(llama3_8b, TrainingSetup(
-        precision="bf16-true", batch=1, seq=512,
-        distributed=DistributedSetup(world_size=8, zero_stage=3)))
+    zero3 = estimate_budget(
+        llama3_8b,
+        TrainingSetup(
+            precision="bf16-true",
+            batch=1,
+            seq=512,
+            distributed=DistributedSetup(world_size=8, zero_stage=3),
+        ),
+    )
     step1 = single.phase(Phase.OPTIMIZER_STEP).components
     step8 = zero3.phase(Phase.OPTIMIZER_STEP).components
     assert step8[Component.WEIGHTS].bytes == pytest.approx(step1[Component.WEIGHTS].bytes / 8, 1e-6)
     assert step8[Component.GRADIENTS].bytes == pytest.approx(
-        step1[Component.GRADIENTS].bytes / 8, 1e-6)
+        step1[Component.GRADIENTS].bytes / 8, 1e-6
+    )
     assert zero3.device_total_bytes < single.device_total_bytes / 3
 
 
 def test_optimizer_offload_removes_states_from_the_device(llama3_8b: ModelSpec) -> None:
-    offload = estimate_budget(llama3_8b, TrainingSetup(
-        precision="bf16-true", batch=1, seq=512,
-        distributed=DistributedSetup(world_size=2, zero_stage=2, offload_optimizer=True)))
+    offload = estimate_budget(
+        llama3_8b,
+        TrainingSetup(
+            precision="bf16-true",
+            batch=1,
+            seq=512,
+            distributed=DistributedSetup(world_size=2, zero_stage=2, offload_optimizer=True),
+        ),
+    )
     assert Component.OPTIMIZER_STATES not in offload.phase(Phase.OPTIMIZER_STEP).components
 
 
 def test_ddp_keeps_gradient_buckets(llama32_3b: ModelSpec) -> None:
     single = estimate_budget(llama32_3b, TrainingSetup(precision="bf16-true", batch=1, seq=256))
-    ddp = estimate_budget(llama32_3b, TrainingSetup(
-        precision="bf16-true", batch=1, seq=256, distributed=DistributedSetup(world_size=4)))
+    ddp = estimate_budget(
+        llama32_3b,
+        TrainingSetup(
+            precision="bf16-true", batch=1, seq=256, distributed=DistributedSetup(world_size=4)
+        ),
+    )
     gradients = 2 * llama32_3b.total_params
     step_single = single.phase(Phase.OPTIMIZER_STEP).allocated_bytes
     assert ddp.phase(Phase.OPTIMIZER_STEP).allocated_bytes == step_single + gradients
@@ -284,6 +314,5 @@ def test_kv_cache_of_llama3_8b_at_8k_tokens_is_1_gib(llama3_8b: ModelSpec) -> No
 
 def test_sliding_window_caps_the_kv_cache() -> None:
     mistral = spec_of("mistralai/Mistral-7B-v0.1")  # sliding window 4096 in every block
-    setup = TrainingSetup(mode="generate", precision="bf16-true", batch=1, seq=16384,
-                          new_tokens=0)
+    setup = TrainingSetup(mode="generate", precision="bf16-true", batch=1, seq=16384, new_tokens=0)
     assert kv_cache_term(mistral, setup).bytes == 2 * 32 * 8 * 128 * 4096 * 2

@@ -5,6 +5,14 @@ from llmmem.budget.result import Budget, Component, GpuTarget, Overhead, Phase, 
 from llmmem.budget.setup import SetupError, TrainingSetup
 
 __all__ = [
-    "Budget", "Component", "GpuTarget", "Overhead", "Phase", "PhaseBudget", "SetupError", "Term",
-    "TrainingSetup", "estimate_budget",
+    "Budget",
+    "Component",
+    "GpuTarget",
+    "Overhead",
+    "Phase",
+    "PhaseBudget",
+    "SetupError",
+    "Term",
+    "TrainingSetup",
+    "estimate_budget",
 ]

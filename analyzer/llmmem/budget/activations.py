@@ -31,10 +31,20 @@ SYMBOLS = ("N·h", "N·q", "N·kvd", "N·I", "N·r", "N·E", "b·a·s", "b·a·s
 
 # How many tensors of the MLP width an activation function saves (its input included).
 ACTIVATION_SAVES = {
-    "silu": 1, "swish": 1, "gelu": 1, "gelu_pytorch_tanh": 1, "gelu_fast": 1, "relu": 1,
-    "gelu_new": 4, "gelu_python": 3, "quick_gelu": 2, "gelu_10": 1, "relu2": 2,
+    "silu": 1,
+    "swish": 1,
+    "gelu": 1,
+    "gelu_pytorch_tanh": 1,
+    "gelu_fast": 1,
+    "relu": 1,
+    "gelu_new": 4,
+    "gelu_python": 3,
+    "quick_gelu": 2,
+    "gelu_10": 1,
+    "relu2": 2,
     "gelu_accurate": 4,
 }
+ACTIVATIONS_KEEPING_OUTPUT = {"relu"}
 
 
 @dataclass
@@ -77,11 +87,14 @@ def dtypes_for(setup: TrainingSetup) -> Dtypes:
     if setup.quant is not None and setup.quant.prepare_for_kbit_training:
         # prepare_model_for_kbit_training leaves embeddings and norms in fp32, so the residual
         # stream is fp32, and bitsandbytes layers return their input dtype: fp32 unless autocast
-        return Dtypes(compute=2 if precision.is_autocast else 4, residual=4,
-                      autocast=precision.is_autocast)
-    return Dtypes(compute=precision.compute_bytes,
-                  residual=4 if precision in (Precision.FP32,) or precision.is_autocast else 2,
-                  autocast=precision.is_autocast)
+        return Dtypes(
+            compute=2 if precision.is_autocast else 4, residual=4, autocast=precision.is_autocast
+        )
+    return Dtypes(
+        compute=precision.compute_bytes,
+        residual=4 if precision in (Precision.FP32,) or precision.is_autocast else 2,
+        autocast=precision.is_autocast,
+    )
 
 
 @dataclass(frozen=True)
@@ -102,8 +115,9 @@ def trainability_for(spec: ModelSpec, setup: TrainingSetup) -> Trainability:
     if setup.method is Method.FULL or setup.lora is None:
         return Trainability(True, frozenset(), False, False)
     adapted = frozenset(lin.path for lin in lora_target_linears(spec, setup.lora.targets))
-    return Trainability(False, adapted, setup.lora.dropout > 0, setup.lora.dora,
-                        setup.lora.adapter_bytes)
+    return Trainability(
+        False, adapted, setup.lora.dropout > 0, setup.lora.dora, setup.lora.adapter_bytes
+    )
 
 
 @dataclass
@@ -121,8 +135,14 @@ class BlockContext:
     def kbit_compute_bytes(self) -> int:
         return self.setup.quant.compute_dtype_bytes if self.setup.quant else self.dt.compute
 
-    def consumers_save(self, tally: Tally, tensor_dtype: int, width: str,
-                       consumers: list[LinearModule], already_saved: bool = False) -> None:
+    def consumers_save(
+        self,
+        tally: Tally,
+        tensor_dtype: int,
+        width: str,
+        consumers: list[LinearModule],
+        already_saved: bool = False,
+    ) -> None:
         """What the Linears reading one tensor save of it (shared copy or private casts)."""
         shared = already_saved
         private = 0.0
@@ -175,8 +195,12 @@ class BlockContext:
 
 
 def _width(spec: ModelSpec, symbol: str) -> float:
-    return {"N·h": spec.hidden_size, "N·q": spec.num_attention_heads * spec.head_dim,
-            "N·kvd": spec.kv_dim, "N·I": spec.intermediate_size}.get(symbol, spec.hidden_size)
+    return {
+        "N·h": spec.hidden_size,
+        "N·q": spec.num_attention_heads * spec.head_dim,
+        "N·kvd": spec.kv_dim,
+        "N·I": spec.intermediate_size,
+    }.get(symbol, spec.hidden_size)
 
 
 def _linears(group: BlockGroup, position: str) -> list[LinearModule]:
@@ -188,12 +212,20 @@ MLP_OUT_NAMES = {"down_proj", "fc2", "c_proj", "dense_4h_to_h", "wo", "w2", "den
 
 
 def linear_position(lin: LinearModule) -> str:
-    """Where a Linear sits in its block: attn_in, attn_out, cross_in, mlp_in, mlp_out, expert, router."""
+    """Where a Linear sits in its block.
+
+    One of attn_in, attn_out, cross_in, cross_out, mlp_in, mlp_out, expert, router.
+    """
     if lin.role in ("expert", "router"):
         return lin.role
     path = lin.path.lower()
     if lin.role == "attention":
-        if "cross" in path or "encdecattention" in path or ".layer.1." in path and "decoder" in path:
+        if (
+            "cross" in path
+            or "encdecattention" in path
+            or ".layer.1." in path
+            and "decoder" in path
+        ):
             return "cross_out" if lin.name in ATTN_OUT_NAMES else "cross_in"
         if lin.name in ATTN_OUT_NAMES or path.endswith("output.dense"):
             return "attn_out"
@@ -246,9 +278,13 @@ def mlp_core(ctx: BlockContext, tally: Tally, group: BlockGroup) -> None:
     if ctx.spec.mlp == "gated":
         tally.add(saves * e, "N·I")  # the gate projection, kept by the activation
         tally.add(2 * e, "N·I")  # act(gate) and up, kept by their product
-    else:
-        tally.add(saves * e, "N·I")  # fc1 output (and the pieces of a written-out GELU)
-    ctx.consumers_save(tally, e, "N·I", down)
+        ctx.consumers_save(tally, e, "N·I", down)
+        return
+    tally.add(saves * e, "N·I")  # fc1 output (and the pieces of a written-out GELU)
+    # ReLU keeps its output, which is the tensor fc2 reads: one copy serves both
+    ctx.consumers_save(
+        tally, e, "N·I", down, already_saved=ctx.spec.activation in ACTIVATIONS_KEEPING_OUTPUT
+    )
 
 
 def block_tally(ctx: BlockContext, group: BlockGroup) -> Tally:
@@ -267,8 +303,9 @@ def block_tally(ctx: BlockContext, group: BlockGroup) -> Tally:
     else:
         ctx.norm(tally)
         one_norm_parallel = spec.parallel_residual and not two_norm_parallel
-        ctx.consumers_save(tally, dt.residual, "N·h",
-                           attn_in + (mlp_in if one_norm_parallel else []))
+        ctx.consumers_save(
+            tally, dt.residual, "N·h", attn_in + (mlp_in if one_norm_parallel else [])
+        )
     attention_core(ctx, tally)
     sdpa_keeps_output = (ctx.setup.attn is not AttnImpl.EAGER) and spec.supports_sdpa
     ctx.consumers_save(tally, dt.compute, "N·q", attn_out, already_saved=sdpa_keeps_output)
@@ -365,7 +402,7 @@ def estimate_activations(spec: ModelSpec, setup: TrainingSetup) -> ActivationEst
         outside.add(1, "b·s²")  # the boolean sliding-window mask built once per forward
     b, s = setup.batch, setup.seq
     r = setup.lora.r if setup.lora else 0
-    dims = {
+    dims: dict[str, float] = {
         "N·h": b * s * spec.hidden_size,
         "N·q": b * s * spec.num_attention_heads * spec.head_dim,
         "N·kvd": b * s * spec.kv_dim,

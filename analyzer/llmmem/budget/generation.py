@@ -24,40 +24,60 @@ def kv_cache_term(spec: ModelSpec, setup: TrainingSetup) -> Term:
     full_blocks = blocks - sliding
     per_token_block = 2 * spec.kv_dim * e * setup.batch
     total = per_token_block * (full_blocks * tokens + sliding * min(tokens, window))
-    formula = (f"2 × {full_blocks} blocks × {spec.num_kv_heads} kv heads × {spec.head_dim} × "
-               f"{format_count(tokens)} tokens × batch {setup.batch} × {e} B")
+    formula = (
+        f"2 × {full_blocks} blocks × {spec.num_kv_heads} kv heads × {spec.head_dim} × "
+        f"{format_count(tokens)} tokens × batch {setup.batch} × {e} B"
+    )
     if sliding:
-        formula += (f" + the same for {sliding} sliding-window blocks at "
-                    f"{format_count(min(tokens, window))} tokens")
+        formula += (
+            f" + the same for {sliding} sliding-window blocks at "
+            f"{format_count(min(tokens, window))} tokens"
+        )
     return Term(bytes=total, formula=formula)
 
 
 def estimate_generation(spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget | None) -> Budget:
     inv = build_inventory(spec, setup)
     e = dtypes_for(setup).compute
-    weights = Term(bytes=inv.weight_bytes,
-                   formula=f"{format_count(inv.params)} params at {inv.base_bytes_per_param:g} B")
+    weights = Term(
+        bytes=inv.weight_bytes,
+        formula=f"{format_count(inv.params)} params at {inv.base_bytes_per_param:g} B",
+    )
     kv = kv_cache_term(spec, setup)
     n = setup.tokens  # the prompt, processed at once (prefill)
     prefill = e * n * (3 * spec.intermediate_size + 4 * spec.hidden_size)
     if setup.attn.value == "eager" or not spec.supports_sdpa:
         prefill += (4 + e) * setup.batch * spec.num_attention_heads * setup.seq**2
     logits = 4 * setup.batch * spec.vocab_size  # generate() keeps only the last position's logits
-    phase = PhaseBudget(phase=Phase.GENERATE, moment="prefill of the prompt with a full cache",
-                        components={
-                            Component.WEIGHTS: weights,
-                            Component.KV_CACHE: kv,
-                            Component.ACTIVATIONS: Term(
-                                bytes=prefill, formula=f"{e}·N·(3·I + 4·h): one block's "
-                                "intermediates during prefill"),
-                            Component.LOGITS: Term(bytes=logits,
-                                                   formula="4 B × batch × V (last position)"),
-                        })
-    overheads = overhead_terms(setup, prefill + logits,
-                               sum(g.tensors for g in inv.groups if g.numel > 2**19))
+    phase = PhaseBudget(
+        phase=Phase.GENERATE,
+        moment="prefill of the prompt with a full cache",
+        components={
+            Component.WEIGHTS: weights,
+            Component.KV_CACHE: kv,
+            Component.ACTIVATIONS: Term(
+                bytes=prefill,
+                formula=f"{e}·N·(3·I + 4·h): one block's intermediates during prefill",
+            ),
+            Component.LOGITS: Term(bytes=logits, formula="4 B × batch × V (last position)"),
+        },
+    )
+    overheads = overhead_terms(
+        setup, prefill + logits, sum(g.tensors for g in inv.groups if g.numel > 2**19)
+    )
     reserved = phase.allocated_bytes + overheads[Overhead.ALLOCATOR_SLACK].bytes
-    total = reserved + sum(t.bytes for k, t in overheads.items() if k is not Overhead.ALLOCATOR_SLACK)
-    return Budget(phases=[phase], peak_phase=Phase.GENERATE,
-                  allocated_peak_bytes=phase.allocated_bytes, overheads=overheads,
-                  reserved_peak_bytes=reserved, device_total_bytes=total, gpu=gpu,
-                  params=inv.params, trainable_params=0, notes=list(spec.notes))
+    total = reserved + sum(
+        t.bytes for k, t in overheads.items() if k is not Overhead.ALLOCATOR_SLACK
+    )
+    return Budget(
+        phases=[phase],
+        peak_phase=Phase.GENERATE,
+        allocated_peak_bytes=phase.allocated_bytes,
+        overheads=overheads,
+        reserved_peak_bytes=reserved,
+        device_total_bytes=total,
+        gpu=gpu,
+        params=inv.params,
+        trainable_params=0,
+        notes=list(spec.notes),
+    )

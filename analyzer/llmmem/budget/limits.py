@@ -35,10 +35,13 @@ def _fits(spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget) -> bool:
     return budget.device_total_bytes <= gpu.capacity_bytes
 
 
-def largest_batch(spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget) -> tuple[int, Budget | None]:
+def largest_batch(
+    spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget
+) -> tuple[int, Budget | None]:
     """The largest micro-batch that fits `gpu`, and its budget (None when not even 1 fits)."""
     best = _largest(
-        lambda b: _fits(spec, setup.model_copy(update={"batch": b}), gpu), MAX_BATCH_SEARCH)
+        lambda b: _fits(spec, setup.model_copy(update={"batch": b}), gpu), MAX_BATCH_SEARCH
+    )
     if not best:
         return 0, None
     return best, estimate_budget(spec, setup.model_copy(update={"batch": best}), gpu)

@@ -15,7 +15,6 @@ from llmmem.budget.setup import LossImpl, TrainingSetup
 from llmmem.models.spec import ModelSpec
 from llmmem.units import format_count
 
-
 CHUNK_POSITIONS = 128
 
 
@@ -51,11 +50,18 @@ def logits_moments(spec: ModelSpec, setup: TrainingSetup) -> LogitsMoments:
         rows = liger_chunk_rows(spec, setup)
         chunk = 3 * 4 * rows * spec.vocab_size
         grad_input = 4 * setup.tokens * spec.hidden_size
-        text = (f"3 × 4 B × {format_count(rows)} rows × V (one chunk) + "
-                f"4 B × N·h (input gradient computed in forward)")
-        return LogitsMoments(chunk + grad_input, grad_input, grad_input, text,
-                             "4 B × N·h (precomputed input gradient)",
-                             "4 B × N·h (precomputed input gradient)")
+        text = (
+            f"3 × 4 B × {format_count(rows)} rows × V (one chunk) + "
+            f"4 B × N·h (input gradient computed in forward)"
+        )
+        return LogitsMoments(
+            chunk + grad_input,
+            grad_input,
+            grad_input,
+            text,
+            "4 B × N·h (precomputed input gradient)",
+            "4 B × N·h (precomputed input gradient)",
+        )
     if setup.loss is LossImpl.CHUNKED:
         # cross-entropy per chunk of CHUNK_POSITIONS positions, in the logits' own dtype (as
         # litgpt's chunked_cross_entropy): the logits and each chunk's log-softmax are kept,
@@ -63,8 +69,14 @@ def logits_moments(spec: ModelSpec, setup: TrainingSetup) -> LogitsMoments:
         kept = 2 * e * n_logits
         chunk = 12 * min(CHUNK_POSITIONS, setup.seq) * setup.batch * spec.vocab_size
         text = f"({e} + {e}) B × {count}: logits and log-softmax in the logits' dtype"
-        return LogitsMoments(kept, kept + chunk, kept, text,
-                             text + f" + 12 B × one chunk of {CHUNK_POSITIONS} positions", text)
+        return LogitsMoments(
+            kept,
+            kept + chunk,
+            kept,
+            text,
+            text + f" + 12 B × one chunk of {CHUNK_POSITIONS} positions",
+            text,
+        )
     upcast = 4 if e != 4 else 0
     capped = e if softcap else 0  # tanh of the soft-capped logits is saved
     forward_per = e + upcast + 4 + capped

@@ -81,8 +81,9 @@ def _spec(
     impl: Implementation,
     **extra: bool,
 ) -> OptimizerSpec:
-    return OptimizerSpec(name=name, label=label, states=states, state_dtype=dtype,
-                         implementation=impl, **extra)
+    return OptimizerSpec(
+        name=name, label=label, states=states, state_dtype=dtype, implementation=impl, **extra
+    )
 
 
 OPTIMIZERS: dict[str, OptimizerSpec] = {
@@ -96,8 +97,14 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
         _spec("adamw_apex_fused", "apex FusedAdam", 2, "fp32", "fused"),
         _spec("adamw_anyprecision", "AnyPrecision AdamW", 2, "param", "for-loop"),
         _spec("adam", "torch Adam, foreach implementation", 2, "param", "foreach"),
-        _spec("adafactor", "transformers Adafactor (factored second moment)", 1, "param",
-              "for-loop", factored=True),
+        _spec(
+            "adafactor",
+            "transformers Adafactor (factored second moment)",
+            1,
+            "param",
+            "for-loop",
+            factored=True,
+        ),
         _spec("sgd", "torch SGD (no momentum)", 0, "param", "foreach"),
         _spec("sgd_momentum", "torch SGD with momentum", 1, "param", "foreach"),
         _spec("adagrad", "torch Adagrad", 1, "param", "foreach"),
@@ -105,8 +112,7 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
         _spec("adamw_bnb_8bit", "bitsandbytes AdamW 8-bit", 2, "int8", "bnb"),
         _spec("adamw_8bit", "bitsandbytes AdamW 8-bit", 2, "int8", "bnb"),
         _spec("paged_adamw_8bit", "bitsandbytes paged AdamW 8-bit", 2, "int8", "bnb", paged=True),
-        _spec("paged_adamw_32bit", "bitsandbytes paged AdamW 32-bit", 2, "fp32", "bnb",
-              paged=True),
+        _spec("paged_adamw_32bit", "bitsandbytes paged AdamW 32-bit", 2, "fp32", "bnb", paged=True),
         _spec("adamw_bnb_32bit", "bitsandbytes AdamW 32-bit", 2, "fp32", "bnb"),
         _spec("lion_8bit", "bitsandbytes Lion 8-bit", 1, "int8", "bnb"),
         _spec("lion_32bit", "bitsandbytes Lion 32-bit", 1, "fp32", "bnb"),
@@ -117,10 +123,17 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
         _spec("rmsprop_bnb_32bit", "bitsandbytes RMSprop 32-bit", 1, "fp32", "bnb"),
         _spec("ademamix", "bitsandbytes AdEMAMix (two first moments)", 3, "fp32", "bnb"),
         _spec("ademamix_8bit", "bitsandbytes AdEMAMix 8-bit", 3, "int8", "bnb"),
-        _spec("paged_ademamix_8bit", "bitsandbytes paged AdEMAMix 8-bit", 3, "int8", "bnb",
-              paged=True),
-        _spec("paged_ademamix_32bit", "bitsandbytes paged AdEMAMix 32-bit", 3, "fp32", "bnb",
-              paged=True),
+        _spec(
+            "paged_ademamix_8bit", "bitsandbytes paged AdEMAMix 8-bit", 3, "int8", "bnb", paged=True
+        ),
+        _spec(
+            "paged_ademamix_32bit",
+            "bitsandbytes paged AdEMAMix 32-bit",
+            3,
+            "fp32",
+            "bnb",
+            paged=True,
+        ),
         _spec("schedule_free_adamw", "schedule-free AdamW", 2, "param", "for-loop"),
         _spec("adamw_torch_4bit", "torchao AdamW 4-bit", 2, "int8", "fused"),
         _spec("adamw_torch_8bit", "torchao AdamW 8-bit", 2, "int8", "fused"),

@@ -35,16 +35,21 @@ def allocator_slack(transient_bytes: int, live_tensors: int) -> Term:
             f" + ½ × 2 MiB rounding × {live_tensors} large tensors"
             f" + {format_bytes(CUBLAS_WORKSPACE)} cuBLAS workspace"
         ),
-        note="reserved minus allocated; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True shrinks it",
+        note="reserved minus allocated; "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True shrinks it",
     )
 
 
 def cuda_context(setup: TrainingSetup) -> Term:
     if setup.cuda_module_loading == "eager":
-        return Term(bytes=CUDA_CONTEXT_EAGER,
-                    formula="driver state + every torch kernel image (eager module loading)")
-    return Term(bytes=CUDA_CONTEXT_LAZY,
-                formula="driver state + kernels loaded on first use (lazy loading, CUDA ≥ 11.7)")
+        return Term(
+            bytes=CUDA_CONTEXT_EAGER,
+            formula="driver state + every torch kernel image (eager module loading)",
+        )
+    return Term(
+        bytes=CUDA_CONTEXT_LAZY,
+        formula="driver state + kernels loaded on first use (lazy loading, CUDA ≥ 11.7)",
+    )
 
 
 def nccl_buffers(setup: TrainingSetup) -> Term | None:
@@ -53,8 +58,9 @@ def nccl_buffers(setup: TrainingSetup) -> Term | None:
     return Term(bytes=NCCL_BUFFERS, formula="NCCL channel buffers (cudaMalloc, outside torch)")
 
 
-def overhead_terms(setup: TrainingSetup, transient_bytes: int,
-                   live_tensors: int) -> dict[Overhead, Term]:
+def overhead_terms(
+    setup: TrainingSetup, transient_bytes: int, live_tensors: int
+) -> dict[Overhead, Term]:
     terms = {
         Overhead.ALLOCATOR_SLACK: allocator_slack(transient_bytes, live_tensors),
         Overhead.CUDA_CONTEXT: cuda_context(setup),

@@ -65,8 +65,10 @@ def model_state_terms(
     if deepspeed_16bit:
         # DeepSpeed runs the model in 16 bits and keeps the fp32 copy with the optimizer
         trainable = [g.model_copy(update={"bytes_per_param": 2.0}) for g in trainable]
-        groups = [g.model_copy(update={"bytes_per_param": 2.0}) if g.bytes_per_param == 4.0
-                  else g for g in inv.groups]
+        groups = [
+            g.model_copy(update={"bytes_per_param": 2.0}) if g.bytes_per_param == 4.0 else g
+            for g in inv.groups
+        ]
     else:
         groups = inv.groups
     weight_bytes = sum(g.bytes for g in groups)
@@ -98,22 +100,34 @@ def model_state_terms(
     if shard.offload_states:
         states = Term(bytes=0, formula=state_formula + ", offloaded to the CPU")
     else:
-        states = Term(bytes=round(state_bytes * shard.states),
-                      formula=state_formula + _shard_suffix(shard.states, shard))
+        states = Term(
+            bytes=round(state_bytes * shard.states),
+            formula=state_formula + _shard_suffix(shard.states, shard),
+        )
     if optim.paged:
         states.note = "paged: evicted to CPU memory when the GPU runs short"
-    step_temp = 0 if shard.offload_states else round(
-        optim.step_temporary_bytes(trainable) * shard.states)
-    step = Term(bytes=step_temp, formula=f"{optim.implementation} step buffers"
-                + (" (one parameter-sized copy of the trainable set)"
-                   if optim.implementation == "foreach" else ""))
+    step_temp = (
+        0 if shard.offload_states else round(optim.step_temporary_bytes(trainable) * shard.states)
+    )
+    step = Term(
+        bytes=step_temp,
+        formula=f"{optim.implementation} step buffers"
+        + (
+            " (one parameter-sized copy of the trainable set)"
+            if optim.implementation == "foreach"
+            else ""
+        ),
+    )
     head = sum(g.bytes for g in trainable if g.kind in ("head", "embedding", "saved_copy"))
     return StateTerms(weights, gradients, states, step, round(head * shard.gradients))
 
 
 def _state_dtype_text(optim: OptimizerSpec) -> str:
-    return {"param": "the parameter's dtype", "fp32": "4 B",
-            "int8": "1 B (+ fp32 absmax per 256, small tensors 4 B)"}[optim.state_dtype]
+    return {
+        "param": "the parameter's dtype",
+        "fp32": "4 B",
+        "int8": "1 B (+ fp32 absmax per 256, small tensors 4 B)",
+    }[optim.state_dtype]
 
 
 def _bytes_per(groups: list[ParameterGroup]) -> str:
@@ -131,16 +145,25 @@ def _weight_copy_terms(spec: ModelSpec, setup: TrainingSetup, inv: Inventory) ->
     if dt.autocast and setup.method is Method.FULL:
         linear = sum(g.params for g in inv.groups if g.kind in ("linear", "head"))
         head = sum(g.params for g in inv.groups if g.kind == "head") or (
-            spec.vocab_size * spec.hidden_size if spec.is_causal_lm else 0)
+            spec.vocab_size * spec.hidden_size if spec.is_causal_lm else 0
+        )
         if setup.grad_ckpt:
-            block = max((sum(lin.weight_params for lin in b.linears) for b in spec.blocks),
-                        default=0)
+            block = max(
+                (sum(lin.weight_params for lin in b.linears) for b in spec.blocks), default=0
+            )
             return 2 * (linear + (head if not spec.params.head else 0)), 2 * (head + block)
         total = 2 * (linear + (head if not spec.params.head else 0))
         return total, total
     if setup.quant is not None:
-        largest = max((lin.out_features * lin.in_features for g in spec.blocks
-                       for lin in g.linears if lin.role != "expert"), default=0)
+        largest = max(
+            (
+                lin.out_features * lin.in_features
+                for g in spec.blocks
+                for lin in g.linears
+                if lin.role != "expert"
+            ),
+            default=0,
+        )
         return 2 * largest, 2 * largest
     return 0, 0
 
@@ -177,7 +200,8 @@ def estimate_budget(spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget | None
     workspace_text = f"2·{dt.residual}·N·h + 2·{dt.compute}·N·I (gradients of one block in flight)"
     copies_fwd, copies_bwd = _weight_copy_terms(spec, setup, inv)
     copies_text = (
-        "one dequantized k-bit weight (the largest Linear)" if setup.quant is not None
+        "one dequantized k-bit weight (the largest Linear)"
+        if setup.quant is not None
         else "bf16/fp16 copy of every Linear weight held by autocast"
     )
     gathered = 0
@@ -190,9 +214,14 @@ def estimate_budget(spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget | None
     grads_kept = setup.grad_accum > 1 or not setup.grads_freed_each_step
     grads_between = st.gradients.bytes if grads_kept else 0
     grads_text = (
-        st.gradients.formula + (" (kept across accumulation)" if setup.grad_accum > 1
-                                else " (zeroed in place, never freed)")
-        if grads_between else "none yet (set to None after each step)"
+        st.gradients.formula
+        + (
+            " (kept across accumulation)"
+            if setup.grad_accum > 1
+            else " (zeroed in place, never freed)"
+        )
+        if grads_between
+        else "none yet (set to None after each step)"
     )
     states = st.states
     if setup.first_step:
@@ -200,60 +229,89 @@ def estimate_budget(spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget | None
         notes.append("first step: optimizer states are created inside it")
 
     def phase(ph: Phase, moment: str, parts: dict[Component, Term]) -> PhaseBudget:
-        return PhaseBudget(phase=ph, moment=moment,
-                           components={k: v for k, v in parts.items() if v.bytes or k in (
-                               Component.WEIGHTS,)})
+        return PhaseBudget(
+            phase=ph,
+            moment=moment,
+            components={k: v for k, v in parts.items() if v.bytes or k in (Component.WEIGHTS,)},
+        )
 
-    temp_fwd = Term(bytes=extra_fwd + ddp_buckets,
-                    formula=_temp_text(gathered, ddp_buckets, shard))
-    forward = phase(Phase.FORWARD, "end of forward, loss computed", {
-        Component.WEIGHTS: st.weights,
-        Component.WEIGHT_COPIES: Term(bytes=copies_fwd, formula=copies_text),
-        Component.GRADIENTS: Term(bytes=grads_between, formula=grads_text),
-        Component.OPTIMIZER_STATES: states,
-        Component.ACTIVATIONS: activations,
-        Component.LOGITS: Term(bytes=logits.forward_end, formula=logits.formula_forward),
-        Component.TEMPORARIES: temp_fwd,
-    })
+    temp_fwd = Term(bytes=extra_fwd + ddp_buckets, formula=_temp_text(gathered, ddp_buckets, shard))
+    forward = phase(
+        Phase.FORWARD,
+        "end of forward, loss computed",
+        {
+            Component.WEIGHTS: st.weights,
+            Component.WEIGHT_COPIES: Term(bytes=copies_fwd, formula=copies_text),
+            Component.GRADIENTS: Term(bytes=grads_between, formula=grads_text),
+            Component.OPTIMIZER_STATES: states,
+            Component.ACTIVATIONS: activations,
+            Component.LOGITS: Term(bytes=logits.forward_end, formula=logits.formula_forward),
+            Component.TEMPORARIES: temp_fwd,
+        },
+    )
 
     head_grad_new = 0 if grads_between else st.head_gradient
     backward_moments = [
-        ("start of backward: log-softmax gradient", {
-            Component.LOGITS: Term(bytes=logits.backward_start, formula=logits.formula_backward),
-            Component.GRADIENTS: Term(bytes=grads_between, formula=grads_text),
-            Component.ACTIVATIONS: activations,
-            Component.WEIGHT_COPIES: Term(bytes=copies_bwd, formula=copies_text),
-            Component.TEMPORARIES: temp_fwd,
-        }),
-        ("head backward: logits gradient and the head's weight gradient", {
-            Component.LOGITS: Term(bytes=logits.head_backward, formula=logits.formula_head),
-            Component.GRADIENTS: Term(bytes=grads_between + head_grad_new,
-                                      formula="the head's gradient" if head_grad_new
-                                      else grads_text),
-            Component.ACTIVATIONS: activations,
-            Component.WEIGHT_COPIES: Term(bytes=copies_bwd, formula=copies_text),
-            Component.TEMPORARIES: temp_fwd,
-        }),
+        (
+            "start of backward: log-softmax gradient",
+            {
+                Component.LOGITS: Term(
+                    bytes=logits.backward_start, formula=logits.formula_backward
+                ),
+                Component.GRADIENTS: Term(bytes=grads_between, formula=grads_text),
+                Component.ACTIVATIONS: activations,
+                Component.WEIGHT_COPIES: Term(bytes=copies_bwd, formula=copies_text),
+                Component.TEMPORARIES: temp_fwd,
+            },
+        ),
+        (
+            "head backward: logits gradient and the head's weight gradient",
+            {
+                Component.LOGITS: Term(bytes=logits.head_backward, formula=logits.formula_head),
+                Component.GRADIENTS: Term(
+                    bytes=grads_between + head_grad_new,
+                    formula="the head's gradient" if head_grad_new else grads_text,
+                ),
+                Component.ACTIVATIONS: activations,
+                Component.WEIGHT_COPIES: Term(bytes=copies_bwd, formula=copies_text),
+                Component.TEMPORARIES: temp_fwd,
+            },
+        ),
     ]
     if setup.grad_ckpt:
-        backward_moments.append(("recompute of the last block", {
-            Component.GRADIENTS: Term(bytes=grads_between + head_grad_new,
-                                      formula="the head's gradient" if head_grad_new
-                                      else grads_text),
-            Component.ACTIVATIONS: activations,
-            Component.WEIGHT_COPIES: Term(bytes=copies_bwd, formula=copies_text),
-            Component.TEMPORARIES: Term(
-                bytes=recompute + workspace + extra_fwd + ddp_buckets,
-                formula=f"one block recomputed ({format_bytes(recompute)}) + {workspace_text}"),
-        }))
+        backward_moments.append(
+            (
+                "recompute of the last block",
+                {
+                    Component.GRADIENTS: Term(
+                        bytes=grads_between + head_grad_new,
+                        formula="the head's gradient" if head_grad_new else grads_text,
+                    ),
+                    Component.ACTIVATIONS: activations,
+                    Component.WEIGHT_COPIES: Term(bytes=copies_bwd, formula=copies_text),
+                    Component.TEMPORARIES: Term(
+                        bytes=recompute + workspace + extra_fwd + ddp_buckets,
+                        formula=f"one block recomputed ({format_bytes(recompute)}) + "
+                        f"{workspace_text}",
+                    ),
+                },
+            )
+        )
     first_block = acts.largest_block_bytes if not setup.grad_ckpt else recompute
-    backward_moments.append(("end of backward: every gradient complete", {
-        Component.GRADIENTS: st.gradients,
-        Component.ACTIVATIONS: Term(bytes=first_block,
-                                    formula="the first block's saved tensors"),
-        Component.TEMPORARIES: Term(bytes=workspace + extra_fwd + ddp_buckets,
-                                    formula=workspace_text),
-    }))
+    backward_moments.append(
+        (
+            "end of backward: every gradient complete",
+            {
+                Component.GRADIENTS: st.gradients,
+                Component.ACTIVATIONS: Term(
+                    bytes=first_block, formula="the first block's saved tensors"
+                ),
+                Component.TEMPORARIES: Term(
+                    bytes=workspace + extra_fwd + ddp_buckets, formula=workspace_text
+                ),
+            },
+        )
+    )
     backward_candidates = []
     for moment, parts in backward_moments:
         full = {Component.WEIGHTS: st.weights, Component.OPTIMIZER_STATES: states, **parts}
@@ -261,14 +319,20 @@ def estimate_budget(spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget | None
     backward = max(backward_candidates, key=lambda p: p.allocated_bytes)
 
     step_states = st.states
-    optimizer_step = phase(Phase.OPTIMIZER_STEP, "inside the optimizer step", {
-        Component.WEIGHTS: st.weights,
-        Component.GRADIENTS: st.gradients,
-        Component.OPTIMIZER_STATES: step_states,
-        Component.TEMPORARIES: Term(bytes=st.step_temporaries.bytes + ddp_buckets,
-                                    formula=st.step_temporaries.formula
-                                    + (" + DDP gradient buckets" if ddp_buckets else "")),
-    })
+    optimizer_step = phase(
+        Phase.OPTIMIZER_STEP,
+        "inside the optimizer step",
+        {
+            Component.WEIGHTS: st.weights,
+            Component.GRADIENTS: st.gradients,
+            Component.OPTIMIZER_STATES: step_states,
+            Component.TEMPORARIES: Term(
+                bytes=st.step_temporaries.bytes + ddp_buckets,
+                formula=st.step_temporaries.formula
+                + (" + DDP gradient buckets" if ddp_buckets else ""),
+            ),
+        },
+    )
 
     phases = [forward, backward, optimizer_step]
     peak = max(phases, key=lambda p: p.allocated_bytes)
@@ -277,21 +341,27 @@ def estimate_budget(spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget | None
         first = estimate_budget(spec, setup.model_copy(update={"first_step": True}), gpu)
         first_step_peak = first.allocated_peak_bytes
 
-    transient = sum(term.bytes for comp, term in peak.components.items() if comp in (
-        Component.ACTIVATIONS, Component.LOGITS, Component.TEMPORARIES,
-        Component.WEIGHT_COPIES))
+    transient = sum(
+        term.bytes
+        for comp, term in peak.components.items()
+        if comp
+        in (Component.ACTIVATIONS, Component.LOGITS, Component.TEMPORARIES, Component.WEIGHT_COPIES)
+    )
     # the big persistent tensors each waste up to a segment's rounding: parameters, their
     # gradients and states, and the per-block activations
     live_tensors = sum(g.tensors for g in inv.groups if g.numel * g.bytes_per_param > 2**20)
     overheads = overhead_terms(setup, transient, live_tensors)
     reserved = peak.allocated_bytes + overheads[Overhead.ALLOCATOR_SLACK].bytes
     device_total = reserved + sum(
-        t.bytes for k, t in overheads.items() if k is not Overhead.ALLOCATOR_SLACK)
+        t.bytes for k, t in overheads.items() if k is not Overhead.ALLOCATOR_SLACK
+    )
     if shard.shard_group > 1:
         notes.append(f"per device, {shard.label}")
     if not spec.supports_sdpa and setup.attn is not None and setup.attn.value != "eager":
-        notes.append(f"{spec.model_type} trains with eager attention in transformers "
-                     "(SDPA refused): its softmax keeps b·a·s² fp32 scores per block")
+        notes.append(
+            f"{spec.model_type} trains with eager attention in transformers "
+            "(SDPA refused): its softmax keeps b·a·s² fp32 scores per block"
+        )
     return Budget(
         phases=phases,
         peak_phase=peak.phase,

@@ -23,7 +23,9 @@ class Precision(str, Enum):
     FP32 = "fp32"  # fp32 weights, no autocast
     FP16 = "fp16"  # AMP: fp16 autocast over fp32 weights (HF `fp16=True`)
     BF16 = "bf16"  # AMP: bf16 autocast over fp32 weights (HF `bf16=True` on an fp32 model)
-    BF16_TRUE = "bf16-true"  # weights, gradients and optimizer states in bf16 (`torch_dtype=bfloat16`)
+    BF16_TRUE = (
+        "bf16-true"  # weights, gradients and optimizer states in bf16 (`torch_dtype=bfloat16`)
+    )
     FP16_TRUE = "fp16-true"  # weights in fp16 without autocast (rare; unstable for training)
 
     @property
@@ -69,7 +71,8 @@ class Mode(str, Enum):
 class LoraSetup(BaseModel):
     r: int = Field(16, gt=0)
     alpha: float = 32
-    targets: list[str] = Field(default_factory=lambda: ["q_proj", "v_proj"])  # or ["all-linear"]
+    # leaf names or ["all-linear"]; None: PEFT's default for the architecture (q and v)
+    targets: list[str] | None = None
     modules_to_save: list[str] = Field(default_factory=list)
     dora: bool = False
     dropout: float = Field(0.0, ge=0.0, lt=1.0)

@@ -61,7 +61,8 @@ class Inventory(BaseModel):
 
     @property
     def params(self) -> int:
-        return sum(g.params for g in self.groups if g.kind != "saved_copy")
+        """The model's own parameters (adapters and saved copies are extra)."""
+        return sum(g.params for g in self.groups if g.kind not in ("saved_copy", "adapter"))
 
     @property
     def trainable(self) -> list[ParameterGroup]:
@@ -88,9 +89,24 @@ class Inventory(BaseModel):
         return max((round(g.numel * g.bytes_per_param) for g in self.trainable), default=0)
 
 
-def lora_target_linears(spec: ModelSpec, targets: list[str]) -> list[LinearModule]:
-    """The block linears PEFT would adapt for `target_modules` (leaf names or path suffixes)."""
+def default_lora_targets(spec: ModelSpec) -> list[str]:
+    """PEFT's per-architecture default: the query and value projections (or the fused qkv)."""
+    names = {lin.name for group in spec.blocks for lin in group.linears}
+    for pair in (["q_proj", "v_proj"], ["query", "value"], ["q", "v"]):
+        if set(pair) <= names:
+            return pair
+    for fused in ("c_attn", "query_key_value", "qkv_proj", "Wqkv"):
+        if fused in names:
+            return [fused]
+    return ["all-linear"]
+
+
+def lora_target_linears(spec: ModelSpec, targets: list[str] | None) -> list[LinearModule]:
+    """The block linears PEFT would adapt for `target_modules` (leaf names or path suffixes);
+    None means PEFT's default for the architecture."""
     every = [lin for group in spec.blocks for lin in group.linears]
+    if not targets:
+        targets = default_lora_targets(spec)
     if any(t.lower() == "all-linear" for t in targets):
         return every
     matched = [
@@ -126,9 +142,7 @@ def build_inventory(spec: ModelSpec, setup: TrainingSetup) -> Inventory:
     unquantized_bytes = base
     if quant is not None and quant.prepare_for_kbit_training and setup.method is not Method.FULL:
         unquantized_bytes = 4.0
-        notes.append(
-            "prepare_model_for_kbit_training keeps embeddings, norms and the head in fp32"
-        )
+        notes.append("prepare_model_for_kbit_training keeps embeddings, norms and the head in fp32")
 
     groups: list[ParameterGroup] = []
     p = spec.params
@@ -136,62 +150,123 @@ def build_inventory(spec: ModelSpec, setup: TrainingSetup) -> Inventory:
     embed_rows = max(p.embedding // hidden, 1)
     groups.append(
         ParameterGroup(
-            name="embeddings", kind="embedding", tensors=1, rows=embed_rows,
-            cols=hidden, bytes_per_param=unquantized_bytes, trainable=full,
+            name="embeddings",
+            kind="embedding",
+            tensors=1,
+            rows=embed_rows,
+            cols=hidden,
+            bytes_per_param=unquantized_bytes,
+            trainable=full,
         )
     )
     remainder = p.embedding - embed_rows * hidden
     if remainder:
         groups.append(
-            ParameterGroup(name="embedding extras", kind="other", tensors=1, rows=remainder,
-                           cols=1, bytes_per_param=unquantized_bytes, trainable=full)
+            ParameterGroup(
+                name="embedding extras",
+                kind="other",
+                tensors=1,
+                rows=remainder,
+                cols=1,
+                bytes_per_param=unquantized_bytes,
+                trainable=full,
+            )
         )
     if p.head:
         head_rows = max(p.head // hidden, 1)
         groups.append(
-            ParameterGroup(name="lm_head", kind="head", tensors=1, rows=head_rows, cols=hidden,
-                           bytes_per_param=unquantized_bytes, trainable=full)
+            ParameterGroup(
+                name="lm_head",
+                kind="head",
+                tensors=1,
+                rows=head_rows,
+                cols=hidden,
+                bytes_per_param=unquantized_bytes,
+                trainable=full,
+            )
         )
         if p.head - head_rows * hidden:
             groups.append(
-                ParameterGroup(name="head extras", kind="other", tensors=1,
-                               rows=p.head - head_rows * hidden, cols=1,
-                               bytes_per_param=unquantized_bytes, trainable=full)
+                ParameterGroup(
+                    name="head extras",
+                    kind="other",
+                    tensors=1,
+                    rows=p.head - head_rows * hidden,
+                    cols=1,
+                    bytes_per_param=unquantized_bytes,
+                    trainable=full,
+                )
             )
     if p.norms:
         groups.append(
-            ParameterGroup(name="norms", kind="norm", tensors=max(p.norms // hidden, 1),
-                           rows=p.norms // max(p.norms // hidden, 1), cols=1,
-                           bytes_per_param=unquantized_bytes, trainable=full)
+            ParameterGroup(
+                name="norms",
+                kind="norm",
+                tensors=max(p.norms // hidden, 1),
+                rows=p.norms // max(p.norms // hidden, 1),
+                cols=1,
+                bytes_per_param=unquantized_bytes,
+                trainable=full,
+            )
         )
         leftover = p.norms - groups[-1].params
         if leftover:
-            groups.append(ParameterGroup(name="norm extras", kind="norm", tensors=1, rows=leftover,
-                                         cols=1, bytes_per_param=unquantized_bytes, trainable=full))
+            groups.append(
+                ParameterGroup(
+                    name="norm extras",
+                    kind="norm",
+                    tensors=1,
+                    rows=leftover,
+                    cols=1,
+                    bytes_per_param=unquantized_bytes,
+                    trainable=full,
+                )
+            )
     if p.other:
-        groups.append(ParameterGroup(name="other", kind="other", tensors=1, rows=p.other, cols=1,
-                                     bytes_per_param=unquantized_bytes, trainable=full))
+        groups.append(
+            ParameterGroup(
+                name="other",
+                kind="other",
+                tensors=1,
+                rows=p.other,
+                cols=1,
+                bytes_per_param=unquantized_bytes,
+                trainable=full,
+            )
+        )
 
     for block in spec.blocks:
         for lin in block.linears:
             tensors = lin.count * block.count
             quantized = quant is not None and lin.role != "expert"
-            weight_bytes = kbit_bytes_per_param(quant, lin.in_features) if quantized and quant else base
+            weight_bytes = (
+                kbit_bytes_per_param(quant, lin.in_features) if quantized and quant else base
+            )
             if quant is not None and lin.role == "expert":
                 weight_bytes = unquantized_bytes
             groups.append(
                 ParameterGroup(
-                    name=lin.name, kind="linear", tensors=tensors, rows=lin.out_features,
-                    cols=lin.in_features, bytes_per_param=weight_bytes, trainable=full,
+                    name=lin.name,
+                    kind="linear",
+                    tensors=tensors,
+                    rows=lin.out_features,
+                    cols=lin.in_features,
+                    bytes_per_param=weight_bytes,
+                    trainable=full,
                     quantized=quantized,
                 )
             )
             if lin.bias:
                 groups.append(
-                    ParameterGroup(name=f"{lin.name}.bias", kind="bias", tensors=tensors,
-                                   rows=lin.out_features, cols=1,
-                                   bytes_per_param=unquantized_bytes if quant else base,
-                                   trainable=full)
+                    ParameterGroup(
+                        name=f"{lin.name}.bias",
+                        kind="bias",
+                        tensors=tensors,
+                        rows=lin.out_features,
+                        cols=1,
+                        bytes_per_param=unquantized_bytes if quant else base,
+                        trainable=full,
+                    )
                 )
         if quant is not None and any(lin.role == "expert" for lin in block.linears):
             notes.append(
@@ -212,16 +287,40 @@ def _adapter_groups(spec: ModelSpec, setup: TrainingSetup) -> list[ParameterGrou
     for lin in lora_target_linears(spec, lora.targets):
         blocks = sum(g.count for g in spec.blocks if lin in g.linears)
         tensors = lin.count * blocks
-        groups.append(ParameterGroup(name=f"lora_A.{lin.name}", kind="adapter", tensors=tensors,
-                                     rows=lora.r, cols=lin.in_features,
-                                     bytes_per_param=float(lora.adapter_bytes), trainable=True))
-        groups.append(ParameterGroup(name=f"lora_B.{lin.name}", kind="adapter", tensors=tensors,
-                                     rows=lin.out_features, cols=lora.r,
-                                     bytes_per_param=float(lora.adapter_bytes), trainable=True))
+        groups.append(
+            ParameterGroup(
+                name=f"lora_A.{lin.name}",
+                kind="adapter",
+                tensors=tensors,
+                rows=lora.r,
+                cols=lin.in_features,
+                bytes_per_param=float(lora.adapter_bytes),
+                trainable=True,
+            )
+        )
+        groups.append(
+            ParameterGroup(
+                name=f"lora_B.{lin.name}",
+                kind="adapter",
+                tensors=tensors,
+                rows=lin.out_features,
+                cols=lora.r,
+                bytes_per_param=float(lora.adapter_bytes),
+                trainable=True,
+            )
+        )
         if lora.dora:
-            groups.append(ParameterGroup(name=f"lora_magnitude.{lin.name}", kind="adapter",
-                                         tensors=tensors, rows=lin.out_features, cols=1,
-                                         bytes_per_param=float(lora.adapter_bytes), trainable=True))
+            groups.append(
+                ParameterGroup(
+                    name=f"lora_magnitude.{lin.name}",
+                    kind="adapter",
+                    tensors=tensors,
+                    rows=lin.out_features,
+                    cols=1,
+                    bytes_per_param=float(lora.adapter_bytes),
+                    trainable=True,
+                )
+            )
     return groups
 
 
@@ -234,8 +333,12 @@ def _modules_to_save(
     copies: list[ParameterGroup] = []
     wanted = {name.lower() for name in lora.modules_to_save}
     aliases = {
-        "embed_tokens": "embeddings", "wte": "embeddings", "word_embeddings": "embeddings",
-        "shared": "embeddings", "lm_head": "lm_head", "embed_out": "lm_head",
+        "embed_tokens": "embeddings",
+        "wte": "embeddings",
+        "word_embeddings": "embeddings",
+        "shared": "embeddings",
+        "lm_head": "lm_head",
+        "embed_out": "lm_head",
     }
     for name in wanted:
         target = aliases.get(name, name)
@@ -243,9 +346,17 @@ def _modules_to_save(
             target = "embeddings"  # a tied head is the embedding matrix
         for g in groups:
             if g.name == target and g.kind in ("embedding", "head"):
-                copies.append(g.model_copy(update={
-                    "name": f"modules_to_save.{name}", "kind": "saved_copy", "trainable": True,
-                    "quantized": False,
-                    "bytes_per_param": 4.0 if setup.method is Method.QLORA else g.bytes_per_param,
-                }))
+                copies.append(
+                    g.model_copy(
+                        update={
+                            "name": f"modules_to_save.{name}",
+                            "kind": "saved_copy",
+                            "trainable": True,
+                            "quantized": False,
+                            "bytes_per_param": 4.0
+                            if setup.method is Method.QLORA
+                            else g.bytes_per_param,
+                        }
+                    )
+                )
     return copies

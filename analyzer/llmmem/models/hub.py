@@ -20,20 +20,22 @@ where the endpoint key is the endpoint without its scheme (`huggingface.co`, `12
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import struct
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
-from http.client import HTTPException, HTTPMessage
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ValidationError
+
+if TYPE_CHECKING:  # the HTTP stack is imported only when the network is used
+    import urllib.request
+    from http.client import HTTPMessage
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 POSITIVE_TTL_S = 7 * 24 * 3600.0  # a config fetched from the hub is trusted this long
@@ -341,28 +343,42 @@ def read_local_checkpoint_bytes(directory: Path) -> dict[str, int] | None:
 # --- HTTP ------------------------------------------------------------------------------------
 
 
-class _KeepAuthOnSameHost(urllib.request.HTTPRedirectHandler):
-    """Follow redirects; resend the token only to the host it was meant for (a renamed repo
-    redirects on the hub itself, a large file to a CDN that must not see it)."""
+@functools.cache
+def _opener() -> urllib.request.OpenerDirector:
+    import urllib.request
 
-    def redirect_request(
-        self,
-        req: urllib.request.Request,
-        fp: IO[bytes],
-        code: int,
-        msg: str,
-        headers: HTTPMessage,
-        newurl: str,
-    ) -> urllib.request.Request | None:
-        new_request = super().redirect_request(req, fp, code, msg, headers, newurl)
-        authorization = req.unredirected_hdrs.get("Authorization")
-        if new_request is not None and authorization:
-            if urllib.parse.urlsplit(newurl).netloc == urllib.parse.urlsplit(req.full_url).netloc:
-                new_request.add_unredirected_header("Authorization", authorization)
-        return new_request
+    class KeepAuthOnSameHost(urllib.request.HTTPRedirectHandler):
+        """Follow redirects; resend the token only to the host it was meant for (a renamed
+        repo redirects on the hub itself, a large file to a CDN that must not see it)."""
+
+        def redirect_request(
+            self,
+            req: urllib.request.Request,
+            fp: IO[bytes],
+            code: int,
+            msg: str,
+            headers: HTTPMessage,
+            newurl: str,
+        ) -> urllib.request.Request | None:
+            new_request = super().redirect_request(req, fp, code, msg, headers, newurl)
+            authorization = req.unredirected_hdrs.get("Authorization")
+            if new_request is not None and authorization:
+                same_host = (
+                    urllib.parse.urlsplit(newurl).netloc
+                    == urllib.parse.urlsplit(req.full_url).netloc
+                )
+                if same_host:
+                    new_request.add_unredirected_header("Authorization", authorization)
+            return new_request
+
+    return urllib.request.build_opener(KeepAuthOnSameHost)
 
 
-_opener = urllib.request.build_opener(_KeepAuthOnSameHost)
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """What a failed connection or a broken response raises (imported on first use)."""
+    from http.client import HTTPException
+
+    return (OSError, HTTPException, ValueError)
 
 
 class _HttpStatusError(Exception):
@@ -393,6 +409,9 @@ def _http_get(
     limit: int = MAX_JSON_BYTES,
 ) -> bytes:
     """GET `url` (or bytes first..last of it), reading at most `limit` bytes."""
+    import urllib.error
+    import urllib.request
+
     request = urllib.request.Request(
         url, headers={"User-Agent": "llmmem", "Accept-Encoding": "identity"}
     )
@@ -401,7 +420,7 @@ def _http_get(
     if byte_range is not None:
         request.add_header("Range", f"bytes={byte_range[0]}-{byte_range[1]}")
     try:
-        response = _opener.open(request, timeout=deadline.left())
+        response = _opener().open(request, timeout=deadline.left())
     except urllib.error.HTTPError as error:
         error.close()
         raise _HttpStatusError(error.code, error.headers.get("X-Error-Code")) from None
@@ -454,6 +473,8 @@ def _status_reason(error: _HttpStatusError, *, token: str | None) -> str:
 def _network_reason(error: BaseException, deadline: Deadline) -> str:
     if isinstance(error, TimeoutError) or "timed out" in str(error):
         return f"no answer within {deadline.seconds:g} s"
+    import urllib.error
+
     if isinstance(error, urllib.error.URLError):
         return f"unreachable ({error.reason})"
     return f"unreachable ({type(error).__name__}: {error})"
@@ -470,7 +491,7 @@ def fetch_config(
         raise HubLookupError(_status_reason(error, token=token)) from None
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise HubLookupError(f"its config.json is not valid JSON ({error})") from None
-    except (OSError, HTTPException, ValueError) as error:
+    except _transport_errors() as error:
         raise HubLookupError(_network_reason(error, deadline)) from None
     if not isinstance(config, dict):
         raise HubLookupError("its config.json is not a JSON object")
@@ -485,7 +506,7 @@ def fetch_checkpoint_bytes(
         bytes_by_dtype, note = _fetch_checkpoint_bytes(
             repo_id, endpoint=endpoint, token=token, deadline=deadline
         )
-    except (_HttpStatusError, OSError, HTTPException, ValueError) as error:
+    except (_HttpStatusError, *_transport_errors()) as error:  # type: ignore[misc]
         return None, "failed", f"safetensors headers not read: {error}"
     return bytes_by_dtype, ("read" if bytes_by_dtype is not None else "absent"), note
 

@@ -110,7 +110,8 @@ class ParamBreakdown(BaseModel):
 
 
 NormKind = Literal["rmsnorm", "layernorm", "gemma_rmsnorm"]
-MlpKind = Literal["gated", "plain"]  # gated: act(gate) * up -> down (SwiGLU, GeGLU); plain: fc1 -> act -> fc2
+# gated: act(gate) * up -> down (SwiGLU, GeGLU); plain: fc1 -> act -> fc2
+MlpKind = Literal["gated", "plain"]
 
 
 class CheckpointQuantization(BaseModel):
@@ -144,7 +145,8 @@ class ModelSpec(BaseModel):
     mlp: MlpKind
     activation: str  # "silu", "gelu_pytorch_tanh", "gelu_new", ...
     qk_norm: bool = False
-    parallel_residual: bool = False  # attention and MLP read the same input (GPT-J, NeoX, Phi, Falcon)
+    # attention and MLP read the same input (GPT-J, NeoX, Phi, Falcon)
+    parallel_residual: bool = False
     sliding_window: int | None = None
     sliding_layers: int = 0  # how many blocks use the sliding window (0 = none, num_layers = all)
     attn_logit_softcapping: float | None = None
@@ -204,15 +206,27 @@ def spec_from_config(
 
 
 # Config keys of the dropout a model applies while training, by what it drops.
-ATTENTION_DROPOUT_KEYS = ("attention_probs_dropout_prob", "attn_pdrop", "attention_dropout",
-                          "dropout_rate", "attention_dropout_prob")
-HIDDEN_DROPOUT_KEYS = ("hidden_dropout_prob", "resid_pdrop", "hidden_dropout", "dropout",
-                       "dropout_rate", "resid_dropout")
+ATTENTION_DROPOUT_KEYS = (
+    "attention_probs_dropout_prob",
+    "attn_pdrop",
+    "attention_dropout",
+    "dropout_rate",
+    "attention_dropout_prob",
+)
+HIDDEN_DROPOUT_KEYS = (
+    "hidden_dropout_prob",
+    "resid_pdrop",
+    "hidden_dropout",
+    "dropout",
+    "dropout_rate",
+    "resid_dropout",
+)
 
 
 def training_dropout(config: dict[str, Any]) -> tuple[float, float]:
     """(attention dropout, residual dropout) as the config sets them; 0 when absent."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    nested = config.get("text_config")
+    text: dict[str, Any] = nested if isinstance(nested, dict) else config
 
     def first(keys: tuple[str, ...]) -> float:
         for key in keys:

@@ -1,0 +1,162 @@
+"""`llmmem`: the command line.
+
+Exit codes: 0 done, 2 bad input (one line on stderr, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from llmmem.errors import UsageError
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with usage errors on one line (the full usage is one `--help` away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _add_estimate_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "estimate",
+        help="memory of one training step from flags",
+        description="Predict the GPU memory of one training step of MODEL, component by "
+        "component, against a GPU.",
+    )
+    p.add_argument("--model", required=True, help="hub id, local directory or config.json path")
+    p.add_argument("--method", choices=["full", "lora", "qlora"], default=None)
+    p.add_argument("--batch", type=_positive_int, default=None, help="micro-batch per device")
+    p.add_argument("--seq", type=_positive_int, default=None, help="tokens per sequence")
+    p.add_argument("--grad-accum", type=_positive_int, default=None)
+    p.add_argument("--grad-ckpt", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--optim", default=None, help="HF `optim` name or optimizer class")
+    p.add_argument(
+        "--precision",
+        choices=["fp32", "fp16", "bf16", "bf16-true", "fp16-true"],
+        default=None,
+        help="bf16 = autocast over fp32 weights; bf16-true = bf16 weights",
+    )
+    p.add_argument("--lora-r", type=_positive_int, default=None)
+    p.add_argument("--lora-alpha", type=float, default=None)
+    p.add_argument("--lora-targets", default=None, help="q_proj,v_proj or all-linear")
+    p.add_argument("--dora", action="store_true", default=None)
+    p.add_argument("--quant", choices=["nf4", "fp4", "int8"], default=None)
+    p.add_argument("--double-quant", action="store_true", default=None)
+    p.add_argument("--attn", choices=["eager", "sdpa", "flash_attention_2"], default=None)
+    p.add_argument("--loss", choices=["standard", "chunked", "liger"], default=None)
+    p.add_argument(
+        "--gpu", default=None, help="A100-80GB, 4090, 24GiB, ... (default: this machine's)"
+    )
+    p.add_argument("--world-size", type=_positive_int, default=None)
+    p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=None)
+    p.add_argument(
+        "--offload",
+        action="store_true",
+        default=None,
+        help="offload optimizer states (and ZeRO-3/FSDP parameters) to the CPU",
+    )
+    p.add_argument(
+        "--fsdp",
+        nargs="?",
+        const="full_shard",
+        default=None,
+        choices=["full_shard", "hybrid_shard", "shard_grad_op"],
+    )
+    p.add_argument("--mode", choices=["train", "generate"], default=None)
+    p.add_argument("--new-tokens", type=int, default=None, help="generation: tokens to generate")
+    p.add_argument(
+        "--first-step",
+        action="store_true",
+        default=None,
+        help="the first step, before optimizer states exist",
+    )
+    p.add_argument(
+        "--max-batch", action="store_true", help="find the largest micro-batch that fits"
+    )
+    p.add_argument("--max-seq", action="store_true", help="find the longest sequence that fits")
+    p.add_argument("--offline", action="store_true", help="never ask the hub")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="llmmem",
+        description="Predict the GPU memory of LLM fine-tuning before it runs.",
+    )
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+    _add_estimate_parser(sub)
+    gpus = sub.add_parser("gpus", help="list the GPU catalog and the GPUs of this machine")
+    gpus.add_argument("--format", choices=["text", "json"], default="text")
+    return parser
+
+
+def _version() -> str:
+    from llmmem import __version__
+
+    return f"llmmem {__version__}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "estimate":
+            from llmmem.estimate_command import run_estimate
+
+            return run_estimate(args)
+        if args.command == "gpus":
+            return _run_gpus(args)
+        parser.print_help()
+        return EXIT_USAGE
+    except UsageError as err:
+        print(f"llmmem: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+def _run_gpus(args: argparse.Namespace) -> int:
+    from llmmem.gpus import all_gpus, detect_local_gpus
+
+    detected = detect_local_gpus()
+    if args.format == "json":
+        print(
+            json.dumps(
+                {
+                    "catalog": [g.model_dump() for g in all_gpus()],
+                    "detected": [d.model_dump() for d in detected],
+                },
+                indent=2,
+            )
+        )
+        return EXIT_OK
+    for gpu in all_gpus():
+        print(
+            f"{gpu.name:<18} {gpu.capacity_bytes / 2**30:7.1f} GiB  "
+            f"bf16={'yes' if gpu.bf16 else 'no '}  {', '.join(gpu.aliases[:4])}"
+        )
+    if detected:
+        for d in detected:
+            print(f"this machine: GPU {d.index} {d.nvml_name} {d.total_bytes / 2**30:.1f} GiB")
+    else:
+        print("this machine: no GPU detected")
+    return EXIT_OK

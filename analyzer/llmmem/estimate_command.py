@@ -1,0 +1,326 @@
+"""`llmmem estimate`: flags → ModelSpec + TrainingSetup + GPU → Budget → table or JSON.
+
+Every setting that was not given is defaulted here and labelled `default` in the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from pydantic import ValidationError
+
+from llmmem.budget.limits import largest_batch, largest_seq
+from llmmem.budget.optimizers import find_optimizer
+from llmmem.budget.phases import estimate_budget
+from llmmem.budget.result import Budget, GpuTarget
+from llmmem.budget.setup import (
+    AttnImpl,
+    DistributedSetup,
+    FsdpShard,
+    LoraSetup,
+    LossImpl,
+    Method,
+    Mode,
+    Precision,
+    QuantSetup,
+    QuantType,
+    SetupError,
+    TrainingSetup,
+)
+from llmmem.budget.weights import default_lora_targets
+from llmmem.errors import UsageError
+from llmmem.models.spec import ModelSpec
+from llmmem.units import format_bytes
+
+# What HF Trainer / TRL do when a setting is not given.
+DEFAULTS: dict[str, Any] = {
+    "method": "full",
+    "batch": 8,  # TrainingArguments.per_device_train_batch_size
+    "seq": 1024,  # TRL SFTConfig.max_length
+    "grad_accum": 1,
+    "grad_ckpt": False,
+    "optim": "adamw_torch_fused",  # TrainingArguments.optim on torch >= 2.8
+    "lora_r": 8,  # peft LoraConfig.r
+    "lora_alpha": 8,
+    "lora_targets": None,  # peft picks per architecture: q and v projections for most
+    "attn": "sdpa",
+    "loss": "standard",
+    "world_size": 1,
+    "zero": 0,
+    "mode": "train",
+    "new_tokens": 256,
+}
+
+
+def _pick(args: argparse.Namespace, name: str, provenance: dict[str, str]) -> Any:
+    value = getattr(args, name, None)
+    if value is None:
+        provenance[name] = "default"
+        return DEFAULTS.get(name)
+    provenance[name] = "flag"
+    return value
+
+
+def resolve_gpu(name: str | None) -> tuple[GpuTarget | None, str]:
+    from llmmem.gpus import UnknownGpuError, detect_local_gpus, find_gpu
+
+    if name:
+        try:
+            gpu = find_gpu(name)
+        except UnknownGpuError as err:
+            raise UsageError(str(err)) from None
+        return GpuTarget(name=gpu.name, capacity_bytes=gpu.capacity_bytes, bf16=gpu.bf16), "flag"
+    detected = detect_local_gpus()
+    if detected:
+        spec = detected[0].as_gpu_spec()
+        return (
+            GpuTarget(name=spec.name, capacity_bytes=detected[0].total_bytes, bf16=spec.bf16),
+            "detected",
+        )
+    return None, "none"
+
+
+def resolve_spec(ref: str, offline: bool) -> ModelSpec:
+    from llmmem.models.resolve import ModelResolutionError, resolve_model
+
+    try:
+        return resolve_model(ref, hub=not offline)
+    except ModelResolutionError as err:
+        raise UsageError(str(err)) from None
+
+
+def build_setup(
+    args: argparse.Namespace, spec: ModelSpec, gpu: GpuTarget | None
+) -> tuple[TrainingSetup, dict[str, str]]:
+    prov: dict[str, str] = {}
+    method = Method(_pick(args, "method", prov))
+    if getattr(args, "quant", None) and args.method is None:
+        method = Method.QLORA if args.quant in ("nf4", "fp4") else Method.LORA
+        prov["method"] = "implied by --quant"
+    prequantized = spec.checkpoint_quantization
+    bnb_checkpoint = (
+        prequantized is not None
+        and prequantized.method == "bitsandbytes"
+        and not getattr(args, "quant", None)
+    )
+    if bnb_checkpoint:
+        if args.method == "full":
+            raise UsageError(
+                f"{spec.model_id} is a pre-quantized bitsandbytes checkpoint and cannot be fully "
+                "fine-tuned: use --method lora (LoRA over the quantized base) or the original model"
+            )
+        if args.method is None:
+            method = Method.QLORA
+            prov["method"] = "implied by the pre-quantized checkpoint"
+    precision_arg = getattr(args, "precision", None)
+    if precision_arg is None:
+        precision = Precision.BF16 if (gpu is None or gpu.bf16) else Precision.FP16
+        prov["precision"] = (
+            "default (bf16 autocast"
+            + (
+                ""
+                if precision is Precision.BF16
+                else f"; fp16 as {gpu.name if gpu else ''} has no bf16"
+            )
+            + ")"
+        )
+    else:
+        precision = Precision(precision_arg)
+        prov["precision"] = "flag"
+        if gpu is not None and precision.uses_bf16 and not gpu.bf16:
+            raise UsageError(
+                f"{gpu.name} has no bf16 support: use --precision fp16 (or fp32), or a newer GPU"
+            )
+    lora = None
+    quant = None
+    if method in (Method.LORA, Method.QLORA):
+        targets_text = _pick(args, "lora_targets", prov)
+        targets = (
+            [t.strip() for t in targets_text.split(",") if t.strip()]
+            if targets_text
+            else default_lora_targets(spec)
+        )
+        if not targets_text:
+            prov["lora_targets"] = "default (PEFT's choice for this architecture)"
+        lora = LoraSetup(
+            r=_pick(args, "lora_r", prov),
+            alpha=_pick(args, "lora_alpha", prov),
+            targets=targets,
+            dora=bool(getattr(args, "dora", False)),
+        )
+    elif any(getattr(args, f, None) is not None for f in ("lora_r", "lora_alpha", "lora_targets")):
+        raise UsageError("--lora-* flags need --method lora or qlora")
+    if getattr(args, "quant", None) or method is Method.QLORA or bnb_checkpoint:
+        quant_type = QuantType(args.quant or "nf4")
+        double_quant = bool(args.double_quant)
+        if bnb_checkpoint and prequantized is not None:
+            quant_type = (
+                QuantType.INT8
+                if prequantized.bits == 8
+                else QuantType(prequantized.quant_type or "nf4")
+            )
+            double_quant = prequantized.double_quant
+            if method is Method.LORA and quant_type is not QuantType.INT8:
+                method = Method.QLORA
+        if method is Method.FULL:
+            raise UsageError(
+                "--quant needs --method lora or qlora: a quantized base cannot be fully fine-tuned"
+            )
+        if method is Method.QLORA and quant_type is QuantType.INT8:
+            method = Method.LORA  # LoRA over an 8-bit base
+        quant = QuantSetup(quant_type=quant_type, double_quant=double_quant)
+        prov["quant"] = (
+            "flag"
+            if args.quant
+            else "the checkpoint's own quantization"
+            if bnb_checkpoint
+            else "default (qlora: nf4)"
+        )
+    elif getattr(args, "double_quant", None):
+        raise UsageError("--double-quant needs --quant nf4 or fp4 (or --method qlora)")
+    optim = _pick(args, "optim", prov)
+    try:
+        find_optimizer(optim)
+    except SetupError as err:
+        raise UsageError(str(err)) from None
+    zero = _pick(args, "zero", prov)
+    fsdp = getattr(args, "fsdp", None)
+    world = _pick(args, "world_size", prov)
+    offload = bool(getattr(args, "offload", False))
+    try:
+        distributed = DistributedSetup(
+            world_size=world,
+            zero_stage=zero,
+            fsdp=FsdpShard(fsdp) if fsdp else None,
+            offload_optimizer=offload,
+            offload_params=offload and (zero == 3 or fsdp is not None),
+        )
+        setup = TrainingSetup(
+            mode=Mode(_pick(args, "mode", prov)),
+            method=method,
+            batch=_pick(args, "batch", prov),
+            seq=_pick(args, "seq", prov),
+            grad_accum=_pick(args, "grad_accum", prov),
+            grad_ckpt=_pick(args, "grad_ckpt", prov),
+            precision=precision,
+            optim=optim,
+            attn=AttnImpl(_pick(args, "attn", prov)),
+            loss=LossImpl(_pick(args, "loss", prov)),
+            lora=lora,
+            quant=quant,
+            distributed=distributed,
+            new_tokens=_pick(args, "new_tokens", prov),
+            first_step=bool(getattr(args, "first_step", False)),
+        )
+    except (ValidationError, SetupError) as err:
+        raise UsageError(_validation_message(err)) from None
+    return setup, prov
+
+
+def _validation_message(err: Exception) -> str:
+    if isinstance(err, ValidationError):
+        first = err.errors()[0]
+        message = str(first.get("msg", err))
+        return message.removeprefix("Value error, ")
+    return str(err)
+
+
+def setup_lines(
+    setup: TrainingSetup, prov: dict[str, str], gpu_prov: str, gpu: GpuTarget | None
+) -> list[tuple[str, str, str]]:
+    lines = [
+        ("method", setup.method.value, prov.get("method", "")),
+        (
+            "micro-batch × seq",
+            f"{setup.batch} × {setup.seq}",
+            f"{prov.get('batch', '')}, {prov.get('seq', '')}",
+        ),
+        ("grad accumulation", str(setup.grad_accum), prov.get("grad_accum", "")),
+        ("grad checkpointing", "on" if setup.grad_ckpt else "off", prov.get("grad_ckpt", "")),
+        ("precision", setup.precision.value, prov.get("precision", "")),
+        ("optimizer", setup.optim, prov.get("optim", "")),
+        ("attention", setup.attn.value, prov.get("attn", "")),
+    ]
+    if setup.lora:
+        lines.append(
+            (
+                "LoRA",
+                f"r={setup.lora.r} alpha={setup.lora.alpha:g} "
+                f"targets={','.join(setup.lora.targets or ['PEFT default'])}",
+                prov.get("lora_r", ""),
+            )
+        )
+    if setup.quant:
+        lines.append(
+            (
+                "quantization",
+                setup.quant.quant_type.value
+                + (" + double quant" if setup.quant.double_quant else ""),
+                prov.get("quant", ""),
+            )
+        )
+    if setup.distributed.world_size > 1 or setup.distributed.zero_stage:
+        lines.append(("devices", f"{setup.distributed.world_size}", prov.get("world_size", "")))
+    lines.append(("GPU", gpu.name if gpu else "none given, none detected", gpu_prov))
+    return lines
+
+
+def run_estimate(args: argparse.Namespace) -> int:
+    gpu, gpu_prov = resolve_gpu(args.gpu)
+    spec = resolve_spec(args.model, args.offline)
+    setup, prov = build_setup(args, spec, gpu)
+    try:
+        budget = estimate_budget(spec, setup, gpu)
+    except SetupError as err:
+        raise UsageError(str(err)) from None
+    if (args.max_batch or args.max_seq) and gpu is None:
+        raise UsageError(
+            "--max-batch and --max-seq need a GPU: pass --gpu NAME (or a capacity such as 24GiB)"
+        )
+    limits: dict[str, Any] = {}
+    if args.max_batch and gpu is not None:
+        best, at_best = largest_batch(spec, setup, gpu)
+        limits["max_batch"] = _limit_dict(best, at_best)
+    if args.max_seq and gpu is not None:
+        best, at_best = largest_seq(spec, setup, gpu)
+        limits["max_seq"] = _limit_dict(best, at_best)
+    if args.format == "json":
+        from llmmem.report.json_report import budget_dict
+
+        out = budget_dict(budget, spec)
+        out["setup"] = {
+            "values": json.loads(setup.model_dump_json()),
+            "provenance": prov | {"gpu": gpu_prov},
+        }
+        out.update(limits)
+        json.dump(out, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    from llmmem.report.text import render_budget
+
+    extra = []
+    for key, label in (("max_batch", "largest micro-batch"), ("max_seq", "longest sequence")):
+        if key in limits:
+            item = limits[key]
+            if item["value"]:
+                extra.append(
+                    f"{label} that fits: {item['value']} "
+                    f"(headroom {format_bytes(item['headroom_bytes'])})"
+                )
+            else:
+                extra.append(f"{label} that fits: none — even 1 does not fit")
+    render_budget(
+        budget, spec, setup_lines=setup_lines(setup, prov, gpu_prov, gpu), extra_lines=extra
+    )
+    return 0
+
+
+def _limit_dict(best: int, budget: Budget | None) -> dict[str, Any]:
+    return {
+        "value": best,
+        "device_total_bytes": budget.device_total_bytes if budget else None,
+        "headroom_bytes": budget.headroom_bytes if budget else None,
+    }

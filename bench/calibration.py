@@ -1,0 +1,174 @@
+"""Published measured peaks (`../shared/calibration/measured.jsonl`) as llmmem scenarios.
+
+Each row states its configuration in its own words; this module maps those words onto a
+ModelSpec and a TrainingSetup and picks the predicted number that matches the row's metric:
+
+- `max_memory_allocated` → the allocated peak;
+- `max_memory_reserved` → the reserved peak (allocated + allocator slack);
+- `nvml_used` → the device total (reserved + CUDA context).
+
+Nothing here is tuned per row: a row's own metadata (its framework, CUDA version, task head)
+selects which modelled behaviour applies.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llmmem.budget.result import Budget, GpuTarget
+from llmmem.budget.setup import (
+    AttnImpl,
+    LoraSetup,
+    LossImpl,
+    Method,
+    Precision,
+    QuantSetup,
+    QuantType,
+    TrainingSetup,
+)
+from llmmem.gpus import find_gpu
+from llmmem.models.catalog import catalog_entry
+from llmmem.models.spec import ModelSource, ModelSpec, spec_from_config
+
+REPO = Path(__file__).resolve().parent.parent
+CALIBRATION_FILE = REPO.parent / "shared" / "calibration" / "measured.jsonl"
+
+OPTIMIZER_NAMES = {
+    "torch adamw": "adamw_torch",  # torch's CUDA default: the foreach implementation
+    "adamw": "adamw_hf",  # the HF Trainer default of the time: transformers' own AdamW loop
+    "adafactor": "adafactor",
+    "adamw_bnb_8bit": "adamw_bnb_8bit",
+}
+
+
+@dataclass(frozen=True)
+class CalibrationCase:
+    row: dict[str, Any]
+    spec: ModelSpec
+    setup: TrainingSetup
+    gpu: GpuTarget
+
+    @property
+    def row_id(self) -> str:
+        return str(self.row["id"])
+
+    @property
+    def measured_bytes(self) -> int:
+        return int(self.row["measured_bytes"])
+
+    def predicted_bytes(self, budget: Budget) -> int:
+        metric = self.row["metric"]
+        if metric == "max_memory_allocated":
+            return budget.allocated_peak_bytes
+        if metric == "max_memory_reserved":
+            return budget.reserved_peak_bytes
+        if metric == "nvml_used":
+            return budget.device_total_bytes
+        raise ValueError(f"row {self.row_id}: unknown metric {metric}")
+
+
+def load_rows(path: Path = CALIBRATION_FILE) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def sequence_classification(spec: ModelSpec, labels: int = 2) -> ModelSpec:
+    """The same encoder with a pooler and a classifier instead of the masked-LM head."""
+    h = spec.hidden_size
+    base = spec.params.model_copy(update={"head": (h * h + h) + (h * labels + labels)})
+    # the masked-LM head's transform and bias are not part of BertForSequenceClassification
+    return spec.model_copy(
+        update={
+            "params": base,
+            "is_causal_lm": False,
+            "architecture": spec.architecture.replace("ForMaskedLM", "ForSequenceClassification"),
+        }
+    )
+
+
+def _precision(row: dict[str, Any]) -> Precision:
+    amp = row.get("amp")
+    if row.get("weights_dtype") == "bfloat16" and not amp:
+        return Precision.BF16_TRUE
+    if amp == "fp16":
+        return Precision.FP16
+    if amp == "bf16":
+        return Precision.BF16
+    return Precision.FP32
+
+
+def _cuda_module_loading(row: dict[str, Any]) -> str:
+    """Lazy loading arrived with CUDA 11.7; older setups load every kernel at start."""
+    found = re.search(r"CUDA (\d+)\.(\d+)", row.get("metric_note", ""))
+    if found and (int(found.group(1)), int(found.group(2))) < (11, 7):
+        return "eager"
+    return "lazy"
+
+
+def _before_torch_2(row: dict[str, Any]) -> bool:
+    """torch 2.0 needs CUDA >= 11.7: an older CUDA means torch 1.x, where `zero_grad()` zeroed
+    gradients in place instead of freeing them."""
+    return _cuda_module_loading(row) == "eager"
+
+
+def case_from_row(row: dict[str, Any]) -> CalibrationCase:
+    entry = catalog_entry(row["model"])
+    if entry is None:
+        raise LookupError(f"row {row['id']}: {row['model']} is not in the bundled catalog")
+    spec = spec_from_config(entry.config, model_id=entry.model_id, source=ModelSource.CATALOG)
+    source = row.get("source", "")
+    is_litgpt = "litgpt" in source.lower()
+    if is_litgpt and spec.activation in ("gelu_new", "gelu_fast"):
+        # litgpt's model code runs tanh-GELU as one fused op, not written out as HF's gelu_new
+        spec = spec.model_copy(update={"activation": "gelu_pytorch_tanh"})
+    if spec.model_type in ("bert", "roberta") and row.get("params") != spec.total_params:
+        spec = sequence_classification(spec)
+    method = Method(row.get("method", "full"))
+    quant = None
+    if row.get("quant"):
+        method = Method.QLORA
+        quant = QuantSetup(
+            quant_type=QuantType.NF4,
+            double_quant="double" in row["quant"],
+            prepare_for_kbit_training=not is_litgpt,
+        )
+    lora = None
+    if row.get("lora"):
+        targets = list(row["lora"]["targets"])
+        names = {lin.name for group in spec.blocks for lin in group.linears}
+        if not set(targets) <= names:
+            # a fused qkv projection carries the q and v adapters
+            targets = [n for n in ("query_key_value", "qkv_proj", "Wqkv", "c_attn") if n in names]
+        lora = LoraSetup(
+            r=row["lora"]["r"],
+            alpha=row["lora"].get("alpha", 16),
+            targets=targets,
+            # litgpt: adapters in the bf16-true model dtype, lora_dropout 0.05 by default
+            adapter_bytes=2 if is_litgpt else 4,
+            dropout=0.05 if is_litgpt else 0.0,
+        )
+        if method is Method.FULL:
+            method = Method.LORA
+    optimizer = OPTIMIZER_NAMES[str(row.get("optimizer", "torch AdamW")).lower()]
+    attn = AttnImpl.EAGER if spec.model_type in ("bert", "roberta") else AttnImpl.SDPA
+    setup = TrainingSetup(
+        method=method,
+        batch=int(row["batch"]),
+        seq=int(row["seq"]),
+        grad_accum=int(row.get("grad_accum") or 1),
+        grad_ckpt=bool(row.get("grad_ckpt")),
+        precision=_precision(row),
+        optim=optimizer,
+        attn=attn,
+        loss=LossImpl.CHUNKED if is_litgpt else LossImpl.STANDARD,
+        lora=lora,
+        quant=quant,
+        cuda_module_loading=_cuda_module_loading(row),
+        grads_freed_each_step=not _before_torch_2(row),
+    )
+    gpu_spec = find_gpu(row["gpu"])
+    gpu = GpuTarget(name=gpu_spec.name, capacity_bytes=gpu_spec.capacity_bytes, bf16=gpu_spec.bf16)
+    return CalibrationCase(row=row, spec=spec, setup=setup, gpu=gpu)

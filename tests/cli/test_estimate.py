@@ -1,0 +1,211 @@
+"""`llmmem estimate` as a user runs it: a real process, real flags, real output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llmmem.cli import main
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "llmmem", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+    )
+
+
+def estimate_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    code = main(["estimate", "--offline", "--format", "json", *args])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    return json.loads(out)
+
+
+def test_json_has_the_documented_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    out = estimate_json(
+        capsys,
+        "--model",
+        "meta-llama/Llama-3.1-8B",
+        "--method",
+        "qlora",
+        "--batch",
+        "2",
+        "--seq",
+        "2048",
+        "--gpu",
+        "A100-80GB",
+    )
+    assert out["model"]["id"] == "meta-llama/Llama-3.1-8B"
+    assert out["model"]["params"] == 8_030_261_248
+    assert out["model"]["source"] == "catalog"
+    for key in ("allocated_peak_bytes", "reserved_peak_bytes", "device_total_bytes"):
+        assert isinstance(out[key], int) and out[key] > 0
+    assert out["allocated_peak_bytes"] < out["reserved_peak_bytes"] < out["device_total_bytes"]
+    assert out["peak_phase"] in ("forward", "backward", "optimizer_step")
+    assert sum(out["components"].values()) == out["allocated_peak_bytes"]
+    assert set(out["phases"]) == {"forward", "backward", "optimizer_step"}
+    assert out["gpu"] == {"name": "A100-80GB", "capacity_bytes": 85_899_345_920}
+    assert out["fits"] is True
+    assert out["setup"]["provenance"]["batch"] == "flag"
+    assert out["setup"]["provenance"]["optim"] == "default"
+
+
+def test_qlora_uses_far_less_than_full_fine_tuning(capsys: pytest.CaptureFixture[str]) -> None:
+    common = ["--model", "meta-llama/Llama-3.1-8B", "--batch", "1", "--seq", "1024"]
+    full = estimate_json(capsys, *common, "--method", "full")
+    qlora = estimate_json(capsys, *common, "--method", "qlora")
+    assert full["device_total_bytes"] > 4 * qlora["device_total_bytes"]
+    assert full["components"]["optimizer_states"] > 60e9  # 2 × 4 B × 8.03e9 under fp32 AdamW
+
+
+def test_max_batch_is_the_edge_of_fitting(capsys: pytest.CaptureFixture[str]) -> None:
+    common = [
+        "--model",
+        "meta-llama/Llama-3.2-1B",
+        "--method",
+        "lora",
+        "--seq",
+        "2048",
+        "--gpu",
+        "RTX-4090",
+    ]
+    out = estimate_json(capsys, *common, "--max-batch")
+    best = out["max_batch"]["value"]
+    assert best >= 1
+    at_best = estimate_json(capsys, *common, "--batch", str(best))
+    above = estimate_json(capsys, *common, "--batch", str(best + 1))
+    assert at_best["fits"] is True
+    assert above["fits"] is False
+
+
+def test_max_seq_is_the_edge_of_fitting(capsys: pytest.CaptureFixture[str]) -> None:
+    common = ["--model", "Qwen/Qwen2.5-0.5B", "--batch", "2", "--gpu", "T4", "--precision", "fp16"]
+    best = estimate_json(capsys, *common, "--max-seq")["max_seq"]["value"]
+    assert estimate_json(capsys, *common, "--seq", str(best))["fits"] is True
+    assert estimate_json(capsys, *common, "--seq", str(best + 1))["fits"] is False
+
+
+def test_text_report_shows_the_verdict_and_formulas() -> None:
+    proc = run_cli(
+        "estimate",
+        "--model",
+        "meta-llama/Llama-3.1-8B",
+        "--batch",
+        "8",
+        "--seq",
+        "4096",
+        "--gpu",
+        "4090",
+        "--offline",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "does not fit" in proc.stdout
+    assert "RTX-4090" in proc.stdout
+    assert "12 B × N·V" in proc.stdout or "log-softmax" in proc.stdout
+    assert "default" in proc.stdout  # defaulted settings are labelled
+
+
+def test_local_config_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 1000,
+        "tie_word_embeddings": False,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    out = estimate_json(capsys, "--model", str(tmp_path), "--batch", "1", "--seq", "32")
+    assert out["model"]["source"] == "local"
+    # embeddings + head 2·1000·256, per block 2·256² + 2·256·128 attention, 3·256·512 MLP,
+    # 2·256 norms; final norm 256
+    expected = 2 * 1000 * 256 + 2 * (2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 512 + 512) + 256
+    assert out["model"]["params"] == expected
+
+
+BAD_INPUT = [
+    (["--model", "meta-llama/Llama-3.1-8B", "--gpu", "A100-90GB"], "A100-80GB"),
+    (["--model", "no-such-org/no-such-model"], "no-such-org/no-such-model"),
+    (["--model", "meta-llama/Llama-3.1-8B", "--batch", "0"], "at least 1"),
+    (["--model", "meta-llama/Llama-3.1-8B", "--method", "full", "--quant", "nf4"], "qlora"),
+    (["--model", "meta-llama/Llama-3.1-8B", "--precision", "bf16", "--gpu", "V100"], "bf16"),
+    (["--model", "meta-llama/Llama-3.1-8B", "--precision", "bf16-true", "--gpu", "T4"], "bf16"),
+    (["--model", "meta-llama/Llama-3.1-8B", "--optim", "adamw_turbo"], "optimizer"),
+    (
+        ["--model", "openai-community/gpt2", "--method", "lora", "--lora-targets", "q_proj"],
+        "c_attn",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    BAD_INPUT,
+    ids=[
+        "unknown-gpu",
+        "unknown-model",
+        "zero-batch",
+        "qlora-full",
+        "bf16-v100",
+        "bf16-t4",
+        "unknown-optimizer",
+        "lora-target-missing",
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], says: str) -> None:
+    proc = run_cli("estimate", "--offline", *args)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert says in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) <= 2  # argparse adds a usage line
+
+
+def test_malformed_config_json(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "hidden_size": ')
+    proc = run_cli("estimate", "--offline", "--model", str(tmp_path))
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "config.json" in proc.stderr
+
+
+def test_guessed_model_is_marked(capsys: pytest.CaptureFixture[str]) -> None:
+    out = estimate_json(capsys, "--model", "acme/support-bot-8B-sft", "--batch", "1")
+    assert out["model"]["source"] == "guess"
+    assert out["model"]["is_guess"] is True
+    assert 7.5e9 < out["model"]["params"] < 8.5e9
+
+
+def test_gpus_command_lists_the_catalog() -> None:
+    proc = run_cli("gpus")
+    assert proc.returncode == 0
+    assert "A100-80GB" in proc.stdout and "no GPU detected" in proc.stdout
+
+
+def test_prequantized_checkpoint_is_qlora(capsys: pytest.CaptureFixture[str]) -> None:
+    quantized = estimate_json(capsys, "--model", "unsloth/llama-3-8b-bnb-4bit", "--batch", "1")
+    original = estimate_json(
+        capsys,
+        "--model",
+        "meta-llama/Meta-Llama-3-8B",
+        "--method",
+        "qlora",
+        "--double-quant",
+        "--batch",
+        "1",
+    )
+    assert quantized["setup"]["values"]["method"] == "qlora"
+    assert quantized["setup"]["values"]["quant"]["double_quant"] is True
+    assert quantized["setup"]["provenance"]["quant"] == "the checkpoint's own quantization"
+    assert quantized["components"]["weights"] == original["components"]["weights"]
