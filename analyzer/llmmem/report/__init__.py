@@ -1,0 +1,1 @@
+"""Renderers of a budget: text (rich) and JSON."""
