@@ -78,8 +78,11 @@ def load_rows(path: Path = CALIBRATION_FILE) -> list[dict[str, Any]]:
 def sequence_classification(spec: ModelSpec, labels: int = 2) -> ModelSpec:
     """The same encoder with a pooler and a classifier instead of the masked-LM head."""
     h = spec.hidden_size
-    base = spec.params.model_copy(update={"head": (h * h + h) + (h * labels + labels)})
-    # the masked-LM head's transform and bias are not part of BertForSequenceClassification
+    # the masked-LM head (transform dense + LayerNorm, decoder bias) gives way to a pooler and a
+    # classifier
+    base = spec.params.model_copy(
+        update={"head": (h * h + h) + (h * labels + labels), "norms": spec.params.norms - 2 * h}
+    )
     return spec.model_copy(
         update={
             "params": base,
