@@ -80,6 +80,13 @@ def _add_estimate_parser(sub: Any) -> None:
         default=None,
         choices=["full_shard", "hybrid_shard", "shard_grad_op"],
     )
+    p.add_argument(
+        "--use-cache",
+        action="store_true",
+        default=None,
+        help="the model keeps config.use_cache=True while training (HF's default when "
+        "gradient checkpointing is off): an unused KV cache lives through forward",
+    )
     p.add_argument("--mode", choices=["train", "generate"], default=None)
     p.add_argument("--new-tokens", type=int, default=None, help="generation: tokens to generate")
     p.add_argument(

@@ -214,6 +214,7 @@ def build_setup(
             distributed=distributed,
             new_tokens=_pick(args, "new_tokens", prov),
             first_step=bool(getattr(args, "first_step", False)),
+            use_cache=bool(getattr(args, "use_cache", False)),
         )
     except (ValidationError, SetupError) as err:
         raise UsageError(_validation_message(err)) from None

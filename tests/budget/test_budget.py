@@ -316,3 +316,13 @@ def test_sliding_window_caps_the_kv_cache() -> None:
     mistral = spec_of("mistralai/Mistral-7B-v0.1")  # sliding window 4096 in every block
     setup = TrainingSetup(mode="generate", precision="bf16-true", batch=1, seq=16384, new_tokens=0)
     assert kv_cache_term(mistral, setup).bytes == 2 * 32 * 8 * 128 * 4096 * 2
+
+
+def test_use_cache_during_training_costs_a_kv_cache_in_forward(llama2_7b: ModelSpec) -> None:
+    # MEMORY-MODEL: under AMP the unused cache is fp32: 2 × 32 × 16,384 tokens × 4096 × 4 B
+    setup = TrainingSetup(precision="bf16", batch=8, seq=2048, use_cache=True)
+    cached = estimate_budget(llama2_7b, setup).phase(Phase.FORWARD).allocated_bytes
+    plain = estimate_budget(llama2_7b, setup.model_copy(update={"use_cache": False}))
+    extra = cached - plain.phase(Phase.FORWARD).allocated_bytes
+    assert extra == 2 * 32 * 8 * 2048 * 4096 * 4
+    assert extra == 16 * 2**30  # the "+16 GiB for 7B at b8 s2048" of MEMORY-MODEL.md

@@ -236,6 +236,14 @@ def estimate_budget(spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget | None
         )
 
     temp_fwd = Term(bytes=extra_fwd + ddp_buckets, formula=_temp_text(gathered, ddp_buckets, shard))
+    forward_only = forward_only_terms(spec, setup, inv)
+    forward_temp = Term(
+        bytes=temp_fwd.bytes + sum(t.bytes for t in forward_only),
+        formula=" + ".join(
+            [temp_fwd.formula] * bool(temp_fwd.bytes) + [t.formula for t in forward_only]
+        )
+        or "none",
+    )
     forward = phase(
         Phase.FORWARD,
         "end of forward, loss computed",
@@ -246,7 +254,7 @@ def estimate_budget(spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget | None
             Component.OPTIMIZER_STATES: states,
             Component.ACTIVATIONS: activations,
             Component.LOGITS: Term(bytes=logits.forward_end, formula=logits.formula_forward),
-            Component.TEMPORARIES: temp_fwd,
+            Component.TEMPORARIES: forward_temp,
         },
     )
 
@@ -375,6 +383,28 @@ def estimate_budget(spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget | None
         trainable_params=inv.trainable_params,
         notes=notes,
     )
+
+
+def forward_only_terms(spec: ModelSpec, setup: TrainingSetup, inv: Inventory) -> list[Term]:
+    """What lives during forward only and is gone before backward starts."""
+    terms = []
+    dt = dtypes_for(setup)
+    if setup.use_cache and not setup.grad_ckpt:
+        # the model builds a KV cache it never uses: per block, K and V concatenated into it,
+        # in fp32 under autocast (the rotary output), until forward returns
+        blocks = sum(g.count for g in spec.blocks if g.name != "encoder")
+        per = 4 if dt.autocast else dt.compute
+        terms.append(
+            Term(
+                bytes=2 * blocks * setup.tokens * spec.kv_dim * per,
+                formula=f"use_cache=True: 2 × {blocks} blocks × N·kvd × {per} B of unused KV cache",
+            )
+        )
+    if setup.lora is not None and setup.lora.dora:
+        # DoRA forms W + scale·B·A in fp32 to take its column norms, one Linear at a time
+        largest = max((g.numel for g in inv.groups if g.kind == "linear"), default=0)
+        terms.append(Term(bytes=4 * largest, formula="DoRA: one fp32 weight-sized W + B·A"))
+    return terms
 
 
 def _temp_text(gathered: int, buckets: int, shard: Sharding) -> str:
