@@ -22,6 +22,7 @@ from typing import Any
 from llmmem.budget.result import Budget, GpuTarget
 from llmmem.budget.setup import (
     AttnImpl,
+    Framework,
     LoraSetup,
     LossImpl,
     Method,
@@ -111,10 +112,18 @@ def _cuda_module_loading(row: dict[str, Any]) -> str:
     return "lazy"
 
 
-def _before_torch_2(row: dict[str, Any]) -> bool:
-    """torch 2.0 needs CUDA >= 11.7: an older CUDA means torch 1.x, where `zero_grad()` zeroed
-    gradients in place instead of freeing them."""
-    return _cuda_module_loading(row) == "eager"
+def _torch_version(row: dict[str, Any]) -> str:
+    """The torch release a row ran on, from what it states: its own words, else its CUDA.
+
+    The HF docs' BERT runs print CUDA 11.2 and a January 2022 date: torch 1.10, the release of
+    that time (torch 2.0 needs CUDA >= 11.7)."""
+    source = row.get("source", "")
+    stated = re.search(r"torch (\d+\.\d+)", source)
+    if stated:
+        return stated.group(1)
+    if _cuda_module_loading(row) == "eager":
+        return "1.10"
+    return "2.13"
 
 
 def case_from_row(row: dict[str, Any]) -> CalibrationCase:
@@ -170,7 +179,8 @@ def case_from_row(row: dict[str, Any]) -> CalibrationCase:
         lora=lora,
         quant=quant,
         cuda_module_loading=_cuda_module_loading(row),
-        grads_freed_each_step=not _before_torch_2(row),
+        torch_version=_torch_version(row),
+        framework=Framework.LITGPT if is_litgpt else Framework.HF,
     )
     gpu_spec = find_gpu(row["gpu"])
     gpu = GpuTarget(name=gpu_spec.name, capacity_bytes=gpu_spec.capacity_bytes, bf16=gpu_spec.bf16)

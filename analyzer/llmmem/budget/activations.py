@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llmmem.budget.setup import AttnImpl, Method, Precision, TrainingSetup
+from llmmem.budget.setup import AttnImpl, Framework, Method, Precision, TrainingSetup
 from llmmem.models.spec import BlockGroup, LinearModule, ModelSpec
 
 # The symbols of the formulas, in the order they are printed.
@@ -237,9 +237,14 @@ def linear_position(lin: LinearModule) -> str:
     return "mlp_in"
 
 
-def attention_core(ctx: BlockContext, tally: Tally, cross: bool = False) -> None:
+def attention_core(
+    ctx: BlockContext, tally: Tally, cross: bool = False, fused_qkv: bool = False
+) -> None:
     """Saved tensors of the attention itself, between the projections and the output Linear."""
     spec, e = ctx.spec, ctx.dt.compute
+    # with one fused q/k/v projection and rotary embeddings, q and k become new tensors but v
+    # stays a view of the projection's output, and the view attention keeps pins all of it
+    pinned_qkv = fused_qkv and not cross and spec.model_type not in ABSOLUTE_POSITION_TYPES
     if spec.qk_norm and not cross:
         for width in ("N·q", "N·kvd"):
             tally.add(4, width)  # per-head RMSNorm on q and k upcasts to fp32
@@ -252,6 +257,11 @@ def attention_core(ctx: BlockContext, tally: Tally, cross: bool = False) -> None
         kv_width = "N·q" if grouped else "N·kvd"  # repeat_kv materialises K and V per head
         tally.add(2 * e, kv_width)
         tally.add(4, "b·a·s²")  # softmax(dtype=float32) output
+        if ctx.setup.softmax_keeps_input:
+            tally.add(4, "b·a·s²")  # torch <= 1.10: softmax's backward kept its input too
+        if pinned_qkv and not grouped:
+            tally.add(e, "N·q")  # the q and k parts of the fused output, pinned by v
+            tally.add(e, "N·kvd")
         if spec.attn_logit_softcapping:
             tally.add(e, "b·a·s²")  # tanh of the capped scores
         if e != 4:
@@ -264,6 +274,9 @@ def attention_core(ctx: BlockContext, tally: Tally, cross: bool = False) -> None
     tally.add(2 * e, "N·q")  # q after rotary embedding, and the attention output
     tally.add(2 * e, "N·kvd")  # k after rotary embedding, v
     tally.add(4, "b·a·s")  # log-sum-exp per head and row (fp32)
+    if pinned_qkv:
+        tally.add(e, "N·q")  # the q and k parts of the fused output, pinned by v
+        tally.add(e, "N·kvd")
 
 
 def _dropout(spec: ModelSpec, kind: str) -> float:
@@ -306,7 +319,13 @@ def block_tally(ctx: BlockContext, group: BlockGroup) -> Tally:
         ctx.consumers_save(
             tally, dt.residual, "N·h", attn_in + (mlp_in if one_norm_parallel else [])
         )
-    attention_core(ctx, tally)
+    fused_qkv = len(attn_in) == 1 or ctx.setup.framework is Framework.LITGPT
+    attention_core(ctx, tally, fused_qkv=fused_qkv)
+    if ctx.setup.framework is Framework.LITGPT and any(ctx.train.adapter(x) for x in attn_in):
+        # LitGPT zero-pads the LoRA output of the adapted q and v parts with index_copy,
+        # whose backward keeps its source: lora_B's output for those parts
+        tally.add(ctx.dt.compute, "N·q")
+        tally.add(ctx.dt.compute, "N·kvd")
     sdpa_keeps_output = (ctx.setup.attn is not AttnImpl.EAGER) and spec.supports_sdpa
     ctx.consumers_save(tally, dt.compute, "N·q", attn_out, already_saved=sdpa_keeps_output)
     if _dropout(spec, "hidden") > 0:
@@ -336,6 +355,8 @@ def block_tally(ctx: BlockContext, group: BlockGroup) -> Tally:
 
 
 POST_NORM_TYPES = {"bert", "roberta"}
+# learned, absolute or ALiBi positions: no rotary embedding copies q and k
+ABSOLUTE_POSITION_TYPES = {"gpt2", "opt", "bert", "roberta", "bloom", "t5", "mt5"}
 TWO_NORM_PARALLEL_TYPES = {"gpt_neox"}
 
 

@@ -211,7 +211,7 @@ def estimate_budget(spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget | None
     extra_fwd = gathered
     ddp_buckets = st.gradients.bytes if shard.gradient_buckets else 0
 
-    grads_kept = setup.grad_accum > 1 or not setup.grads_freed_each_step
+    grads_kept = setup.grad_accum > 1 or not setup.zero_grad_frees_gradients
     grads_between = st.gradients.bytes if grads_kept else 0
     grads_text = (
         st.gradients.formula

@@ -63,6 +63,11 @@ class QuantType(str, Enum):
     INT8 = "int8"
 
 
+class Framework(str, Enum):
+    HF = "hf"  # transformers models, PEFT adapters, HF Trainer / TRL loops
+    LITGPT = "litgpt"  # LitGPT's own model code: fused qkv, its LoRA, chunked bf16 loss
+
+
 class Mode(str, Enum):
     TRAIN = "train"
     GENERATE = "generate"
@@ -136,13 +141,36 @@ class TrainingSetup(BaseModel):
     use_cache: bool = False  # config.use_cache during training (the HF default True costs memory)
     new_tokens: int = Field(256, ge=0)  # generation only: tokens generated after the prompt
     first_step: bool = False  # the first optimizer step (no states before it) instead of later ones
-    # torch >= 2.0 `zero_grad()` sets gradients to None after each step; before 2.0 it zeroed
-    # them in place, so gradients stay allocated through every forward and backward
-    grads_freed_each_step: bool = True
     cuda_module_loading: str = "lazy"  # "lazy" (CUDA >= 11.7 default) or "eager"
+    # the torch release the step runs on, "major.minor": a few allocation rules changed
+    torch_version: str = "2.13"
+    # the training code around the model: "hf" (transformers + PEFT) or "litgpt"
+    framework: Framework = Framework.HF
+
+    @property
+    def torch_release(self) -> tuple[int, int]:
+        major, _, minor = self.torch_version.partition(".")
+        return int(major), int(minor.split(".")[0] or 0)
+
+    @property
+    def zero_grad_frees_gradients(self) -> bool:
+        """torch >= 2.0 `zero_grad()` sets gradients to None; before, it zeroed them in place,
+        so gradients stayed allocated through every forward and backward."""
+        return self.torch_release >= (2, 0)
+
+    @property
+    def softmax_keeps_input(self) -> bool:
+        """Up to torch 1.10 softmax's backward kept its input as well as its output."""
+        return self.torch_release < (1, 11)
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainingSetup:
+        try:
+            self.torch_release  # noqa: B018 - validates the version text
+        except ValueError:
+            raise SetupError(
+                f"torch_version must look like '2.4', got '{self.torch_version}'"
+            ) from None
         if self.method is Method.FULL and self.quant is not None and self.mode is Mode.TRAIN:
             raise SetupError(
                 "full fine-tuning of a quantized model is not possible: use --method qlora "
