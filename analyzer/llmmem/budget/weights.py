@@ -144,96 +144,14 @@ def build_inventory(spec: ModelSpec, setup: TrainingSetup) -> Inventory:
         unquantized_bytes = 4.0
         notes.append("prepare_model_for_kbit_training keeps embeddings, norms and the head in fp32")
 
-    groups: list[ParameterGroup] = []
     p = spec.params
     hidden = spec.hidden_size
-    embed_rows = max(p.embedding // hidden, 1)
-    groups.append(
-        ParameterGroup(
-            name="embeddings",
-            kind="embedding",
-            tensors=1,
-            rows=embed_rows,
-            cols=hidden,
-            bytes_per_param=unquantized_bytes,
-            trainable=full,
-        )
-    )
-    remainder = p.embedding - embed_rows * hidden
-    if remainder:
-        groups.append(
-            ParameterGroup(
-                name="embedding extras",
-                kind="other",
-                tensors=1,
-                rows=remainder,
-                cols=1,
-                bytes_per_param=unquantized_bytes,
-                trainable=full,
-            )
-        )
-    if p.head:
-        head_rows = max(p.head // hidden, 1)
-        groups.append(
-            ParameterGroup(
-                name="lm_head",
-                kind="head",
-                tensors=1,
-                rows=head_rows,
-                cols=hidden,
-                bytes_per_param=unquantized_bytes,
-                trainable=full,
-            )
-        )
-        if p.head - head_rows * hidden:
-            groups.append(
-                ParameterGroup(
-                    name="head extras",
-                    kind="other",
-                    tensors=1,
-                    rows=p.head - head_rows * hidden,
-                    cols=1,
-                    bytes_per_param=unquantized_bytes,
-                    trainable=full,
-                )
-            )
-    if p.norms:
-        groups.append(
-            ParameterGroup(
-                name="norms",
-                kind="norm",
-                tensors=max(p.norms // hidden, 1),
-                rows=p.norms // max(p.norms // hidden, 1),
-                cols=1,
-                bytes_per_param=unquantized_bytes,
-                trainable=full,
-            )
-        )
-        leftover = p.norms - groups[-1].params
-        if leftover:
-            groups.append(
-                ParameterGroup(
-                    name="norm extras",
-                    kind="norm",
-                    tensors=1,
-                    rows=leftover,
-                    cols=1,
-                    bytes_per_param=unquantized_bytes,
-                    trainable=full,
-                )
-            )
-    if p.other:
-        groups.append(
-            ParameterGroup(
-                name="other",
-                kind="other",
-                tensors=1,
-                rows=p.other,
-                cols=1,
-                bytes_per_param=unquantized_bytes,
-                trainable=full,
-            )
-        )
+    groups = [
+        *_matrix_groups("embeddings", "embedding", p.embedding, hidden, unquantized_bytes, full),
+        *_matrix_groups("lm_head", "head", p.head, hidden, unquantized_bytes, full),
+        *_vector_groups("norms", "norm", p.norms, hidden, unquantized_bytes, full),
+        *_vector_groups("other", "other", p.other, p.other, unquantized_bytes, full),
+    ]
 
     for block in spec.blocks:
         for lin in block.linears:
@@ -280,47 +198,93 @@ def build_inventory(spec: ModelSpec, setup: TrainingSetup) -> Inventory:
     return Inventory(groups=groups, base_bytes_per_param=base, notes=notes)
 
 
+def _matrix_groups(
+    name: str, kind: GroupKind, total: int, width: int, bytes_per_param: float, trainable: bool
+) -> list[ParameterGroup]:
+    """`total` parameters as one matrix `width` wide, and a vector of whatever is left over
+    (learned positions, a head's bias)."""
+    rows = total // width if width else 0
+    groups = []
+    if rows:
+        groups.append(
+            ParameterGroup(
+                name=name,
+                kind=kind,
+                tensors=1,
+                rows=rows,
+                cols=width,
+                bytes_per_param=bytes_per_param,
+                trainable=trainable,
+            )
+        )
+    groups += _vector_groups(
+        f"{name} extras",
+        "other",
+        total - rows * width,
+        total - rows * width,
+        bytes_per_param,
+        trainable,
+    )
+    return groups
+
+
+def _vector_groups(
+    name: str, kind: GroupKind, total: int, length: int, bytes_per_param: float, trainable: bool
+) -> list[ParameterGroup]:
+    """`total` parameters as vectors of `length` (norm weights), and one with the rest."""
+    if total <= 0 or length <= 0:
+        return []
+    count, rest = divmod(total, length)
+    groups = []
+    if count:
+        groups.append(
+            ParameterGroup(
+                name=name,
+                kind=kind,
+                tensors=count,
+                rows=length,
+                cols=1,
+                bytes_per_param=bytes_per_param,
+                trainable=trainable,
+            )
+        )
+    if rest:
+        groups.append(
+            ParameterGroup(
+                name=f"{name} extras",
+                kind=kind,
+                tensors=1,
+                rows=rest,
+                cols=1,
+                bytes_per_param=bytes_per_param,
+                trainable=trainable,
+            )
+        )
+    return groups
+
+
 def _adapter_groups(spec: ModelSpec, setup: TrainingSetup) -> list[ParameterGroup]:
     lora = setup.lora
     assert lora is not None
     groups: list[ParameterGroup] = []
+    adapter_bytes = float(lora.adapter_bytes)
     for lin in lora_target_linears(spec, lora.targets):
-        blocks = sum(g.count for g in spec.blocks if lin in g.linears)
-        tensors = lin.count * blocks
-        groups.append(
-            ParameterGroup(
-                name=f"lora_A.{lin.name}",
-                kind="adapter",
-                tensors=tensors,
-                rows=lora.r,
-                cols=lin.in_features,
-                bytes_per_param=float(lora.adapter_bytes),
-                trainable=True,
-            )
-        )
-        groups.append(
-            ParameterGroup(
-                name=f"lora_B.{lin.name}",
-                kind="adapter",
-                tensors=tensors,
-                rows=lin.out_features,
-                cols=lora.r,
-                bytes_per_param=float(lora.adapter_bytes),
-                trainable=True,
-            )
-        )
+        tensors = lin.count * sum(g.count for g in spec.blocks if lin in g.linears)
+        shapes = [("lora_A", lora.r, lin.in_features), ("lora_B", lin.out_features, lora.r)]
         if lora.dora:
-            groups.append(
-                ParameterGroup(
-                    name=f"lora_magnitude.{lin.name}",
-                    kind="adapter",
-                    tensors=tensors,
-                    rows=lin.out_features,
-                    cols=1,
-                    bytes_per_param=float(lora.adapter_bytes),
-                    trainable=True,
-                )
+            shapes.append(("lora_magnitude", lin.out_features, 1))
+        groups += [
+            ParameterGroup(
+                name=f"{part}.{lin.name}",
+                kind="adapter",
+                tensors=tensors,
+                rows=rows,
+                cols=cols,
+                bytes_per_param=adapter_bytes,
+                trainable=True,
             )
+            for part, rows, cols in shapes
+        ]
     return groups
 
 
