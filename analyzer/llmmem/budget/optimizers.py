@@ -9,9 +9,8 @@ block, and leave tensors under 4,096 values in 32-bit.
 from __future__ import annotations
 
 import difflib
+from dataclasses import dataclass
 from typing import Literal
-
-from pydantic import BaseModel
 
 from llmmem.budget.setup import SetupError
 from llmmem.budget.weights import ParameterGroup
@@ -23,7 +22,8 @@ BNB_MIN_8BIT_SIZE = 4096  # bitsandbytes keeps smaller tensors' states in 32 bit
 BNB_8BIT_BLOCK = 256
 
 
-class OptimizerSpec(BaseModel):
+@dataclass(frozen=True)
+class OptimizerSpec:
     name: str  # canonical HF `optim` name
     label: str  # what it is, for the report
     states: int  # state tensors per parameter (Adam: exp_avg, exp_avg_sq)

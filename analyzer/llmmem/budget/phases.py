@@ -16,7 +16,7 @@ sum in between never exceeds the larger of its two ends.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llmmem.budget.activations import (
     checkpoint_input_bytes,
@@ -64,10 +64,9 @@ def model_state_terms(
     deepspeed_16bit = shard.master_weights and setup.precision.is_autocast
     if deepspeed_16bit:
         # DeepSpeed runs the model in 16 bits and keeps the fp32 copy with the optimizer
-        trainable = [g.model_copy(update={"bytes_per_param": 2.0}) for g in trainable]
+        trainable = [replace(g, bytes_per_param=2.0) for g in trainable]
         groups = [
-            g.model_copy(update={"bytes_per_param": 2.0}) if g.bytes_per_param == 4.0 else g
-            for g in inv.groups
+            replace(g, bytes_per_param=2.0) if g.bytes_per_param == 4.0 else g for g in inv.groups
         ]
     else:
         groups = inv.groups

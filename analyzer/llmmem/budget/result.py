@@ -1,10 +1,13 @@
-"""What the accounting core returns: bytes per component per phase, with the formula of each."""
+"""What the accounting core returns: bytes per component per phase, with the formula of each.
+
+These are plain frozen dataclasses: the core computes them, nothing parses them, so they skip
+validation (and the import cost that comes with it); `report/` turns them into JSON.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from enum import Enum
-
-from pydantic import BaseModel, Field
 
 from llmmem.units import format_bytes
 
@@ -37,7 +40,8 @@ class Overhead(str, Enum):
     NCCL_BUFFERS = "nccl_buffers"
 
 
-class Term(BaseModel):
+@dataclass
+class Term:
     """One number of the budget and how it was derived, values filled in."""
 
     bytes: int
@@ -48,7 +52,8 @@ class Term(BaseModel):
         return f"{format_bytes(self.bytes)} = {self.formula}"
 
 
-class PhaseBudget(BaseModel):
+@dataclass(frozen=True)
+class PhaseBudget:
     phase: Phase
     moment: str  # the instant inside the phase these bytes are for
     components: dict[Component, Term]
@@ -58,13 +63,15 @@ class PhaseBudget(BaseModel):
         return sum(term.bytes for term in self.components.values())
 
 
-class GpuTarget(BaseModel):
+@dataclass(frozen=True)
+class GpuTarget:
     name: str
     capacity_bytes: int
     bf16: bool = True
 
 
-class Budget(BaseModel):
+@dataclass(frozen=True)
+class Budget:
     """The memory of one step: phases, the peak, what the allocator and the driver add."""
 
     phases: list[PhaseBudget]
@@ -73,11 +80,11 @@ class Budget(BaseModel):
     overheads: dict[Overhead, Term]
     reserved_peak_bytes: int  # allocated peak + allocator slack
     device_total_bytes: int  # what nvidia-smi would show: reserved + context + NCCL
-    first_step_allocated_peak_bytes: int | None = None  # the first step, before optimizer states
-    gpu: GpuTarget | None = None
     params: int  # all parameters of the model
     trainable_params: int
-    notes: list[str] = Field(default_factory=list)  # assumptions and caveats, one line each
+    first_step_allocated_peak_bytes: int | None = None  # the first step, before optimizer states
+    gpu: GpuTarget | None = None
+    notes: list[str] = field(default_factory=list)  # assumptions and caveats, one line each
 
     def phase(self, phase: Phase) -> PhaseBudget:
         for item in self.phases:

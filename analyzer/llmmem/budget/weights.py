@@ -6,9 +6,8 @@ weights, gradients and optimizer states are all read off it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
 from typing import Literal
-
-from pydantic import BaseModel
 
 from llmmem.budget.setup import Method, Precision, QuantSetup, QuantType, SetupError, TrainingSetup
 from llmmem.models.spec import LinearModule, ModelSpec
@@ -31,7 +30,8 @@ def kbit_bytes_per_param(quant: QuantSetup, in_features: int) -> float:
     return 0.5 + 4.0 / NF4_BLOCK
 
 
-class ParameterGroup(BaseModel):
+@dataclass(frozen=True)
+class ParameterGroup:
     name: str
     kind: GroupKind
     tensors: int  # how many tensors of this shape
@@ -54,10 +54,11 @@ class ParameterGroup(BaseModel):
         return round(self.params * self.bytes_per_param)
 
 
-class Inventory(BaseModel):
+@dataclass(frozen=True)
+class Inventory:
     groups: list[ParameterGroup]
     base_bytes_per_param: float  # the storage of unquantized base weights
-    notes: list[str] = []
+    notes: list[str] = field(default_factory=list)
 
     @property
     def params(self) -> int:
@@ -311,16 +312,13 @@ def _modules_to_save(
         for g in groups:
             if g.name == target and g.kind in ("embedding", "head"):
                 copies.append(
-                    g.model_copy(
-                        update={
-                            "name": f"modules_to_save.{name}",
-                            "kind": "saved_copy",
-                            "trainable": True,
-                            "quantized": False,
-                            "bytes_per_param": 4.0
-                            if setup.method is Method.QLORA
-                            else g.bytes_per_param,
-                        }
+                    replace(
+                        g,
+                        name=f"modules_to_save.{name}",
+                        kind="saved_copy",
+                        trainable=True,
+                        quantized=False,
+                        bytes_per_param=4.0 if setup.method is Method.QLORA else g.bytes_per_param,
                     )
                 )
     return copies
