@@ -57,6 +57,11 @@ def _add_estimate_parser(sub: Any) -> None:
     p.add_argument("--lora-r", type=_positive_int, default=None)
     p.add_argument("--lora-alpha", type=float, default=None)
     p.add_argument("--lora-targets", default=None, help="q_proj,v_proj or all-linear")
+    p.add_argument(
+        "--lora-modules-to-save",
+        default=None,
+        help="modules trained in full beside the adapters, e.g. embed_tokens,lm_head",
+    )
     p.add_argument("--dora", action="store_true", default=None)
     p.add_argument("--quant", choices=["nf4", "fp4", "int8"], default=None)
     p.add_argument("--double-quant", action="store_true", default=None)

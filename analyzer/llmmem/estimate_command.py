@@ -145,13 +145,18 @@ def build_setup(
         )
         if not targets_text:
             prov["lora_targets"] = "default (PEFT's choice for this architecture)"
+        to_save = getattr(args, "lora_modules_to_save", None)
         lora = LoraSetup(
             r=_pick(args, "lora_r", prov),
             alpha=_pick(args, "lora_alpha", prov),
             targets=targets,
             dora=bool(getattr(args, "dora", False)),
+            modules_to_save=[m.strip() for m in to_save.split(",") if m.strip()] if to_save else [],
         )
-    elif any(getattr(args, f, None) is not None for f in ("lora_r", "lora_alpha", "lora_targets")):
+    elif any(
+        getattr(args, f, None) is not None
+        for f in ("lora_r", "lora_alpha", "lora_targets", "lora_modules_to_save")
+    ):
         raise UsageError("--lora-* flags need --method lora or qlora")
     if getattr(args, "quant", None) or method is Method.QLORA or bnb_checkpoint:
         quant_type = QuantType(args.quant or "nf4")

@@ -322,9 +322,7 @@ class Case:
 
 
 def _grid() -> list[Case]:
-    cases = [
-        Case("llama", m) for m in ("fp32", "bf16-true", "amp-bf16", "lora-fp32", "lora-bf16")
-    ]
+    cases = [Case("llama", m) for m in ("fp32", "bf16-true", "amp-bf16", "lora-fp32", "lora-bf16")]
     cases += [Case("llama", "fp32", "eager"), Case("llama", "bf16-true", "eager")]
     for family in FAMILY_CONFIGS:
         if family == "llama":
@@ -427,9 +425,7 @@ class _InputTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
-        inputs = [
-            t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
-        ]
+        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         out = func(*args, **kwargs)
         depends = any(self.depends.get(_storage_key(t), False) for t in inputs if _has_storage(t))
         for t in tree_flatten(out)[0]:
@@ -487,7 +483,7 @@ def _saved_by_node(root: Any, first: int, last: int) -> dict[int, list[str]]:
             values = value if isinstance(value, (list, tuple)) else [value]
             for v in values:
                 if isinstance(v, torch.Tensor) and _has_storage(v):
-                    names[_storage_key(v)].append(f"{node.name()}.{attr[len('_saved_'):]}")
+                    names[_storage_key(v)].append(f"{node.name()}.{attr[len('_saved_') :]}")
     return names
 
 

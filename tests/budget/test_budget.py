@@ -326,3 +326,20 @@ def test_use_cache_during_training_costs_a_kv_cache_in_forward(llama2_7b: ModelS
     extra = cached - plain.phase(Phase.FORWARD).allocated_bytes
     assert extra == 2 * 32 * 8 * 2048 * 4096 * 4
     assert extra == 16 * 2**30  # the "+16 GiB for 7B at b8 s2048" of MEMORY-MODEL.md
+
+
+def test_modules_to_save_trains_a_full_copy(llama3_8b: ModelSpec) -> None:
+    plain = TrainingSetup(method="lora", precision="bf16-true", batch=1, seq=256)
+    saved = plain.model_copy(
+        update={"lora": LoraSetup(targets=["q_proj", "v_proj"], modules_to_save=["lm_head"])}
+    )
+    a, b = build_inventory(llama3_8b, plain), build_inventory(llama3_8b, saved)
+    head = 128_256 * 4096
+    # the copy trains at the base's bf16; the original stays frozen beside it
+    assert b.trainable_params - a.trainable_params == head
+    assert b.weight_bytes - a.weight_bytes == 2 * head
+    with pytest.raises(SetupError, match="embed_tokens"):
+        build_inventory(
+            llama3_8b,
+            plain.model_copy(update={"lora": LoraSetup(modules_to_save=["classifier_head"])}),
+        )

@@ -305,8 +305,13 @@ def _modules_to_save(
         "lm_head": "lm_head",
         "embed_out": "lm_head",
     }
-    for name in wanted:
-        target = aliases.get(name, name)
+    for name in sorted(wanted):
+        target = aliases.get(name)
+        if target is None:
+            raise SetupError(
+                f"modules_to_save '{name}' is not a module llmmem can count: use "
+                f"{', '.join(sorted(aliases))}"
+            )
         if target == "lm_head" and not spec.params.head:
             target = "embeddings"  # a tied head is the embedding matrix
         for g in groups:
