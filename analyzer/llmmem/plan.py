@@ -1,0 +1,110 @@
+"""TrainingPlan: what a file says about a training run, each value with where it came from.
+
+An extractor (`extract/`) reads a script or config into a TrainingPlan. Every setting is a
+`Sourced` value: the value, its provenance and the file range it was read from (or the range of
+the call it belongs to, for defaults), so that the editor can point at it and the report can say
+which numbers were defaults or guesses.
+
+Ranges are 0-based lines and columns as in LSP, end exclusive.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, Field
+
+T = TypeVar("T")
+
+
+class Provenance(str, Enum):
+    EXPLICIT = "explicit"  # written in the file, e.g. per_device_train_batch_size=4
+    DEFAULT = "default"  # the framework's default (HF TrainingArguments, TRL, axolotl, ...)
+    CLI_DEFAULT = "cli-default"  # the default of a command-line argument (argparse, dataclass)
+    PRAGMA = "pragma"  # a `# llmmem: key=value` comment or [tool.llmmem] in pyproject.toml
+    CONFIG = "config"  # a referenced file (DeepSpeed JSON, accelerate YAML, ...)
+    ASSUMED = "assumed"  # nothing said it: llmmem's own assumption, stated in `note`
+
+
+class SourceRange(BaseModel):
+    path: str | None = None  # None: the file the plan is about
+    start_line: int
+    start_col: int
+    end_line: int
+    end_col: int
+
+    def contains(self, line: int, col: int) -> bool:
+        if (line, col) < (self.start_line, self.start_col):
+            return False
+        return (line, col) < (self.end_line, self.end_col)
+
+
+class Sourced(BaseModel, Generic[T]):
+    value: T
+    source: Provenance
+    range: SourceRange | None = None
+    note: str = ""  # e.g. "one of two branches of a conditional expression"
+
+
+class LoraPlan(BaseModel):
+    r: Sourced[int]
+    alpha: Sourced[float]
+    target_modules: Sourced[list[str] | None]  # None: PEFT's default for the architecture
+    modules_to_save: Sourced[list[str]]
+    dora: Sourced[bool]
+    dropout: Sourced[float]
+    range: SourceRange | None = None  # the LoraConfig(...) call
+
+
+class QuantizationPlan(BaseModel):
+    bits: Sourced[int]  # 4 or 8
+    quant_type: Sourced[str]  # "nf4", "fp4", "int8"
+    double_quant: Sourced[bool]
+    compute_dtype: Sourced[str]  # "bfloat16", "float16", "float32"
+    prepare_for_kbit_training: Sourced[bool]
+    range: SourceRange | None = None  # the BitsAndBytesConfig(...) call or the keyword
+
+
+class DistributedPlan(BaseModel):
+    world_size: Sourced[int]
+    zero_stage: Sourced[int]  # 0 without DeepSpeed
+    offload_optimizer: Sourced[bool]
+    offload_params: Sourced[bool]
+    fsdp: Sourced[str | None]  # "full_shard", "hybrid_shard", "shard_grad_op" or None
+    deepspeed_config: Sourced[str | None]  # a path, or None
+
+
+class TrainingPlan(BaseModel):
+    """Everything one file says about one training run, with provenance."""
+
+    path: str
+    kind: str  # "python", "yaml", "json", "shell", "notebook"
+    framework: str = "hf"  # "hf", "trl", "axolotl", "llamafactory", "torchtune", "litgpt", ...
+    model_id: Sourced[str] | None = None
+    per_device_train_batch_size: Sourced[int]
+    gradient_accumulation_steps: Sourced[int]
+    max_seq_length: Sourced[int]
+    gradient_checkpointing: Sourced[bool]
+    precision: Sourced[str]  # "fp32", "fp16", "bf16", "bf16-true", "fp16-true"
+    optim: Sourced[str]
+    attn_implementation: Sourced[str]
+    use_cache: Sourced[bool] | None = None
+    loss: Sourced[str] | None = None  # "standard", "chunked", "liger"
+    lora: LoraPlan | None = None
+    quantization: QuantizationPlan | None = None
+    distributed: DistributedPlan
+    gpu: Sourced[str] | None = None  # from a pragma or [tool.llmmem]
+    trainer_range: SourceRange | None = None  # the TrainingArguments/SFTConfig(...) call
+    model_range: SourceRange | None = None  # the from_pretrained(...) call
+    problems: list[str] = Field(default_factory=list)  # what could not be read, one line each
+    extra: dict[str, Any] = Field(default_factory=dict)  # framework keys kept for rules
+
+    def sourced_fields(self) -> dict[str, Sourced[Any]]:
+        """Every top-level Sourced value by name (for reports and hovers)."""
+        out: dict[str, Sourced[Any]] = {}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, Sourced):
+                out[name] = value
+        return out
