@@ -1,10 +1,10 @@
-"""Building blocks the family readers share: named Linear modules, block groups, and the sums that
-turn them into a `ParamBreakdown` and a `ModelSpec`."""
+"""Building blocks the family readers share: sizes read under their usual keys, named Linear
+modules, block groups, and the sums that turn them into a `ParamBreakdown` and a `ModelSpec`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from llmmem.models.architectures.config_view import ConfigView
@@ -55,8 +55,81 @@ class Dims:
     max_positions: int | None = None
 
 
+def read_rope_decoder_dims(
+    view: ConfigView,
+    *,
+    intermediate_key: str = "intermediate_size",
+    honors_head_dim: bool = True,
+) -> Dims:
+    """Sizes as the Llama-style configs name them; `head_dim` falls back to hidden / heads.
+
+    `intermediate_key` names the MLP width (the per-expert width of a MoE config).
+    """
+    hidden = view.required_int("hidden_size")
+    heads = view.required_int("num_attention_heads")
+    head_dim = view.int_or(hidden // heads, "head_dim") if honors_head_dim else hidden // heads
+    return Dims(
+        hidden=hidden,
+        layers=view.required_int("num_hidden_layers"),
+        heads=heads,
+        kv_heads=view.int_or(heads, "num_key_value_heads"),
+        head_dim=head_dim,
+        intermediate=view.required_int(intermediate_key),
+        vocab=view.required_int("vocab_size"),
+        tie_embeddings=view.flag("tie_word_embeddings"),
+        max_positions=view.optional_int("max_position_embeddings"),
+    )
+
+
+def multi_head_dims(
+    view: ConfigView,
+    *,
+    hidden: int,
+    layers: int,
+    heads: int,
+    intermediate: int,
+    max_positions: int | None,
+    kv_heads: int | None = None,
+) -> Dims:
+    """Sizes of a model whose heads split the hidden width evenly (head_dim = hidden / heads), with
+    the vocabulary and the embedding tie read under their usual names."""
+    return Dims(
+        hidden=hidden,
+        layers=layers,
+        heads=heads,
+        kv_heads=heads if kv_heads is None else kv_heads,
+        head_dim=hidden // heads,
+        intermediate=intermediate,
+        vocab=view.required_int("vocab_size"),
+        tie_embeddings=view.flag("tie_word_embeddings"),
+        max_positions=max_positions,
+    )
+
+
+def read_multi_head_dims(
+    view: ConfigView,
+    *,
+    intermediate_key: str = "intermediate_size",
+    positions_when_null: int | None = None,
+) -> Dims:
+    """`multi_head_dims` read under the usual keys (hidden_size, num_hidden_layers,
+    num_attention_heads, max_position_embeddings); `positions_when_null` stands in for a null
+    max_position_embeddings."""
+    hidden = view.required_int("hidden_size")
+    dims = multi_head_dims(
+        view,
+        hidden=hidden,
+        layers=view.required_int("num_hidden_layers"),
+        heads=view.required_int("num_attention_heads"),
+        intermediate=view.required_int(intermediate_key),
+        max_positions=view.optional_int("max_position_embeddings"),
+    )
+    if dims.max_positions is None:
+        return replace(dims, max_positions=positions_when_null)
+    return dims
+
+
 def linear(
-    name: str,
     path: str,
     in_features: int,
     out_features: int,
@@ -65,8 +138,9 @@ def linear(
     bias: bool = False,
     count: int = 1,
 ) -> LinearModule:
+    """The Linear module at dotted `path` inside a block, named after the last part of the path."""
     return LinearModule(
-        name=name,
+        name=path.rsplit(".", 1)[-1],
         path=path,
         in_features=in_features,
         out_features=out_features,
@@ -76,47 +150,26 @@ def linear(
     )
 
 
+LLAMA_ATTENTION_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
 def attention_projections(
-    prefix: str,
+    dims: Dims,
     *,
-    hidden: int,
-    heads: int,
-    kv_heads: int,
-    head_dim: int,
-    qkv_bias: bool,
-    output_bias: bool,
-    names: tuple[str, str, str, str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+    prefix: str = "self_attn",
+    qkv_bias: bool = False,
+    output_bias: bool = False,
+    names: tuple[str, str, str, str] = LLAMA_ATTENTION_NAMES,
 ) -> list[LinearModule]:
     """Separate query, key, value and output projections (grouped-query when kv_heads < heads)."""
     q_name, k_name, v_name, o_name = names
+    q_width = dims.heads * dims.head_dim
+    kv_width = dims.kv_heads * dims.head_dim
     return [
-        linear(
-            q_name, f"{prefix}.{q_name}", hidden, heads * head_dim, bias=qkv_bias, role="attention"
-        ),
-        linear(
-            k_name,
-            f"{prefix}.{k_name}",
-            hidden,
-            kv_heads * head_dim,
-            bias=qkv_bias,
-            role="attention",
-        ),
-        linear(
-            v_name,
-            f"{prefix}.{v_name}",
-            hidden,
-            kv_heads * head_dim,
-            bias=qkv_bias,
-            role="attention",
-        ),
-        linear(
-            o_name,
-            f"{prefix}.{o_name}",
-            heads * head_dim,
-            hidden,
-            bias=output_bias,
-            role="attention",
-        ),
+        linear(f"{prefix}.{q_name}", dims.hidden, q_width, bias=qkv_bias, role="attention"),
+        linear(f"{prefix}.{k_name}", dims.hidden, kv_width, bias=qkv_bias, role="attention"),
+        linear(f"{prefix}.{v_name}", dims.hidden, kv_width, bias=qkv_bias, role="attention"),
+        linear(f"{prefix}.{o_name}", q_width, dims.hidden, bias=output_bias, role="attention"),
     ]
 
 
@@ -130,9 +183,9 @@ def gated_mlp(
 ) -> list[LinearModule]:
     """gate_proj and up_proj into the intermediate width, down_proj back (SwiGLU, GeGLU)."""
     return [
-        linear("gate_proj", f"{prefix}.gate_proj", hidden, intermediate, bias=bias, role=role),
-        linear("up_proj", f"{prefix}.up_proj", hidden, intermediate, bias=bias, role=role),
-        linear("down_proj", f"{prefix}.down_proj", intermediate, hidden, bias=bias, role=role),
+        linear(f"{prefix}.gate_proj", hidden, intermediate, bias=bias, role=role),
+        linear(f"{prefix}.up_proj", hidden, intermediate, bias=bias, role=role),
+        linear(f"{prefix}.down_proj", intermediate, hidden, bias=bias, role=role),
     ]
 
 
@@ -146,8 +199,8 @@ def plain_mlp(
 ) -> list[LinearModule]:
     """One projection up, an activation, one projection down; `up`/`down` are dotted paths."""
     return [
-        linear(up.rsplit(".", 1)[-1], up, hidden, intermediate, bias=bias, role="mlp"),
-        linear(down.rsplit(".", 1)[-1], down, intermediate, hidden, bias=bias, role="mlp"),
+        linear(up, hidden, intermediate, bias=bias, role="mlp"),
+        linear(down, intermediate, hidden, bias=bias, role="mlp"),
     ]
 
 
@@ -166,7 +219,6 @@ def fused_experts(
     """
     return [
         linear(
-            "gate_up_proj",
             f"{prefix}.gate_up_proj",
             hidden,
             2 * intermediate,
@@ -175,13 +227,7 @@ def fused_experts(
             role="expert",
         ),
         linear(
-            "down_proj",
-            f"{prefix}.down_proj",
-            intermediate,
-            hidden,
-            bias=bias,
-            count=num_experts,
-            role="expert",
+            f"{prefix}.down_proj", intermediate, hidden, bias=bias, count=num_experts, role="expert"
         ),
     ]
 
@@ -305,5 +351,36 @@ def build_spec(
             model_other=model_other,
         ),
         blocks=groups,
+        **features,
+    )
+
+
+def decoder_only_spec(
+    view: ConfigView,
+    origin: SpecOrigin,
+    *,
+    architecture: str,
+    dims: Dims,
+    groups: list[BlockGroup],
+    final_norms: int,
+    learned_positions: int = 0,
+    head_bias: bool = False,
+    **features: Any,
+) -> ModelSpec:
+    """A causal LM: token embeddings (and `learned_positions` rows of position embeddings), the
+    block groups, `final_norms` parameters of norms after the last block, and an LM head that is
+    tied to the embeddings or not (with a bias of its own when `head_bias`).
+
+    `features` are the remaining ModelSpec fields, as for `build_spec`.
+    """
+    return build_spec(
+        view,
+        origin,
+        architecture=architecture,
+        dims=dims,
+        groups=groups,
+        embedding=(dims.vocab + learned_positions) * dims.hidden,
+        head=lm_head_params(dims, bias=head_bias),
+        model_norms=final_norms,
         **features,
     )

@@ -1,61 +1,97 @@
 """Dense RoPE decoders named the Llama way (self_attn.q_proj ... mlp.down_proj): Llama, Mistral,
-Qwen2, Qwen3, OLMo, OLMo 2, Phi-3, StarCoder2 and StableLM."""
+Qwen2, Qwen3, OLMo, OLMo 2, Phi-3, StarCoder2 and StableLM.
+
+The Llama layout around the blocks (`rmsnorm_decoder_spec`), its block (`llama_block_linears`) and
+the Qwen sliding-window rule are shared with the Gemma and mixture-of-experts readers.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 from llmmem.models.architectures.assembly import (
     ArchitectureReader,
     Dims,
     SpecOrigin,
     attention_projections,
-    build_spec,
     count_sliding_layers,
     decoder_group,
+    decoder_only_spec,
     gated_mlp,
     layer_norm_params,
     linear,
-    lm_head_params,
     plain_mlp,
+    read_rope_decoder_dims,
 )
 from llmmem.models.architectures.config_view import ConfigView
-from llmmem.models.spec import ModelSpec
+from llmmem.models.spec import BlockGroup, LinearModule, ModelSpec, NormKind
 
 
-def read_rope_decoder_dims(view: ConfigView, *, honors_head_dim: bool = True) -> Dims:
-    """Sizes as the Llama-style configs name them; `head_dim` falls back to hidden / heads."""
-    hidden = view.required_int("hidden_size")
-    heads = view.required_int("num_attention_heads")
-    head_dim = view.int_or(hidden // heads, "head_dim") if honors_head_dim else hidden // heads
-    return Dims(
-        hidden=hidden,
-        layers=view.required_int("num_hidden_layers"),
-        heads=heads,
-        kv_heads=view.int_or(heads, "num_key_value_heads"),
-        head_dim=head_dim,
-        intermediate=view.required_int("intermediate_size"),
-        vocab=view.required_int("vocab_size"),
-        tie_embeddings=view.flag("tie_word_embeddings"),
-        max_positions=view.optional_int("max_position_embeddings"),
+def llama_block_linears(
+    dims: Dims, *, qkv_bias: bool = False, output_bias: bool = False, mlp_bias: bool = False
+) -> list[LinearModule]:
+    """self_attn.{q,k,v,o}_proj and mlp.{gate,up,down}_proj."""
+    return attention_projections(dims, qkv_bias=qkv_bias, output_bias=output_bias) + gated_mlp(
+        "mlp", hidden=dims.hidden, intermediate=dims.intermediate, bias=mlp_bias
     )
 
 
-def _qwen_sliding_window(view: ConfigView, *, layers: int) -> tuple[int | None, int]:
-    """Qwen2/Qwen3: a window only with use_sliding_window, from block max_window_layers on."""
+def rmsnorm_decoder_spec(
+    view: ConfigView,
+    origin: SpecOrigin,
+    *,
+    architecture: str,
+    dims: Dims,
+    groups: list[BlockGroup],
+    norm: NormKind = "rmsnorm",
+    activation: str | None = None,
+    **features: Any,
+) -> ModelSpec:
+    """The Llama layout around the blocks: one final RMSNorm, gated MLPs, and the activation
+    `hidden_act` names (silu by default) unless `activation` is given."""
+    if activation is None:
+        activation = view.text("hidden_act") or "silu"
+    return decoder_only_spec(
+        view,
+        origin,
+        architecture=architecture,
+        dims=dims,
+        groups=groups,
+        final_norms=dims.hidden,
+        norm=norm,
+        mlp="gated",
+        activation=activation,
+        **features,
+    )
+
+
+def every_layer_window(view: ConfigView, *, layers: int) -> tuple[int | None, int]:
+    """`sliding_window` (null for none) on every block."""
+    window = view.optional_int("sliding_window")
+    return window, count_sliding_layers(None, layers=layers, window=window)
+
+
+def qwen_sliding_window(
+    view: ConfigView, *, layers: int, slides: Callable[[int, int], bool]
+) -> tuple[int | None, int]:
+    """Qwen configs: a window only with use_sliding_window, on the blocks `layer_types` names or,
+    without it, on block i where `slides(i, max_window_layers)`."""
     if not view.flag("use_sliding_window"):
         return None, 0
     window = view.optional_int("sliding_window")
     layer_types = view.text_list("layer_types")
     if layer_types is None:
-        first = view.int_or(0, "max_window_layers")
+        bound = view.int_or(0, "max_window_layers")
         layer_types = [
-            "sliding_attention" if index >= first else "full_attention" for index in range(layers)
+            "sliding_attention" if slides(index, bound) else "full_attention"
+            for index in range(layers)
         ]
     return window, count_sliding_layers(layer_types, layers=layers, window=window)
 
 
-def _every_layer_window(view: ConfigView, *, layers: int) -> tuple[int | None, int]:
-    window = view.optional_int("sliding_window")
-    return window, count_sliding_layers(None, layers=layers, window=window)
+def _from_max_window_layers_on(index: int, max_window_layers: int) -> bool:
+    return index >= max_window_layers
 
 
 # --- Llama -------------------------------------------------------------------------------------
@@ -73,30 +109,16 @@ LLAMA_DEFAULTS = {
 
 def read_llama(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
     dims = read_rope_decoder_dims(view)
-    attention_bias = view.flag("attention_bias")
-    linears = attention_projections(
-        "self_attn",
-        hidden=dims.hidden,
-        heads=dims.heads,
-        kv_heads=dims.kv_heads,
-        head_dim=dims.head_dim,
-        qkv_bias=attention_bias,
-        output_bias=attention_bias,
-    ) + gated_mlp(
-        "mlp", hidden=dims.hidden, intermediate=dims.intermediate, bias=view.flag("mlp_bias")
+    bias = view.flag("attention_bias")
+    linears = llama_block_linears(
+        dims, qkv_bias=bias, output_bias=bias, mlp_bias=view.flag("mlp_bias")
     )
-    return build_spec(
+    return rmsnorm_decoder_spec(
         view,
         origin,
         architecture="LlamaForCausalLM",
         dims=dims,
         groups=[decoder_group(linears, layers=dims.layers, norm_params=2 * dims.hidden)],
-        embedding=dims.vocab * dims.hidden,
-        head=lm_head_params(dims),
-        model_norms=dims.hidden,
-        norm="rmsnorm",
-        mlp="gated",
-        activation=view.text("hidden_act") or "silu",
     )
 
 
@@ -114,28 +136,14 @@ MISTRAL_DEFAULTS = {
 
 def read_mistral(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
     dims = read_rope_decoder_dims(view)
-    linears = attention_projections(
-        "self_attn",
-        hidden=dims.hidden,
-        heads=dims.heads,
-        kv_heads=dims.kv_heads,
-        head_dim=dims.head_dim,
-        qkv_bias=False,
-        output_bias=False,
-    ) + gated_mlp("mlp", hidden=dims.hidden, intermediate=dims.intermediate)
-    window, sliding_layers = _every_layer_window(view, layers=dims.layers)
-    return build_spec(
+    linears = llama_block_linears(dims)
+    window, sliding_layers = every_layer_window(view, layers=dims.layers)
+    return rmsnorm_decoder_spec(
         view,
         origin,
         architecture="MistralForCausalLM",
         dims=dims,
         groups=[decoder_group(linears, layers=dims.layers, norm_params=2 * dims.hidden)],
-        embedding=dims.vocab * dims.hidden,
-        head=lm_head_params(dims),
-        model_norms=dims.hidden,
-        norm="rmsnorm",
-        mlp="gated",
-        activation=view.text("hidden_act") or "silu",
         sliding_window=window,
         sliding_layers=sliding_layers,
     )
@@ -163,28 +171,16 @@ QWEN3_DEFAULTS = {
 
 def read_qwen2(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
     dims = read_rope_decoder_dims(view)
-    linears = attention_projections(
-        "self_attn",
-        hidden=dims.hidden,
-        heads=dims.heads,
-        kv_heads=dims.kv_heads,
-        head_dim=dims.head_dim,
-        qkv_bias=True,
-        output_bias=False,
-    ) + gated_mlp("mlp", hidden=dims.hidden, intermediate=dims.intermediate)
-    window, sliding_layers = _qwen_sliding_window(view, layers=dims.layers)
-    return build_spec(
+    linears = llama_block_linears(dims, qkv_bias=True)
+    window, sliding_layers = qwen_sliding_window(
+        view, layers=dims.layers, slides=_from_max_window_layers_on
+    )
+    return rmsnorm_decoder_spec(
         view,
         origin,
         architecture="Qwen2ForCausalLM",
         dims=dims,
         groups=[decoder_group(linears, layers=dims.layers, norm_params=2 * dims.hidden)],
-        embedding=dims.vocab * dims.hidden,
-        head=lm_head_params(dims),
-        model_norms=dims.hidden,
-        norm="rmsnorm",
-        mlp="gated",
-        activation=view.text("hidden_act") or "silu",
         sliding_window=window,
         sliding_layers=sliding_layers,
     )
@@ -192,30 +188,18 @@ def read_qwen2(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
 
 def read_qwen3(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
     dims = read_rope_decoder_dims(view)
-    attention_bias = view.flag("attention_bias")
-    linears = attention_projections(
-        "self_attn",
-        hidden=dims.hidden,
-        heads=dims.heads,
-        kv_heads=dims.kv_heads,
-        head_dim=dims.head_dim,
-        qkv_bias=attention_bias,
-        output_bias=attention_bias,
-    ) + gated_mlp("mlp", hidden=dims.hidden, intermediate=dims.intermediate)
-    window, sliding_layers = _qwen_sliding_window(view, layers=dims.layers)
+    bias = view.flag("attention_bias")
+    linears = llama_block_linears(dims, qkv_bias=bias, output_bias=bias)
+    window, sliding_layers = qwen_sliding_window(
+        view, layers=dims.layers, slides=_from_max_window_layers_on
+    )
     qk_norms = 2 * dims.head_dim
-    return build_spec(
+    return rmsnorm_decoder_spec(
         view,
         origin,
         architecture="Qwen3ForCausalLM",
         dims=dims,
         groups=[decoder_group(linears, layers=dims.layers, norm_params=2 * dims.hidden + qk_norms)],
-        embedding=dims.vocab * dims.hidden,
-        head=lm_head_params(dims),
-        model_norms=dims.hidden,
-        norm="rmsnorm",
-        mlp="gated",
-        activation=view.text("hidden_act") or "silu",
         qk_norm=True,
         sliding_window=window,
         sliding_layers=sliding_layers,
@@ -237,25 +221,15 @@ OLMO2_DEFAULTS = dict(OLMO_DEFAULTS)
 
 def read_olmo(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
     dims = read_rope_decoder_dims(view)
-    attention_bias = view.flag("attention_bias")
-    linears = attention_projections(
-        "self_attn",
-        hidden=dims.hidden,
-        heads=dims.heads,
-        kv_heads=dims.kv_heads,
-        head_dim=dims.head_dim,
-        qkv_bias=attention_bias,
-        output_bias=attention_bias,
-    ) + gated_mlp("mlp", hidden=dims.hidden, intermediate=dims.intermediate)
-    return build_spec(
+    bias = view.flag("attention_bias")
+    linears = llama_block_linears(dims, qkv_bias=bias, output_bias=bias)
+    return decoder_only_spec(
         view,
         origin,
         architecture="OlmoForCausalLM",
         dims=dims,
         groups=[decoder_group(linears, layers=dims.layers, norm_params=0)],
-        embedding=dims.vocab * dims.hidden,
-        head=lm_head_params(dims),
-        model_norms=0,
+        final_norms=0,
         norm="layernorm",
         mlp="gated",
         activation=view.text("hidden_act") or "silu",
@@ -265,30 +239,16 @@ def read_olmo(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
 
 def read_olmo2(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
     dims = read_rope_decoder_dims(view)
-    attention_bias = view.flag("attention_bias")
-    linears = attention_projections(
-        "self_attn",
-        hidden=dims.hidden,
-        heads=dims.heads,
-        kv_heads=dims.kv_heads,
-        head_dim=dims.head_dim,
-        qkv_bias=attention_bias,
-        output_bias=attention_bias,
-    ) + gated_mlp("mlp", hidden=dims.hidden, intermediate=dims.intermediate)
+    bias = view.flag("attention_bias")
+    linears = llama_block_linears(dims, qkv_bias=bias, output_bias=bias)
     # q_norm and k_norm span all heads; the two block norms sit after attention and after the MLP
     qk_norms = (dims.heads + dims.kv_heads) * dims.head_dim
-    return build_spec(
+    return rmsnorm_decoder_spec(
         view,
         origin,
         architecture="Olmo2ForCausalLM",
         dims=dims,
         groups=[decoder_group(linears, layers=dims.layers, norm_params=2 * dims.hidden + qk_norms)],
-        embedding=dims.vocab * dims.hidden,
-        head=lm_head_params(dims),
-        model_norms=dims.hidden,
-        norm="rmsnorm",
-        mlp="gated",
-        activation=view.text("hidden_act") or "silu",
         qk_norm=True,
         notes=["OLMo 2 normalizes after attention and after the MLP (post-norm blocks)"],
     )
@@ -309,26 +269,18 @@ def read_phi3(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
     dims = read_rope_decoder_dims(view)
     qkv_width = (dims.heads + 2 * dims.kv_heads) * dims.head_dim
     linears = [
-        linear("qkv_proj", "self_attn.qkv_proj", dims.hidden, qkv_width, role="attention"),
-        linear(
-            "o_proj", "self_attn.o_proj", dims.heads * dims.head_dim, dims.hidden, role="attention"
-        ),
-        linear("gate_up_proj", "mlp.gate_up_proj", dims.hidden, 2 * dims.intermediate, role="mlp"),
-        linear("down_proj", "mlp.down_proj", dims.intermediate, dims.hidden, role="mlp"),
+        linear("self_attn.qkv_proj", dims.hidden, qkv_width, role="attention"),
+        linear("self_attn.o_proj", dims.heads * dims.head_dim, dims.hidden, role="attention"),
+        linear("mlp.gate_up_proj", dims.hidden, 2 * dims.intermediate, role="mlp"),
+        linear("mlp.down_proj", dims.intermediate, dims.hidden, role="mlp"),
     ]
-    window, sliding_layers = _every_layer_window(view, layers=dims.layers)
-    return build_spec(
+    window, sliding_layers = every_layer_window(view, layers=dims.layers)
+    return rmsnorm_decoder_spec(
         view,
         origin,
         architecture="Phi3ForCausalLM",
         dims=dims,
         groups=[decoder_group(linears, layers=dims.layers, norm_params=2 * dims.hidden)],
-        embedding=dims.vocab * dims.hidden,
-        head=lm_head_params(dims),
-        model_norms=dims.hidden,
-        norm="rmsnorm",
-        mlp="gated",
-        activation=view.text("hidden_act") or "silu",
         sliding_window=window,
         sliding_layers=sliding_layers,
         notes=["Phi-3 fuses q, k, v into qkv_proj and gate, up into gate_up_proj"],
@@ -351,31 +303,18 @@ STARCODER2_DEFAULTS = {
 def read_starcoder2(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
     dims = read_rope_decoder_dims(view)
     bias = view.flag("use_bias")
-    linears = attention_projections(
-        "self_attn",
-        hidden=dims.hidden,
-        heads=dims.heads,
-        kv_heads=dims.kv_heads,
-        head_dim=dims.head_dim,
-        qkv_bias=bias,
-        output_bias=bias,
-    ) + plain_mlp(
+    linears = attention_projections(dims, qkv_bias=bias, output_bias=bias) + plain_mlp(
         "mlp.c_fc", "mlp.c_proj", hidden=dims.hidden, intermediate=dims.intermediate, bias=bias
     )
-    window, sliding_layers = _every_layer_window(view, layers=dims.layers)
-    return build_spec(
+    window, sliding_layers = every_layer_window(view, layers=dims.layers)
+    block_norms = 2 * layer_norm_params(dims.hidden)
+    return decoder_only_spec(
         view,
         origin,
         architecture="Starcoder2ForCausalLM",
         dims=dims,
-        groups=[
-            decoder_group(
-                linears, layers=dims.layers, norm_params=2 * layer_norm_params(dims.hidden)
-            )
-        ],
-        embedding=dims.vocab * dims.hidden,
-        head=lm_head_params(dims),
-        model_norms=layer_norm_params(dims.hidden),
+        groups=[decoder_group(linears, layers=dims.layers, norm_params=block_norms)],
+        final_norms=layer_norm_params(dims.hidden),
         norm="layernorm",
         mlp="plain",
         activation=view.text("hidden_act") or "gelu_pytorch_tanh",
@@ -399,29 +338,19 @@ STABLELM_DEFAULTS = {
 
 def read_stablelm(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
     dims = read_rope_decoder_dims(view, honors_head_dim=False)
-    linears = attention_projections(
-        "self_attn",
-        hidden=dims.hidden,
-        heads=dims.heads,
-        kv_heads=dims.kv_heads,
-        head_dim=dims.head_dim,
-        qkv_bias=view.flag("use_qkv_bias"),
-        output_bias=False,
-    ) + gated_mlp("mlp", hidden=dims.hidden, intermediate=dims.intermediate)
+    linears = llama_block_linears(dims, qkv_bias=view.flag("use_qkv_bias"))
     parallel = view.flag("use_parallel_residual")
     qk_norm = view.flag("qk_layernorm")
     block_norms = layer_norm_params(dims.hidden) * (1 if parallel else 2)
     if qk_norm:  # one bias-free LayerNorm per head, for queries and for keys
         block_norms += (dims.heads + dims.kv_heads) * dims.head_dim
-    return build_spec(
+    return decoder_only_spec(
         view,
         origin,
         architecture="StableLmForCausalLM",
         dims=dims,
         groups=[decoder_group(linears, layers=dims.layers, norm_params=block_norms)],
-        embedding=dims.vocab * dims.hidden,
-        head=lm_head_params(dims),
-        model_norms=layer_norm_params(dims.hidden),
+        final_norms=layer_norm_params(dims.hidden),
         norm="layernorm",
         mlp="gated",
         activation=view.text("hidden_act") or "silu",

@@ -3,21 +3,20 @@ Gemma 2 and 3 add a norm before and after the MLP and alternate sliding and glob
 
 from __future__ import annotations
 
+from typing import Any
+
 from llmmem.models.architectures.assembly import (
     ArchitectureReader,
     Dims,
     SpecOrigin,
     alternating_layer_types,
-    attention_projections,
-    build_spec,
     count_sliding_layers,
     decoder_group,
-    gated_mlp,
-    lm_head_params,
+    read_rope_decoder_dims,
 )
 from llmmem.models.architectures.config_view import ConfigFieldError, ConfigView
-from llmmem.models.architectures.dense_decoders import read_rope_decoder_dims
-from llmmem.models.spec import LinearModule, ModelSpec
+from llmmem.models.architectures.dense_decoders import llama_block_linears, rmsnorm_decoder_spec
+from llmmem.models.spec import ModelSpec
 
 GEMMA_DEFAULTS = {
     "num_key_value_heads": 16,
@@ -57,65 +56,86 @@ GEMMA3_DEFAULTS = {"tie_word_embeddings": True}
 NESTED_TEXT_SIZES = ("num_attention_heads", "vocab_size")
 
 
-def _attention(view: ConfigView, dims: Dims) -> list[LinearModule]:
+def _gemma_spec(
+    view: ConfigView,
+    origin: SpecOrigin,
+    *,
+    architecture: str,
+    dims: Dims,
+    block_norms: int,
+    activation: str,
+    **features: Any,
+) -> ModelSpec:
+    """Llama-layout blocks (attention_bias on all four projections) with Gemma's RMSNorm."""
     bias = view.flag("attention_bias")
-    return attention_projections(
-        "self_attn",
-        hidden=dims.hidden,
-        heads=dims.heads,
-        kv_heads=dims.kv_heads,
-        head_dim=dims.head_dim,
-        qkv_bias=bias,
-        output_bias=bias,
+    linears = llama_block_linears(dims, qkv_bias=bias, output_bias=bias)
+    return rmsnorm_decoder_spec(
+        view,
+        origin,
+        architecture=architecture,
+        dims=dims,
+        groups=[decoder_group(linears, layers=dims.layers, norm_params=block_norms)],
+        norm="gemma_rmsnorm",
+        activation=activation,
+        **features,
+    )
+
+
+def _sliding_gemma_spec(
+    view: ConfigView,
+    origin: SpecOrigin,
+    *,
+    architecture: str,
+    dims: Dims,
+    block_norms: int,
+    window: int | None,
+    layer_types: list[str],
+    **features: Any,
+) -> ModelSpec:
+    """Gemma 2 and 3: sliding and global blocks as `layer_types` says, logit softcapping, and the
+    activation under `hidden_activation`."""
+    return _gemma_spec(
+        view,
+        origin,
+        architecture=architecture,
+        dims=dims,
+        block_norms=block_norms,
+        activation=view.text("hidden_activation") or "gelu_pytorch_tanh",
+        sliding_window=window,
+        sliding_layers=count_sliding_layers(layer_types, layers=dims.layers, window=window),
+        attn_logit_softcapping=view.number("attn_logit_softcapping"),
+        final_logit_softcapping=view.number("final_logit_softcapping"),
+        **features,
     )
 
 
 def read_gemma(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
     dims = read_rope_decoder_dims(view)
-    linears = _attention(view, dims) + gated_mlp(
-        "mlp", hidden=dims.hidden, intermediate=dims.intermediate
-    )
     activation = view.text("hidden_act") or "gelu_pytorch_tanh"
     if activation == "gelu":  # GemmaConfig rewrites the legacy value to the tanh approximation
         activation = "gelu_pytorch_tanh"
-    return build_spec(
+    return _gemma_spec(
         view,
         origin,
         architecture="GemmaForCausalLM",
         dims=dims,
-        groups=[decoder_group(linears, layers=dims.layers, norm_params=2 * dims.hidden)],
-        embedding=dims.vocab * dims.hidden,
-        head=lm_head_params(dims),
-        model_norms=dims.hidden,
-        norm="gemma_rmsnorm",
-        mlp="gated",
+        block_norms=2 * dims.hidden,
         activation=activation,
     )
 
 
 def read_gemma2(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
     dims = read_rope_decoder_dims(view)
-    linears = _attention(view, dims) + gated_mlp(
-        "mlp", hidden=dims.hidden, intermediate=dims.intermediate
-    )
     window = view.optional_int("sliding_window")
     layer_types = view.text_list("layer_types") or alternating_layer_types(dims.layers, period=2)
-    return build_spec(
+    return _sliding_gemma_spec(
         view,
         origin,
         architecture="Gemma2ForCausalLM",
         dims=dims,
-        groups=[decoder_group(linears, layers=dims.layers, norm_params=4 * dims.hidden)],
-        embedding=dims.vocab * dims.hidden,
-        head=lm_head_params(dims),
-        model_norms=dims.hidden,
-        norm="gemma_rmsnorm",
-        mlp="gated",
-        activation=view.text("hidden_activation") or "gelu_pytorch_tanh",
-        sliding_window=window,
-        sliding_layers=count_sliding_layers(layer_types, layers=dims.layers, window=window),
-        attn_logit_softcapping=view.number("attn_logit_softcapping"),
-        final_logit_softcapping=view.number("final_logit_softcapping"),
+        block_norms=4 * dims.hidden,  # input, post-attention, pre- and post-feedforward norms
+        window=window,
+        layer_types=layer_types,
         supports_sdpa=False,
         notes=[
             "Gemma2ForCausalLM does not support SDPA in transformers 5 (attention softcapping); "
@@ -126,34 +146,19 @@ def read_gemma2(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
 
 def read_gemma3_text(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
     dims = read_rope_decoder_dims(view)
-    linears = _attention(view, dims) + gated_mlp(
-        "mlp", hidden=dims.hidden, intermediate=dims.intermediate
-    )
     window = view.optional_int("sliding_window")
     layer_types = view.text_list("layer_types") or alternating_layer_types(
         dims.layers, period=view.int_or(6, "sliding_window_pattern")
     )
-    return build_spec(
+    return _sliding_gemma_spec(
         view,
         origin,
         architecture="Gemma3ForCausalLM",
         dims=dims,
-        groups=[
-            decoder_group(
-                linears, layers=dims.layers, norm_params=4 * dims.hidden + 2 * dims.head_dim
-            )
-        ],
-        embedding=dims.vocab * dims.hidden,
-        head=lm_head_params(dims),
-        model_norms=dims.hidden,
-        norm="gemma_rmsnorm",
-        mlp="gated",
-        activation=view.text("hidden_activation") or "gelu_pytorch_tanh",
+        block_norms=4 * dims.hidden + 2 * dims.head_dim,
+        window=window,
+        layer_types=layer_types,
         qk_norm=True,
-        sliding_window=window,
-        sliding_layers=count_sliding_layers(layer_types, layers=dims.layers, window=window),
-        attn_logit_softcapping=view.number("attn_logit_softcapping"),
-        final_logit_softcapping=view.number("final_logit_softcapping"),
     )
 
 

@@ -3,6 +3,9 @@ GPT-J, OPT, Falcon, BLOOM and Phi-1/1.5/2."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 from llmmem.models.architectures.assembly import (
     ArchitectureReader,
     Dims,
@@ -10,36 +13,89 @@ from llmmem.models.architectures.assembly import (
     attention_projections,
     build_spec,
     decoder_group,
+    decoder_only_spec,
     layer_norm_params,
     linear,
     lm_head_params,
+    multi_head_dims,
     plain_mlp,
+    read_multi_head_dims,
+    read_rope_decoder_dims,
 )
 from llmmem.models.architectures.config_view import ConfigView
-from llmmem.models.spec import ModelSpec
+from llmmem.models.spec import LinearModule, ModelSpec
+
+# GPT-J and OPT name the attention output out_proj
+OUT_PROJ_ATTENTION_NAMES = ("q_proj", "k_proj", "v_proj", "out_proj")
 
 
-def _multi_head_dims(
+def _layer_norm_decoder_spec(
     view: ConfigView,
+    origin: SpecOrigin,
     *,
-    hidden: int,
-    layers: int,
-    heads: int,
-    intermediate: int,
-    max_positions: int | None,
-    kv_heads: int | None = None,
-) -> Dims:
-    return Dims(
-        hidden=hidden,
-        layers=layers,
-        heads=heads,
-        kv_heads=heads if kv_heads is None else kv_heads,
-        head_dim=hidden // heads,
-        intermediate=intermediate,
-        vocab=view.required_int("vocab_size"),
-        tie_embeddings=view.flag("tie_word_embeddings"),
-        max_positions=max_positions,
+    architecture: str,
+    dims: Dims,
+    linears: list[LinearModule],
+    block_norms: int,
+    final_layer_norms: int = 1,
+    **features: Any,
+) -> ModelSpec:
+    """Alike blocks with `block_norms` parameters of LayerNorms each, `final_layer_norms`
+    LayerNorms (weight and bias) outside them, and a plain MLP."""
+    return decoder_only_spec(
+        view,
+        origin,
+        architecture=architecture,
+        dims=dims,
+        groups=[decoder_group(linears, layers=dims.layers, norm_params=block_norms)],
+        final_norms=final_layer_norms * layer_norm_params(dims.hidden),
+        norm="layernorm",
+        mlp="plain",
+        **features,
     )
+
+
+def _fused_qkv_linears(
+    attention: str,
+    dims: Dims,
+    *,
+    qkv_width: int,
+    attention_bias: bool,
+    mlp_bias: bool,
+) -> list[LinearModule]:
+    """`attention`.query_key_value and `attention`.dense, then mlp.dense_h_to_4h and
+    mlp.dense_4h_to_h (GPT-NeoX, Falcon, BLOOM)."""
+    hidden = dims.hidden
+    return [
+        linear(
+            f"{attention}.query_key_value", hidden, qkv_width, bias=attention_bias, role="attention"
+        ),
+        linear(f"{attention}.dense", hidden, hidden, bias=attention_bias, role="attention"),
+        *plain_mlp(
+            "mlp.dense_h_to_4h",
+            "mlp.dense_4h_to_h",
+            hidden=hidden,
+            intermediate=dims.intermediate,
+            bias=mlp_bias,
+        ),
+    ]
+
+
+def _read_gpt2_named_dims(view: ConfigView, *, positions_when_null: int | None = None) -> Dims:
+    """Sizes under GPT-2's names (n_embd, n_layer, n_head, n_inner, n_positions) or the usual ones;
+    the MLP is 4 x n_embd wide unless n_inner says otherwise."""
+    hidden = view.required_int("n_embd", "hidden_size")
+    dims = multi_head_dims(
+        view,
+        hidden=hidden,
+        layers=view.required_int("n_layer", "num_hidden_layers"),
+        heads=view.required_int("n_head", "num_attention_heads"),
+        intermediate=view.int_or(4 * hidden, "n_inner"),
+        max_positions=view.optional_int("n_positions", "max_position_embeddings"),
+    )
+    if dims.max_positions is None:
+        return replace(dims, max_positions=positions_when_null)
+    return dims
 
 
 # --- GPT-2 -------------------------------------------------------------------------------------
@@ -54,19 +110,12 @@ GPT2_DEFAULTS = {
 
 
 def read_gpt2(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
-    hidden = view.required_int("n_embd", "hidden_size")
-    dims = _multi_head_dims(
-        view,
-        hidden=hidden,
-        layers=view.required_int("n_layer", "num_hidden_layers"),
-        heads=view.required_int("n_head", "num_attention_heads"),
-        intermediate=view.int_or(4 * hidden, "n_inner"),
-        max_positions=view.int_or(1024, "n_positions", "max_position_embeddings"),
-    )
+    dims = _read_gpt2_named_dims(view, positions_when_null=1024)
+    hidden = dims.hidden
     # GPT-2 uses Conv1D modules (weight stored as in x out); PEFT treats them as Linear layers
     linears = [
-        linear("c_attn", "attn.c_attn", hidden, 3 * hidden, bias=True, role="attention"),
-        linear("c_proj", "attn.c_proj", hidden, hidden, bias=True, role="attention"),
+        linear("attn.c_attn", hidden, 3 * hidden, bias=True, role="attention"),
+        linear("attn.c_proj", hidden, hidden, bias=True, role="attention"),
         *plain_mlp(
             "mlp.c_fc", "mlp.c_proj", hidden=hidden, intermediate=dims.intermediate, bias=True
         ),
@@ -76,19 +125,14 @@ def read_gpt2(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
         notes.append(
             "add_cross_attention is set: the cross-attention of GPT2 as a decoder is not counted"
         )
-    return build_spec(
+    return _layer_norm_decoder_spec(
         view,
         origin,
         architecture="GPT2LMHeadModel",
         dims=dims,
-        groups=[
-            decoder_group(linears, layers=dims.layers, norm_params=2 * layer_norm_params(hidden))
-        ],
-        embedding=(dims.vocab + (dims.max_positions or 0)) * hidden,
-        head=lm_head_params(dims),
-        model_norms=layer_norm_params(hidden),
-        norm="layernorm",
-        mlp="plain",
+        linears=linears,
+        block_norms=2 * layer_norm_params(hidden),
+        learned_positions=dims.max_positions or 0,
         activation=view.text("activation_function") or "gelu_new",
         notes=notes,
     )
@@ -106,47 +150,22 @@ GPT_NEOX_DEFAULTS = {
 
 
 def read_gpt_neox(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
-    hidden = view.required_int("hidden_size")
-    dims = _multi_head_dims(
-        view,
-        hidden=hidden,
-        layers=view.required_int("num_hidden_layers"),
-        heads=view.required_int("num_attention_heads"),
-        intermediate=view.required_int("intermediate_size"),
-        max_positions=view.optional_int("max_position_embeddings"),
+    dims = read_multi_head_dims(view)
+    hidden = dims.hidden
+    linears = _fused_qkv_linears(
+        "attention",
+        dims,
+        qkv_width=3 * hidden,
+        attention_bias=view.flag("attention_bias"),
+        mlp_bias=True,
     )
-    bias = view.flag("attention_bias")
-    linears = [
-        linear(
-            "query_key_value",
-            "attention.query_key_value",
-            hidden,
-            3 * hidden,
-            bias=bias,
-            role="attention",
-        ),
-        linear("dense", "attention.dense", hidden, hidden, bias=bias, role="attention"),
-        *plain_mlp(
-            "mlp.dense_h_to_4h",
-            "mlp.dense_4h_to_h",
-            hidden=hidden,
-            intermediate=dims.intermediate,
-            bias=True,
-        ),
-    ]
-    return build_spec(
+    return _layer_norm_decoder_spec(
         view,
         origin,
         architecture="GPTNeoXForCausalLM",
         dims=dims,
-        groups=[
-            decoder_group(linears, layers=dims.layers, norm_params=2 * layer_norm_params(hidden))
-        ],
-        embedding=dims.vocab * hidden,
-        head=lm_head_params(dims),
-        model_norms=layer_norm_params(hidden),
-        norm="layernorm",
-        mlp="plain",
+        linears=linears,
+        block_norms=2 * layer_norm_params(hidden),
         activation=view.text("hidden_act") or "gelu",
         parallel_residual=view.flag("use_parallel_residual"),
     )
@@ -163,41 +182,22 @@ GPTJ_DEFAULTS = {
 
 
 def read_gptj(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
-    hidden = view.required_int("n_embd", "hidden_size")
-    dims = _multi_head_dims(
-        view,
-        hidden=hidden,
-        layers=view.required_int("n_layer", "num_hidden_layers"),
-        heads=view.required_int("n_head", "num_attention_heads"),
-        intermediate=view.int_or(4 * hidden, "n_inner"),
-        max_positions=view.optional_int("n_positions", "max_position_embeddings"),
-    )
+    dims = _read_gpt2_named_dims(view)
+    hidden = dims.hidden
     linears = [
-        *attention_projections(
-            "attn",
-            hidden=hidden,
-            heads=dims.heads,
-            kv_heads=dims.heads,
-            head_dim=dims.head_dim,
-            qkv_bias=False,
-            output_bias=False,
-            names=("q_proj", "k_proj", "v_proj", "out_proj"),
-        ),
+        *attention_projections(dims, prefix="attn", names=OUT_PROJ_ATTENTION_NAMES),
         *plain_mlp(
             "mlp.fc_in", "mlp.fc_out", hidden=hidden, intermediate=dims.intermediate, bias=True
         ),
     ]
-    return build_spec(
+    return _layer_norm_decoder_spec(
         view,
         origin,
         architecture="GPTJForCausalLM",
         dims=dims,
-        groups=[decoder_group(linears, layers=dims.layers, norm_params=layer_norm_params(hidden))],
-        embedding=dims.vocab * hidden,
-        head=lm_head_params(dims, bias=True),
-        model_norms=layer_norm_params(hidden),
-        norm="layernorm",
-        mlp="plain",
+        linears=linears,
+        block_norms=layer_norm_params(hidden),
+        head_bias=True,
         activation=view.text("activation_function") or "gelu_new",
         parallel_residual=True,
         supports_sdpa=False,
@@ -225,27 +225,13 @@ _OPT_POSITION_OFFSET = 2  # OPT's learned positions keep two extra rows
 
 
 def read_opt(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
-    hidden = view.required_int("hidden_size")
-    dims = _multi_head_dims(
-        view,
-        hidden=hidden,
-        layers=view.required_int("num_hidden_layers"),
-        heads=view.required_int("num_attention_heads"),
-        intermediate=view.required_int("ffn_dim"),
-        max_positions=view.int_or(2048, "max_position_embeddings"),
-    )
+    dims = read_multi_head_dims(view, intermediate_key="ffn_dim", positions_when_null=2048)
+    hidden = dims.hidden
     bias = view.flag("enable_bias")
     norm_width = layer_norm_params(hidden) if view.flag("layer_norm_elementwise_affine") else 0
     linears = [
         *attention_projections(
-            "self_attn",
-            hidden=hidden,
-            heads=dims.heads,
-            kv_heads=dims.heads,
-            head_dim=dims.head_dim,
-            qkv_bias=bias,
-            output_bias=bias,
-            names=("q_proj", "k_proj", "v_proj", "out_proj"),
+            dims, qkv_bias=bias, output_bias=bias, names=OUT_PROJ_ATTENTION_NAMES
         ),
         *plain_mlp("fc1", "fc2", hidden=hidden, intermediate=dims.intermediate, bias=bias),
     ]
@@ -311,7 +297,7 @@ def read_falcon(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
     else:
         kv_heads = heads
         qkv_width = 3 * hidden
-    dims = _multi_head_dims(
+    dims = multi_head_dims(
         view,
         hidden=hidden,
         layers=view.required_int("num_hidden_layers", "n_layer"),
@@ -321,24 +307,9 @@ def read_falcon(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
         max_positions=view.optional_int("max_position_embeddings"),
     )
     bias = view.flag("bias")
-    linears = [
-        linear(
-            "query_key_value",
-            "self_attention.query_key_value",
-            hidden,
-            qkv_width,
-            bias=bias,
-            role="attention",
-        ),
-        linear("dense", "self_attention.dense", hidden, hidden, bias=bias, role="attention"),
-        *plain_mlp(
-            "mlp.dense_h_to_4h",
-            "mlp.dense_4h_to_h",
-            hidden=hidden,
-            intermediate=dims.intermediate,
-            bias=bias,
-        ),
-    ]
+    linears = _fused_qkv_linears(
+        "self_attention", dims, qkv_width=qkv_width, attention_bias=bias, mlp_bias=bias
+    )
     parallel = view.flag("parallel_attn")
     norms_in_parallel = view.optional_int("num_ln_in_parallel_attn")
     if norms_in_parallel is None and new_architecture:
@@ -347,21 +318,13 @@ def read_falcon(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
     notes = []
     if view.flag("alibi"):
         notes.append("Falcon with ALiBi position biases (no parameters)")
-    return build_spec(
+    return _layer_norm_decoder_spec(
         view,
         origin,
         architecture="FalconForCausalLM",
         dims=dims,
-        groups=[
-            decoder_group(
-                linears, layers=dims.layers, norm_params=block_norms * layer_norm_params(hidden)
-            )
-        ],
-        embedding=dims.vocab * hidden,
-        head=lm_head_params(dims),
-        model_norms=layer_norm_params(hidden),
-        norm="layernorm",
-        mlp="plain",
+        linears=linears,
+        block_norms=block_norms * layer_norm_params(hidden),
         activation=view.text("activation") or "gelu",
         parallel_residual=parallel,
         notes=notes,
@@ -375,7 +338,7 @@ BLOOM_DEFAULTS = {"tie_word_embeddings": True}
 
 def read_bloom(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
     hidden = view.required_int("hidden_size", "n_embed")
-    dims = _multi_head_dims(
+    dims = multi_head_dims(
         view,
         hidden=hidden,
         layers=view.required_int("n_layer", "num_hidden_layers"),
@@ -383,38 +346,17 @@ def read_bloom(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
         intermediate=4 * hidden,
         max_positions=None,
     )
-    linears = [
-        linear(
-            "query_key_value",
-            "self_attention.query_key_value",
-            hidden,
-            3 * hidden,
-            bias=True,
-            role="attention",
-        ),
-        linear("dense", "self_attention.dense", hidden, hidden, bias=True, role="attention"),
-        *plain_mlp(
-            "mlp.dense_h_to_4h",
-            "mlp.dense_4h_to_h",
-            hidden=hidden,
-            intermediate=dims.intermediate,
-            bias=True,
-        ),
-    ]
-    return build_spec(
+    linears = _fused_qkv_linears(
+        "self_attention", dims, qkv_width=3 * hidden, attention_bias=True, mlp_bias=True
+    )
+    return _layer_norm_decoder_spec(
         view,
         origin,
         architecture="BloomForCausalLM",
         dims=dims,
-        groups=[
-            decoder_group(linears, layers=dims.layers, norm_params=2 * layer_norm_params(hidden))
-        ],
-        embedding=dims.vocab * hidden,
-        head=lm_head_params(dims),
-        # word_embeddings_layernorm after the embeddings, ln_f at the end
-        model_norms=2 * layer_norm_params(hidden),
-        norm="layernorm",
-        mlp="plain",
+        linears=linears,
+        block_norms=2 * layer_norm_params(hidden),
+        final_layer_norms=2,  # word_embeddings_layernorm after the embeddings, ln_f at the end
         activation="gelu_pytorch_tanh",
         supports_sdpa=False,
         notes=[
@@ -437,46 +379,27 @@ PHI_DEFAULTS = {
 
 
 def read_phi(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
-    hidden = view.required_int("hidden_size")
-    heads = view.required_int("num_attention_heads")
-    head_dim = view.int_or(hidden // heads, "head_dim")
-    dims = Dims(
-        hidden=hidden,
-        layers=view.required_int("num_hidden_layers"),
-        heads=heads,
-        kv_heads=view.int_or(heads, "num_key_value_heads"),
-        head_dim=head_dim,
-        intermediate=view.required_int("intermediate_size"),
-        vocab=view.required_int("vocab_size"),
-        tie_embeddings=view.flag("tie_word_embeddings"),
-        max_positions=view.optional_int("max_position_embeddings"),
-    )
+    dims = read_rope_decoder_dims(view)
     linears = [
         *attention_projections(
-            "self_attn",
-            hidden=hidden,
-            heads=heads,
-            kv_heads=dims.kv_heads,
-            head_dim=head_dim,
-            qkv_bias=True,
-            output_bias=True,
-            names=("q_proj", "k_proj", "v_proj", "dense"),
+            dims, qkv_bias=True, output_bias=True, names=("q_proj", "k_proj", "v_proj", "dense")
         ),
-        *plain_mlp("mlp.fc1", "mlp.fc2", hidden=hidden, intermediate=dims.intermediate, bias=True),
+        *plain_mlp(
+            "mlp.fc1", "mlp.fc2", hidden=dims.hidden, intermediate=dims.intermediate, bias=True
+        ),
     ]
     qk_norm = view.flag("qk_layernorm")
-    block_norms = layer_norm_params(hidden) + (2 * layer_norm_params(head_dim) if qk_norm else 0)
-    return build_spec(
+    block_norms = layer_norm_params(dims.hidden)
+    if qk_norm:
+        block_norms += 2 * layer_norm_params(dims.head_dim)
+    return _layer_norm_decoder_spec(
         view,
         origin,
         architecture="PhiForCausalLM",
         dims=dims,
-        groups=[decoder_group(linears, layers=dims.layers, norm_params=block_norms)],
-        embedding=dims.vocab * hidden,
-        head=lm_head_params(dims, bias=True),
-        model_norms=layer_norm_params(hidden),
-        norm="layernorm",
-        mlp="plain",
+        linears=linears,
+        block_norms=block_norms,
+        head_bias=True,
         activation=view.text("hidden_act") or "gelu_new",
         qk_norm=qk_norm,
         parallel_residual=True,

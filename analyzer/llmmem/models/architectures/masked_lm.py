@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from llmmem.models.architectures.assembly import (
     ArchitectureReader,
-    Dims,
     SpecOrigin,
     build_spec,
     layer_norm_params,
     linear,
     plain_mlp,
+    read_multi_head_dims,
 )
 from llmmem.models.architectures.config_view import ConfigView
 from llmmem.models.spec import BlockGroup, ModelSpec
@@ -28,24 +28,13 @@ ROBERTA_DEFAULTS = dict(BERT_DEFAULTS)
 
 
 def _read_masked_lm(view: ConfigView, origin: SpecOrigin, *, architecture: str) -> ModelSpec:
-    hidden = view.required_int("hidden_size")
-    heads = view.required_int("num_attention_heads")
-    dims = Dims(
-        hidden=hidden,
-        layers=view.required_int("num_hidden_layers"),
-        heads=heads,
-        kv_heads=heads,
-        head_dim=hidden // heads,
-        intermediate=view.required_int("intermediate_size"),
-        vocab=view.required_int("vocab_size"),
-        tie_embeddings=view.flag("tie_word_embeddings"),
-        max_positions=view.int_or(512, "max_position_embeddings"),
-    )
+    dims = read_multi_head_dims(view, positions_when_null=512)
+    hidden = dims.hidden
     linears = [
-        linear("query", "attention.self.query", hidden, hidden, bias=True, role="attention"),
-        linear("key", "attention.self.key", hidden, hidden, bias=True, role="attention"),
-        linear("value", "attention.self.value", hidden, hidden, bias=True, role="attention"),
-        linear("dense", "attention.output.dense", hidden, hidden, bias=True, role="attention"),
+        linear("attention.self.query", hidden, hidden, bias=True, role="attention"),
+        linear("attention.self.key", hidden, hidden, bias=True, role="attention"),
+        linear("attention.self.value", hidden, hidden, bias=True, role="attention"),
+        linear("attention.output.dense", hidden, hidden, bias=True, role="attention"),
         *plain_mlp(
             "intermediate.dense",
             "output.dense",

@@ -7,7 +7,8 @@ In transformers 5 the routed experts of these models are two fused 3-D parameter
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 from llmmem.models.architectures.assembly import (
     ArchitectureReader,
@@ -15,76 +16,96 @@ from llmmem.models.architectures.assembly import (
     SpecOrigin,
     alternating_layer_types,
     attention_projections,
-    build_spec,
     count_sliding_layers,
     fused_experts,
     gated_mlp,
     linear,
-    lm_head_params,
+    read_rope_decoder_dims,
 )
 from llmmem.models.architectures.config_view import ConfigView
+from llmmem.models.architectures.dense_decoders import (
+    every_layer_window,
+    qwen_sliding_window,
+    rmsnorm_decoder_spec,
+)
 from llmmem.models.spec import BlockGroup, LinearModule, ModelSpec
 
 
-def _moe_dims(view: ConfigView, *, expert_width_key: str) -> Dims:
-    hidden = view.required_int("hidden_size")
-    heads = view.required_int("num_attention_heads")
-    return Dims(
-        hidden=hidden,
-        layers=view.required_int("num_hidden_layers"),
-        heads=heads,
-        kv_heads=view.int_or(heads, "num_key_value_heads"),
-        head_dim=view.int_or(hidden // heads, "head_dim"),
-        intermediate=view.required_int(expert_width_key),
-        vocab=view.required_int("vocab_size"),
-        tie_embeddings=view.flag("tie_word_embeddings"),
-        max_positions=view.optional_int("max_position_embeddings"),
+@dataclass(frozen=True)
+class Routing:
+    """How the sparse blocks route: the experts each holds and how many a token visits."""
+
+    num_experts: int  # routed experts per sparse block
+    experts_per_token: int
+
+
+def _read_routing(view: ConfigView, experts_key: str) -> Routing:
+    """`experts_key` is num_local_experts in Mixtral and gpt-oss, num_experts in Qwen; the other
+    spelling is read when it is absent."""
+    other = "num_experts" if experts_key == "num_local_experts" else "num_local_experts"
+    return Routing(
+        num_experts=view.int_or(0, experts_key, other),
+        experts_per_token=view.int_or(0, "num_experts_per_tok"),
     )
 
 
-def _num_experts(view: ConfigView, key: str) -> int:
-    """Routed experts per sparse block (num_local_experts in Mixtral and gpt-oss, num_experts in
-    Qwen)."""
-    other = "num_experts" if key == "num_local_experts" else "num_local_experts"
-    return view.int_or(0, key, other)
+def _routed_experts(
+    dims: Dims, routing: Routing, *, router: str = "mlp.gate", bias: bool = False
+) -> list[LinearModule]:
+    """The router (a bare weight at `router`) and the fused experts under mlp.experts."""
+    return [
+        linear(router, dims.hidden, routing.num_experts, bias=bias, role="router"),
+        *fused_experts(
+            "mlp.experts",
+            hidden=dims.hidden,
+            intermediate=dims.intermediate,
+            num_experts=routing.num_experts,
+            bias=bias,
+        ),
+    ]
 
 
-def _router(path: str, *, hidden: int, num_experts: int, bias: bool = False) -> LinearModule:
-    return linear(path.rsplit(".", 1)[-1], path, hidden, num_experts, bias=bias, role="router")
-
-
-def _moe_and_dense_groups(
-    moe_linears: list[LinearModule],
-    dense_linears: list[LinearModule],
+def _sparse_blocks(
+    linears: list[LinearModule],
+    routing: Routing,
     *,
-    moe_layers: int,
-    dense_layers: int,
+    count: int,
     norm_params: int,
-    num_experts: int,
-    experts_per_token: int,
-) -> list[BlockGroup]:
-    groups = []
-    if moe_layers:
-        groups.append(
-            BlockGroup(
-                name="decoder",
-                count=moe_layers,
-                linears=moe_linears,
-                norm_params=norm_params,
-                num_experts=num_experts,
-                experts_per_token=experts_per_token,
-            )
-        )
-    if dense_layers:
-        groups.append(
-            BlockGroup(
-                name="decoder_dense",
-                count=dense_layers,
-                linears=dense_linears,
-                norm_params=norm_params,
-            )
-        )
-    return groups
+    other_params: int = 0,
+) -> BlockGroup:
+    """`count` blocks whose MLP is routed experts."""
+    return BlockGroup(
+        name="decoder",
+        count=count,
+        linears=linears,
+        norm_params=norm_params,
+        other_params=other_params,
+        num_experts=routing.num_experts,
+        experts_per_token=routing.experts_per_token,
+    )
+
+
+def _moe_spec(
+    view: ConfigView,
+    origin: SpecOrigin,
+    *,
+    architecture: str,
+    dims: Dims,
+    routing: Routing,
+    groups: list[BlockGroup],
+    **features: Any,
+) -> ModelSpec:
+    """The Llama layout of `rmsnorm_decoder_spec`, with the routing stated on the spec."""
+    return rmsnorm_decoder_spec(
+        view,
+        origin,
+        architecture=architecture,
+        dims=dims,
+        groups=groups,
+        num_experts=routing.num_experts,
+        experts_per_token=routing.experts_per_token,
+        **features,
+    )
 
 
 def _qwen_moe_layer_count(view: ConfigView, *, layers: int, num_experts: int) -> int:
@@ -94,6 +115,36 @@ def _qwen_moe_layer_count(view: ConfigView, *, layers: int, num_experts: int) ->
     if num_experts <= 0 or step <= 0:
         return 0
     return sum(1 for index in range(layers) if index not in dense_only and (index + 1) % step == 0)
+
+
+def _qwen_moe_blocks(
+    view: ConfigView,
+    dims: Dims,
+    routing: Routing,
+    *,
+    attention: list[LinearModule],
+    shared_expert: list[LinearModule],
+    dense_width: int,
+    norm_params: int,
+) -> tuple[Dims, list[BlockGroup]]:
+    """Qwen MoE blocks: sparse ones (router, experts and `shared_expert`) and dense ones (a gated
+    MLP `dense_width` wide). With no sparse block the dims carry the dense MLP width."""
+    sparse_layers = _qwen_moe_layer_count(view, layers=dims.layers, num_experts=routing.num_experts)
+    dense_layers = dims.layers - sparse_layers
+    groups = []
+    if sparse_layers:
+        sparse = [*attention, *_routed_experts(dims, routing), *shared_expert]
+        groups.append(_sparse_blocks(sparse, routing, count=sparse_layers, norm_params=norm_params))
+    else:  # every block dense: the MLP width is the dense one
+        dims = replace(dims, intermediate=dense_width)
+    if dense_layers:
+        dense = [*attention, *gated_mlp("mlp", hidden=dims.hidden, intermediate=dense_width)]
+        groups.append(
+            BlockGroup(
+                name="decoder_dense", count=dense_layers, linears=dense, norm_params=norm_params
+            )
+        )
+    return dims, groups
 
 
 # --- Mixtral -----------------------------------------------------------------------------------
@@ -111,52 +162,19 @@ MIXTRAL_DEFAULTS = {
 
 
 def read_mixtral(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
-    dims = _moe_dims(view, expert_width_key="intermediate_size")
-    num_experts = _num_experts(view, "num_local_experts")
-    top_k = view.int_or(0, "num_experts_per_tok")
-    linears = [
-        *attention_projections(
-            "self_attn",
-            hidden=dims.hidden,
-            heads=dims.heads,
-            kv_heads=dims.kv_heads,
-            head_dim=dims.head_dim,
-            qkv_bias=False,
-            output_bias=False,
-        ),
-        _router("mlp.gate", hidden=dims.hidden, num_experts=num_experts),
-        *fused_experts(
-            "mlp.experts",
-            hidden=dims.hidden,
-            intermediate=dims.intermediate,
-            num_experts=num_experts,
-        ),
-    ]
-    window = view.optional_int("sliding_window")
-    return build_spec(
+    dims = read_rope_decoder_dims(view)
+    routing = _read_routing(view, "num_local_experts")
+    linears = [*attention_projections(dims), *_routed_experts(dims, routing)]
+    window, sliding_layers = every_layer_window(view, layers=dims.layers)
+    return _moe_spec(
         view,
         origin,
         architecture="MixtralForCausalLM",
         dims=dims,
-        groups=_moe_and_dense_groups(
-            linears,
-            [],
-            moe_layers=dims.layers,
-            dense_layers=0,
-            norm_params=2 * dims.hidden,
-            num_experts=num_experts,
-            experts_per_token=top_k,
-        ),
-        embedding=dims.vocab * dims.hidden,
-        head=lm_head_params(dims),
-        model_norms=dims.hidden,
-        norm="rmsnorm",
-        mlp="gated",
-        activation=view.text("hidden_act") or "silu",
+        routing=routing,
+        groups=[_sparse_blocks(linears, routing, count=dims.layers, norm_params=2 * dims.hidden)],
         sliding_window=window,
-        sliding_layers=count_sliding_layers(None, layers=dims.layers, window=window),
-        num_experts=num_experts,
-        experts_per_token=top_k,
+        sliding_layers=sliding_layers,
     )
 
 
@@ -181,79 +199,44 @@ QWEN2_MOE_DEFAULTS = {
 }
 
 
-def _qwen2_moe_sliding(view: ConfigView, *, layers: int) -> tuple[int | None, int]:
-    """Qwen2-MoE: with use_sliding_window, even-indexed blocks below max_window_layers slide."""
-    if not view.flag("use_sliding_window"):
-        return None, 0
-    window = view.optional_int("sliding_window")
-    layer_types = view.text_list("layer_types")
-    if layer_types is None:
-        below = view.int_or(0, "max_window_layers")
-        layer_types = [
-            "sliding_attention" if (index + 1) % 2 and index < below else "full_attention"
-            for index in range(layers)
-        ]
-    return window, count_sliding_layers(layer_types, layers=layers, window=window)
+def _even_blocks_below(index: int, max_window_layers: int) -> bool:
+    return index % 2 == 0 and index < max_window_layers
 
 
 def read_qwen2_moe(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
-    dims = _moe_dims(view, expert_width_key="moe_intermediate_size")
-    num_experts = _num_experts(view, "num_experts")
-    top_k = view.int_or(0, "num_experts_per_tok")
+    dims = read_rope_decoder_dims(view, intermediate_key="moe_intermediate_size")
+    routing = _read_routing(view, "num_experts")
     dense_width = view.required_int("intermediate_size")
     shared_width = view.int_or(0, "shared_expert_intermediate_size")
-    attention = attention_projections(
-        "self_attn",
-        hidden=dims.hidden,
-        heads=dims.heads,
-        kv_heads=dims.kv_heads,
-        head_dim=dims.head_dim,
-        qkv_bias=view.flag("qkv_bias"),
-        output_bias=False,
+    dims, groups = _qwen_moe_blocks(
+        view,
+        dims,
+        routing,
+        attention=attention_projections(dims, qkv_bias=view.flag("qkv_bias")),
+        shared_expert=[
+            *gated_mlp(
+                "mlp.shared_expert",
+                hidden=dims.hidden,
+                intermediate=shared_width,
+                role="shared_expert",
+            ),
+            linear("mlp.shared_expert_gate", dims.hidden, 1, role="router"),
+        ],
+        dense_width=dense_width,
+        norm_params=2 * dims.hidden,
     )
-    moe_linears = [
-        *attention,
-        _router("mlp.gate", hidden=dims.hidden, num_experts=num_experts),
-        *fused_experts(
-            "mlp.experts",
-            hidden=dims.hidden,
-            intermediate=dims.intermediate,
-            num_experts=num_experts,
-        ),
-        *gated_mlp(
-            "mlp.shared_expert", hidden=dims.hidden, intermediate=shared_width, role="shared_expert"
-        ),
-        linear("shared_expert_gate", "mlp.shared_expert_gate", dims.hidden, 1, role="router"),
-    ]
-    dense_linears = [*attention, *gated_mlp("mlp", hidden=dims.hidden, intermediate=dense_width)]
-    moe_layers = _qwen_moe_layer_count(view, layers=dims.layers, num_experts=num_experts)
-    if not moe_layers:  # every block dense: the MLP width is the dense one
-        dims = replace(dims, intermediate=dense_width)
-    window, sliding_layers = _qwen2_moe_sliding(view, layers=dims.layers)
-    return build_spec(
+    window, sliding_layers = qwen_sliding_window(
+        view, layers=dims.layers, slides=_even_blocks_below
+    )
+    return _moe_spec(
         view,
         origin,
         architecture="Qwen2MoeForCausalLM",
         dims=dims,
-        groups=_moe_and_dense_groups(
-            moe_linears,
-            dense_linears,
-            moe_layers=moe_layers,
-            dense_layers=dims.layers - moe_layers,
-            norm_params=2 * dims.hidden,
-            num_experts=num_experts,
-            experts_per_token=top_k,
-        ),
-        embedding=dims.vocab * dims.hidden,
-        head=lm_head_params(dims),
-        model_norms=dims.hidden,
-        norm="rmsnorm",
-        mlp="gated",
-        activation=view.text("hidden_act") or "silu",
+        routing=routing,
+        groups=groups,
         sliding_window=window,
         sliding_layers=sliding_layers,
-        num_experts=num_experts,
-        experts_per_token=top_k,
         notes=[
             "each sparse block also runs a shared expert, scaled by sigmoid(shared_expert_gate)"
         ],
@@ -279,60 +262,30 @@ QWEN3_MOE_DEFAULTS = {
 
 
 def read_qwen3_moe(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
-    dims = _moe_dims(view, expert_width_key="moe_intermediate_size")
-    num_experts = _num_experts(view, "num_experts")
-    top_k = view.int_or(0, "num_experts_per_tok")
+    dims = read_rope_decoder_dims(view, intermediate_key="moe_intermediate_size")
+    routing = _read_routing(view, "num_experts")
     dense_width = view.required_int("intermediate_size")
     bias = view.flag("attention_bias")
-    attention = attention_projections(
-        "self_attn",
-        hidden=dims.hidden,
-        heads=dims.heads,
-        kv_heads=dims.kv_heads,
-        head_dim=dims.head_dim,
-        qkv_bias=bias,
-        output_bias=bias,
+    dims, groups = _qwen_moe_blocks(
+        view,
+        dims,
+        routing,
+        attention=attention_projections(dims, qkv_bias=bias, output_bias=bias),
+        shared_expert=[],
+        dense_width=dense_width,
+        norm_params=2 * dims.hidden + 2 * dims.head_dim,
     )
-    moe_linears = [
-        *attention,
-        _router("mlp.gate", hidden=dims.hidden, num_experts=num_experts),
-        *fused_experts(
-            "mlp.experts",
-            hidden=dims.hidden,
-            intermediate=dims.intermediate,
-            num_experts=num_experts,
-        ),
-    ]
-    dense_linears = [*attention, *gated_mlp("mlp", hidden=dims.hidden, intermediate=dense_width)]
-    moe_layers = _qwen_moe_layer_count(view, layers=dims.layers, num_experts=num_experts)
-    if not moe_layers:  # every block dense: the MLP width is the dense one
-        dims = replace(dims, intermediate=dense_width)
     window = view.optional_int("sliding_window") if view.flag("use_sliding_window") else None
-    return build_spec(
+    return _moe_spec(
         view,
         origin,
         architecture="Qwen3MoeForCausalLM",
         dims=dims,
-        groups=_moe_and_dense_groups(
-            moe_linears,
-            dense_linears,
-            moe_layers=moe_layers,
-            dense_layers=dims.layers - moe_layers,
-            norm_params=2 * dims.hidden + 2 * dims.head_dim,
-            num_experts=num_experts,
-            experts_per_token=top_k,
-        ),
-        embedding=dims.vocab * dims.hidden,
-        head=lm_head_params(dims),
-        model_norms=dims.hidden,
-        norm="rmsnorm",
-        mlp="gated",
-        activation=view.text("hidden_act") or "silu",
+        routing=routing,
+        groups=groups,
         qk_norm=True,
         sliding_window=window,
         sliding_layers=count_sliding_layers(None, layers=dims.layers, window=window),
-        num_experts=num_experts,
-        experts_per_token=top_k,
     )
 
 
@@ -353,57 +306,32 @@ GPT_OSS_DEFAULTS = {
 
 
 def read_gpt_oss(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
-    dims = _moe_dims(view, expert_width_key="intermediate_size")
-    num_experts = _num_experts(view, "num_local_experts")
-    top_k = view.int_or(0, "num_experts_per_tok")
+    dims = read_rope_decoder_dims(view)
+    routing = _read_routing(view, "num_local_experts")
     bias = view.flag("attention_bias")
     linears = [
-        *attention_projections(
-            "self_attn",
-            hidden=dims.hidden,
-            heads=dims.heads,
-            kv_heads=dims.kv_heads,
-            head_dim=dims.head_dim,
-            qkv_bias=bias,
-            output_bias=bias,
-        ),
-        _router("mlp.router", hidden=dims.hidden, num_experts=num_experts, bias=True),
-        *fused_experts(
-            "mlp.experts",
-            hidden=dims.hidden,
-            intermediate=dims.intermediate,
-            num_experts=num_experts,
-            bias=True,
-        ),
+        *attention_projections(dims, qkv_bias=bias, output_bias=bias),
+        *_routed_experts(dims, routing, router="mlp.router", bias=True),
     ]
-    group = BlockGroup(
-        name="decoder",
+    block = _sparse_blocks(
+        linears,
+        routing,
         count=dims.layers,
-        linears=linears,
         norm_params=2 * dims.hidden,
         other_params=dims.heads,  # self_attn.sinks: one learned attention-sink logit per head
-        num_experts=num_experts,
-        experts_per_token=top_k,
     )
     window = view.optional_int("sliding_window")
     layer_types = view.text_list("layer_types") or alternating_layer_types(dims.layers, period=2)
-    return build_spec(
+    return _moe_spec(
         view,
         origin,
         architecture="GptOssForCausalLM",
         dims=dims,
-        groups=[group],
-        embedding=dims.vocab * dims.hidden,
-        head=lm_head_params(dims),
-        model_norms=dims.hidden,
-        norm="rmsnorm",
-        mlp="gated",
-        activation=view.text("hidden_act") or "silu",
+        routing=routing,
+        groups=[block],
         sliding_window=window,
         sliding_layers=count_sliding_layers(layer_types, layers=dims.layers, window=window),
         supports_sdpa=False,
-        num_experts=num_experts,
-        experts_per_token=top_k,
         notes=[
             "gpt-oss: attention sinks (one logit per head) counted under other; experts store "
             "gate_up_proj as (E, hidden, 2*intermediate) and use a clamped SwiGLU",

@@ -9,8 +9,10 @@ from llmmem.models.architectures.assembly import (
     ArchitectureReader,
     Dims,
     SpecOrigin,
+    attention_projections,
     build_spec,
     linear,
+    plain_mlp,
 )
 from llmmem.models.architectures.config_view import ConfigView
 from llmmem.models.spec import BlockGroup, LinearModule, ModelSpec
@@ -26,26 +28,18 @@ T5_DEFAULTS = {
 MT5_DEFAULTS = {**T5_DEFAULTS, "feed_forward_proj": "gated-gelu"}
 
 
-def _attention(prefix: str, *, d_model: int, inner: int) -> list[LinearModule]:
-    return [
-        linear("q", f"{prefix}.q", d_model, inner, role="attention"),
-        linear("k", f"{prefix}.k", d_model, inner, role="attention"),
-        linear("v", f"{prefix}.v", d_model, inner, role="attention"),
-        linear("o", f"{prefix}.o", inner, d_model, role="attention"),
-    ]
+def _attention(prefix: str, dims: Dims) -> list[LinearModule]:
+    return attention_projections(dims, prefix=prefix, names=("q", "k", "v", "o"))
 
 
 def _feed_forward(prefix: str, *, d_model: int, d_ff: int, gated: bool) -> list[LinearModule]:
     if gated:  # T5 v1.1 / mT5: wo(act(wi_0 x) * wi_1 x)
         return [
-            linear("wi_0", f"{prefix}.wi_0", d_model, d_ff, role="mlp"),
-            linear("wi_1", f"{prefix}.wi_1", d_model, d_ff, role="mlp"),
-            linear("wo", f"{prefix}.wo", d_ff, d_model, role="mlp"),
+            linear(f"{prefix}.wi_0", d_model, d_ff, role="mlp"),
+            linear(f"{prefix}.wi_1", d_model, d_ff, role="mlp"),
+            linear(f"{prefix}.wo", d_ff, d_model, role="mlp"),
         ]
-    return [  # T5 v1.0: wo(relu(wi x))
-        linear("wi", f"{prefix}.wi", d_model, d_ff, role="mlp"),
-        linear("wo", f"{prefix}.wo", d_ff, d_model, role="mlp"),
-    ]
+    return plain_mlp(f"{prefix}.wi", f"{prefix}.wo", hidden=d_model, intermediate=d_ff, bias=False)
 
 
 def _activation(feed_forward_proj: str) -> tuple[str, bool]:
@@ -64,7 +58,6 @@ def _read_t5(view: ConfigView, origin: SpecOrigin, *, architecture: str) -> Mode
     d_ff = view.required_int("d_ff")
     encoder_layers = view.required_int("num_layers", "num_hidden_layers")
     decoder_layers = view.int_or(encoder_layers, "num_decoder_layers")
-    inner = heads * d_kv
     activation, gated = _activation(view.text("feed_forward_proj") or "relu")
     tied = view.flag("tie_word_embeddings")
     dims = Dims(
@@ -82,7 +75,7 @@ def _read_t5(view: ConfigView, origin: SpecOrigin, *, architecture: str) -> Mode
         name="encoder",
         count=encoder_layers,
         linears=[
-            *_attention("layer.0.SelfAttention", d_model=d_model, inner=inner),
+            *_attention("layer.0.SelfAttention", dims),
             *_feed_forward("layer.1.DenseReluDense", d_model=d_model, d_ff=d_ff, gated=gated),
         ],
         norm_params=2 * d_model,
@@ -91,8 +84,8 @@ def _read_t5(view: ConfigView, origin: SpecOrigin, *, architecture: str) -> Mode
         name="decoder",
         count=decoder_layers,
         linears=[
-            *_attention("layer.0.SelfAttention", d_model=d_model, inner=inner),
-            *_attention("layer.1.EncDecAttention", d_model=d_model, inner=inner),
+            *_attention("layer.0.SelfAttention", dims),
+            *_attention("layer.1.EncDecAttention", dims),
             *_feed_forward("layer.2.DenseReluDense", d_model=d_model, d_ff=d_ff, gated=gated),
         ],
         norm_params=3 * d_model,
