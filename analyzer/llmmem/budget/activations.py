@@ -27,7 +27,21 @@ from llmmem.budget.setup import AttnImpl, Framework, Method, Precision, Training
 from llmmem.models.spec import BlockGroup, LinearModule, ModelSpec
 
 # The symbols of the formulas, in the order they are printed.
-SYMBOLS = ("N·h", "N·q", "N·kvd", "N·I", "N·r", "N·E", "b·a·s", "b·a·s²", "b·s²", "k·N·h", "k·N·I")
+SYMBOLS = (
+    "N·h",
+    "N·q",
+    "N·kvd",
+    "N·I",
+    "N·Is",
+    "N·r",
+    "N·E",
+    "b·a·s",
+    "b·a·s²",
+    "b·s²",
+    "k·N",
+    "k·N·h",
+    "k·N·I",
+)
 
 # How many tensors of the MLP width an activation function saves (its input included).
 ACTIVATION_SAVES = {
@@ -200,6 +214,7 @@ def _width(spec: ModelSpec, symbol: str) -> float:
         "N·q": spec.num_attention_heads * spec.head_dim,
         "N·kvd": spec.kv_dim,
         "N·I": spec.intermediate_size,
+        "N·Is": shared_expert_width(spec),
     }.get(symbol, spec.hidden_size)
 
 
@@ -252,11 +267,24 @@ def attention_core(
                 tally.add(e, width)
     attn = ctx.setup.attn if spec.supports_sdpa else AttnImpl.EAGER
     grouped = spec.num_kv_heads < spec.num_attention_heads
+    if attn is not AttnImpl.EAGER and math_sdpa_fallback(spec) and not cross:
+        # SDPA with a mask and unexpanded K/V heads runs torch's math path, in fp32: q, K and V
+        # broadcast to every head, and the probabilities
+        tally.add(12, "N·q")
+        tally.add(4, "b·a·s²")
+        return
     if attn is AttnImpl.EAGER:
         tally.add(e, "N·q")  # q, saved by q @ kᵀ
         kv_width = "N·q" if grouped else "N·kvd"  # repeat_kv materialises K and V per head
         tally.add(2 * e, kv_width)
-        tally.add(4, "b·a·s²")  # softmax(dtype=float32) output
+        if spec.model_type in SOFTMAX_IN_COMPUTE_DTYPE_TYPES and not ctx.dt.autocast:
+            probs = e  # softmax in the scores' dtype, its output shared with probs @ v
+            tally.add(e, "b·a·s²")
+        else:
+            probs = 4
+            tally.add(4, "b·a·s²")  # softmax in fp32 (asked for, or autocast's fp32 op)
+            if e != 4:
+                tally.add(e, "b·a·s²")  # the probabilities cast back, saved by probs @ v
         if ctx.setup.softmax_keeps_input:
             tally.add(4, "b·a·s²")  # torch <= 1.10: softmax's backward kept its input too
         if pinned_qkv and not grouped:
@@ -264,11 +292,9 @@ def attention_core(
             tally.add(e, "N·kvd")
         if spec.attn_logit_softcapping:
             tally.add(e, "b·a·s²")  # tanh of the capped scores
-        if e != 4:
-            tally.add(e, "b·a·s²")  # the probabilities cast back, saved by probs @ v
         if _dropout(spec, "attention") > 0:
             tally.add(1, "b·a·s²")  # dropout mask
-            if e == 4:
+            if probs == 4 and e == 4:
                 tally.add(4, "b·a·s²")  # dropout output, saved by probs @ v
         return
     tally.add(2 * e, "N·q")  # q after rotary embedding, and the attention output
@@ -279,24 +305,30 @@ def attention_core(
         tally.add(e, "N·kvd")
 
 
+def math_sdpa_fallback(spec: ModelSpec) -> bool:
+    """Falcon passes a mask with K/V heads fewer than query heads and no `enable_gqa`: no fused
+    kernel takes that, so SDPA falls back to the math path."""
+    return spec.model_type == "falcon" and spec.num_kv_heads < spec.num_attention_heads
+
+
 def _dropout(spec: ModelSpec, kind: str) -> float:
     return float(getattr(spec, f"{kind}_dropout", 0.0) or 0.0)
 
 
-def mlp_core(ctx: BlockContext, tally: Tally, group: BlockGroup) -> None:
+def mlp_core(ctx: BlockContext, tally: Tally, group: BlockGroup, width: str = "N·I") -> None:
     """From the MLP input's consumers to the down projection's input."""
     e = ctx.dt.compute
     saves = ACTIVATION_SAVES.get(ctx.spec.activation, 1)
     down = _linears(group, "mlp_out")
     if ctx.spec.mlp == "gated":
-        tally.add(saves * e, "N·I")  # the gate projection, kept by the activation
-        tally.add(2 * e, "N·I")  # act(gate) and up, kept by their product
-        ctx.consumers_save(tally, e, "N·I", down)
+        tally.add(saves * e, width)  # the gate projection, kept by the activation
+        tally.add(2 * e, width)  # act(gate) and up, kept by their product
+        ctx.consumers_save(tally, e, width, down)
         return
-    tally.add(saves * e, "N·I")  # fc1 output (and the pieces of a written-out GELU)
+    tally.add(saves * e, width)  # fc1 output (and the pieces of a written-out GELU)
     # ReLU keeps its output, which is the tensor fc2 reads: one copy serves both
     ctx.consumers_save(
-        tally, e, "N·I", down, already_saved=ctx.spec.activation in ACTIVATIONS_KEEPING_OUTPUT
+        tally, e, width, down, already_saved=ctx.spec.activation in ACTIVATIONS_KEEPING_OUTPUT
     )
 
 
@@ -326,7 +358,12 @@ def block_tally(ctx: BlockContext, group: BlockGroup) -> Tally:
         # whose backward keeps its source: lora_B's output for those parts
         tally.add(ctx.dt.compute, "N·q")
         tally.add(ctx.dt.compute, "N·kvd")
-    sdpa_keeps_output = (ctx.setup.attn is not AttnImpl.EAGER) and spec.supports_sdpa
+    sdpa_keeps_output = (
+        ctx.setup.attn is not AttnImpl.EAGER
+        and spec.supports_sdpa
+        and not math_sdpa_fallback(spec)
+        and spec.model_type not in CONCATENATED_ROTARY_TYPES
+    )
     ctx.consumers_save(tally, dt.compute, "N·q", attn_out, already_saved=sdpa_keeps_output)
     if _dropout(spec, "hidden") > 0:
         tally.add(2, "N·h")  # two residual dropout masks (bool)
@@ -355,6 +392,12 @@ def block_tally(ctx: BlockContext, group: BlockGroup) -> Tally:
 
 
 POST_NORM_TYPES = {"bert", "roberta"}
+# rotary embeddings applied by concatenating a rotated part and a pass-through part: q comes
+# out contiguous per head, the attention output takes that layout, and the output projection
+# reads a transposed copy of it instead of the output itself
+CONCATENATED_ROTARY_TYPES = {"phi3", "phi", "gpt_neox", "stablelm", "gptj"}
+# eager attention whose softmax runs in the compute dtype (no fp32 upcast of the scores)
+SOFTMAX_IN_COMPUTE_DTYPE_TYPES = {"gpt2", "bert", "roberta", "falcon"}
 # learned, absolute or ALiBi positions: no rotary embedding copies q and k
 ABSOLUTE_POSITION_TYPES = {"gpt2", "opt", "bert", "roberta", "bloom", "t5", "mt5"}
 TWO_NORM_PARALLEL_TYPES = {"gpt_neox"}
@@ -372,14 +415,19 @@ def _cross_attention(ctx: BlockContext, tally: Tally, group: BlockGroup) -> None
 def _experts(ctx: BlockContext, tally: Tally, group: BlockGroup) -> None:
     """A routed MoE layer: each token visits k experts (shapes do not depend on the routing)."""
     e = ctx.dt.compute
-    tally.add(8, "N·E")  # router logits in fp32 and their softmax
+    tally.add(4, "N·E")  # the router's fp32 softmax
+    # top-k indices and the sort/gather bookkeeping (int64), and the routing weights
+    tally.add(32 + e, "k·N")
     shared = [lin for lin in group.linears if lin.role == "shared_expert"]
     trains = ctx.train.base_trains
     # gathered inputs (kept by trainable experts), gate, act(gate), up, and the routed output
     tally.add((2 if trains else 1) * e, "k·N·h")
     tally.add((4 if trains else 3) * e, "k·N·I")
     if shared:
-        mlp_core(ctx, tally, BlockGroup(name="shared", count=1, linears=shared, norm_params=0))
+        shared_mlp = BlockGroup(name="shared", count=1, linears=shared, norm_params=0)
+        mlp_core(ctx, tally, shared_mlp, width="N·Is")
+        if any(lin.role == "router" and lin.out_features == 1 for lin in group.linears):
+            tally.add(e, "N·h")  # the shared expert's output, kept by its sigmoid gate
 
 
 @dataclass(frozen=True)
@@ -428,6 +476,8 @@ def estimate_activations(spec: ModelSpec, setup: TrainingSetup) -> ActivationEst
         "N·q": b * s * spec.num_attention_heads * spec.head_dim,
         "N·kvd": b * s * spec.kv_dim,
         "N·I": b * s * spec.intermediate_size,
+        "N·Is": b * s * shared_expert_width(spec),
+        "k·N": spec.experts_per_token * b * s,
         "N·r": b * s * r,
         "N·E": b * s * max(spec.num_experts, 1),
         "b·a·s": b * spec.num_attention_heads * s,
@@ -437,6 +487,15 @@ def estimate_activations(spec: ModelSpec, setup: TrainingSetup) -> ActivationEst
         "k·N·I": spec.experts_per_token * b * s * spec.intermediate_size,
     }
     return ActivationEstimate(per_block, outside, setup.grad_ckpt, dims)
+
+
+def shared_expert_width(spec: ModelSpec) -> int:
+    """The intermediate width of a MoE block's always-on shared expert (0 without one)."""
+    for group in spec.blocks:
+        for lin in group.linears:
+            if lin.role == "shared_expert" and linear_position(lin) == "mlp_in":
+                return lin.out_features // (2 if lin.name == "gate_up_proj" else 1)
+    return 0
 
 
 def checkpoint_input_bytes(spec: ModelSpec, setup: TrainingSetup) -> tuple[int, str]:
