@@ -116,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     _add_estimate_parser(sub)
+    from llmmem.explain_command import add_explain_arguments
+    from llmmem.lint_command import add_lint_arguments
+
+    lint = sub.add_parser("lint", help="findings for scripts and configs (same as llmmem-lint)")
+    add_lint_arguments(lint)
+    explain = sub.add_parser("explain", help="where each value came from, and the breakdown")
+    add_explain_arguments(explain)
     gpus = sub.add_parser("gpus", help="list the GPU catalog and the GPUs of this machine")
     gpus.add_argument("--format", choices=["text", "json"], default="text")
     return parser
@@ -135,6 +142,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             from llmmem.estimate_command import run_estimate
 
             return run_estimate(args)
+        if args.command == "lint":
+            from llmmem.lint_command import run_lint
+
+            return run_lint(args)
+        if args.command == "explain":
+            from llmmem.explain_command import run_explain
+
+            return run_explain(args)
         if args.command == "gpus":
             return _run_gpus(args)
         parser.print_help()

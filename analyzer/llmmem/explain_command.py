@@ -1,0 +1,156 @@
+"""`llmmem explain FILE`: where each value came from, and the breakdown against the GPU."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from llmmem.errors import UsageError
+from llmmem.plan import Sourced, TrainingPlan
+
+
+def add_explain_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", metavar="FILE", help="a training script or config")
+    p.add_argument("--gpu", default=None, help="target GPU (default: pragma, [tool.llmmem])")
+    p.add_argument("--hub", action="store_true", help="allow hub lookups for unknown models")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+
+
+def sourced_dict(sourced: Sourced[Any] | None) -> dict[str, Any] | None:
+    if sourced is None:
+        return None
+    return {
+        "value": sourced.value,
+        "source": sourced.source.value,
+        "range": sourced.range.model_dump() if sourced.range else None,
+        **({"note": sourced.note} if sourced.note else {}),
+    }
+
+
+def plan_dict(plan: TrainingPlan) -> dict[str, Any]:
+    """The plan's values, each as {"value", "source", "range"}."""
+    out: dict[str, Any] = {
+        "path": plan.path,
+        "kind": plan.kind,
+        "framework": plan.framework,
+        "model_id": sourced_dict(plan.model_id),
+    }
+    for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "max_seq_length",
+                 "gradient_checkpointing", "precision", "optim", "attn_implementation"):
+        out[name] = sourced_dict(getattr(plan, name))
+    out["lora"] = None
+    if plan.lora is not None:
+        out["lora"] = {
+            "r": sourced_dict(plan.lora.r),
+            "alpha": sourced_dict(plan.lora.alpha),
+            "target_modules": sourced_dict(plan.lora.target_modules),
+        }
+    out["quantization"] = None
+    if plan.quantization is not None:
+        q = plan.quantization
+        out["quantization"] = {
+            "bits": sourced_dict(q.bits),
+            "quant_type": sourced_dict(q.quant_type),
+            "double_quant": sourced_dict(q.double_quant),
+            "compute_dtype": sourced_dict(q.compute_dtype),
+        }
+    d = plan.distributed
+    out["deepspeed"] = {
+        "config": sourced_dict(d.deepspeed_config),
+        "zero_stage": sourced_dict(d.zero_stage),
+        "offload_optimizer": sourced_dict(d.offload_optimizer),
+        "offload_params": sourced_dict(d.offload_params),
+    }
+    out["fsdp"] = sourced_dict(d.fsdp)
+    out["world_size"] = sourced_dict(d.world_size)
+    out["problems"] = plan.problems
+    return out
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    from llmmem.extract import extract_plan
+    from llmmem.extract.pragmas import find_project_settings
+    from llmmem.lint_command import read_text
+    from llmmem.rules import run_rules
+    from llmmem.scenario import analyze
+
+    path = Path(args.file)
+    if not path.is_file():
+        raise UsageError(f"{args.file}: no such file")
+    text = read_text(path)
+    settings = find_project_settings(path)
+    plan = extract_plan(path, text, settings=settings)
+    analysis = analyze(plan, gpu=args.gpu or settings.gpu, hub=args.hub and settings.hub,
+                       local_model_paths=settings.local_model_paths)
+    findings = run_rules(analysis, text)
+    if args.format == "json":
+        from llmmem.report.json_report import budget_dict
+
+        budget = None
+        if analysis.budget is not None and analysis.spec is not None:
+            budget = budget_dict(analysis.budget, analysis.spec)
+        json.dump({
+            "plan": plan_dict(plan),
+            "budget": budget,
+            "findings": [f.model_dump(mode="json") for f in findings],
+            "problems": analysis.problems + ([analysis.model_error] if analysis.model_error
+                                             else []),
+        }, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+        return 0
+    render_explanation(analysis, findings)
+    return 0
+
+
+def _describe(sourced: Sourced[Any] | None) -> tuple[str, str, str]:
+    if sourced is None:
+        return "—", "", ""
+    where = f"line {sourced.range.start_line + 1}" if sourced.range else ""
+    if sourced.range is not None and sourced.range.path:
+        where = f"{sourced.range.path}:{sourced.range.start_line + 1}"
+    origin = sourced.source.value + (f" — {sourced.note}" if sourced.note else "")
+    return str(sourced.value), origin, where
+
+
+def render_explanation(analysis: Any, findings: list[Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from llmmem.report.text import render_budget
+
+    console = Console()
+    plan = analysis.plan
+    table = Table(title=f"{plan.path} ({plan.kind}, {plan.framework})", title_justify="left")
+    table.add_column("setting")
+    table.add_column("value")
+    table.add_column("from")
+    table.add_column("where")
+    rows: list[tuple[str, Sourced[Any] | None]] = [("model", plan.model_id)]
+    rows += [(name, getattr(plan, name)) for name in (
+        "per_device_train_batch_size", "gradient_accumulation_steps", "max_seq_length",
+        "gradient_checkpointing", "precision", "optim", "attn_implementation")]
+    if plan.lora is not None:
+        rows += [("lora r", plan.lora.r), ("lora alpha", plan.lora.alpha),
+                 ("lora targets", plan.lora.target_modules)]
+    if plan.quantization is not None:
+        rows += [("quant type", plan.quantization.quant_type),
+                 ("double quant", plan.quantization.double_quant)]
+    rows += [("world size", plan.distributed.world_size),
+             ("ZeRO stage", plan.distributed.zero_stage), ("GPU", plan.gpu)]
+    for name, sourced in rows:
+        table.add_row(name, *_describe(sourced))
+    console.print(table)
+    for problem in analysis.problems:
+        console.print(f"[yellow]problem:[/yellow] {problem}")
+    if analysis.budget is None or analysis.spec is None:
+        console.print(f"[yellow]no estimate:[/yellow] {analysis.model_error or 'see problems'}")
+    else:
+        render_budget(analysis.budget, analysis.spec, setup_lines=[], console=console)
+    for finding in findings:
+        line = finding.range.start_line + 1 if finding.range else 1
+        console.print(f"{finding.code} [{finding.severity.value}] line {line}: {finding.message}")
+        for fix in finding.fixes:
+            console.print(f"    fix: {fix.title}")

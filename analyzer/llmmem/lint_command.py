@@ -1,0 +1,166 @@
+"""`llmmem-lint PATH... --gpu NAME` (and `llmmem lint`): findings for CI and pre-commit.
+
+Exit codes: 0 no findings, 1 findings, 2 a usage or read error. `--fix` applies the safe fix of
+each finding (the best one that fits), then lints again and reports what is left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from llmmem.errors import UsageError
+
+EXIT_CLEAN = 0
+EXIT_FINDINGS = 1
+EXIT_USAGE = 2
+
+LINTED_SUFFIXES = {".py", ".yaml", ".yml", ".json", ".sh", ".ipynb"}
+MAX_FILE_BYTES = 5 * 1024 * 1024
+
+
+def add_lint_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="*", metavar="PATH", help="files or directories to lint")
+    p.add_argument("--gpu", default=None, help="target GPU (default: [tool.llmmem] gpu, pragma)")
+    p.add_argument(
+        "--format", default="concise", choices=["concise", "full", "json", "github", "sarif"]
+    )
+    p.add_argument("--fix", action="store_true", help="apply safe fixes in place")
+    p.add_argument("--explain", metavar="CODE", help="print a rule's documentation and exit")
+    p.add_argument("--hub", action="store_true", help="allow hub lookups for unknown models")
+    p.add_argument("--select", default=None, help="only these codes, e.g. LLM001,LLM002")
+
+
+def iter_files(paths: list[str]) -> list[Path]:
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            files += sorted(
+                p for p in path.rglob("*")
+                if p.suffix in LINTED_SUFFIXES and p.is_file()
+                and not any(part.startswith(".") or part in ("node_modules", "__pycache__")
+                            for part in p.parts)
+            )
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise UsageError(f"{raw}: no such file or directory")
+    return files
+
+
+def read_text(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise UsageError(f"{path}: cannot read ({err.strerror})") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise UsageError(f"{path}: larger than 5 MiB, not a training script or config")
+    return data.decode("utf-8", errors="replace")
+
+
+def lint_text(path: Path, text: str, *, gpu: str | None, hub: bool,
+              select: set[str] | None) -> tuple[list, str]:
+    """Findings for one file (suppressions applied) and the analysis' GPU name."""
+    from llmmem.extract import extract_plan
+    from llmmem.extract.pragmas import find_project_settings, parse_suppressions
+    from llmmem.rules import run_rules
+    from llmmem.scenario import analyze
+
+    settings = find_project_settings(path)
+    plan = extract_plan(path, text, settings=settings)
+    analysis = analyze(
+        plan,
+        gpu=gpu or settings.gpu,
+        hub=hub and settings.hub,
+        local_model_paths=settings.local_model_paths,
+    )
+    findings = run_rules(analysis, text)
+    suppressed = parse_suppressions(text)
+    kept = []
+    for finding in findings:
+        line = finding.range.start_line if finding.range else 0
+        codes = suppressed.get(line)
+        if codes is not None and (not codes or finding.code in codes):
+            continue
+        if select and finding.code not in select:
+            continue
+        severity = settings.severity.get(finding.code) if settings.severity else None
+        if severity == "off":
+            continue
+        if severity:
+            finding = finding.model_copy(update={"severity": severity})
+        kept.append(finding)
+    return kept, analysis.gpu.name if analysis.gpu else ""
+
+
+def apply_safe_fixes(path: Path, text: str, findings: list) -> str:
+    from llmmem.rules.edits import apply_edits
+
+    edits = []
+    taken: list[tuple[int, int]] = []
+    for finding in findings:
+        fix = next((f for f in finding.fixes if f.safe and f.fits is not False), None)
+        if fix is None:
+            continue
+        spans = [(e.range.start_line, e.range.end_line) for e in fix.edits]
+        if any(a <= d and c <= b for a, b in spans for c, d in taken):
+            continue  # overlaps an edit already chosen: the next run takes it
+        taken += spans
+        edits += fix.edits
+        break  # one fix per file per run: each changes the estimate the others were made on
+    return apply_edits(text, edits) if edits else text
+
+
+def run_lint(args: argparse.Namespace) -> int:
+    from llmmem.report import findings as render
+    from llmmem.rules.registry import RULES, all_rules
+
+    if args.explain:
+        all_rules()
+        rule = RULES.get(args.explain.upper())
+        if rule is None:
+            raise UsageError(f"unknown rule {args.explain}; rules are {', '.join(sorted(RULES))}")
+        print(rule.doc())
+        return EXIT_CLEAN
+    if not args.paths:
+        raise UsageError("nothing to lint: give one or more files or directories")
+    select = {c.strip().upper() for c in args.select.split(",")} if args.select else None
+    all_findings = []
+    for path in iter_files(args.paths):
+        text = read_text(path)
+        findings, _ = lint_text(path, text, gpu=args.gpu, hub=args.hub, select=select)
+        if args.fix and findings:
+            fixed = apply_safe_fixes(path, text, findings)
+            if fixed != text:
+                path.write_text(fixed, encoding="utf-8")
+                findings, _ = lint_text(path, fixed, gpu=args.gpu, hub=args.hub, select=select)
+        all_findings += findings
+    if args.format == "concise":
+        sys.stdout.write(render.concise(all_findings))
+    elif args.format == "full":
+        sys.stdout.write(render.full(all_findings))
+    elif args.format == "json":
+        sys.stdout.write(render.as_json(all_findings))
+    elif args.format == "github":
+        sys.stdout.write(render.github(all_findings))
+    else:
+        sys.stdout.write(render.sarif(all_findings, all_rules()))
+    return EXIT_FINDINGS if all_findings else EXIT_CLEAN
+
+
+def lint_main(argv: Sequence[str] | None = None) -> int:
+    """The `llmmem-lint` entry point."""
+    from llmmem.cli import OneLineParser
+
+    parser = OneLineParser(prog="llmmem-lint",
+                           description="Lint training scripts and configs for GPU memory.")
+    add_lint_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run_lint(args)
+    except UsageError as err:
+        print(f"llmmem-lint: error: {err}", file=sys.stderr)
+        return EXIT_USAGE

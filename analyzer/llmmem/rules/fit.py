@@ -1,0 +1,135 @@
+"""Will the step fit the GPU? LLM001 (it will not) and LLM002 (it fits with little room)."""
+
+from __future__ import annotations
+
+from llmmem.plan import SourceRange
+from llmmem.rules.finding import Finding, Related, Severity
+from llmmem.rules.fixes import candidate_fixes
+from llmmem.rules.registry import Rule, register
+from llmmem.scenario import Analysis
+from llmmem.units import format_bytes
+
+TIGHT_HEADROOM = 0.10  # under 10% of the GPU left: allocator spikes and fragmentation bite
+
+
+def anchor(analysis: Analysis) -> SourceRange | None:
+    """Where a finding about the whole step points: the trainer call, else the model."""
+    plan = analysis.plan
+    return (
+        plan.trainer_range
+        or plan.model_range
+        or (plan.model_id.range if plan.model_id is not None else None)
+    )
+
+
+def largest_parts(analysis: Analysis, count: int = 3) -> str:
+    assert analysis.budget is not None
+    parts = sorted(analysis.budget.peak.components.items(), key=lambda kv: -kv[1].bytes)
+    return ", ".join(f"{c.value} {format_bytes(t.bytes)}" for c, t in parts[:count])
+
+
+def driving_values(analysis: Analysis) -> list[Related]:
+    """The plan values that drive the number, for the diagnostic's related information."""
+    plan = analysis.plan
+    related = []
+    for name in (
+        "model_id",
+        "per_device_train_batch_size",
+        "max_seq_length",
+        "gradient_checkpointing",
+        "optim",
+        "precision",
+    ):
+        sourced = getattr(plan, name, None)
+        if sourced is not None and sourced.range is not None and sourced.range.path is None:
+            related.append(
+                Related(
+                    range=sourced.range,
+                    message=f"{name} = {sourced.value} ({sourced.source.value})",
+                )
+            )
+    return related
+
+
+def check_will_not_fit(analysis: Analysis, text: str) -> list[Finding]:
+    budget, gpu = analysis.budget, analysis.gpu
+    if budget is None or gpu is None or budget.fits:
+        return []
+    over = budget.device_total_bytes - gpu.capacity_bytes
+    message = (
+        f"Will not fit {gpu.name}: about {format_bytes(budget.device_total_bytes)} of "
+        f"{format_bytes(gpu.capacity_bytes)} ({format_bytes(over)} over) at "
+        f"{budget.peak.moment}; largest: {largest_parts(analysis)}"
+    )
+    return [
+        Finding(
+            code="LLM001",
+            severity=Severity.ERROR,
+            message=message,
+            path=analysis.plan.path,
+            range=anchor(analysis),
+            fixes=candidate_fixes(analysis, text),
+            related=driving_values(analysis),
+        )
+    ]
+
+
+def check_tight(analysis: Analysis, text: str) -> list[Finding]:
+    budget, gpu = analysis.budget, analysis.gpu
+    if budget is None or gpu is None or not budget.fits:
+        return []
+    headroom = budget.headroom_bytes or 0
+    if headroom >= TIGHT_HEADROOM * gpu.capacity_bytes:
+        return []
+    message = (
+        f"Fits {gpu.name} with {format_bytes(headroom)} to spare "
+        f"({100 * headroom / gpu.capacity_bytes:.0f}%): about "
+        f"{format_bytes(budget.device_total_bytes)} of {format_bytes(gpu.capacity_bytes)}; "
+        "a longer batch or fragmentation may tip it over"
+    )
+    return [
+        Finding(
+            code="LLM002",
+            severity=Severity.WARNING,
+            message=message,
+            path=analysis.plan.path,
+            range=anchor(analysis),
+            fixes=candidate_fixes(analysis, text),
+            related=driving_values(analysis),
+        )
+    ]
+
+
+register(
+    Rule(
+        code="LLM001",
+        name="will-not-fit",
+        severity=Severity.ERROR,
+        summary="The predicted peak of one training step is larger than the GPU's memory.",
+        why="The job would load, start, and die with `CUDA out of memory`, often after minutes of "
+        "loading. The peak is the largest moment of the step (usually the start of backward, when "
+        "activations and the logits' gradient are alive together), plus the CUDA context and the "
+        "allocator's cached blocks.",
+        example="args = TrainingArguments(per_device_train_batch_size=16)  # Llama-3.1-8B, 24 GiB",
+        fix="Each finding carries the changes that bring the peak down, each with the predicted "
+        "total after it: gradient checkpointing, an 8-bit optimizer, a smaller micro-batch with more "
+        "accumulation (same effective batch), bf16.",
+        check=check_will_not_fit,
+    )
+)
+
+register(
+    Rule(
+        code="LLM002",
+        name="tight-headroom",
+        severity=Severity.WARNING,
+        summary="The step fits, but with less than 10% of the GPU to spare.",
+        why="Real batches vary in length, the caching allocator fragments, and other processes "
+        "(a second model, an eval loop, another user) take memory: a prediction this close is a "
+        "coin flip.",
+        example="args = TrainingArguments(per_device_train_batch_size=6)  # 22.9 of 24 GiB",
+        fix="Take one of the listed changes, or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+        "to cut fragmentation.",
+        check=check_tight,
+    )
+)

@@ -1,0 +1,157 @@
+"""The changes that bring a step's memory down, each as edits plus the predicted result.
+
+A candidate changes the setup (to predict its effect with the accounting core) and the text (to
+apply it). Its title states the predicted total after it, e.g.
+`Enable gradient checkpointing → 31.2 GiB (fits A100-80GB)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from llmmem.budget.phases import estimate_budget
+from llmmem.budget.setup import LossImpl, Precision, SetupError, TrainingSetup
+from llmmem.rules.edits import set_setting
+from llmmem.rules.finding import Fix, TextEdit
+from llmmem.scenario import Analysis
+from llmmem.units import format_bytes
+
+
+@dataclass(frozen=True)
+class Candidate:
+    key: str  # stable id: "grad-ckpt", "optim-8bit", ...
+    title: str
+    change: Callable[[TrainingSetup], TrainingSetup | None]  # None: does not apply
+    edit: Callable[[Analysis, str], list[TextEdit] | None]
+    safe: bool = True  # `--fix` applies it without asking
+
+
+def _grad_ckpt(setup: TrainingSetup) -> TrainingSetup | None:
+    return None if setup.grad_ckpt else setup.model_copy(update={"grad_ckpt": True})
+
+
+def _optim(name: str) -> Callable[[TrainingSetup], TrainingSetup | None]:
+    def change(setup: TrainingSetup) -> TrainingSetup | None:
+        if setup.optim == name or "8bit" in setup.optim:
+            return None
+        return setup.model_copy(update={"optim": name})
+
+    return change
+
+
+def _halve_batch(setup: TrainingSetup) -> TrainingSetup | None:
+    if setup.batch < 2:
+        return None
+    return setup.model_copy(update={"batch": setup.batch // 2, "grad_accum": setup.grad_accum * 2})
+
+
+def _bf16(setup: TrainingSetup) -> TrainingSetup | None:
+    if setup.precision is not Precision.FP32:
+        return None
+    return setup.model_copy(update={"precision": Precision.BF16})
+
+
+def _liger(setup: TrainingSetup) -> TrainingSetup | None:
+    if setup.loss is not LossImpl.STANDARD:
+        return None
+    return setup.model_copy(update={"loss": LossImpl.LIGER})
+
+
+def _setting(field: str, value: object) -> Callable[[Analysis, str], list[TextEdit] | None]:
+    def edit(analysis: Analysis, text: str) -> list[TextEdit] | None:
+        return set_setting(analysis.plan, text, field, value)
+
+    return edit
+
+
+def _halve_batch_edit(analysis: Analysis, text: str) -> list[TextEdit] | None:
+    setup = analysis.setup
+    if setup is None:
+        return None
+    batch = set_setting(analysis.plan, text, "per_device_train_batch_size", setup.batch // 2)
+    accum = set_setting(analysis.plan, text, "gradient_accumulation_steps", setup.grad_accum * 2)
+    if batch is None or accum is None:
+        return None
+    return batch + accum
+
+
+def _bf16_edit(analysis: Analysis, text: str) -> list[TextEdit] | None:
+    gpu = analysis.gpu
+    if gpu is not None and not gpu.bf16:
+        return None
+    return set_setting(analysis.plan, text, "bf16", True)
+
+
+CANDIDATES = [
+    Candidate(
+        "grad-ckpt",
+        "Enable gradient checkpointing",
+        _grad_ckpt,
+        _setting("gradient_checkpointing", True),
+    ),
+    Candidate(
+        "optim-8bit",
+        "Use the 8-bit AdamW (adamw_bnb_8bit)",
+        _optim("adamw_bnb_8bit"),
+        _setting("optim", "adamw_bnb_8bit"),
+    ),
+    Candidate(
+        "optim-paged-8bit",
+        "Use the paged 8-bit AdamW (paged_adamw_8bit)",
+        _optim("paged_adamw_8bit"),
+        _setting("optim", "paged_adamw_8bit"),
+    ),
+    Candidate(
+        "halve-batch",
+        "Halve the micro-batch, double the accumulation",
+        _halve_batch,
+        _halve_batch_edit,
+    ),
+    Candidate("bf16", "Train in bf16 mixed precision", _bf16, _bf16_edit),
+    Candidate(
+        "liger",
+        "Use Liger's fused linear cross-entropy (use_liger_kernel=True)",
+        _liger,
+        _setting("use_liger_kernel", True),
+        safe=False,
+    ),
+]
+
+
+def candidate_fixes(
+    analysis: Analysis, text: str, keys: tuple[str, ...] | None = None
+) -> list[Fix]:
+    """Every candidate that applies, with its edits and predicted total; best first."""
+    if analysis.spec is None or analysis.setup is None:
+        return []
+    fixes: list[Fix] = []
+    for candidate in CANDIDATES:
+        if keys is not None and candidate.key not in keys:
+            continue
+        try:
+            changed = candidate.change(analysis.setup)
+            if changed is None:
+                continue
+            budget = estimate_budget(analysis.spec, changed, analysis.gpu)
+        except (SetupError, ValueError):
+            continue
+        edits = candidate.edit(analysis, text)
+        if not edits:
+            continue
+        total = budget.device_total_bytes
+        verdict = ""
+        if analysis.gpu is not None:
+            verdict = " (fits " if budget.fits else " (still over "
+            verdict += f"{analysis.gpu.name})"
+        fixes.append(
+            Fix(
+                title=f"{candidate.title} → {format_bytes(total)}{verdict}",
+                edits=edits,
+                predicted_device_bytes=total,
+                fits=budget.fits,
+                safe=candidate.safe,
+            )
+        )
+    fixes.sort(key=lambda fix: (not fix.fits, fix.predicted_device_bytes or 0))
+    return fixes

@@ -1,0 +1,346 @@
+"""Where the memory goes and settings that waste it: LLM003 to LLM010."""
+
+from __future__ import annotations
+
+from llmmem.budget.result import Component
+from llmmem.budget.setup import LossImpl
+from llmmem.plan import Provenance, SourceRange
+from llmmem.rules.finding import Finding, Fix, Severity
+from llmmem.rules.fit import anchor
+from llmmem.rules.fixes import candidate_fixes
+from llmmem.rules.registry import Rule, register
+from llmmem.scenario import Analysis
+from llmmem.units import format_bytes
+
+DOMINANT_SHARE = 0.40  # a component over this share of the peak is worth a word
+LOGITS_SHARE = 0.30
+
+
+def _share(analysis: Analysis, component: Component) -> tuple[float, int]:
+    budget = analysis.budget
+    if budget is None:
+        return 0.0, 0
+    peak = budget.peak
+    total = peak.allocated_bytes or 1
+    term = peak.components.get(component)
+    size = term.bytes if term is not None else 0
+    return size / total, size
+
+
+def _dominates(
+    analysis: Analysis,
+    text: str,
+    *,
+    code: str,
+    component: Component,
+    share: float,
+    what: str,
+    fix_keys: tuple[str, ...],
+) -> list[Finding]:
+    fraction, size = _share(analysis, component)
+    if fraction < share:
+        return []
+    budget = analysis.budget
+    assert budget is not None
+    fixes = candidate_fixes(analysis, text, fix_keys)
+    if not fixes:
+        return []  # already done what would help
+    severity = Severity.WARNING if budget.fits is False else Severity.INFO
+    message = (
+        f"{what} take {format_bytes(size)}, {100 * fraction:.0f}% of the peak "
+        f"({budget.peak.moment})"
+    )
+    return [
+        Finding(
+            code=code,
+            severity=severity,
+            message=message,
+            path=analysis.plan.path,
+            range=anchor(analysis),
+            fixes=fixes,
+        )
+    ]
+
+
+def check_logits(analysis: Analysis, text: str) -> list[Finding]:
+    if analysis.setup is None or analysis.setup.loss is not LossImpl.STANDARD:
+        return []
+    return _dominates(
+        analysis,
+        text,
+        code="LLM003",
+        component=Component.LOGITS,
+        share=LOGITS_SHARE,
+        what="The logits and the loss",
+        fix_keys=("liger",),
+    )
+
+
+def check_activations(analysis: Analysis, text: str) -> list[Finding]:
+    return _dominates(
+        analysis,
+        text,
+        code="LLM004",
+        component=Component.ACTIVATIONS,
+        share=DOMINANT_SHARE,
+        what="Saved activations",
+        fix_keys=("grad-ckpt", "halve-batch"),
+    )
+
+
+def check_optimizer_states(analysis: Analysis, text: str) -> list[Finding]:
+    return _dominates(
+        analysis,
+        text,
+        code="LLM005",
+        component=Component.OPTIMIZER_STATES,
+        share=DOMINANT_SHARE,
+        what="Optimizer states",
+        fix_keys=("optim-8bit", "optim-paged-8bit"),
+    )
+
+
+def check_bf16_support(analysis: Analysis, text: str) -> list[Finding]:
+    gpu, plan = analysis.gpu, analysis.plan
+    if gpu is None or gpu.bf16 or plan.precision.value not in ("bf16", "bf16-true"):
+        return []
+    fixes = []
+    if plan.precision.value == "bf16" and plan.precision.range is not None:
+        from llmmem.rules.edits import keyword_at, set_setting
+
+        if keyword_at(text, plan.precision.range) == "bf16":
+            bf16_off = set_setting(plan, text, "bf16", False)
+            fp16_on = set_setting(plan, text, "fp16", True)
+            if bf16_off and fp16_on:
+                fixes.append(
+                    Fix(
+                        title="Use fp16 mixed precision instead (fp16=True, bf16=False)",
+                        edits=bf16_off + fp16_on,
+                    )
+                )
+    return [
+        Finding(
+            code="LLM006",
+            severity=Severity.ERROR,
+            message=f"{gpu.name} has no bf16 support: training in bf16 fails or runs emulated; "
+            "use fp16 mixed precision (or fp32)",
+            path=plan.path,
+            range=plan.precision.range or anchor(analysis),
+            fixes=fixes,
+        )
+    ]
+
+
+def check_checkpointing_with_cache(analysis: Analysis, text: str) -> list[Finding]:
+    plan = analysis.plan
+    if not plan.gradient_checkpointing.value or plan.use_cache is None:
+        return []
+    if not plan.use_cache.value or plan.use_cache.source is not Provenance.EXPLICIT:
+        return []
+    fixes = []
+    if plan.use_cache.range is not None and plan.use_cache.range.path is None:
+        from llmmem.rules.finding import TextEdit
+
+        fixes.append(
+            Fix(
+                title="Set use_cache=False",
+                edits=[
+                    TextEdit(
+                        range=plan.use_cache.range,
+                        new_text=("False" if plan.kind == "python" else "false"),
+                    )
+                ],
+            )
+        )
+    return [
+        Finding(
+            code="LLM007",
+            severity=Severity.WARNING,
+            message="use_cache=True with gradient checkpointing: transformers turns the cache off "
+            "with a warning; without checkpointing it would keep an unused KV cache through forward",
+            path=plan.path,
+            range=plan.use_cache.range or anchor(analysis),
+            fixes=fixes,
+        )
+    ]
+
+
+def check_kbit_preparation(analysis: Analysis, text: str) -> list[Finding]:
+    plan = analysis.plan
+    q = plan.quantization
+    if q is None or q.prepare_for_kbit_training.value or plan.lora is None:
+        return []
+    return [
+        Finding(
+            code="LLM008",
+            severity=Severity.WARNING,
+            message="k-bit model trained without prepare_model_for_kbit_training: norms and "
+            "embeddings stay in 16 bits (unstable training) and checkpointing is not enabled for you",
+            path=plan.path,
+            range=q.range or plan.model_range or anchor(analysis),
+        )
+    ]
+
+
+def check_effective_batch(analysis: Analysis, text: str) -> list[Finding]:
+    """A DeepSpeed config that fixes train_batch_size disagrees with the trainer's settings."""
+    plan, setup = analysis.plan, analysis.setup
+    stated = plan.extra.get("train_batch_size")
+    if setup is None or not isinstance(stated, int):
+        return []
+    effective = setup.effective_batch
+    if stated == effective:
+        return []
+    range_ = plan.extra.get("train_batch_size_range")
+    return [
+        Finding(
+            code="LLM009",
+            severity=Severity.WARNING,
+            message=f"effective batch changed: the DeepSpeed config says train_batch_size={stated}, "
+            f"but micro-batch {setup.batch} × accumulation {setup.grad_accum} × "
+            f"{setup.distributed.world_size} devices = {effective}; DeepSpeed refuses to start",
+            path=plan.path,
+            range=SourceRange.model_validate(range_)
+            if isinstance(range_, dict)
+            else anchor(analysis),
+        )
+    ]
+
+
+def check_unresolved_model(analysis: Analysis, text: str) -> list[Finding]:
+    if analysis.model_error is None:
+        return []
+    plan = analysis.plan
+    if plan.model_id is None:
+        message = (
+            "no model found: add `# llmmem: model=org/name` (or "
+            "`model_config=path/to/config.json`) to get a memory estimate"
+        )
+        where = plan.trainer_range
+    else:
+        message = (
+            f"cannot size model '{plan.model_id.value}': add "
+            "`# llmmem: model_config=path/to/config.json` or a known model id "
+            f"({analysis.model_error.split(';')[-1].strip()})"
+        )
+        where = plan.model_id.range
+    return [
+        Finding(code="LLM010", severity=Severity.INFO, message=message, path=plan.path, range=where)
+    ]
+
+
+def _rule(
+    code: str,
+    name: str,
+    severity: Severity,
+    summary: str,
+    why: str,
+    example: str,
+    fix: str,
+    check: object,
+) -> None:
+    register(
+        Rule(
+            code=code,
+            name=name,
+            severity=severity,
+            summary=summary,
+            why=why,
+            example=example,
+            fix=fix,
+            check=check,
+        )
+    )  # type: ignore[arg-type]
+
+
+_rule(
+    "LLM003",
+    "logits-dominate",
+    Severity.INFO,
+    "The logits and the cross-entropy take a large share (30% or more) of the peak.",
+    "HF's loss upcasts the logits to fp32 and keeps the log-softmax: at the start of backward "
+    "12 bytes per logit (batch × sequence × vocabulary) are alive. With a 128k or 256k "
+    "vocabulary this is often the largest single item.",
+    "args = SFTConfig(per_device_train_batch_size=8, max_length=4096)  # Llama-3, 128k vocab",
+    "A fused linear cross-entropy that never materialises the logits: "
+    "`use_liger_kernel=True` (pip install liger-kernel), or a smaller micro-batch.",
+    check_logits,
+)
+_rule(
+    "LLM004",
+    "activations-dominate",
+    Severity.INFO,
+    "Saved activations take 40% or more of the peak and checkpointing is off.",
+    "Autograd keeps each block's intermediate tensors from forward to backward; they grow with "
+    "micro-batch × sequence length. Gradient checkpointing keeps only each block's input and "
+    "recomputes one block at a time, for about a third more compute.",
+    "args = TrainingArguments(per_device_train_batch_size=8)  # no gradient_checkpointing",
+    "`gradient_checkpointing=True` (or `model.gradient_checkpointing_enable()`), or a smaller "
+    "micro-batch with more accumulation.",
+    check_activations,
+)
+_rule(
+    "LLM005",
+    "optimizer-states-dominate",
+    Severity.INFO,
+    "Optimizer states take 40% or more of the peak.",
+    "AdamW keeps two states per trainable parameter (8 bytes in fp32): for full fine-tuning "
+    "this is often the largest item. bitsandbytes' 8-bit AdamW keeps about 2 bytes.",
+    'args = TrainingArguments(optim="adamw_torch")  # full fine-tuning of 7B',
+    '`optim="adamw_bnb_8bit"` or `"paged_adamw_8bit"` (pip install bitsandbytes), or LoRA.',
+    check_optimizer_states,
+)
+_rule(
+    "LLM006",
+    "bf16-unsupported",
+    Severity.ERROR,
+    "bf16 training on a GPU without bf16 support (V100, T4 and older).",
+    "Pre-Ampere GPUs have no bf16 tensor cores: torch either refuses or emulates it slowly.",
+    "args = TrainingArguments(bf16=True)  # on a T4",
+    "`fp16=True` (mixed precision with loss scaling) or fp32.",
+    check_bf16_support,
+)
+_rule(
+    "LLM007",
+    "checkpointing-with-cache",
+    Severity.WARNING,
+    "Gradient checkpointing is on and the model config keeps use_cache=True.",
+    "A KV cache is useless while training; transformers switches it off under checkpointing "
+    "with a warning, and without checkpointing it costs 2 × layers × tokens × kv width.",
+    "model.config.use_cache = True\nmodel.gradient_checkpointing_enable()",
+    "`model.config.use_cache = False` (or `use_cache=False` in from_pretrained).",
+    check_checkpointing_with_cache,
+)
+_rule(
+    "LLM008",
+    "kbit-without-preparation",
+    Severity.WARNING,
+    "A 4- or 8-bit model is trained without prepare_model_for_kbit_training.",
+    "PEFT's preparation casts norms and embeddings to fp32 for stable training and enables "
+    "gradient checkpointing with input gradients; without it QLoRA trains in 16-bit norms.",
+    "model = AutoModelForCausalLM.from_pretrained(mid, quantization_config=bnb)\n"
+    "model = get_peft_model(model, lora)",
+    "`model = prepare_model_for_kbit_training(model)` before get_peft_model.",
+    check_kbit_preparation,
+)
+_rule(
+    "LLM009",
+    "effective-batch-changed",
+    Severity.WARNING,
+    "The effective batch the trainer computes differs from what a DeepSpeed config fixes.",
+    "DeepSpeed checks train_batch_size = micro-batch × accumulation × world size and refuses "
+    "to start when they disagree, after the model has loaded.",
+    '{"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4}  # 8 GPUs, accumulation 1',
+    'Use "auto" in the DeepSpeed config so the trainer fills it in.',
+    check_effective_batch,
+)
+_rule(
+    "LLM010",
+    "model-unresolved",
+    Severity.INFO,
+    "The model could not be sized (not local, not cached, not on the hub, not bundled).",
+    "Without its shapes no memory can be predicted; llmmem never guesses silently.",
+    'model = AutoModelForCausalLM.from_pretrained(os.environ["MODEL"])',
+    "Add `# llmmem: model=org/name` or `# llmmem: model_config=path/to/config.json`.",
+    check_unresolved_model,
+)

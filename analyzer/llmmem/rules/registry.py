@@ -1,0 +1,60 @@
+"""The rule registry: a rule is a code, a doc in a fixed shape and a check function."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from llmmem.rules.finding import Finding, Severity
+from llmmem.scenario import Analysis
+
+Check = Callable[[Analysis, str], list[Finding]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    code: str  # stable: LLM001, LLM002, ...
+    name: str  # kebab-case: will-not-fit
+    severity: Severity
+    summary: str  # what it checks, one line
+    why: str
+    example: str
+    fix: str
+    check: Check
+
+    def doc(self) -> str:
+        """The rule's documentation, as `--explain` and the editor show it (Markdown)."""
+        return (
+            f"# {self.code} {self.name}\n\n"
+            f"**What it does.** {self.summary}\n\n"
+            f"**Why.** {self.why}\n\n"
+            f"**Example.**\n\n```python\n{self.example.strip()}\n```\n\n"
+            f"**Fix.** {self.fix}\n"
+        )
+
+
+RULES: dict[str, Rule] = {}
+
+
+def register(rule: Rule) -> Rule:
+    if rule.code in RULES:
+        raise ValueError(f"rule code {rule.code} registered twice")
+    RULES[rule.code] = rule
+    return rule
+
+
+def _load_rule_modules() -> None:
+    from llmmem.rules import fit, practices  # noqa: F401 - registration on import
+
+
+def all_rules() -> list[Rule]:
+    _load_rule_modules()
+    return [RULES[code] for code in sorted(RULES)]
+
+
+def run_rules(analysis: Analysis, text: str) -> list[Finding]:
+    """Every rule's findings for one analysed file, in code order."""
+    findings: list[Finding] = []
+    for rule in all_rules():
+        findings.extend(rule.check(analysis, text))
+    return findings

@@ -1,0 +1,184 @@
+"""From a TrainingPlan to a fully determined scenario: the model, the setup, the GPU, the budget.
+
+`analyze(plan, ...)` is the one call the linter, `llmmem explain` and the language server make
+after extraction: it resolves the model, maps every plan value onto the accounting core's
+`TrainingSetup` (keeping the plan's provenance beside it) and runs the estimate. It never raises
+for a bad plan: what cannot be determined becomes a problem line and the budget is None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llmmem.budget.phases import estimate_budget
+from llmmem.budget.result import Budget, GpuTarget
+from llmmem.budget.setup import (
+    AttnImpl,
+    DistributedSetup,
+    FsdpShard,
+    LoraSetup,
+    LossImpl,
+    Method,
+    Precision,
+    QuantSetup,
+    QuantType,
+    SetupError,
+    TrainingSetup,
+)
+from llmmem.models.spec import ModelSpec
+from llmmem.plan import TrainingPlan
+
+DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2, "float32": 4,
+               "fp32": 4, "float": 4}
+ATTN_NAMES = {"eager": AttnImpl.EAGER, "sdpa": AttnImpl.SDPA,
+              "flash_attention_2": AttnImpl.FLASH_ATTENTION_2,
+              "flash_attention_3": AttnImpl.FLASH_ATTENTION_2}
+
+
+@dataclass
+class Analysis:
+    """Everything known about one file: the plan, and (when it could be built) the estimate."""
+
+    plan: TrainingPlan
+    spec: ModelSpec | None = None
+    setup: TrainingSetup | None = None
+    gpu: GpuTarget | None = None
+    gpu_source: str = "none"  # "plan", "flag", "detected", "none"
+    budget: Budget | None = None
+    problems: list[str] = field(default_factory=list)
+    model_error: str | None = None  # why the model could not be resolved
+
+    @property
+    def path(self) -> Path:
+        return Path(self.plan.path)
+
+
+def setup_from_plan(plan: TrainingPlan, spec: ModelSpec) -> TrainingSetup:
+    """The accounting core's setup for a plan; raises SetupError for an impossible plan."""
+    quant = None
+    method = Method.FULL
+    if plan.quantization is not None:
+        q = plan.quantization
+        quant_type = QuantType.INT8 if q.bits.value == 8 else QuantType(
+            str(q.quant_type.value).lower() if str(q.quant_type.value).lower() in ("nf4", "fp4")
+            else "nf4")
+        quant = QuantSetup(
+            quant_type=quant_type,
+            double_quant=bool(q.double_quant.value),
+            compute_dtype_bytes=DTYPE_BYTES.get(str(q.compute_dtype.value).lower(), 2),
+            prepare_for_kbit_training=bool(q.prepare_for_kbit_training.value),
+        )
+    lora = None
+    if plan.lora is not None:
+        lp = plan.lora
+        lora = LoraSetup(
+            r=int(lp.r.value),
+            alpha=float(lp.alpha.value),
+            targets=_targets(lp.target_modules.value),
+            modules_to_save=list(lp.modules_to_save.value or []),
+            dora=bool(lp.dora.value),
+            dropout=float(lp.dropout.value or 0.0),
+        )
+        method = Method.QLORA if quant is not None and quant.bits == 4 else Method.LORA
+    elif quant is not None:
+        raise SetupError(
+            "the model is loaded in k-bit but no LoRA adapter is configured: full fine-tuning "
+            "of a quantized model is not possible (add a LoraConfig / get_peft_model)"
+        )
+    d = plan.distributed
+    fsdp = _fsdp(d.fsdp.value)
+    distributed = DistributedSetup(
+        world_size=max(1, int(d.world_size.value)),
+        zero_stage=int(d.zero_stage.value) if fsdp is None else 0,
+        offload_optimizer=bool(d.offload_optimizer.value),
+        offload_params=bool(d.offload_params.value)
+        and (int(d.zero_stage.value) == 3 or fsdp is not None),
+        fsdp=fsdp,
+    )
+    return TrainingSetup(
+        method=method,
+        batch=max(1, int(plan.per_device_train_batch_size.value)),
+        seq=max(1, int(plan.max_seq_length.value)),
+        grad_accum=max(1, int(plan.gradient_accumulation_steps.value)),
+        grad_ckpt=bool(plan.gradient_checkpointing.value),
+        precision=Precision(plan.precision.value),
+        optim=str(plan.optim.value),
+        attn=ATTN_NAMES.get(str(plan.attn_implementation.value), AttnImpl.SDPA),
+        loss=LossImpl(plan.loss.value) if plan.loss is not None else LossImpl.STANDARD,
+        lora=lora,
+        quant=quant,
+        distributed=distributed,
+        use_cache=bool(plan.use_cache.value) if plan.use_cache is not None else False,
+    )
+
+
+def _targets(value: Any) -> list[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [value] if value in ("all-linear",) else [v.strip() for v in value.split(",")]
+    return [str(v) for v in value]
+
+
+def _fsdp(value: Any) -> FsdpShard | None:
+    if not value:
+        return None
+    text = str(value).lower()
+    for shard in FsdpShard:
+        if shard.value in text:
+            return shard
+    return FsdpShard.FULL_SHARD
+
+
+def resolve_gpu_target(name: str | None) -> tuple[GpuTarget | None, str | None]:
+    """A GPU by name, or (None, the error message)."""
+    if not name:
+        return None, None
+    from llmmem.gpus import UnknownGpuError, find_gpu
+
+    try:
+        gpu = find_gpu(name)
+    except UnknownGpuError as err:
+        return None, str(err)
+    return GpuTarget(name=gpu.name, capacity_bytes=gpu.capacity_bytes, bf16=gpu.bf16), None
+
+
+def analyze(
+    plan: TrainingPlan,
+    *,
+    gpu: str | None = None,
+    hub: bool = False,
+    local_model_paths: dict[str, str] | None = None,
+    hub_timeout_s: float = 3.0,
+) -> Analysis:
+    """Resolve, map and estimate. `gpu` (a flag or setting) wins over the plan's pragma."""
+    from llmmem.models.resolve import ModelResolutionError, resolve_model
+
+    analysis = Analysis(plan=plan, problems=list(plan.problems))
+    gpu_name = gpu or (str(plan.gpu.value) if plan.gpu is not None else None)
+    analysis.gpu, gpu_error = resolve_gpu_target(gpu_name)
+    analysis.gpu_source = ("flag" if gpu else "plan") if analysis.gpu else "none"
+    if gpu_error:
+        analysis.problems.append(gpu_error)
+    if plan.model_id is None:
+        analysis.model_error = "no model found in the file"
+        return analysis
+    try:
+        analysis.spec = resolve_model(
+            str(plan.model_id.value),
+            hub=hub,
+            hub_timeout_s=hub_timeout_s,
+            local_model_paths=local_model_paths,
+            base_dir=Path(plan.path).parent,
+        )
+    except ModelResolutionError as err:
+        analysis.model_error = str(err)
+        return analysis
+    try:
+        analysis.setup = setup_from_plan(plan, analysis.spec)
+        analysis.budget = estimate_budget(analysis.spec, analysis.setup, analysis.gpu)
+    except (SetupError, ValueError) as err:
+        analysis.problems.append(str(err).removeprefix("Value error, "))
+    return analysis
