@@ -38,8 +38,15 @@ def plan_dict(plan: TrainingPlan) -> dict[str, Any]:
         "framework": plan.framework,
         "model_id": sourced_dict(plan.model_id),
     }
-    for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "max_seq_length",
-                 "gradient_checkpointing", "precision", "optim", "attn_implementation"):
+    for name in (
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "max_seq_length",
+        "gradient_checkpointing",
+        "precision",
+        "optim",
+        "attn_implementation",
+    ):
         out[name] = sourced_dict(getattr(plan, name))
     out["lora"] = None
     if plan.lora is not None:
@@ -83,8 +90,12 @@ def run_explain(args: argparse.Namespace) -> int:
     text = read_text(path)
     settings = find_project_settings(path)
     plan = extract_plan(path, text, settings=settings)
-    analysis = analyze(plan, gpu=args.gpu or settings.gpu, hub=args.hub and settings.hub,
-                       local_model_paths=settings.local_model_paths)
+    analysis = analyze(
+        plan,
+        gpu=args.gpu or settings.gpu,
+        hub=args.hub and settings.hub,
+        local_model_paths=settings.local_model_paths,
+    )
     findings = run_rules(analysis, text)
     if args.format == "json":
         from llmmem.report.json_report import budget_dict
@@ -92,13 +103,18 @@ def run_explain(args: argparse.Namespace) -> int:
         budget = None
         if analysis.budget is not None and analysis.spec is not None:
             budget = budget_dict(analysis.budget, analysis.spec)
-        json.dump({
-            "plan": plan_dict(plan),
-            "budget": budget,
-            "findings": [f.model_dump(mode="json") for f in findings],
-            "problems": analysis.problems + ([analysis.model_error] if analysis.model_error
-                                             else []),
-        }, sys.stdout, indent=2, default=str)
+        json.dump(
+            {
+                "plan": plan_dict(plan),
+                "budget": budget,
+                "findings": [f.model_dump(mode="json") for f in findings],
+                "problems": analysis.problems
+                + ([analysis.model_error] if analysis.model_error else []),
+            },
+            sys.stdout,
+            indent=2,
+            default=str,
+        )
         sys.stdout.write("\n")
         return 0
     render_explanation(analysis, findings)
@@ -117,6 +133,7 @@ def _describe(sourced: Sourced[Any] | None) -> tuple[str, str, str]:
 
 def render_explanation(analysis: Any, findings: list[Any]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from llmmem.report.text import render_budget
@@ -129,18 +146,38 @@ def render_explanation(analysis: Any, findings: list[Any]) -> None:
     table.add_column("from")
     table.add_column("where")
     rows: list[tuple[str, Sourced[Any] | None]] = [("model", plan.model_id)]
-    rows += [(name, getattr(plan, name)) for name in (
-        "per_device_train_batch_size", "gradient_accumulation_steps", "max_seq_length",
-        "gradient_checkpointing", "precision", "optim", "attn_implementation")]
+    rows += [
+        (name, getattr(plan, name))
+        for name in (
+            "per_device_train_batch_size",
+            "gradient_accumulation_steps",
+            "max_seq_length",
+            "gradient_checkpointing",
+            "precision",
+            "optim",
+            "attn_implementation",
+        )
+    ]
     if plan.lora is not None:
-        rows += [("lora r", plan.lora.r), ("lora alpha", plan.lora.alpha),
-                 ("lora targets", plan.lora.target_modules)]
+        rows += [
+            ("lora r", plan.lora.r),
+            ("lora alpha", plan.lora.alpha),
+            ("lora targets", plan.lora.target_modules),
+        ]
     if plan.quantization is not None:
-        rows += [("quant type", plan.quantization.quant_type),
-                 ("double quant", plan.quantization.double_quant)]
-    rows += [("world size", plan.distributed.world_size),
-             ("ZeRO stage", plan.distributed.zero_stage), ("GPU", plan.gpu)]
+        rows += [
+            ("quant type", plan.quantization.quant_type),
+            ("double quant", plan.quantization.double_quant),
+        ]
+    rows += [
+        ("world size", plan.distributed.world_size),
+        ("ZeRO stage", plan.distributed.zero_stage),
+        ("GPU", plan.gpu),
+    ]
     for name, sourced in rows:
+        if name == "GPU" and analysis.gpu_source == "flag" and analysis.gpu is not None:
+            table.add_row(name, analysis.gpu.name, "flag (--gpu)", "")
+            continue
         table.add_row(name, *_describe(sourced))
     console.print(table)
     for problem in analysis.problems:
@@ -151,6 +188,8 @@ def render_explanation(analysis: Any, findings: list[Any]) -> None:
         render_budget(analysis.budget, analysis.spec, setup_lines=[], console=console)
     for finding in findings:
         line = finding.range.start_line + 1 if finding.range else 1
-        console.print(f"{finding.code} [{finding.severity.value}] line {line}: {finding.message}")
+        console.print(
+            escape(f"{finding.code} [{finding.severity.value}] line {line}: {finding.message}")
+        )
         for fix in finding.fixes:
-            console.print(f"    fix: {fix.title}")
+            console.print(escape(f"    fix: {fix.title}"))

@@ -1,7 +1,8 @@
 """`llmmem-lint PATH... --gpu NAME` (and `llmmem lint`): findings for CI and pre-commit.
 
-Exit codes: 0 no findings, 1 findings, 2 a usage or read error. `--fix` applies the safe fix of
-each finding (the best one that fits), then lints again and reports what is left.
+Exit codes: 0 no findings, 1 findings, 2 a usage or read error. `--fix` applies safe fixes one at
+a time (one that makes the step fit first, else the one that saves most), re-linting after each,
+and reports what is left.
 """
 
 from __future__ import annotations
@@ -39,10 +40,14 @@ def iter_files(paths: list[str]) -> list[Path]:
         path = Path(raw)
         if path.is_dir():
             files += sorted(
-                p for p in path.rglob("*")
-                if p.suffix in LINTED_SUFFIXES and p.is_file()
-                and not any(part.startswith(".") or part in ("node_modules", "__pycache__")
-                            for part in p.parts)
+                p
+                for p in path.rglob("*")
+                if p.suffix in LINTED_SUFFIXES
+                and p.is_file()
+                and not any(
+                    part.startswith(".") or part in ("node_modules", "__pycache__")
+                    for part in p.parts
+                )
             )
         elif path.is_file():
             files.append(path)
@@ -61,8 +66,9 @@ def read_text(path: Path) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def lint_text(path: Path, text: str, *, gpu: str | None, hub: bool,
-              select: set[str] | None) -> tuple[list, str]:
+def lint_text(
+    path: Path, text: str, *, gpu: str | None, hub: bool, select: set[str] | None
+) -> tuple[list, str]:
     """Findings for one file (suppressions applied) and the analysis' GPU name."""
     from llmmem.extract import extract_plan
     from llmmem.extract.pragmas import find_project_settings, parse_suppressions
@@ -96,22 +102,35 @@ def lint_text(path: Path, text: str, *, gpu: str | None, hub: bool,
     return kept, analysis.gpu.name if analysis.gpu else ""
 
 
-def apply_safe_fixes(path: Path, text: str, findings: list) -> str:
+MAX_FIX_ROUNDS = 5
+
+
+def best_safe_fix(findings: list) -> object | None:
+    """The safe fix to apply next: one that makes the step fit, else the one that saves most."""
+    fixes = [fix for finding in findings for fix in finding.fixes if fix.safe]
+    if not fixes:
+        return None
+    return min(fixes, key=lambda fix: (not fix.fits, fix.predicted_device_bytes or 0))
+
+
+def fix_file(
+    path: Path, text: str, *, gpu: str | None, hub: bool, select: set[str] | None
+) -> tuple[str, list]:
+    """Apply safe fixes one at a time (each changes the estimate the others were made on),
+    re-linting after each, until no finding has one; returns the text and what is left."""
     from llmmem.rules.edits import apply_edits
 
-    edits = []
-    taken: list[tuple[int, int]] = []
-    for finding in findings:
-        fix = next((f for f in finding.fixes if f.safe and f.fits is not False), None)
+    findings, _ = lint_text(path, text, gpu=gpu, hub=hub, select=select)
+    for _ in range(MAX_FIX_ROUNDS):
+        fix = best_safe_fix(findings)
         if fix is None:
-            continue
-        spans = [(e.range.start_line, e.range.end_line) for e in fix.edits]
-        if any(a <= d and c <= b for a, b in spans for c, d in taken):
-            continue  # overlaps an edit already chosen: the next run takes it
-        taken += spans
-        edits += fix.edits
-        break  # one fix per file per run: each changes the estimate the others were made on
-    return apply_edits(text, edits) if edits else text
+            break
+        fixed = apply_edits(text, fix.edits)  # type: ignore[attr-defined]
+        if fixed == text:
+            break
+        text = fixed
+        findings, _ = lint_text(path, text, gpu=gpu, hub=hub, select=select)
+    return text, findings
 
 
 def run_lint(args: argparse.Namespace) -> int:
@@ -131,12 +150,12 @@ def run_lint(args: argparse.Namespace) -> int:
     all_findings = []
     for path in iter_files(args.paths):
         text = read_text(path)
-        findings, _ = lint_text(path, text, gpu=args.gpu, hub=args.hub, select=select)
-        if args.fix and findings:
-            fixed = apply_safe_fixes(path, text, findings)
+        if args.fix:
+            fixed, findings = fix_file(path, text, gpu=args.gpu, hub=args.hub, select=select)
             if fixed != text:
                 path.write_text(fixed, encoding="utf-8")
-                findings, _ = lint_text(path, fixed, gpu=args.gpu, hub=args.hub, select=select)
+        else:
+            findings, _ = lint_text(path, text, gpu=args.gpu, hub=args.hub, select=select)
         all_findings += findings
     if args.format == "concise":
         sys.stdout.write(render.concise(all_findings))
@@ -155,8 +174,9 @@ def lint_main(argv: Sequence[str] | None = None) -> int:
     """The `llmmem-lint` entry point."""
     from llmmem.cli import OneLineParser
 
-    parser = OneLineParser(prog="llmmem-lint",
-                           description="Lint training scripts and configs for GPU memory.")
+    parser = OneLineParser(
+        prog="llmmem-lint", description="Lint training scripts and configs for GPU memory."
+    )
     add_lint_arguments(parser)
     args = parser.parse_args(argv)
     try:

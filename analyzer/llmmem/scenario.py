@@ -30,11 +30,22 @@ from llmmem.budget.setup import (
 from llmmem.models.spec import ModelSpec
 from llmmem.plan import TrainingPlan
 
-DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2, "float32": 4,
-               "fp32": 4, "float": 4}
-ATTN_NAMES = {"eager": AttnImpl.EAGER, "sdpa": AttnImpl.SDPA,
-              "flash_attention_2": AttnImpl.FLASH_ATTENTION_2,
-              "flash_attention_3": AttnImpl.FLASH_ATTENTION_2}
+DTYPE_BYTES = {
+    "bfloat16": 2,
+    "bf16": 2,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
+    "float32": 4,
+    "fp32": 4,
+    "float": 4,
+}
+ATTN_NAMES = {
+    "eager": AttnImpl.EAGER,
+    "sdpa": AttnImpl.SDPA,
+    "flash_attention_2": AttnImpl.FLASH_ATTENTION_2,
+    "flash_attention_3": AttnImpl.FLASH_ATTENTION_2,
+}
 
 
 @dataclass
@@ -61,9 +72,15 @@ def setup_from_plan(plan: TrainingPlan, spec: ModelSpec) -> TrainingSetup:
     method = Method.FULL
     if plan.quantization is not None:
         q = plan.quantization
-        quant_type = QuantType.INT8 if q.bits.value == 8 else QuantType(
-            str(q.quant_type.value).lower() if str(q.quant_type.value).lower() in ("nf4", "fp4")
-            else "nf4")
+        quant_type = (
+            QuantType.INT8
+            if q.bits.value == 8
+            else QuantType(
+                str(q.quant_type.value).lower()
+                if str(q.quant_type.value).lower() in ("nf4", "fp4")
+                else "nf4"
+            )
+        )
         quant = QuantSetup(
             quant_type=quant_type,
             double_quant=bool(q.double_quant.value),

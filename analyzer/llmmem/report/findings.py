@@ -10,6 +10,8 @@ from llmmem.rules.finding import Finding, Severity
 
 SARIF_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
 GITHUB_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}
+
+
 def rule_url(code: str) -> str:
     """Where a rule's doc lives: the rules reference shipped inside the package."""
     from llmmem.rules.docs import RULES_DOC

@@ -112,8 +112,8 @@ register(
         "allocator's cached blocks.",
         example="args = TrainingArguments(per_device_train_batch_size=16)  # Llama-3.1-8B, 24 GiB",
         fix="Each finding carries the changes that bring the peak down, each with the predicted "
-        "total after it: gradient checkpointing, an 8-bit optimizer, a smaller micro-batch with more "
-        "accumulation (same effective batch), bf16.",
+        "total after it: gradient checkpointing, an 8-bit optimizer, a smaller micro-batch "
+        "with more accumulation (same effective batch), bf16.",
         check=check_will_not_fit,
     )
 )
@@ -128,8 +128,8 @@ register(
         "(a second model, an eval loop, another user) take memory: a prediction this close is a "
         "coin flip.",
         example="args = TrainingArguments(per_device_train_batch_size=6)  # 22.9 of 24 GiB",
-        fix="Take one of the listed changes, or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
-        "to cut fragmentation.",
+        fix="Take one of the listed changes, or set "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to cut fragmentation.",
         check=check_tight,
     )
 )

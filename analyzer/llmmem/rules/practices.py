@@ -8,7 +8,7 @@ from llmmem.plan import Provenance, SourceRange
 from llmmem.rules.finding import Finding, Fix, Severity
 from llmmem.rules.fit import anchor
 from llmmem.rules.fixes import candidate_fixes
-from llmmem.rules.registry import Rule, register
+from llmmem.rules.registry import Check, Rule, register
 from llmmem.scenario import Analysis
 from llmmem.units import format_bytes
 
@@ -157,7 +157,8 @@ def check_checkpointing_with_cache(analysis: Analysis, text: str) -> list[Findin
             code="LLM007",
             severity=Severity.WARNING,
             message="use_cache=True with gradient checkpointing: transformers turns the cache off "
-            "with a warning; without checkpointing it would keep an unused KV cache through forward",
+            "with a warning; without checkpointing it would keep an unused KV cache "
+            "through forward",
             path=plan.path,
             range=plan.use_cache.range or anchor(analysis),
             fixes=fixes,
@@ -175,7 +176,8 @@ def check_kbit_preparation(analysis: Analysis, text: str) -> list[Finding]:
             code="LLM008",
             severity=Severity.WARNING,
             message="k-bit model trained without prepare_model_for_kbit_training: norms and "
-            "embeddings stay in 16 bits (unstable training) and checkpointing is not enabled for you",
+            "embeddings stay in 16 bits (unstable training) and checkpointing is not "
+            "enabled for you",
             path=plan.path,
             range=q.range or plan.model_range or anchor(analysis),
         )
@@ -196,8 +198,9 @@ def check_effective_batch(analysis: Analysis, text: str) -> list[Finding]:
         Finding(
             code="LLM009",
             severity=Severity.WARNING,
-            message=f"effective batch changed: the DeepSpeed config says train_batch_size={stated}, "
-            f"but micro-batch {setup.batch} × accumulation {setup.grad_accum} × "
+            message=f"effective batch changed: the DeepSpeed config says "
+            f"train_batch_size={stated}, but micro-batch {setup.batch} × "
+            f"accumulation {setup.grad_accum} × "
             f"{setup.distributed.world_size} devices = {effective}; DeepSpeed refuses to start",
             path=plan.path,
             range=SourceRange.model_validate(range_)
@@ -237,7 +240,7 @@ def _rule(
     why: str,
     example: str,
     fix: str,
-    check: object,
+    check: Check,
 ) -> None:
     register(
         Rule(

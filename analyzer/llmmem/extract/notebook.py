@@ -1,0 +1,273 @@
+"""Jupyter notebooks (.ipynb) read into a TrainingPlan.
+
+The notebook's JSON (nbformat 4, and the `worksheets` of nbformat 3) is read without nbformat.
+Its code cells are joined, in order, into one Python text that the Python extractor reads; what
+IPython adds to Python is taken out first, line for line, so that every line keeps its number:
+
+- a line magic (`%pip install peft`, `%env X=1`) or shell line (`!pip install -U trl`) becomes
+  `pass` at the same indentation, and `files = !ls` becomes `files = None`;
+- a cell magic whose body is Python (`%%capture`, `%%time`) loses its first line only; any other
+  cell magic (`%%bash`, `%%writefile train.py`) leaves the cell out;
+- a cell that still is not valid Python is left out, with a problem line.
+
+Positions. A range in a notebook names its cell: `SourceRange(path=f"{notebook}#cell={index}")`,
+where `index` is the 0-based position of the cell in the notebook's `cells` list (markdown and raw
+cells count, as editors number them), and its lines and columns are 0-based within that cell's
+source. Ranges in other files (a DeepSpeed JSON the notebook names) keep their own path.
+Problem lines speak of "cell N, line M", both 1-based, as people count them.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from llmmem.extract.configs import decode_text, plan_from_problems
+from llmmem.extract.pragmas import ProjectSettings
+from llmmem.plan import SourceRange, TrainingPlan
+
+# cell magics whose body IPython runs as Python
+PYTHON_BODY_CELL_MAGICS = frozenset({"capture", "time", "timeit", "prun", "debug"})
+MAGIC_ASSIGNMENT = re.compile(r"^(\s*)([A-Za-z_][\w.]*(?:\s*,\s*[A-Za-z_][\w.]*)*)\s*=\s*[!%]")
+HELP_LINE = re.compile(r"^\s*(\?{1,2}[\w.]+|[\w.]+\?{1,2})\s*$")
+LINE_REFERENCE = re.compile(r"\bline (\d+)")
+
+
+@dataclass(frozen=True)
+class CellLine:
+    """Where a line of the joined text was written: a cell (its index in `cells`) and a line."""
+
+    cell: int
+    line: int
+
+
+@dataclass
+class JoinedCells:
+    """The code cells of a notebook as one Python text, with where each line came from."""
+
+    text: str = ""
+    origins: list[CellLine] = field(default_factory=list)  # joined line -> cell line
+    cell_lines: dict[int, list[str]] = field(default_factory=dict)  # cell -> its lines
+    problems: list[str] = field(default_factory=list)
+
+
+def extract_notebook_plan(
+    path: Path, text: str | None = None, *, settings: ProjectSettings | None = None
+) -> TrainingPlan:
+    """The TrainingPlan of a notebook's code cells, every range naming its cell. Never raises."""
+    path = Path(path)
+    problems: list[str] = []
+    try:
+        return _read_notebook(path, text, settings, problems)
+    except RecursionError:
+        problems.append("the notebook nests too deeply to read")
+    except Exception as error:  # a gap in the reader must not take the editor down
+        problems.append(f"internal error while reading the notebook: {error!r}")
+    return plan_from_problems(path, "notebook", settings, problems)
+
+
+def _read_notebook(
+    path: Path, text: str | None, settings: ProjectSettings | None, problems: list[str]
+) -> TrainingPlan:
+    if text is None:
+        text = _read_notebook_text(path, problems)
+    cells = _notebook_cells(text, problems) if text is not None else None
+    if cells is None:
+        return plan_from_problems(path, "notebook", settings, problems)
+    joined = join_code_cells(cells)
+    problems.extend(joined.problems)
+    if not joined.text.strip():
+        problems.append("the notebook has no Python code cells")
+        return plan_from_problems(path, "notebook", settings, problems)
+    from llmmem.extract.python import extract_python_plan
+
+    plan = extract_python_plan(path, joined.text, settings=settings)
+    mapped = map_plan_to_cells(plan, joined, str(path))
+    mapped.kind = "notebook"
+    mapped.problems = problems + [problem for problem in mapped.problems if problem not in problems]
+    return mapped
+
+
+def _read_notebook_text(path: Path, problems: list[str]) -> str | None:
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        problems.append(f"{path}: cannot be read ({error.strerror or error})")
+        return None
+    return decode_text(data, str(path), problems)
+
+
+def _notebook_cells(text: str, problems: list[str]) -> list[dict[str, Any]] | None:
+    """The notebook's cells, or None with a problem line when the JSON is not a notebook."""
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as error:
+        problems.append(
+            f"line {error.lineno}, column {error.colno}: not valid notebook JSON ({error.msg})"
+        )
+        return None
+    except (ValueError, RecursionError) as error:
+        problems.append(f"not valid notebook JSON ({error})")
+        return None
+    if not isinstance(document, dict):
+        problems.append("not a Jupyter notebook: the JSON is not an object")
+        return None
+    cells = document.get("cells")
+    if cells is None and isinstance(document.get("worksheets"), list):  # nbformat 3
+        cells = [
+            cell
+            for sheet in document["worksheets"]
+            if isinstance(sheet, dict) and isinstance(sheet.get("cells"), list)
+            for cell in sheet["cells"]
+        ]
+    if not isinstance(cells, list):
+        problems.append("not a Jupyter notebook: no list of cells")
+        return None
+    return [cell if isinstance(cell, dict) else {} for cell in cells]
+
+
+def cell_source(cell: dict[str, Any]) -> str | None:
+    """A code cell's source as one string; None for other cells or a malformed source."""
+    if cell.get("cell_type") != "code":
+        return None
+    source = cell.get("source", cell.get("input"))
+    if isinstance(source, list) and all(isinstance(part, str) for part in source):
+        source = "".join(source)
+    if not isinstance(source, str):
+        return None
+    return source.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def join_code_cells(cells: list[dict[str, Any]]) -> JoinedCells:
+    joined = JoinedCells()
+    pieces: list[str] = []
+    for index, cell in enumerate(cells):
+        source = cell_source(cell)
+        if source is None or not source.strip():
+            continue
+        lines = source.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        joined.cell_lines[index] = lines
+        python_lines = python_lines_of_cell(lines)
+        if python_lines is None:
+            continue
+        problem = _syntax_problem("\n".join(python_lines) + "\n", index)
+        if problem is not None:
+            joined.problems.append(problem)
+            continue
+        for line_number, line in enumerate(python_lines):
+            pieces.append(line + "\n")
+            joined.origins.append(CellLine(index, line_number))
+    joined.text = "".join(pieces)
+    return joined
+
+
+def python_lines_of_cell(lines: list[str]) -> list[str] | None:
+    """The cell's lines with IPython syntax replaced line for line; None for a cell that is not
+    Python at all (`%%bash`, `%%writefile x.py`)."""
+    result: list[str] = []
+    start = 0
+    if lines and lines[0].lstrip().startswith("%%"):
+        magic = lines[0].lstrip()[2:].split(maxsplit=1)
+        if not magic or magic[0] not in PYTHON_BODY_CELL_MAGICS:
+            return None
+        result.append("")
+        start = 1
+    continuing = False
+    for line in lines[start:]:
+        stripped = line.lstrip()
+        indentation = line[: len(line) - len(stripped)]
+        assignment = MAGIC_ASSIGNMENT.match(line)
+        if continuing or stripped.startswith(("%", "!")) or HELP_LINE.match(line):
+            result.append(f"{indentation}pass" if not continuing else "")
+            continuing = line.rstrip().endswith("\\")
+        elif assignment is not None:
+            result.append(f"{assignment.group(1)}{assignment.group(2)} = None")
+            continuing = line.rstrip().endswith("\\")
+        else:
+            result.append(line)
+    return result
+
+
+def _syntax_problem(source: str, index: int) -> str | None:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ast.parse(source)
+    except SyntaxError as error:
+        line = f", line {error.lineno}" if error.lineno else ""
+        return f"cell {index + 1}{line}: {error.msg}; the cell is left out"
+    except (ValueError, RecursionError, MemoryError) as error:
+        return f"cell {index + 1}: cannot be parsed ({type(error).__name__}); left out"
+    return None
+
+
+# -- positions back to cells ------------------------------------------------------------------
+
+
+def map_plan_to_cells(plan: TrainingPlan, joined: JoinedCells, notebook: str) -> TrainingPlan:
+    """The plan with every range in the joined text moved to its cell (see the module doc)."""
+    mapped = _map_model(plan, joined, notebook)
+    assert isinstance(mapped, TrainingPlan)
+    mapped.problems = [_map_problem(problem, joined) for problem in mapped.problems]
+    return mapped
+
+
+def map_range(located: SourceRange, joined: JoinedCells, notebook: str) -> SourceRange | None:
+    """A range in the joined text as a range in its cell; one that runs past the end of its
+    cell stops at that cell's last character."""
+    if located.path is not None:
+        return located
+    if not 0 <= located.start_line < len(joined.origins):
+        return None
+    start = joined.origins[located.start_line]
+    end_line, end_col = located.end_line, located.end_col
+    end = joined.origins[end_line] if 0 <= end_line < len(joined.origins) else None
+    if end is None or end.cell != start.cell:
+        lines = joined.cell_lines.get(start.cell, [""])
+        end = CellLine(start.cell, len(lines) - 1)
+        end_col = len(lines[-1]) if lines else 0
+    return SourceRange(
+        path=f"{notebook}#cell={start.cell}",
+        start_line=start.line,
+        start_col=located.start_col,
+        end_line=end.line,
+        end_col=end_col,
+    )
+
+
+def _map_model(value: Any, joined: JoinedCells, notebook: str) -> Any:
+    if isinstance(value, SourceRange):
+        return map_range(value, joined, notebook)
+    if isinstance(value, BaseModel):
+        updates = {
+            name: _map_model(getattr(value, name), joined, notebook)
+            for name in type(value).model_fields
+        }
+        return value.model_copy(update=updates)
+    if isinstance(value, list):
+        return [_map_model(item, joined, notebook) for item in value]
+    if isinstance(value, dict):
+        return {key: _map_model(item, joined, notebook) for key, item in value.items()}
+    return value
+
+
+def _map_problem(problem: str, joined: JoinedCells) -> str:
+    """`line 12` (1-based, in the joined text) -> `cell 3, line 2`."""
+
+    def replace(match: re.Match[str]) -> str:
+        number = int(match.group(1)) - 1
+        if not 0 <= number < len(joined.origins):
+            return match.group(0)
+        origin = joined.origins[number]
+        return f"cell {origin.cell + 1}, line {origin.line + 1}"
+
+    return LINE_REFERENCE.sub(replace, problem)

@@ -1,0 +1,356 @@
+"""What the user tells llmmem directly: `# llmmem:` comments and `[tool.llmmem]` in pyproject.toml.
+
+A pragma is a `#` comment (Python, YAML, shell) that starts with `llmmem:` and holds
+`key=value` pairs:
+
+    # llmmem: gpu=A100-80GB seq=4096 world_size=8
+    # llmmem: model=meta-llama/Llama-3.1-8B batch=4 grad_accum=8 precision=bf16 optim=adamw_8bit
+
+Keys: gpu, seq, batch, grad_accum, world_size, model, model_config, precision, optim. Each
+value becomes a Sourced(pragma) whose range is the comment. Pragmas beat everything else in the
+file; a later pragma beats an earlier one.
+
+The same comment can silence findings on its line: `# llmmem: ignore[LLM001,LLM003]`, or
+`# llmmem: ignore` for every finding on the line (`parse_suppressions`).
+
+`[tool.llmmem]` in the nearest pyproject.toml sets project-wide defaults (`ProjectSettings`):
+
+    [tool.llmmem]
+    gpu = "A100-80GB"
+    world_size = 8
+    hub = false                       # never look models up on the Hugging Face Hub
+    [tool.llmmem.local_model_paths]   # model id -> local directory with config.json
+    "meta-llama/Llama-3.1-8B" = "/models/llama-3.1-8b"
+    [tool.llmmem.severity]            # rule code -> error | warning | info | hint | off
+    LLM003 = "warning"
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from llmmem.extract.builder import PlanBuilder
+from llmmem.plan import Provenance, SourceRange
+
+# pragma key -> (builder key, value type)
+PRAGMA_KEYS: dict[str, tuple[str, type]] = {
+    "gpu": ("gpu", str),
+    "seq": ("max_seq_length", int),
+    "batch": ("per_device_train_batch_size", int),
+    "grad_accum": ("gradient_accumulation_steps", int),
+    "world_size": ("distributed.world_size", int),
+    "model": ("model_id", str),
+    "model_config": ("model_config", str),
+    "precision": ("precision", str),
+    "optim": ("optim", str),
+}
+
+ALL_CODES = "*"  # in a suppression set: every code on that line
+SEVERITY_LEVELS = ("error", "warning", "info", "hint", "off")
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_PRAGMA = re.compile(r"#\s*llmmem\s*:(?P<body>.*)$")
+_ITEM = re.compile(
+    r"""(?P<ignore>ignore(?:\[(?P<codes>[^\]]*)\])?)(?=\s|$)"""
+    r"""|(?P<key>[A-Za-z_][\w-]*)\s*=\s*(?P<value>"[^"]*"|'[^']*'|\S+)"""
+    r"""|(?P<junk>\S+)"""
+)
+
+
+@dataclass(frozen=True)
+class Pragma:
+    """One `key=value` of a `# llmmem:` comment."""
+
+    key: str  # the builder key: "max_seq_length" for `seq`
+    value: str | int
+    range: SourceRange  # the whole comment
+    written: str  # the key as written: "seq"
+
+
+@dataclass
+class PragmaReading:
+    pragmas: list[Pragma]
+    suppressions: dict[int, set[str]]  # 0-based line -> codes ("*" for all)
+    problems: list[str]
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines as LSP and Python count them: split at \\r\\n, \\r and \\n only (not at form
+    feeds or Unicode separators, which `str.splitlines` also splits at)."""
+    return _LINE_BREAK.split(text)
+
+
+def _comment_start(line: str) -> int | None:
+    """Where a `# llmmem:` comment starts on the line: after the first `#` outside quotes (a
+    pragma may follow other comment text: `x = 1  # why  # llmmem: ignore`)."""
+    if "llmmem" not in line:
+        return None
+    quote: str | None = None
+    index = 0
+    while index < len(line):
+        char = line[index]
+        if quote is not None:
+            if char == "\\":
+                index += 2
+                continue
+            if char == quote:
+                quote = None
+        elif char in "\"'":
+            quote = char
+        elif char == "#":
+            found = _PRAGMA.search(line, index)
+            return found.start() if found is not None else None
+        index += 1
+    return None
+
+
+def read_pragmas(text: str) -> PragmaReading:
+    """Every `# llmmem:` comment of a file: settings, suppressions and what could not be read."""
+    reading = PragmaReading(pragmas=[], suppressions={}, problems=[])
+    if "llmmem" not in text:
+        return reading
+    for line_number, line in enumerate(split_lines(text)):
+        if "llmmem" not in line:
+            continue
+        start = _comment_start(line)
+        if start is None:
+            continue
+        match = _PRAGMA.match(line, start)
+        if match is None:
+            continue
+        comment = line[start:].rstrip()
+        comment_range = SourceRange(
+            start_line=line_number,
+            start_col=start,
+            end_line=line_number,
+            end_col=start + len(comment),
+        )
+        _read_comment(match.group("body"), line_number, comment_range, reading)
+    return reading
+
+
+def _read_comment(
+    body: str, line_number: int, comment_range: SourceRange, reading: PragmaReading
+) -> None:
+    where = f"line {line_number + 1}"
+    for item in _ITEM.finditer(body):
+        if item.group("ignore"):
+            codes = item.group("codes")
+            found = reading.suppressions.setdefault(line_number, set())
+            if codes is None or not codes.strip():
+                found.add(ALL_CODES)
+            else:
+                found.update(code.strip().upper() for code in codes.split(",") if code.strip())
+            continue
+        if item.group("junk"):
+            reading.problems.append(
+                f"llmmem pragma ({where}): cannot read '{item.group('junk')}'; "
+                "write key=value, e.g. `# llmmem: seq=4096`"
+            )
+            continue
+        written = item.group("key").lower().replace("-", "_")
+        raw = item.group("value").strip("\"'")
+        if written not in PRAGMA_KEYS:
+            known = ", ".join(PRAGMA_KEYS)
+            reading.problems.append(
+                f"llmmem pragma ({where}): unknown key '{written}' (known: {known})"
+            )
+            continue
+        key, kind = PRAGMA_KEYS[written]
+        value: str | int = raw
+        if kind is int:
+            if not raw.isdigit() or int(raw) <= 0:
+                reading.problems.append(
+                    f"llmmem pragma ({where}): {written} must be a positive integer, got '{raw}'"
+                )
+                continue
+            value = int(raw)
+        elif not raw:
+            reading.problems.append(f"llmmem pragma ({where}): {written} has no value")
+            continue
+        reading.pragmas.append(Pragma(key=key, value=value, range=comment_range, written=written))
+
+
+def parse_suppressions(text: str) -> dict[int, set[str]]:
+    """0-based line -> rule codes silenced on that line; `ALL_CODES` ("*") for a bare `ignore`."""
+    return read_pragmas(text).suppressions
+
+
+def is_suppressed(suppressions: dict[int, set[str]], line: int, code: str) -> bool:
+    """Whether a finding with `code` on 0-based `line` is silenced."""
+    codes = suppressions.get(line)
+    if not codes:
+        return False
+    return ALL_CODES in codes or code.upper() in codes
+
+
+def apply_pragmas(builder: PlanBuilder, text: str) -> PragmaReading:
+    """Feed the file's pragmas to the builder (provenance `pragma`); returns what was read."""
+    reading = read_pragmas(text)
+    for pragma in reading.pragmas:
+        builder.set(pragma.key, pragma.value, Provenance.PRAGMA, pragma.range, note="")
+    builder.problems.extend(reading.problems)
+    return reading
+
+
+# -- [tool.llmmem] ----------------------------------------------------------------------------
+
+
+class ProjectSettings(BaseModel):
+    """`[tool.llmmem]` from the nearest pyproject.toml that has one (all optional)."""
+
+    gpu: str | None = None
+    world_size: int | None = Field(default=None, gt=0)
+    local_model_paths: dict[str, str] = Field(default_factory=dict)
+    hub: bool = True  # may llmmem look models up on the Hugging Face Hub
+    severity: dict[str, str] = Field(default_factory=dict)  # rule code -> level
+    path: str | None = None  # the pyproject.toml read, None when none was found
+    ranges: dict[str, SourceRange] = Field(default_factory=dict)  # key -> where it is written
+    problems: list[str] = Field(default_factory=list)
+
+
+_SETTINGS_CACHE: dict[tuple[str, int, int], ProjectSettings] = {}
+
+
+def _load_toml(text: str) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    return tomllib.loads(text)
+
+
+def _key_ranges(text: str, path: str) -> dict[str, SourceRange]:
+    """Where each top-level key of `[tool.llmmem]` is written (its value), for hovers."""
+    ranges: dict[str, SourceRange] = {}
+    inside = False
+    for line_number, line in enumerate(split_lines(text)):
+        stripped = line.strip()
+        if stripped.startswith("["):
+            inside = stripped.replace(" ", "") == "[tool.llmmem]"
+            continue
+        if not inside:
+            continue
+        match = re.match(r"\s*([A-Za-z_][\w-]*)\s*=\s*(.*?)\s*(#.*)?$", line)
+        if match:
+            ranges[match.group(1)] = SourceRange(
+                path=path,
+                start_line=line_number,
+                start_col=match.start(2),
+                end_line=line_number,
+                end_col=match.end(2),
+            )
+    return ranges
+
+
+def read_project_settings(pyproject: Path) -> ProjectSettings | None:
+    """`[tool.llmmem]` of one pyproject.toml; None when it has no such table. Never raises:
+    what cannot be read becomes a line in `problems`."""
+    try:
+        text = pyproject.read_text(encoding="utf-8", errors="replace")
+    except OSError as err:
+        return ProjectSettings(path=str(pyproject), problems=[f"cannot read {pyproject}: {err}"])
+    if "llmmem" not in text:
+        return None
+    try:
+        document = _load_toml(text)
+    except ImportError:
+        return ProjectSettings(
+            path=str(pyproject),
+            problems=["reading pyproject.toml needs Python 3.11 or the tomli package"],
+        )
+    except Exception as err:
+        return ProjectSettings(path=str(pyproject), problems=[f"{pyproject}: {err}"])
+    tool = document.get("tool")
+    table = tool.get("llmmem") if isinstance(tool, dict) else None
+    if not isinstance(table, dict):
+        return None
+    return _settings_from_table(table, str(pyproject), _key_ranges(text, str(pyproject)))
+
+
+def _settings_from_table(
+    table: dict[str, Any], path: str, ranges: dict[str, SourceRange]
+) -> ProjectSettings:
+    settings = ProjectSettings(path=path, ranges=ranges)
+    where = f"{path} [tool.llmmem]"
+    for key, value in table.items():
+        if key == "gpu" and isinstance(value, str) and value.strip():
+            settings.gpu = value.strip()
+        elif key == "world_size" and isinstance(value, int) and not isinstance(value, bool):
+            if value > 0:
+                settings.world_size = value
+            else:
+                settings.problems.append(f"{where}: world_size must be positive, got {value}")
+        elif key == "hub" and isinstance(value, bool):
+            settings.hub = value
+        elif key == "local_model_paths" and isinstance(value, dict):
+            settings.local_model_paths = {
+                str(model): str(local) for model, local in value.items() if isinstance(local, str)
+            }
+        elif key == "severity" and isinstance(value, dict):
+            for code, level in value.items():
+                if isinstance(level, str) and level.lower() in SEVERITY_LEVELS:
+                    settings.severity[str(code).upper()] = level.lower()
+                else:
+                    settings.problems.append(
+                        f"{where}: severity of {code} must be one of "
+                        f"{', '.join(SEVERITY_LEVELS)}, got {level!r}"
+                    )
+        elif key in ("gpu", "world_size", "hub", "local_model_paths", "severity"):
+            settings.problems.append(f"{where}: {key} has the wrong type ({value!r})")
+        else:
+            settings.problems.append(f"{where}: unknown key '{key}'")
+    return settings
+
+
+def find_project_settings(path: Path) -> ProjectSettings:
+    """`[tool.llmmem]` from the nearest pyproject.toml above `path` that has the table, looking
+    no higher than the enclosing git repository. Defaults when there is none; never raises."""
+    try:
+        start = path if path.is_dir() else path.parent
+        start = start.resolve()
+    except (OSError, RuntimeError, ValueError):
+        return ProjectSettings()
+    for directory in (start, *start.parents):
+        candidate = directory / "pyproject.toml"
+        try:
+            stat = candidate.stat()
+        except OSError:
+            stat = None
+        if stat is not None:
+            cache_key = (str(candidate), stat.st_mtime_ns, stat.st_size)
+            cached = _SETTINGS_CACHE.get(cache_key)
+            if cached is None:
+                cached = read_project_settings(candidate) or ProjectSettings()
+                _SETTINGS_CACHE[cache_key] = cached
+            if cached.path is not None:
+                return cached
+        try:
+            if (directory / ".git").exists():
+                break
+        except OSError:
+            break
+    return ProjectSettings()
+
+
+def apply_project_settings(builder: PlanBuilder, settings: ProjectSettings) -> None:
+    """Feed `[tool.llmmem]` gpu and world_size to the builder (provenance `pragma`, ranges in
+    pyproject.toml); a `# llmmem:` comment in the file, set later, wins over them."""
+    note = f"[tool.llmmem] in {settings.path}" if settings.path else "[tool.llmmem]"
+    if settings.gpu:
+        builder.set("gpu", settings.gpu, Provenance.PRAGMA, settings.ranges.get("gpu"), note)
+    if settings.world_size:
+        builder.set(
+            "distributed.world_size",
+            settings.world_size,
+            Provenance.PRAGMA,
+            settings.ranges.get("world_size"),
+            note,
+        )
+    builder.problems.extend(settings.problems)
