@@ -149,6 +149,21 @@ def _fsdp(value: Any) -> FsdpShard | None:
     return FsdpShard.FULL_SHARD
 
 
+def loaded_dtype_note(plan: TrainingPlan, spec: ModelSpec) -> str | None:
+    """transformers 5 loads a checkpoint in its own dtype when `dtype=` is not given: a bf16
+    checkpoint trains with bf16 weights (and bf16 optimizer states), autocast or not."""
+    if plan.kind not in ("python", "notebook") or "torch_dtype" in plan.extra:
+        return None
+    if plan.quantization is not None or str(plan.precision.value).endswith("-true"):
+        return None
+    if spec.torch_dtype not in ("bfloat16", "float16"):
+        return None
+    return (
+        f"no dtype= given: transformers 5 loads the checkpoint's {spec.torch_dtype} "
+        "weights, so weights, gradients and AdamW states are 16-bit"
+    )
+
+
 def resolve_gpu_target(name: str | None) -> tuple[GpuTarget | None, str | None]:
     """A GPU by name, or (None, the error message)."""
     if not name:
@@ -195,7 +210,17 @@ def analyze(
         return analysis
     try:
         analysis.setup = setup_from_plan(plan, analysis.spec)
+        note = loaded_dtype_note(plan, analysis.spec)
+        if note:
+            precision = (
+                Precision.FP16_TRUE
+                if analysis.spec.torch_dtype == "float16"
+                else Precision.BF16_TRUE
+            )
+            analysis.setup = analysis.setup.model_copy(update={"precision": precision})
         analysis.budget = estimate_budget(analysis.spec, analysis.setup, analysis.gpu)
+        if note:
+            analysis.budget.notes.append(note)
     except (SetupError, ValueError) as err:
         analysis.problems.append(str(err).removeprefix("Value error, "))
     return analysis

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from llmmem.budget.result import Component
 from llmmem.budget.setup import LossImpl
-from llmmem.plan import Provenance, SourceRange
+from llmmem.plan import Provenance, Sourced
 from llmmem.rules.finding import Finding, Fix, Severity
 from llmmem.rules.fit import anchor
 from llmmem.rules.fixes import candidate_fixes
@@ -187,13 +187,14 @@ def check_kbit_preparation(analysis: Analysis, text: str) -> list[Finding]:
 def check_effective_batch(analysis: Analysis, text: str) -> list[Finding]:
     """A DeepSpeed config that fixes train_batch_size disagrees with the trainer's settings."""
     plan, setup = analysis.plan, analysis.setup
-    stated = plan.extra.get("train_batch_size")
+    found = plan.extra.get("train_batch_size")
+    stated = found.value if isinstance(found, Sourced) else found
+    range_ = found.range if isinstance(found, Sourced) else None
     if setup is None or not isinstance(stated, int):
         return []
     effective = setup.effective_batch
     if stated == effective:
         return []
-    range_ = plan.extra.get("train_batch_size_range")
     return [
         Finding(
             code="LLM009",
@@ -203,9 +204,7 @@ def check_effective_batch(analysis: Analysis, text: str) -> list[Finding]:
             f"accumulation {setup.grad_accum} × "
             f"{setup.distributed.world_size} devices = {effective}; DeepSpeed refuses to start",
             path=plan.path,
-            range=SourceRange.model_validate(range_)
-            if isinstance(range_, dict)
-            else anchor(analysis),
+            range=range_ if range_ is not None and range_.path is None else anchor(analysis),
         )
     ]
 
