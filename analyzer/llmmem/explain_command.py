@@ -11,6 +11,17 @@ from typing import Any
 from llmmem.errors import UsageError
 from llmmem.plan import Sourced, TrainingPlan
 
+# the plan's top-level training settings, in the order the report lists them
+TRAINING_SETTINGS = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "max_seq_length",
+    "gradient_checkpointing",
+    "precision",
+    "optim",
+    "attn_implementation",
+)
+
 
 def add_explain_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", metavar="FILE", help="a training script or config")
@@ -38,15 +49,7 @@ def plan_dict(plan: TrainingPlan) -> dict[str, Any]:
         "framework": plan.framework,
         "model_id": sourced_dict(plan.model_id),
     }
-    for name in (
-        "per_device_train_batch_size",
-        "gradient_accumulation_steps",
-        "max_seq_length",
-        "gradient_checkpointing",
-        "precision",
-        "optim",
-        "attn_implementation",
-    ):
+    for name in TRAINING_SETTINGS:
         out[name] = sourced_dict(getattr(plan, name))
     out["lora"] = None
     if plan.lora is not None:
@@ -146,18 +149,7 @@ def render_explanation(analysis: Any, findings: list[Any]) -> None:
     table.add_column("from")
     table.add_column("where")
     rows: list[tuple[str, Sourced[Any] | None]] = [("model", plan.model_id)]
-    rows += [
-        (name, getattr(plan, name))
-        for name in (
-            "per_device_train_batch_size",
-            "gradient_accumulation_steps",
-            "max_seq_length",
-            "gradient_checkpointing",
-            "precision",
-            "optim",
-            "attn_implementation",
-        )
-    ]
+    rows += [(name, getattr(plan, name)) for name in TRAINING_SETTINGS]
     if plan.lora is not None:
         rows += [
             ("lora r", plan.lora.r),
