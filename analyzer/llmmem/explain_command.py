@@ -6,10 +6,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmmem.errors import UsageError
-from llmmem.plan import Sourced, TrainingPlan
+
+if TYPE_CHECKING:  # the plan's pydantic models are imported only when explain runs
+    from llmmem.plan import Sourced, TrainingPlan
 
 # the plan's top-level training settings, in the order the report lists them
 TRAINING_SETTINGS = (
