@@ -31,7 +31,8 @@ def _largest(fits: Callable[[int], bool], upper: int) -> int:
 
 
 def _fits(spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget) -> bool:
-    budget = estimate_budget(spec, setup, gpu)
+    # the search only needs the verdict: skip the first-step estimate each budget also makes
+    budget = estimate_budget(spec, setup, gpu, with_first_step=False)
     return budget.device_total_bytes <= gpu.capacity_bytes
 
 

@@ -167,7 +167,13 @@ def _weight_copy_terms(spec: ModelSpec, setup: TrainingSetup, inv: Inventory) ->
     return 0, 0
 
 
-def estimate_budget(spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget | None = None) -> Budget:
+def estimate_budget(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    gpu: GpuTarget | None = None,
+    *,
+    with_first_step: bool = True,
+) -> Budget:
     """The memory of one training step (or of generation) of `spec` under `setup`."""
     if setup.mode is Mode.GENERATE:
         from llmmem.budget.generation import estimate_generation
@@ -344,7 +350,7 @@ def estimate_budget(spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget | None
     phases = [forward, backward, optimizer_step]
     peak = max(phases, key=lambda p: p.allocated_bytes)
     first_step_peak = None
-    if not setup.first_step:
+    if with_first_step and not setup.first_step:
         first = estimate_budget(spec, setup.model_copy(update={"first_step": True}), gpu)
         first_step_peak = first.allocated_peak_bytes
 
