@@ -10,8 +10,6 @@ import json
 import sys
 from typing import Any
 
-from pydantic import ValidationError
-
 from llmmem.budget.limits import largest_batch, largest_seq
 from llmmem.budget.optimizers import find_optimizer
 from llmmem.budget.phases import estimate_budget
@@ -221,17 +219,9 @@ def build_setup(
             first_step=bool(getattr(args, "first_step", False)),
             use_cache=bool(getattr(args, "use_cache", False)),
         )
-    except (ValidationError, SetupError) as err:
-        raise UsageError(_validation_message(err)) from None
+    except SetupError as err:
+        raise UsageError(str(err)) from None
     return setup, prov
-
-
-def _validation_message(err: Exception) -> str:
-    if isinstance(err, ValidationError):
-        first = err.errors()[0]
-        message = str(first.get("msg", err))
-        return message.removeprefix("Value error, ")
-    return str(err)
 
 
 def setup_lines(
@@ -298,7 +288,7 @@ def run_estimate(args: argparse.Namespace) -> int:
 
         out = budget_dict(budget, spec)
         out["setup"] = {
-            "values": json.loads(setup.model_dump_json()),
+            "values": setup.to_dict(),
             "provenance": prov | {"gpu": gpu_prov},
         }
         out.update(limits)

@@ -8,7 +8,7 @@ for a bad plan: what cannot be determined becomes a problem line and the budget 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -217,7 +217,7 @@ def analyze(
                 if analysis.spec.torch_dtype == "float16"
                 else Precision.BF16_TRUE
             )
-            analysis.setup = analysis.setup.model_copy(update={"precision": precision})
+            analysis.setup = replace(analysis.setup, precision=precision)
         analysis.budget = estimate_budget(analysis.spec, analysis.setup, analysis.gpu)
         if note:
             analysis.budget.notes.append(note)

@@ -6,6 +6,8 @@ each test), never copied from the code's output.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from llmmem.budget import Component, Phase, SetupError, TrainingSetup, estimate_budget
@@ -96,7 +98,7 @@ def test_nf4_double_quant_is_0_516_bytes_per_quantized_parameter(llama3_8b: Mode
     assert 0.5155 < per_param < 0.5165
     single = build_inventory(
         llama3_8b,
-        setup.model_copy(update={"quant": QuantSetup(quant_type="nf4", double_quant=False)}),
+        replace(setup, quant=QuantSetup(quant_type="nf4", double_quant=False)),
     )
     q1 = [g for g in single.groups if g.quantized]
     assert sum(g.bytes for g in q1) / sum(g.params for g in q1) == pytest.approx(0.5625)
@@ -196,7 +198,7 @@ def test_gradient_checkpointing_keeps_block_inputs_and_one_recompute(
 ) -> None:
     setup = TrainingSetup(precision="bf16-true", batch=4, seq=768, grad_ckpt=True)
     budget = estimate_budget(llama32_3b, setup)
-    plain = estimate_budget(llama32_3b, setup.model_copy(update={"grad_ckpt": False}))
+    plain = estimate_budget(llama32_3b, replace(setup, grad_ckpt=False))
     n_h = 4 * 768 * 3072
     fwd = budget.phase(Phase.FORWARD).components[Component.ACTIVATIONS].bytes
     # 28 block inputs in bf16, plus the final norm (fp32 upcast 4 + normalised 2) and the head's
@@ -322,7 +324,7 @@ def test_use_cache_during_training_costs_a_kv_cache_in_forward(llama2_7b: ModelS
     # MEMORY-MODEL: under AMP the unused cache is fp32: 2 × 32 × 16,384 tokens × 4096 × 4 B
     setup = TrainingSetup(precision="bf16", batch=8, seq=2048, use_cache=True)
     cached = estimate_budget(llama2_7b, setup).phase(Phase.FORWARD).allocated_bytes
-    plain = estimate_budget(llama2_7b, setup.model_copy(update={"use_cache": False}))
+    plain = estimate_budget(llama2_7b, replace(setup, use_cache=False))
     extra = cached - plain.phase(Phase.FORWARD).allocated_bytes
     assert extra == 2 * 32 * 8 * 2048 * 4096 * 4
     assert extra == 16 * 2**30  # the "+16 GiB for 7B at b8 s2048" of MEMORY-MODEL.md
@@ -330,8 +332,8 @@ def test_use_cache_during_training_costs_a_kv_cache_in_forward(llama2_7b: ModelS
 
 def test_modules_to_save_trains_a_full_copy(llama3_8b: ModelSpec) -> None:
     plain = TrainingSetup(method="lora", precision="bf16-true", batch=1, seq=256)
-    saved = plain.model_copy(
-        update={"lora": LoraSetup(targets=["q_proj", "v_proj"], modules_to_save=["lm_head"])}
+    saved = replace(
+        plain, lora=LoraSetup(targets=["q_proj", "v_proj"], modules_to_save=["lm_head"])
     )
     a, b = build_inventory(llama3_8b, plain), build_inventory(llama3_8b, saved)
     head = 128_256 * 4096
@@ -341,5 +343,5 @@ def test_modules_to_save_trains_a_full_copy(llama3_8b: ModelSpec) -> None:
     with pytest.raises(SetupError, match="embed_tokens"):
         build_inventory(
             llama3_8b,
-            plain.model_copy(update={"lora": LoraSetup(modules_to_save=["classifier_head"])}),
+            replace(plain, lora=LoraSetup(modules_to_save=["classifier_head"])),
         )

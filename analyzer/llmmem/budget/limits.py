@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from llmmem.budget.phases import estimate_budget
 from llmmem.budget.result import Budget, GpuTarget
@@ -40,18 +41,16 @@ def largest_batch(
     spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget
 ) -> tuple[int, Budget | None]:
     """The largest micro-batch that fits `gpu`, and its budget (None when not even 1 fits)."""
-    best = _largest(
-        lambda b: _fits(spec, setup.model_copy(update={"batch": b}), gpu), MAX_BATCH_SEARCH
-    )
+    best = _largest(lambda b: _fits(spec, replace(setup, batch=b), gpu), MAX_BATCH_SEARCH)
     if not best:
         return 0, None
-    return best, estimate_budget(spec, setup.model_copy(update={"batch": best}), gpu)
+    return best, estimate_budget(spec, replace(setup, batch=best), gpu)
 
 
 def largest_seq(spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget) -> tuple[int, Budget | None]:
     """The longest sequence that fits `gpu` at the setup's micro-batch."""
     upper = MAX_SEQ_SEARCH
-    best = _largest(lambda s: _fits(spec, setup.model_copy(update={"seq": s}), gpu), upper)
+    best = _largest(lambda s: _fits(spec, replace(setup, seq=s), gpu), upper)
     if not best:
         return 0, None
-    return best, estimate_budget(spec, setup.model_copy(update={"seq": best}), gpu)
+    return best, estimate_budget(spec, replace(setup, seq=best), gpu)

@@ -351,7 +351,7 @@ def estimate_budget(
     peak = max(phases, key=lambda p: p.allocated_bytes)
     first_step_peak = None
     if with_first_step and not setup.first_step:
-        first = estimate_budget(spec, setup.model_copy(update={"first_step": True}), gpu)
+        first = estimate_budget(spec, replace(setup, first_step=True), gpu)
         first_step_peak = first.allocated_peak_bytes
 
     transient = sum(

@@ -1,16 +1,59 @@
 """A fully determined training (or generation) setup: everything the accounting core needs besides
 the model. Nothing here is optional-unknown: an extractor or the CLI fills every field, labelling
-what it defaulted; the core only computes."""
+what it defaulted; the core only computes.
+
+The setups are frozen dataclasses that check themselves when built (and again on
+`dataclasses.replace`): a value out of range raises SetupError with a one-line message. Enum fields
+also accept their values as text ("qlora", "bf16-true").
+"""
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, field
 from enum import Enum
-
-from pydantic import BaseModel, Field, model_validator
+from typing import Any, TypeVar
 
 
 class SetupError(ValueError):
     """An impossible or contradictory setup; the message says what to change."""
+
+
+E = TypeVar("E", bound=Enum)
+
+
+def _as_enum(kind: type[E], value: Any, what: str) -> E:
+    """`value` as a member of `kind`; its text value is accepted too."""
+    if isinstance(value, kind):
+        return value
+    try:
+        return kind(value)
+    except ValueError:
+        choices = ", ".join(repr(member.value) for member in kind)
+        raise SetupError(f"{what} must be one of {choices}, got {value!r}") from None
+
+
+def _whole(value: Any, what: str, *, at_least: int, at_most: int | None = None) -> int:
+    """`value` as an int within bounds; a float with no fraction is accepted."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SetupError(f"{what} must be a whole number, got {value!r}")
+    if value < at_least:
+        raise SetupError(f"{what} must be at least {at_least}, got {value}")
+    if at_most is not None and value > at_most:
+        raise SetupError(f"{what} must be at most {at_most}, got {value}")
+    return value
+
+
+def _real(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SetupError(f"{what} must be a number, got {value!r}")
+    return float(value)
+
+
+def _set(obj: object, name: str, value: Any) -> None:
+    """Assign a field of a frozen setup while it checks itself in `__post_init__`."""
+    object.__setattr__(obj, name, value)
 
 
 class Method(str, Enum):
@@ -73,24 +116,45 @@ class Mode(str, Enum):
     GENERATE = "generate"
 
 
-class LoraSetup(BaseModel):
-    r: int = Field(16, gt=0)
-    alpha: float = 32
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoraSetup:
+    r: int = 16
+    alpha: float = 32.0
     # leaf names or ["all-linear"]; None: PEFT's default for the architecture (q and v)
     targets: list[str] | None = None
-    modules_to_save: list[str] = Field(default_factory=list)
+    modules_to_save: list[str] = field(default_factory=list)
     dora: bool = False
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    dropout: float = 0.0
     # adapter weights' bytes: 4 where PEFT upcasts them (autocast_adapter_dtype=True, its
     # default), 2 where they stay in the base's bf16/fp16
-    adapter_bytes: int = Field(4, ge=2, le=4)
+    adapter_bytes: int = 4
+
+    def __post_init__(self) -> None:
+        _set(self, "r", _whole(self.r, "LoRA r", at_least=1))
+        _set(self, "alpha", _real(self.alpha, "LoRA alpha"))
+        dropout = _real(self.dropout, "LoRA dropout")
+        if not 0.0 <= dropout < 1.0:
+            raise SetupError(f"LoRA dropout must be at least 0 and below 1, got {dropout:g}")
+        _set(self, "dropout", dropout)
+        _set(
+            self,
+            "adapter_bytes",
+            _whole(self.adapter_bytes, "adapter_bytes", at_least=2, at_most=4),
+        )
+        if self.targets is not None:
+            _set(self, "targets", list(self.targets))
+        _set(self, "modules_to_save", list(self.modules_to_save))
 
 
-class QuantSetup(BaseModel):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QuantSetup:
     quant_type: QuantType = QuantType.NF4
     double_quant: bool = False
     compute_dtype_bytes: int = 2  # bnb_4bit_compute_dtype: bf16/fp16 2, fp32 4
     prepare_for_kbit_training: bool = True  # peft's prepare_model_for_kbit_training was called
+
+    def __post_init__(self) -> None:
+        _set(self, "quant_type", _as_enum(QuantType, self.quant_type, "quant_type"))
 
     @property
     def bits(self) -> int:
@@ -103,33 +167,38 @@ class FsdpShard(str, Enum):
     SHARD_GRAD_OP = "shard_grad_op"
 
 
-class DistributedSetup(BaseModel):
-    world_size: int = Field(1, gt=0)
-    gpus_per_node: int = Field(8, gt=0)  # where hybrid sharding stops sharding
-    zero_stage: int = Field(0, ge=0, le=3)  # DeepSpeed ZeRO stage; 0 = no DeepSpeed
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DistributedSetup:
+    world_size: int = 1
+    gpus_per_node: int = 8  # where hybrid sharding stops sharding
+    zero_stage: int = 0  # DeepSpeed ZeRO stage; 0 = no DeepSpeed
     offload_optimizer: bool = False  # DeepSpeed offload_optimizer / FSDP cpu_offload
     offload_params: bool = False  # DeepSpeed ZeRO-3 offload_param / FSDP cpu_offload
     fsdp: FsdpShard | None = None
 
-    @model_validator(mode="after")
-    def _one_sharding_scheme(self) -> DistributedSetup:
+    def __post_init__(self) -> None:
+        _set(self, "world_size", _whole(self.world_size, "world_size", at_least=1))
+        _set(self, "gpus_per_node", _whole(self.gpus_per_node, "gpus_per_node", at_least=1))
+        _set(self, "zero_stage", _whole(self.zero_stage, "ZeRO stage", at_least=0, at_most=3))
+        if self.fsdp is not None:
+            _set(self, "fsdp", _as_enum(FsdpShard, self.fsdp, "fsdp"))
         if self.zero_stage and self.fsdp is not None:
             raise SetupError("choose DeepSpeed ZeRO or FSDP, not both")
         if self.offload_params and not (self.zero_stage == 3 or self.fsdp is not None):
             raise SetupError("parameter offload needs ZeRO stage 3 or FSDP")
-        return self
 
     @property
     def is_multi_gpu(self) -> bool:
         return self.world_size > 1
 
 
-class TrainingSetup(BaseModel):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingSetup:
     mode: Mode = Mode.TRAIN
     method: Method = Method.FULL
-    batch: int = Field(1, gt=0)  # micro-batch per device
-    seq: int = Field(512, gt=0)  # tokens per sequence (the longest padded batch)
-    grad_accum: int = Field(1, gt=0)
+    batch: int = 1  # micro-batch per device
+    seq: int = 512  # tokens per sequence (the longest padded batch)
+    grad_accum: int = 1
     grad_ckpt: bool = False
     precision: Precision = Precision.BF16
     optim: str = "adamw_torch_fused"
@@ -137,15 +206,42 @@ class TrainingSetup(BaseModel):
     loss: LossImpl = LossImpl.STANDARD
     lora: LoraSetup | None = None
     quant: QuantSetup | None = None
-    distributed: DistributedSetup = Field(default_factory=DistributedSetup)
+    distributed: DistributedSetup = field(default_factory=DistributedSetup)
     use_cache: bool = False  # config.use_cache during training (the HF default True costs memory)
-    new_tokens: int = Field(256, ge=0)  # generation only: tokens generated after the prompt
+    new_tokens: int = 256  # generation only: tokens generated after the prompt
     first_step: bool = False  # the first optimizer step (no states before it) instead of later ones
     cuda_module_loading: str = "lazy"  # "lazy" (CUDA >= 11.7 default) or "eager"
     # the torch release the step runs on, "major.minor": a few allocation rules changed
     torch_version: str = "2.13"
     # the training code around the model: "hf" (transformers + PEFT) or "litgpt"
     framework: Framework = Framework.HF
+
+    def __post_init__(self) -> None:
+        _set(self, "mode", _as_enum(Mode, self.mode, "mode"))
+        _set(self, "method", _as_enum(Method, self.method, "method"))
+        _set(self, "precision", _as_enum(Precision, self.precision, "precision"))
+        _set(self, "attn", _as_enum(AttnImpl, self.attn, "attn"))
+        _set(self, "loss", _as_enum(LossImpl, self.loss, "loss"))
+        _set(self, "framework", _as_enum(Framework, self.framework, "framework"))
+        _set(self, "batch", _whole(self.batch, "batch", at_least=1))
+        _set(self, "seq", _whole(self.seq, "seq", at_least=1))
+        _set(self, "grad_accum", _whole(self.grad_accum, "grad_accum", at_least=1))
+        _set(self, "new_tokens", _whole(self.new_tokens, "new_tokens", at_least=0))
+        try:
+            self.torch_release  # noqa: B018 - validates the version text
+        except ValueError:
+            raise SetupError(
+                f"torch_version must look like '2.4', got '{self.torch_version}'"
+            ) from None
+        if self.method is Method.FULL and self.quant is not None and self.mode is Mode.TRAIN:
+            raise SetupError(
+                "full fine-tuning of a quantized model is not possible: use --method qlora "
+                "(LoRA adapters over the quantized base) or drop --quant"
+            )
+        if self.method is Method.QLORA and self.quant is None:
+            _set(self, "quant", QuantSetup())
+        if self.method in (Method.LORA, Method.QLORA) and self.lora is None:
+            _set(self, "lora", LoraSetup())
 
     @property
     def torch_release(self) -> tuple[int, int]:
@@ -163,25 +259,6 @@ class TrainingSetup(BaseModel):
         """Up to torch 1.10 softmax's backward kept its input as well as its output."""
         return self.torch_release < (1, 11)
 
-    @model_validator(mode="after")
-    def _consistent(self) -> TrainingSetup:
-        try:
-            self.torch_release  # noqa: B018 - validates the version text
-        except ValueError:
-            raise SetupError(
-                f"torch_version must look like '2.4', got '{self.torch_version}'"
-            ) from None
-        if self.method is Method.FULL and self.quant is not None and self.mode is Mode.TRAIN:
-            raise SetupError(
-                "full fine-tuning of a quantized model is not possible: use --method qlora "
-                "(LoRA adapters over the quantized base) or drop --quant"
-            )
-        if self.method is Method.QLORA and self.quant is None:
-            self.quant = QuantSetup()
-        if self.method in (Method.LORA, Method.QLORA) and self.lora is None:
-            self.lora = LoraSetup()
-        return self
-
     @property
     def tokens(self) -> int:
         return self.batch * self.seq
@@ -189,3 +266,11 @@ class TrainingSetup(BaseModel):
     @property
     def effective_batch(self) -> int:
         return self.batch * self.grad_accum * self.distributed.world_size
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as JSON values: enums as their text, nested setups as objects."""
+        return asdict(self, dict_factory=_json_fields)
+
+
+def _json_fields(items: list[tuple[str, Any]]) -> dict[str, Any]:
+    return {name: value.value if isinstance(value, Enum) else value for name, value in items}

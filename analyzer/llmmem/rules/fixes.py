@@ -8,7 +8,7 @@ apply it). Its title states the predicted total after it, e.g.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llmmem.budget.phases import estimate_budget
 from llmmem.budget.setup import LossImpl, Precision, SetupError, TrainingSetup
@@ -28,14 +28,14 @@ class Candidate:
 
 
 def _grad_ckpt(setup: TrainingSetup) -> TrainingSetup | None:
-    return None if setup.grad_ckpt else setup.model_copy(update={"grad_ckpt": True})
+    return None if setup.grad_ckpt else replace(setup, grad_ckpt=True)
 
 
 def _optim(name: str) -> Callable[[TrainingSetup], TrainingSetup | None]:
     def change(setup: TrainingSetup) -> TrainingSetup | None:
         if setup.optim == name or "8bit" in setup.optim:
             return None
-        return setup.model_copy(update={"optim": name})
+        return replace(setup, optim=name)
 
     return change
 
@@ -43,19 +43,19 @@ def _optim(name: str) -> Callable[[TrainingSetup], TrainingSetup | None]:
 def _halve_batch(setup: TrainingSetup) -> TrainingSetup | None:
     if setup.batch < 2:
         return None
-    return setup.model_copy(update={"batch": setup.batch // 2, "grad_accum": setup.grad_accum * 2})
+    return replace(setup, batch=setup.batch // 2, grad_accum=setup.grad_accum * 2)
 
 
 def _bf16(setup: TrainingSetup) -> TrainingSetup | None:
     if setup.precision is not Precision.FP32:
         return None
-    return setup.model_copy(update={"precision": Precision.BF16})
+    return replace(setup, precision=Precision.BF16)
 
 
 def _liger(setup: TrainingSetup) -> TrainingSetup | None:
     if setup.loss is not LossImpl.STANDARD:
         return None
-    return setup.model_copy(update={"loss": LossImpl.LIGER})
+    return replace(setup, loss=LossImpl.LIGER)
 
 
 def _setting(field: str, value: object) -> Callable[[Analysis, str], list[TextEdit] | None]:
