@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -81,15 +81,14 @@ def sequence_classification(spec: ModelSpec, labels: int = 2) -> ModelSpec:
     h = spec.hidden_size
     # the masked-LM head (transform dense + LayerNorm, decoder bias) gives way to a pooler and a
     # classifier
-    base = spec.params.model_copy(
-        update={"head": (h * h + h) + (h * labels + labels), "norms": spec.params.norms - 2 * h}
+    base = replace(
+        spec.params, head=(h * h + h) + (h * labels + labels), norms=spec.params.norms - 2 * h
     )
-    return spec.model_copy(
-        update={
-            "params": base,
-            "is_causal_lm": False,
-            "architecture": spec.architecture.replace("ForMaskedLM", "ForSequenceClassification"),
-        }
+    return replace(
+        spec,
+        params=base,
+        is_causal_lm=False,
+        architecture=spec.architecture.replace("ForMaskedLM", "ForSequenceClassification"),
     )
 
 
@@ -135,7 +134,7 @@ def case_from_row(row: dict[str, Any]) -> CalibrationCase:
     is_litgpt = "litgpt" in source.lower()
     if is_litgpt and spec.activation in ("gelu_new", "gelu_fast"):
         # litgpt's model code runs tanh-GELU as one fused op, not written out as HF's gelu_new
-        spec = spec.model_copy(update={"activation": "gelu_pytorch_tanh"})
+        spec = replace(spec, activation="gelu_pytorch_tanh")
     if spec.model_type in ("bert", "roberta") and row.get("params") != spec.total_params:
         spec = sequence_classification(spec)
     method = Method(row.get("method", "full"))

@@ -162,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run_gpus(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
     from llmmem.gpus import all_gpus, detect_local_gpus
 
     detected = detect_local_gpus()
@@ -169,8 +171,8 @@ def _run_gpus(args: argparse.Namespace) -> int:
         print(
             json.dumps(
                 {
-                    "catalog": [g.model_dump() for g in all_gpus()],
-                    "detected": [d.model_dump() for d in detected],
+                    "catalog": [asdict(g) for g in all_gpus()],
+                    "detected": [asdict(d) for d in detected],
                 },
                 indent=2,
             )

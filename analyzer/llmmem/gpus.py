@@ -23,10 +23,9 @@ are needed, so importing this module stays cheap on the CLI path.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Literal
-
-from pydantic import BaseModel, ConfigDict
 
 from llmmem.units import GIB, MIB
 
@@ -47,11 +46,10 @@ DETECTED_CAPACITY_TOLERANCE = 0.05
 Vendor = Literal["nvidia", "amd", "unknown"]
 
 
-class GpuSpec(BaseModel):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuSpec:
     """One GPU model as llmmem sees it: how much memory a single device reports, and which dtypes
     it computes in natively."""
-
-    model_config = ConfigDict(frozen=True)
 
     name: str  # canonical: "A100-80GB", "H100-80GB", "RTX-4090", "MI300X"
     vendor: Vendor
@@ -62,20 +60,23 @@ class GpuSpec(BaseModel):
     fp8: bool  # FP8 tensor cores (Ada, Hopper, Blackwell, CDNA3)
     compute_capability: str | None = None  # CUDA compute capability, "8.0"; None for AMD
     gfx_target: str | None = None  # ROCm target, "gfx942"; None for NVIDIA
-    aliases: list[str] = []
-    nvml_names: list[str] = []  # what NVML, nvidia-smi or torch.cuda.get_device_name print
+    aliases: list[str] = field(default_factory=list)
+    # what NVML, nvidia-smi or torch.cuda.get_device_name print
+    nvml_names: list[str] = field(default_factory=list)
     generic: bool = False  # True for a GPU made up from a capacity ("24GiB"); bf16 is assumed
     note: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "marketed_gib", float(self.marketed_gib))
 
     @property
     def capacity_gib(self) -> float:
         return self.capacity_bytes / GIB
 
 
-class DetectedGpu(BaseModel):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DetectedGpu:
     """One GPU found on this machine."""
-
-    model_config = ConfigDict(frozen=True)
 
     index: int
     nvml_name: str  # as NVML or nvidia-smi print it: "NVIDIA A100-SXM4-80GB"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import struct
@@ -455,6 +456,86 @@ def test_stale_disk_copy_is_used_when_the_hub_is_unreachable(
     spec = resolve_model("acme/tiny-llama", hub_timeout_s=1)
     assert spec.source is ModelSource.HUB
     assert any("earlier hub lookup" in note for note in spec.notes)
+
+
+CORRUPT_CACHE_TEXTS = [
+    "",
+    '{"format": 1, "repo_id": ',
+    "[]",
+    "null",
+    '{"repo_id": 3}',
+    "[" * 100_000,
+]
+
+
+@pytest.mark.parametrize("text", CORRUPT_CACHE_TEXTS)
+def test_a_corrupt_disk_copy_reads_as_no_copy(tmp_path: Path, text: str) -> None:
+    cache = hub_module.HubCache(tmp_path)
+    now = time.time()
+    cache.write(
+        hub_module.HubModelFiles(
+            repo_id="acme/tiny-llama",
+            endpoint="https://hub.test",
+            config_url="https://hub.test/acme/tiny-llama/resolve/main/config.json",
+            config=TINY_LLAMA,
+            fetched_at=now,
+            expires_at=now + 60,
+        )
+    )
+    cache.write_failure(
+        hub_module.HubLookupFailure(
+            repo_id="acme/other", endpoint="https://hub.test", reason="404", failed_at=now
+        )
+    )
+    assert cache.read("https://hub.test", "acme/tiny-llama") is not None
+    assert cache.read_failure("https://hub.test", "acme/other") is not None
+    for stored in tmp_path.glob("*/*/*.json"):
+        stored.write_text(text)
+    assert cache.read("https://hub.test", "acme/tiny-llama") is None
+    assert cache.read_failure("https://hub.test", "acme/other") is None
+
+
+def test_a_disk_copy_of_the_wrong_shape_reads_as_no_copy(tmp_path: Path) -> None:
+    cache = hub_module.HubCache(tmp_path)
+    now = time.time()
+    files = hub_module.HubModelFiles(
+        repo_id="acme/tiny-llama",
+        endpoint="https://hub.test",
+        config_url="https://hub.test/acme/tiny-llama/resolve/main/config.json",
+        config=TINY_LLAMA,
+        checkpoint_bytes_by_dtype={"BF16": 1024},
+        checkpoint_bytes_status="read",
+        fetched_at=now,
+        expires_at=now + 60,
+    )
+    cache.write(files)
+    (stored,) = tmp_path.glob("*/found/*.json")
+    good = json.loads(stored.read_text())
+    assert cache.read("https://hub.test", "acme/tiny-llama") == dataclasses.replace(
+        files, served_from_disk=True
+    )
+    for key, value in [
+        ("config", ["not", "an", "object"]),
+        ("checkpoint_bytes_by_dtype", {"BF16": "1 KiB"}),
+        ("checkpoint_bytes_status", "maybe"),
+        ("expires_at", "tomorrow"),
+        ("repo_id", None),
+    ]:
+        stored.write_text(json.dumps({**good, key: value}))
+        assert cache.read("https://hub.test", "acme/tiny-llama") is None, key
+    del good["config_url"]
+    stored.write_text(json.dumps(good))
+    assert cache.read("https://hub.test", "acme/tiny-llama") is None
+
+
+def test_a_corrupt_disk_copy_falls_through_cleanly(local_hub: LocalHub, tmp_path: Path) -> None:
+    local_hub.add_repo("acme/tiny-llama", {"config.json": json.dumps(TINY_LLAMA).encode()})
+    resolve_model("acme/tiny-llama", hub_timeout_s=5)
+    stored = next((tmp_path / "llmmem-cache" / "hub").glob("*/found/acme--tiny-llama.json"))
+    stored.write_text('{"format": 1, "repo_id": "acme/tiny-llama", "config": 7}')
+    local_hub.stop()
+    with pytest.raises(ModelResolutionError, match="hub: lookups are off"):
+        resolve_model("acme/tiny-llama", hub=False)
 
 
 def test_slow_hub_falls_through_within_the_timeout(local_hub: LocalHub, tmp_path: Path) -> None:

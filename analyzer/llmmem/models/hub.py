@@ -28,10 +28,9 @@ import struct
 import threading
 import time
 import urllib.parse
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Literal
-
-from pydantic import BaseModel, ValidationError
+from typing import IO, TYPE_CHECKING, Any, Literal, cast
 
 if TYPE_CHECKING:  # the HTTP stack is imported only when the network is used
     import urllib.request
@@ -75,6 +74,7 @@ SAFETENSORS_ITEMSIZE: dict[str, float] = {
 _REPO_ID = re.compile(r"^(\w(?:[\w.-]{0,94}\w)?/)?\w(?:[\w.-]{0,94}\w)?$")
 
 CheckpointBytesStatus = Literal["read", "absent", "failed"]
+CHECKPOINT_BYTES_STATUSES: tuple[CheckpointBytesStatus, ...] = ("read", "absent", "failed")
 
 
 class HubLookupError(Exception):
@@ -85,7 +85,8 @@ class HubLookupError(Exception):
         self.reason = reason
 
 
-class HubModelFiles(BaseModel):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HubModelFiles:
     """What the hub said about one repository, as kept in the disk cache."""
 
     format: int = CACHE_FORMAT
@@ -103,8 +104,48 @@ class HubModelFiles(BaseModel):
     def is_fresh(self, now: float | None = None) -> bool:
         return (now if now is not None else time.time()) < self.expires_at
 
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
 
-class HubLookupFailure(BaseModel):
+    @classmethod
+    def from_json(cls, text: str) -> HubModelFiles | None:
+        """The lookup a cache file holds; None for one that is not valid JSON or not this shape."""
+        data = _json_object(text)
+        if data is None:
+            return None
+        status = data.get("checkpoint_bytes_status", "absent")
+        bytes_by_dtype = data.get("checkpoint_bytes_by_dtype")
+        note = data.get("checkpoint_note")
+        served = data.get("served_from_disk", False)
+        if not (
+            _is_int(data.get("format", CACHE_FORMAT))
+            and all(isinstance(data.get(key), str) for key in ("repo_id", "endpoint", "config_url"))
+            and isinstance(data.get("config"), dict)
+            and (bytes_by_dtype is None or _is_bytes_by_dtype(bytes_by_dtype))
+            and status in CHECKPOINT_BYTES_STATUSES
+            and (note is None or isinstance(note, str))
+            and _is_number(data.get("fetched_at"))
+            and _is_number(data.get("expires_at"))
+            and isinstance(served, bool)
+        ):
+            return None
+        return cls(
+            format=data.get("format", CACHE_FORMAT),
+            repo_id=data["repo_id"],
+            endpoint=data["endpoint"],
+            config_url=data["config_url"],
+            config=data["config"],
+            checkpoint_bytes_by_dtype=bytes_by_dtype,
+            checkpoint_bytes_status=cast(CheckpointBytesStatus, status),
+            checkpoint_note=note,
+            fetched_at=float(data["fetched_at"]),
+            expires_at=float(data["expires_at"]),
+            served_from_disk=served,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HubLookupFailure:
     """A failed lookup, remembered so that it is not retried at once."""
 
     format: int = CACHE_FORMAT
@@ -112,6 +153,51 @@ class HubLookupFailure(BaseModel):
     endpoint: str
     reason: str
     failed_at: float
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> HubLookupFailure | None:
+        """The failure a cache file holds; None for one that is not valid JSON or not this shape."""
+        data = _json_object(text)
+        if data is None:
+            return None
+        if not (
+            _is_int(data.get("format", CACHE_FORMAT))
+            and all(isinstance(data.get(key), str) for key in ("repo_id", "endpoint", "reason"))
+            and _is_number(data.get("failed_at"))
+        ):
+            return None
+        return cls(
+            format=data.get("format", CACHE_FORMAT),
+            repo_id=data["repo_id"],
+            endpoint=data["endpoint"],
+            reason=data["reason"],
+            failed_at=float(data["failed_at"]),
+        )
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):  # not JSON, or nested too deep to read
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_bytes_by_dtype(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(dtype, str) and _is_int(size) for dtype, size in value.items()
+    )
 
 
 def is_hub_repo_id(ref: str) -> bool:
@@ -199,13 +285,10 @@ class HubCache:
         text = _read_small_text(self._path("found", endpoint, repo_id))
         if text is None:
             return None
-        try:
-            files = HubModelFiles.model_validate_json(text)
-        except ValidationError:
+        files = HubModelFiles.from_json(text)
+        if files is None or files.format != CACHE_FORMAT or files.repo_id != repo_id:
             return None
-        if files.format != CACHE_FORMAT or files.repo_id != repo_id:
-            return None
-        return files.model_copy(update={"served_from_disk": True})
+        return replace(files, served_from_disk=True)
 
     def read_failure(
         self, endpoint: str, repo_id: str, now: float | None = None
@@ -214,9 +297,8 @@ class HubCache:
         text = _read_small_text(self._path("failed", endpoint, repo_id))
         if text is None:
             return None
-        try:
-            failure = HubLookupFailure.model_validate_json(text)
-        except ValidationError:
+        failure = HubLookupFailure.from_json(text)
+        if failure is None:
             return None
         now = now if now is not None else time.time()
         if failure.repo_id != repo_id or not 0 <= now - failure.failed_at < NEGATIVE_TTL_S:
@@ -224,14 +306,12 @@ class HubCache:
         return failure
 
     def write(self, files: HubModelFiles) -> None:
-        stored = files.model_copy(update={"served_from_disk": False})
-        self._write(self._path("found", files.endpoint, files.repo_id), stored.model_dump_json())
+        stored = replace(files, served_from_disk=False)
+        self._write(self._path("found", files.endpoint, files.repo_id), stored.to_json())
         self._remove(self._path("failed", files.endpoint, files.repo_id))
 
     def write_failure(self, failure: HubLookupFailure) -> None:
-        self._write(
-            self._path("failed", failure.endpoint, failure.repo_id), failure.model_dump_json()
-        )
+        self._write(self._path("failed", failure.endpoint, failure.repo_id), failure.to_json())
 
     @staticmethod
     def _write(path: Path, text: str) -> None:

@@ -21,11 +21,9 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
-
-from pydantic import BaseModel, Field
 
 from llmmem.models.hub import (
     HubLookupError,
@@ -53,7 +51,8 @@ class ModelResolutionError(ValueError):
         self.close_matches = close_matches or []
 
 
-class ResolvedConfig(BaseModel):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResolvedConfig:
     """A model's config and where it was found, before it is read into a ModelSpec."""
 
     model_id: str
@@ -61,7 +60,7 @@ class ResolvedConfig(BaseModel):
     source: ModelSource
     source_detail: str
     checkpoint_bytes_by_dtype: dict[str, int] | None = None
-    notes: list[str] = Field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 def resolve_model(
@@ -116,7 +115,7 @@ def spec_from_resolved(resolved: ResolvedConfig) -> ModelSpec:
     update: dict[str, Any] = {"notes": [*spec.notes, *resolved.notes]}
     if resolved.checkpoint_bytes_by_dtype is not None:
         update["checkpoint_bytes_by_dtype"] = resolved.checkpoint_bytes_by_dtype
-    return spec.model_copy(update=update)
+    return replace(spec, **update)
 
 
 def resolve_model_config(
@@ -223,7 +222,7 @@ def _resolve_config(
 
     guess = guess_config_from_name(ref)
     if guess is not None:
-        return guess.model_copy(update={"notes": [*guess.notes, *fallback_notes]})
+        return replace(guess, notes=[*guess.notes, *fallback_notes])
     not_found.append("no size like '8B' in the name")
 
     close = close_matches(ref)
@@ -472,7 +471,8 @@ _DENSE_SIZE = re.compile(r"(?<![0-9.])(\d+(?:\.\d+)?)([BbMm])(?![A-Za-z0-9])")
 _MOE_SIZE = re.compile(r"(?<![0-9.])(\d+)[xX](\d+(?:\.\d+)?)([BbMm])(?![A-Za-z0-9])")
 
 
-class NameSize(BaseModel):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NameSize:
     """A parameter count read from a model name."""
 
     text: str  # as written: "8B", "8x7B"

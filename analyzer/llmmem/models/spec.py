@@ -6,14 +6,16 @@ shapes, so that LoRA targets and quantized modules can be counted without buildi
 
 `spec_from_config(config, model_id=..., source=...)` is the one entry point; each supported
 `model_type` has a small reader function registered in `ARCHITECTURE_READERS`.
+
+The classes are plain frozen dataclasses: the readers hand them typed values (`ConfigView` checks
+the config), so no runtime validation library is imported on the CLI path.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Literal
-
-from pydantic import BaseModel, Field
 
 
 class ModelSource(str, Enum):
@@ -34,7 +36,8 @@ class ModelSpecError(ValueError):
 LinearRole = Literal["attention", "mlp", "expert", "shared_expert", "router", "other"]
 
 
-class LinearModule(BaseModel):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinearModule:
     """One nn.Linear (or Conv1D used as a linear) inside a transformer block."""
 
     name: str  # the leaf name PEFT matches on: "q_proj", "c_attn", "query_key_value", "w1"
@@ -56,7 +59,8 @@ class LinearModule(BaseModel):
         )
 
 
-class BlockGroup(BaseModel):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BlockGroup:
     """A run of identical transformer blocks (a decoder stack, or T5's encoder and decoder)."""
 
     name: str  # "decoder", "encoder"
@@ -76,7 +80,8 @@ class BlockGroup(BaseModel):
         return self.params_per_block * self.count
 
 
-class ParamBreakdown(BaseModel):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParamBreakdown:
     """Exact parameter counts by role; `total` is what `sum(p.numel() for p in model.parameters())`
     gives for the HF class that `architecture` names (tied weights counted once)."""
 
@@ -114,7 +119,8 @@ NormKind = Literal["rmsnorm", "layernorm", "gemma_rmsnorm"]
 MlpKind = Literal["gated", "plain"]
 
 
-class CheckpointQuantization(BaseModel):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointQuantization:
     """A checkpoint that is already quantized on the hub (bnb 4-bit, GPTQ, AWQ, ...)."""
 
     method: str  # "bitsandbytes", "gptq", "awq", "fp8", ...
@@ -124,7 +130,8 @@ class CheckpointQuantization(BaseModel):
     group_size: int | None = None
 
 
-class ModelSpec(BaseModel):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
     model_id: str
     model_type: str  # config["model_type"]
     architecture: str  # the HF class the counts are for, e.g. "LlamaForCausalLM"
@@ -166,7 +173,7 @@ class ModelSpec(BaseModel):
     checkpoint_quantization: CheckpointQuantization | None = None
     # exact tensor bytes per safetensors dtype ("BF16", "U8", "F32"), when the hub header was read
     checkpoint_bytes_by_dtype: dict[str, int] | None = None
-    notes: list[str] = Field(default_factory=list)  # what the reader assumed
+    notes: list[str] = field(default_factory=list)  # what the reader assumed
 
     @property
     def total_params(self) -> int:
@@ -200,9 +207,7 @@ def spec_from_config(
 
     spec = read_architecture(config, model_id=model_id, source=source, source_detail=source_detail)
     attention_dropout, hidden_dropout = training_dropout(config)
-    return spec.model_copy(
-        update={"attention_dropout": attention_dropout, "hidden_dropout": hidden_dropout}
-    )
+    return replace(spec, attention_dropout=attention_dropout, hidden_dropout=hidden_dropout)
 
 
 # Config keys of the dropout a model applies while training, by what it drops.

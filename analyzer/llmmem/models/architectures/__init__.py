@@ -8,6 +8,7 @@ defaults for absent keys are those of the transformers config class of that mode
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from llmmem.models.architectures import (
@@ -76,12 +77,11 @@ def read_architecture(
         ) from None
     quantization, quantization_note = read_checkpoint_quantization(config)
     extra_notes = [note for note in (view.defaults_note(), quantization_note) if note]
-    return spec.model_copy(
-        update={
-            "torch_dtype": _declared_dtype(config),
-            "checkpoint_quantization": quantization,
-            "notes": [*spec.notes, *extra_notes],
-        }
+    return replace(
+        spec,
+        torch_dtype=_declared_dtype(config),
+        checkpoint_quantization=quantization,
+        notes=[*spec.notes, *extra_notes],
     )
 
 

@@ -3,6 +3,7 @@ Gemma 2 and 3 add a norm before and after the MLP and alternate sliding and glob
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from llmmem.models.architectures.assembly import (
@@ -181,17 +182,16 @@ def read_gemma3(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
     )
     spec = read_gemma3_text(inner, origin)
     view.defaulted.update({f"text_config.{key}": value for key, value in inner.defaulted.items()})
-    return spec.model_copy(
-        update={
-            "model_type": view.model_type,
-            "notes": [
-                *spec.notes,
-                "gemma3 is multimodal: counted the text decoder of text_config as "
-                "Gemma3ForCausalLM; "
-                "AutoModelForCausalLM builds Gemma3ForConditionalGeneration, which adds a SigLIP "
-                "vision tower and a projector not counted here",
-            ],
-        }
+    return replace(
+        spec,
+        model_type=view.model_type,
+        notes=[
+            *spec.notes,
+            "gemma3 is multimodal: counted the text decoder of text_config as "
+            "Gemma3ForCausalLM; "
+            "AutoModelForCausalLM builds Gemma3ForConditionalGeneration, which adds a SigLIP "
+            "vision tower and a projector not counted here",
+        ],
     )
 
 
