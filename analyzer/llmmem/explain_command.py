@@ -83,25 +83,15 @@ def plan_dict(plan: TrainingPlan) -> dict[str, Any]:
 
 
 def run_explain(args: argparse.Namespace) -> int:
-    from llmmem.extract import extract_plan
-    from llmmem.extract.pragmas import find_project_settings
+    from llmmem.check import check_text
     from llmmem.lint_command import read_text
-    from llmmem.rules import run_rules
-    from llmmem.scenario import analyze
 
     path = Path(args.file)
     if not path.is_file():
         raise UsageError(f"{args.file}: no such file")
     text = read_text(path)
-    settings = find_project_settings(path)
-    plan = extract_plan(path, text, settings=settings)
-    analysis = analyze(
-        plan,
-        gpu=args.gpu or settings.gpu,
-        hub=args.hub and settings.hub,
-        local_model_paths=settings.local_model_paths,
-    )
-    findings = run_rules(analysis, text)
+    checked = check_text(path, text, gpu=args.gpu, hub=args.hub)
+    analysis, findings, plan = checked.analysis, checked.findings, checked.analysis.plan
     if args.format == "json":
         from llmmem.report.json_report import budget_dict
 

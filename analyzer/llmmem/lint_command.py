@@ -70,36 +70,11 @@ def lint_text(
     path: Path, text: str, *, gpu: str | None, hub: bool, select: set[str] | None
 ) -> tuple[list, str]:
     """Findings for one file (suppressions applied) and the analysis' GPU name."""
-    from llmmem.extract import extract_plan
-    from llmmem.extract.pragmas import find_project_settings, parse_suppressions
-    from llmmem.rules import run_rules
-    from llmmem.scenario import analyze
+    from llmmem.check import check_text
 
-    settings = find_project_settings(path)
-    plan = extract_plan(path, text, settings=settings)
-    analysis = analyze(
-        plan,
-        gpu=gpu or settings.gpu,
-        hub=hub and settings.hub,
-        local_model_paths=settings.local_model_paths,
-    )
-    findings = run_rules(analysis, text)
-    suppressed = parse_suppressions(text)
-    kept = []
-    for finding in findings:
-        line = finding.range.start_line if finding.range else 0
-        codes = suppressed.get(line)
-        if codes is not None and (not codes or finding.code in codes):
-            continue
-        if select and finding.code not in select:
-            continue
-        severity = settings.severity.get(finding.code) if settings.severity else None
-        if severity == "off":
-            continue
-        if severity:
-            finding = finding.model_copy(update={"severity": severity})
-        kept.append(finding)
-    return kept, analysis.gpu.name if analysis.gpu else ""
+    checked = check_text(path, text, gpu=gpu, hub=hub, select=select)
+    gpu_target = checked.analysis.gpu
+    return checked.findings, gpu_target.name if gpu_target else ""
 
 
 MAX_FIX_ROUNDS = 5

@@ -98,6 +98,9 @@ class TrainingPlan(BaseModel):
     trainer_range: SourceRange | None = None  # the TrainingArguments/SFTConfig(...) call
     model_range: SourceRange | None = None  # the from_pretrained(...) call
     problems: list[str] = Field(default_factory=list)  # what could not be read, one line each
+    # set when the file could not be parsed at all (a syntax error mid-typing): the plan holds
+    # only pragmas and assumptions, and an editor keeps its last good analysis instead
+    unreadable: str | None = None
     extra: dict[str, Any] = Field(default_factory=dict)  # framework keys kept for rules
 
     def sourced_fields(self) -> dict[str, Sourced[Any]]:

@@ -341,6 +341,7 @@ class PlanBuilder:
         self.lora_range: SourceRange | None = None
         self.quantization_range: SourceRange | None = None
         self.problems: list[str] = []
+        self.unreadable: str | None = None  # why the file could not be parsed at all
 
     def set(
         self,
@@ -492,6 +493,7 @@ class PlanBuilder:
             extra=self._extra(),
         )
         plan.problems = list(dict.fromkeys(self.problems))
+        plan.unreadable = self.unreadable
         return plan
 
     def _sequence_length(self, defaults: dict[str, object], default_note: str) -> Sourced[Any]:

@@ -388,10 +388,18 @@ def extract_config_plan(
 
 
 def plan_from_problems(
-    path: Path, kind: str, settings: ProjectSettings | None, problems: list[str]
+    path: Path,
+    kind: str,
+    settings: ProjectSettings | None,
+    problems: list[str],
+    *,
+    unreadable: bool = False,
 ) -> TrainingPlan:
-    """The plan of a file that could not be read: llmmem's assumptions and the reasons."""
+    """The plan of a file that could not be read: llmmem's assumptions and the reasons.
+    `unreadable`: the file could not be parsed at all (not merely holds no settings)."""
     builder = PlanBuilder()
+    if unreadable and problems:
+        builder.unreadable = problems[-1]
     if settings is not None:
         apply_project_settings(builder, settings)
     builder.problems.extend(problems)

@@ -80,7 +80,7 @@ def _read_notebook(
         text = _read_notebook_text(path, problems)
     cells = _notebook_cells(text, problems) if text is not None else None
     if cells is None:
-        return plan_from_problems(path, "notebook", settings, problems)
+        return plan_from_problems(path, "notebook", settings, problems, unreadable=True)
     joined = join_code_cells(cells)
     problems.extend(joined.problems)
     if not joined.text.strip():
@@ -221,6 +221,22 @@ def map_plan_to_cells(plan: TrainingPlan, joined: JoinedCells, notebook: str) ->
     return mapped
 
 
+def cell_path(notebook: str, index: int) -> str:
+    """The `path` of a range in cell `index` of `notebook`."""
+    return f"{notebook}#cell={index}"
+
+
+def cell_index(located: SourceRange | None, notebook: str) -> int | None:
+    """The cell a range of `notebook`'s plan lies in; None for a range elsewhere (or none)."""
+    if located is None or located.path is None:
+        return None
+    prefix = f"{notebook}#cell="
+    if not located.path.startswith(prefix):
+        return None
+    number = located.path[len(prefix) :]
+    return int(number) if number.isdigit() else None
+
+
 def map_range(located: SourceRange, joined: JoinedCells, notebook: str) -> SourceRange | None:
     """A range in the joined text as a range in its cell; one that runs past the end of its
     cell stops at that cell's last character."""
@@ -236,7 +252,7 @@ def map_range(located: SourceRange, joined: JoinedCells, notebook: str) -> Sourc
         end = CellLine(start.cell, len(lines) - 1)
         end_col = len(lines[-1]) if lines else 0
     return SourceRange(
-        path=f"{notebook}#cell={start.cell}",
+        path=cell_path(notebook, start.cell),
         start_line=start.line,
         start_col=located.start_col,
         end_line=end.line,

@@ -2315,6 +2315,7 @@ def _read_into(
     module, problem = parse_script(text)
     if module is None:
         builder.problems.append(problem or "could not parse the file")
+        builder.unreadable = problem or "could not parse the file"
         return "hf", "none"
     reader = ScriptReader(SourceMap(text), path)
     try:

@@ -8,6 +8,8 @@ Where no safe place exists (no trainer call, a shell launcher without the flag) 
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from typing import Any
 
 from llmmem.plan import Provenance, Sourced, SourceRange, TrainingPlan
@@ -66,8 +68,11 @@ def replace_value(sourced: Sourced[Any], new_text: str) -> TextEdit | None:
     return TextEdit(range=sourced.range, new_text=new_text)
 
 
-def insert_keyword(text: str, call: SourceRange, keyword: str, value: Any) -> TextEdit | None:
-    """`keyword=value` added as the last argument of the call spanning `call`."""
+def insert_keyword(
+    text: str, call: SourceRange, keyword: str, value: Any, *, code: str | None = None
+) -> TextEdit | None:
+    """`keyword=value` (or `keyword=<code>`, written as given) added as the last argument of
+    the call spanning `call`."""
     starts = line_starts(text)
     begin = offset(text, call.start_line, call.start_col, starts)
     close = text.rfind(")", 0, offset(text, call.end_line, call.end_col, starts))
@@ -76,7 +81,7 @@ def insert_keyword(text: str, call: SourceRange, keyword: str, value: Any) -> Te
     inside = text[begin:close]
     stripped = inside.rstrip()
     last = begin + len(stripped)  # just after the last argument (or its comma)
-    argument = f"{keyword}={python_literal(value)}"
+    argument = f"{keyword}={code if code is not None else python_literal(value)}"
     if stripped.endswith("("):
         new_text, at = argument, close
     elif "\n" in inside[len(stripped) :]:
@@ -173,3 +178,96 @@ def apply_edits(text: str, edits: list[TextEdit]) -> str:
     for start, end, new_text in spans:
         text = text[:start] + new_text + text[end:]
     return text
+
+
+# -- statements and imports (Python) ----------------------------------------------------------
+
+_ASSIGNED = re.compile(r"^(\s*)([A-Za-z_]\w*)\s*(?::[^=]*)?=[^=]")
+
+
+def statement_after(text: str, call: SourceRange) -> tuple[str, str, int] | None:
+    """For a call written as `name = <call>` (the call ending its statement): the indent, the
+    assigned name, and the line just after the statement; None for any other shape."""
+    lines = text.splitlines()
+    if call.start_line >= len(lines) or call.end_line >= len(lines):
+        return None
+    match = _ASSIGNED.match(lines[call.start_line])
+    if match is None or match.end(2) > call.start_col:
+        return None
+    rest = lines[call.end_line][call.end_col :].split("#", 1)[0].strip()
+    if rest:
+        return None
+    return match.group(1), match.group(2), call.end_line + 1
+
+
+def insert_line_after(
+    text: str, call: SourceRange, make_line: Callable[[str], str]
+) -> TextEdit | None:
+    """`make_line(name)` inserted after the statement `name = <call>`, at its indent."""
+    found = statement_after(text, call)
+    if found is None:
+        return None
+    indent, name, line = found
+    return TextEdit(range=_point(line, 0), new_text=f"{indent}{make_line(name)}\n")
+
+
+def ensure_import(text: str, module: str, name: str | None = None) -> TextEdit | None:
+    """An edit adding `from module import name` (or `import module`) unless the file has it;
+    placed before the first top-level import (after `from __future__` lines)."""
+    wanted = f"from {module} import " if name else f"import {module}"
+    lines = text.splitlines()
+    for line in lines:
+        if name and line.startswith(wanted) and re.search(rf"\b{re.escape(name)}\b", line):
+            return None
+        if not name and re.match(rf"import {re.escape(module)}\b(?!\.)", line):
+            return None
+    statement = f"{wanted}{name}" if name else wanted
+    first = None
+    for number, line in enumerate(lines):
+        if line.startswith("from __future__"):
+            first = number + 1
+            continue
+        if line.startswith(("import ", "from ")):
+            first = number if first is None else first
+            break
+    return TextEdit(range=_point(first or 0, 0), new_text=statement + "\n")
+
+
+def suppression_edit(text: str, line: int, code: str, kind: str) -> TextEdit | None:
+    """The edit that silences `code` on `line`: `# llmmem: ignore[CODE]` at the line's end, or
+    the code added to an ignore list already there. None for JSON (it has no comments)."""
+    if kind not in ("python", "yaml", "shell", "notebook"):
+        return None
+    lines = text.splitlines()
+    if line >= len(lines):
+        return None
+    current = lines[line]
+    existing = re.search(r"llmmem:\s*ignore\[([^\]]*)\]", current)
+    if existing is not None:
+        codes = [c.strip() for c in existing.group(1).split(",") if c.strip()]
+        if code in codes:
+            return None
+        at = existing.end(1)
+        return TextEdit(range=_point(line, at), new_text=(", " if codes else "") + code)
+    if re.search(r"llmmem:\s*ignore(?!\[)", current):
+        return None  # a bare ignore already silences everything on the line
+    return TextEdit(range=_point(line, len(current)), new_text=f"  # llmmem: ignore[{code}]")
+
+
+def keyword_span(text: str, value_range: SourceRange) -> SourceRange:
+    """The range of `name=value` / `name: value` around a value's range (the value's own range
+    when no keyword is written right before it), so a hover on the keyword finds the value."""
+    name = keyword_at(text, value_range)
+    if name is None or value_range.start_line >= len(lines := text.splitlines()):
+        return value_range
+    line = lines[value_range.start_line][: value_range.start_col]
+    start = line.rfind(name)
+    if start < 0:
+        return value_range
+    return SourceRange(
+        path=value_range.path,
+        start_line=value_range.start_line,
+        start_col=start,
+        end_line=value_range.end_line,
+        end_col=value_range.end_col,
+    )

@@ -11,8 +11,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from llmmem.budget.phases import estimate_budget
-from llmmem.budget.setup import LossImpl, Precision, SetupError, TrainingSetup
-from llmmem.rules.edits import set_setting
+from llmmem.budget.setup import (
+    LossImpl,
+    Method,
+    Precision,
+    QuantSetup,
+    QuantType,
+    SetupError,
+    TrainingSetup,
+)
+from llmmem.rules.edits import ensure_import, insert_keyword, insert_line_after, set_setting
 from llmmem.rules.finding import Fix, TextEdit
 from llmmem.scenario import Analysis
 from llmmem.units import format_bytes
@@ -65,6 +73,64 @@ def _setting(field: str, value: object) -> Callable[[Analysis, str], list[TextEd
     return edit
 
 
+def _grad_ckpt_edit(analysis: Analysis, text: str) -> list[TextEdit] | None:
+    """`gradient_checkpointing=True` where the trainer's settings are; in a plain training loop
+    (no trainer call) `model.gradient_checkpointing_enable()` after the model is loaded."""
+    edits = set_setting(analysis.plan, text, "gradient_checkpointing", True)
+    if edits or analysis.plan.kind != "python" or analysis.plan.model_range is None:
+        return edits
+    edit = insert_line_after(
+        text, analysis.plan.model_range, lambda name: f"{name}.gradient_checkpointing_enable()"
+    )
+    return [edit] if edit else None
+
+
+def _qlora(setup: TrainingSetup) -> TrainingSetup | None:
+    """LoRA over 16-bit weights -> the same adapters over 4-bit NF4 base weights."""
+    if setup.method is not Method.LORA or setup.quant is not None:
+        return None
+    return replace(
+        setup,
+        method=Method.QLORA,
+        quant=QuantSetup(
+            quant_type=QuantType.NF4,
+            double_quant=True,
+            compute_dtype_bytes=2,
+            prepare_for_kbit_training=True,
+        ),
+    )
+
+
+QLORA_CONFIG = (
+    'BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", '
+    "bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16)"
+)
+
+
+def _qlora_edit(analysis: Analysis, text: str) -> list[TextEdit] | None:
+    """`quantization_config=BitsAndBytesConfig(...)` on the model's `from_pretrained` call,
+    `prepare_model_for_kbit_training(model)` after it, and the imports they need."""
+    plan = analysis.plan
+    if plan.kind != "python" or plan.model_range is None or plan.quantization is not None:
+        return None
+    keyword = insert_keyword(text, plan.model_range, "quantization_config", None, code=QLORA_CONFIG)
+    prepare = insert_line_after(
+        text, plan.model_range, lambda name: f"{name} = prepare_model_for_kbit_training({name})"
+    )
+    if keyword is None or prepare is None:
+        return None
+    imports = [
+        edit
+        for edit in (
+            ensure_import(text, "torch"),
+            ensure_import(text, "transformers", "BitsAndBytesConfig"),
+            ensure_import(text, "peft", "prepare_model_for_kbit_training"),
+        )
+        if edit is not None
+    ]
+    return imports + [keyword, prepare]
+
+
 def _halve_batch_edit(analysis: Analysis, text: str) -> list[TextEdit] | None:
     setup = analysis.setup
     if setup is None:
@@ -88,7 +154,7 @@ CANDIDATES = [
         "grad-ckpt",
         "Enable gradient checkpointing",
         _grad_ckpt,
-        _setting("gradient_checkpointing", True),
+        _grad_ckpt_edit,
     ),
     Candidate(
         "optim-8bit",
@@ -109,6 +175,13 @@ CANDIDATES = [
         _halve_batch_edit,
     ),
     Candidate("bf16", "Train in bf16 mixed precision", _bf16, _bf16_edit),
+    Candidate(
+        "qlora",
+        "Switch to QLoRA (4-bit NF4 base weights)",
+        _qlora,
+        _qlora_edit,
+        safe=False,  # changes the numerics of training: the user decides
+    ),
     Candidate(
         "liger",
         "Use Liger's fused linear cross-entropy (use_liger_kernel=True)",

@@ -1,0 +1,89 @@
+"""The Markdown the editor shows, and the per-setting deltas, checked against the accounting core
+run directly (never against strings copied from the output)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from llmmem.budget.limits import largest_batch
+from llmmem.budget.phases import estimate_budget
+from llmmem.budget.setup import QuantType
+from llmmem.check import check_text
+from llmmem.report.deltas import setting_deltas
+from llmmem.report.markdown import (
+    budget_hover,
+    cell,
+    lora_hover,
+    model_hover,
+    quantization_hover,
+)
+from llmmem.units import format_bytes
+
+REPO = Path(__file__).resolve().parents[2]
+QLORA = REPO / "examples" / "qlora_sft.py"
+
+
+@pytest.fixture(scope="module")
+def qlora():  # type: ignore[no-untyped-def]
+    return check_text(QLORA, QLORA.read_text(), gpu="RTX-4090", hub=False).analysis
+
+
+def test_budget_hover_rows_are_the_budget(qlora) -> None:  # type: ignore[no-untyped-def]
+    text = budget_hover(qlora)
+    budget = qlora.budget
+    for component, term in budget.peak.components.items():
+        if term.bytes:
+            name = component.value.replace("_", " ")
+            assert f"| {name} | {format_bytes(term.bytes)} |" in text
+    assert f"**{format_bytes(budget.allocated_peak_bytes)}**" in text
+    assert f"| **device total** | **{format_bytes(budget.device_total_bytes)}** |" in text
+    best, _ = largest_batch(qlora.spec, qlora.setup, qlora.gpu)
+    assert f"Largest micro-batch that fits RTX-4090: **{best}** (now 4)." in text
+    # every table row has the same number of cells: no stray pipes from formulas
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    assert {line.replace("\\|", "").count("|") for line in rows} == {5}
+
+
+def test_model_hover_counts_add_up(qlora) -> None:  # type: ignore[no-untyped-def]
+    text = model_hover(qlora)
+    p = qlora.spec.params
+    assert f"| attention | {p.attention:,} |" in text
+    assert f"| MLP | {p.mlp:,} |" in text
+    assert "LlamaForCausalLM" in text and "catalog" in text
+
+
+def test_quantization_hover_what_ifs_are_estimates(qlora) -> None:  # type: ignore[no-untyped-def]
+    text = quantization_hover(qlora)
+    assert text.startswith("**4-bit base weights** (nf4, double quantization)")
+    eight_bit = replace(qlora.setup, quant=replace(qlora.setup.quant, quant_type=QuantType.INT8))
+    total = estimate_budget(qlora.spec, eight_bit, qlora.gpu).device_total_bytes
+    assert f"| 8-bit (load_in_8bit) | {format_bytes(total)} |" in text
+    assert lora_hover(qlora).startswith("**LoRA** r = 16, alpha = 32")
+
+
+def test_hover_without_an_estimate_says_why(tmp_path: Path) -> None:
+    analysis = check_text(tmp_path / "x.py", "x = 1\n", hub=False).analysis
+    text = budget_hover(analysis)
+    assert text.startswith("**llmmem: no estimate**")
+    assert "no model found" in text
+
+
+def test_per_sample_delta_is_one_more_sample_estimated_again(qlora) -> None:  # type: ignore[no-untyped-def]
+    deltas = {d.field: d for d in setting_deltas(qlora)}
+    one_more = estimate_budget(qlora.spec, replace(qlora.setup, batch=5), qlora.gpu)
+    expected = one_more.device_total_bytes - qlora.budget.device_total_bytes
+    assert deltas["per_device_train_batch_size"].delta_bytes == expected
+    assert deltas["per_device_train_batch_size"].label == f"≈ {format_bytes(expected)} per sample"
+    # checkpointing is on: the hint says what it saves, a positive number
+    assert deltas["gradient_checkpointing"].label.startswith("saves ")
+    assert deltas["gradient_checkpointing"].delta_bytes > 0
+    # each delta sits on the value it is about, in this file
+    line = QLORA.read_text().splitlines()[deltas["optim"].range.start_line]
+    assert "optim=" in line
+
+
+def test_cell_escapes_pipes_and_newlines() -> None:
+    assert cell("a | b\nc") == "a \\| b c"
