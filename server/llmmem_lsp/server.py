@@ -1,0 +1,767 @@
+"""The llmmem language server: a thin pygls adapter over `llmmem.check`.
+
+Everything it shows is computed by the analyzer (`llmmem.check`, `llmmem.report.markdown`,
+`llmmem.report.deltas`, the rules' fixes); this module only schedules analyses
+(`documents.Analyzer`), converts positions and answers the protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from lsprotocol import types
+from pygls.lsp.server import LanguageServer
+from pygls.uris import to_fs_path
+
+from llmmem import __version__
+from llmmem.check import Checked
+from llmmem.extract.notebook import cell_index, cell_path
+from llmmem.plan import SourceRange
+from llmmem_lsp.convert import Lines, code_action, diagnostic, overlaps, workspace_edit
+from llmmem_lsp.documents import Analyzer, DocumentState, Result, document_path
+from llmmem_lsp.settings import ServerSettings, read_settings
+
+log = logging.getLogger("llmmem_lsp")
+
+HOVER_WAIT_S = 1.5  # how long a hover waits for the current version's analysis
+PULL_WAIT_S = 3.0  # how long a pulled diagnostic report waits for it
+VERIFY_TIMEOUT_S = 900
+CONFIG_FILE_GLOB = "**/*.{json,yaml,yml,toml}"
+
+
+class LlmmemServer(LanguageServer):
+    def __init__(self) -> None:
+        super().__init__(
+            "llmmem",
+            __version__,
+            text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
+            notebook_document_sync=types.NotebookDocumentSyncOptions(
+                notebook_selector=[
+                    types.NotebookDocumentFilterWithCells(
+                        notebook="jupyter-notebook",
+                        cells=[types.NotebookCellLanguage(language="python")],
+                    )
+                ]
+            ),
+        )
+        self.analyzer = Analyzer(self._text_of, self._publish)
+        self.pull_diagnostics = False
+        self.versioned_edits = True
+        self.refresh_lenses = False
+        self.refresh_hints = False
+        self.refresh_diagnostics = False
+        self.settings_problems_shown: set[str] = set()
+        self.notebooks: set[str] = set()  # URIs of open notebook documents
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    @property
+    def encoding(self) -> str:
+        encoding = self.workspace.position_encoding if self.workspace else None
+        return str(getattr(encoding, "value", encoding) or "utf-16")
+
+    def lines(self, text: str) -> Lines:
+        return Lines(text, self.encoding)
+
+    def _text_of(self, uri: str) -> tuple[str, int | None] | None:
+        notebook = self.workspace.get_notebook_document(notebook_uri=uri)
+        if notebook is not None:
+            return self.notebook_json(notebook), notebook.version
+        try:
+            document = self.workspace.get_text_document(uri)
+        except Exception:
+            return None
+        return document.source, document.version
+
+    def apply_settings(self, raw: Any) -> None:
+        settings, problems = read_settings(raw, self.analyzer.settings)
+        old = self.analyzer.settings
+        self.analyzer.settings = settings
+        if settings.hub and not old.hub:
+            self.analyzer.forget_hub_lookups()
+        for problem in problems:
+            if problem not in self.settings_problems_shown:
+                self.settings_problems_shown.add(problem)
+                self.window_show_message(
+                    types.ShowMessageParams(type=types.MessageType.Warning, message=problem)
+                )
+
+    def notebook_json(self, notebook: types.NotebookDocument) -> str:
+        """The notebook as the `.ipynb` JSON the analyzer reads: its cells in order, with the
+        editor's current text (unsaved edits included)."""
+        cells = []
+        for cell in notebook.cells:
+            try:
+                source = self.workspace.get_text_document(cell.document).source
+            except Exception:
+                source = ""
+            kind = "code" if cell.kind == types.NotebookCellKind.Code else "markdown"
+            cells.append({"cell_type": kind, "source": source, "metadata": {}})
+        return json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+
+    def cell_of(self, uri: str) -> tuple[DocumentState, int, str] | None:
+        """For a notebook cell's URI: its notebook's state, the cell's index, the cell's text."""
+        notebook = self.workspace.get_notebook_document(cell_uri=uri)
+        if notebook is None:
+            return None
+        state = self.analyzer.documents.get(notebook.uri)
+        if state is None:
+            return None
+        for index, cell in enumerate(notebook.cells):
+            if cell.document == uri:
+                return state, index, self.workspace.get_text_document(uri).source
+        return None
+
+    def cell_diagnostics(self, state: DocumentState) -> dict[str, list[types.Diagnostic]]:
+        """A notebook's diagnostics, per cell URI (every code cell present, maybe empty)."""
+        notebook = self.workspace.get_notebook_document(notebook_uri=state.uri)
+        result = state.result
+        if notebook is None or result is None:
+            return {}
+        from llmmem.report.findings import rule_url
+
+        plan_path = result.checked.analysis.plan.path
+        out: dict[str, list[types.Diagnostic]] = {}
+        texts: dict[int, Lines] = {}
+        for index, cell in enumerate(notebook.cells):
+            if cell.kind == types.NotebookCellKind.Code:
+                out[cell.document] = []
+                texts[index] = self.lines(self.workspace.get_text_document(cell.document).source)
+        if not notebook.cells:
+            return out
+        first = notebook.cells[0].document
+        if result.unreadable:
+            out.setdefault(first, []).append(
+                types.Diagnostic(
+                    range=types.Range(
+                        start=types.Position(line=0, character=0),
+                        end=types.Position(line=0, character=0),
+                    ),
+                    severity=types.DiagnosticSeverity.Information,
+                    source="llmmem",
+                    message=f"llmmem cannot estimate this notebook yet: {result.unreadable}",
+                )
+            )
+            return out
+        for finding in result.checked.findings:
+            found = cell_index(finding.range, plan_path)
+            where = finding.range if found in texts else None
+            index = found if found is not None and found in texts else next(iter(texts), 0)
+            cell_uri = notebook.cells[index].document
+            lines = texts.get(index) or self.lines("")
+            located = finding.model_copy(update={"range": where, "related": []})
+            out.setdefault(cell_uri, []).append(
+                diagnostic(located, lines, cell_uri, rule_url(finding.code))
+            )
+        return out
+
+    def diagnostics_for(self, state: DocumentState) -> list[types.Diagnostic]:
+        result = state.result
+        if result is None:
+            return []
+        from llmmem.report.findings import rule_url
+
+        lines = self.lines(result.text)
+        if result.unreadable:
+            # rules over a plan of nothing would only say "no model found": say why instead
+            return [
+                types.Diagnostic(
+                    range=lines.range(None),
+                    severity=types.DiagnosticSeverity.Information,
+                    source="llmmem",
+                    message=f"llmmem cannot estimate this file yet: {result.unreadable}",
+                )
+            ]
+        return [
+            diagnostic(finding, lines, state.uri, rule_url(finding.code))
+            for finding in result.checked.findings
+        ]
+
+    async def _publish(self, state: DocumentState, result: Result) -> None:
+        """A new analysis stands: push its diagnostics (or ask a pulling client to pull)."""
+        if result.unreadable and state.result is not result:
+            return  # keep what was shown for the last version that parsed
+        if self.pull_diagnostics:
+            if self.refresh_diagnostics:
+                self.workspace_diagnostic_refresh(None)
+        elif state.uri in self.notebooks:
+            for cell_uri, items in self.cell_diagnostics(state).items():
+                self.text_document_publish_diagnostics(
+                    types.PublishDiagnosticsParams(uri=cell_uri, diagnostics=items)
+                )
+        else:
+            self.text_document_publish_diagnostics(
+                types.PublishDiagnosticsParams(
+                    uri=state.uri, version=result.version, diagnostics=self.diagnostics_for(state)
+                )
+            )
+        if self.refresh_lenses:
+            self.workspace_code_lens_refresh(None)
+        if self.refresh_hints:
+            self.workspace_inlay_hint_refresh(None)
+
+    async def current(self, uri: str, wait_s: float) -> tuple[DocumentState, Result] | None:
+        state = self.analyzer.documents.get(uri)
+        if state is None:
+            return None
+        await self.analyzer.wait_current(state, wait_s)
+        if state.result is None:
+            return None
+        return state, state.result
+
+
+server = LlmmemServer()
+
+
+# -- lifecycle ------------------------------------------------------------------------------
+
+
+@server.feature(types.INITIALIZE)
+def initialize(ls: LlmmemServer, params: types.InitializeParams) -> None:
+    caps = params.capabilities
+    text = caps.text_document
+    workspace = caps.workspace
+    ls.pull_diagnostics = bool(text and text.diagnostic)
+    ls.refresh_diagnostics = bool(
+        workspace and workspace.diagnostics and workspace.diagnostics.refresh_support
+    )
+    ls.refresh_lenses = bool(
+        workspace and workspace.code_lens and workspace.code_lens.refresh_support
+    )
+    ls.refresh_hints = bool(
+        workspace and workspace.inlay_hint and workspace.inlay_hint.refresh_support
+    )
+    ls.versioned_edits = bool(
+        workspace and workspace.workspace_edit and workspace.workspace_edit.document_changes
+    )
+    ls.apply_settings(params.initialization_options)
+
+
+@server.feature(types.INITIALIZED)
+async def initialized(ls: LlmmemServer, params: types.InitializedParams) -> None:
+    caps = ls.client_capabilities
+    workspace = caps.workspace
+    if workspace and workspace.configuration:
+        await _pull_configuration(ls)
+    watched = workspace.did_change_watched_files if workspace else None
+    if watched and watched.dynamic_registration:
+        registration = types.Registration(
+            id=str(uuid.uuid4()),
+            method=types.WORKSPACE_DID_CHANGE_WATCHED_FILES,
+            register_options=types.DidChangeWatchedFilesRegistrationOptions(
+                watchers=[types.FileSystemWatcher(glob_pattern=CONFIG_FILE_GLOB)]
+            ),
+        )
+        try:
+            await ls.client_register_capability_async(
+                types.RegistrationParams(registrations=[registration])
+            )
+        except Exception as err:
+            log.info("client refused the file watcher: %s", err)
+    if ls.analyzer.settings.detect_gpu and not ls.analyzer.settings.gpu:
+        asyncio.get_running_loop().create_task(_detect_gpu(ls))
+
+
+async def _pull_configuration(ls: LlmmemServer) -> None:
+    try:
+        answer = await asyncio.wait_for(
+            ls.workspace_configuration_async(
+                types.ConfigurationParams(items=[types.ConfigurationItem(section="llmmem")])
+            ),
+            timeout=5,
+        )
+    except Exception as err:
+        log.info("workspace/configuration failed: %s", err)
+        return
+    if answer:
+        ls.apply_settings(answer[0])
+
+
+async def _detect_gpu(ls: LlmmemServer) -> None:
+    """The GPU of this machine, in the background; used when no GPU is set anywhere."""
+    from llmmem.gpus import GIB, detect_local_gpus
+
+    loop = asyncio.get_running_loop()
+    try:
+        found = await loop.run_in_executor(None, detect_local_gpus)
+    except Exception:
+        return
+    if not found:
+        return
+    gpu = found[0]
+    ls.analyzer.detected_gpu = (
+        gpu.spec.name if gpu.spec is not None else f"{gpu.total_bytes / GIB:.1f}GiB"
+    )
+    log.info("detected GPU %s", ls.analyzer.detected_gpu)
+    ls.analyzer.reanalyse_all()
+
+
+@server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
+async def did_change_configuration(
+    ls: LlmmemServer, params: types.DidChangeConfigurationParams
+) -> None:
+    caps = ls.client_capabilities.workspace
+    if caps and caps.configuration:
+        await _pull_configuration(ls)
+    else:
+        ls.apply_settings(params.settings)
+    ls.analyzer.reanalyse_all()
+
+
+@server.feature(types.WORKSPACE_DID_CHANGE_WATCHED_FILES)
+def did_change_watched_files(ls: LlmmemServer, params: types.DidChangeWatchedFilesParams) -> None:
+    for change in params.changes:
+        path = to_fs_path(change.uri)
+        if not path:
+            continue
+        if Path(path).name == "pyproject.toml":
+            ls.analyzer.reanalyse_all()
+            return
+        ls.analyzer.reanalyse_dependents(path)
+
+
+@server.feature(types.SHUTDOWN)
+def shutdown(ls: LlmmemServer, params: None) -> None:
+    ls.analyzer.shutdown()
+
+
+# -- documents ------------------------------------------------------------------------------
+
+
+@server.feature(types.TEXT_DOCUMENT_DID_OPEN)
+def did_open(ls: LlmmemServer, params: types.DidOpenTextDocumentParams) -> None:
+    document = params.text_document
+    path = document_path(document.uri, to_fs_path(document.uri), document.language_id)
+    ls.analyzer.open(document.uri, path, document.version)
+
+
+@server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
+def did_change(ls: LlmmemServer, params: types.DidChangeTextDocumentParams) -> None:
+    ls.analyzer.changed(params.text_document.uri, params.text_document.version)
+
+
+@server.feature(types.TEXT_DOCUMENT_DID_SAVE)
+def did_save(ls: LlmmemServer, params: types.DidSaveTextDocumentParams) -> None:
+    path = to_fs_path(params.text_document.uri)
+    if path:
+        ls.analyzer.reanalyse_dependents(path)
+        if Path(path).name == "pyproject.toml":
+            ls.analyzer.reanalyse_all()
+
+
+@server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
+def did_close(ls: LlmmemServer, params: types.DidCloseTextDocumentParams) -> None:
+    uri = params.text_document.uri
+    ls.analyzer.close(uri)
+    if not ls.pull_diagnostics:
+        ls.text_document_publish_diagnostics(
+            types.PublishDiagnosticsParams(uri=uri, diagnostics=[])
+        )
+
+
+@server.feature(types.NOTEBOOK_DOCUMENT_DID_OPEN)
+def notebook_did_open(ls: LlmmemServer, params: types.DidOpenNotebookDocumentParams) -> None:
+    notebook = params.notebook_document
+    ls.notebooks.add(notebook.uri)
+    path = document_path(notebook.uri, to_fs_path(notebook.uri), "jupyter")
+    if path.suffix != ".ipynb":
+        path = path.with_suffix(".ipynb")
+    ls.analyzer.open(notebook.uri, path, notebook.version)
+
+
+@server.feature(types.NOTEBOOK_DOCUMENT_DID_CHANGE)
+def notebook_did_change(ls: LlmmemServer, params: types.DidChangeNotebookDocumentParams) -> None:
+    ls.analyzer.changed(params.notebook_document.uri, params.notebook_document.version)
+
+
+@server.feature(types.NOTEBOOK_DOCUMENT_DID_CLOSE)
+def notebook_did_close(ls: LlmmemServer, params: types.DidCloseNotebookDocumentParams) -> None:
+    uri = params.notebook_document.uri
+    ls.notebooks.discard(uri)
+    ls.analyzer.close(uri)
+    if not ls.pull_diagnostics:
+        for cell in params.cell_text_documents:
+            ls.text_document_publish_diagnostics(
+                types.PublishDiagnosticsParams(uri=cell.uri, diagnostics=[])
+            )
+
+
+@server.feature(
+    types.TEXT_DOCUMENT_DIAGNOSTIC,
+    types.DiagnosticOptions(
+        identifier="llmmem", inter_file_dependencies=True, workspace_diagnostics=False
+    ),
+)
+async def pull_diagnostics(
+    ls: LlmmemServer, params: types.DocumentDiagnosticParams
+) -> types.DocumentDiagnosticReport:
+    cell = ls.cell_of(params.text_document.uri)
+    if cell is not None:
+        state = cell[0]
+        await ls.analyzer.wait_current(state, PULL_WAIT_S)
+        items = ls.cell_diagnostics(state).get(params.text_document.uri, [])
+        return types.RelatedFullDocumentDiagnosticReport(items=items)
+    found = await ls.current(params.text_document.uri, PULL_WAIT_S)
+    if found is None:
+        return types.RelatedFullDocumentDiagnosticReport(items=[])
+    state, result = found
+    return types.RelatedFullDocumentDiagnosticReport(
+        items=ls.diagnostics_for(state), result_id=f"{state.uri}@{result.version}"
+    )
+
+
+# -- hover ----------------------------------------------------------------------------------
+
+
+def _hover_target(
+    checked: Checked, text: str, line: int, col: int, in_path: str | None = None
+) -> tuple[str, SourceRange] | None:
+    """What the cursor is on: ("model" | "budget" | "lora" | "quant", the range), the smallest
+    range that contains it winning; a setting's range covers its keyword too."""
+    from llmmem.rules.edits import keyword_span
+
+    plan = checked.analysis.plan
+    candidates: list[tuple[str, SourceRange | None]] = [
+        ("model", plan.model_id.range if plan.model_id else None),
+        ("model", plan.model_range),
+        ("budget", plan.trainer_range),
+        ("lora", plan.lora.range if plan.lora else None),
+        ("quant", plan.quantization.range if plan.quantization else None),
+    ]
+    for name, sourced in plan.sourced_fields().items():
+        if name != "model_id" and sourced.range is not None and sourced.range.path == in_path:
+            candidates.append(("budget", keyword_span(text, sourced.range)))
+    if plan.lora is not None:
+        for sourced in (plan.lora.r, plan.lora.alpha, plan.lora.target_modules):
+            if sourced.range is not None and sourced.range.path == in_path:
+                candidates.append(("lora", keyword_span(text, sourced.range)))
+    best: tuple[str, SourceRange] | None = None
+    for kind, where in candidates:
+        if where is None or where.path != in_path:
+            continue
+        inside = where.contains(line, col) or (
+            # a YAML/JSON key and its value share a line: hovering the key counts
+            plan.kind in ("yaml", "json", "shell") and where.start_line == line == where.end_line
+        )
+        if not inside:
+            continue
+        size = (where.end_line - where.start_line, where.end_col - where.start_col)
+        if best is None or size < (
+            best[1].end_line - best[1].start_line,
+            best[1].end_col - best[1].start_col,
+        ):
+            best = (kind, where)
+    return best
+
+
+@server.feature(types.TEXT_DOCUMENT_HOVER)
+async def hover(ls: LlmmemServer, params: types.HoverParams) -> types.Hover | None:
+    uri = params.text_document.uri
+    cell = ls.cell_of(uri)
+    if cell is not None:
+        state, index, text = cell
+        await ls.analyzer.wait_current(state, HOVER_WAIT_S)
+        if state.result is None:
+            return None
+        result = state.result
+        in_path: str | None = cell_path(result.checked.analysis.plan.path, index)
+    else:
+        found = await ls.current(uri, HOVER_WAIT_S)
+        if found is None:
+            return None
+        state, result = found
+        text, in_path = result.text, None
+    lines = ls.lines(text)
+    line, col = lines.server_position(params.position)
+    target = _hover_target(result.checked, text, line, col, in_path)
+    if target is None:
+        return None
+    kind, where = target
+    from llmmem.report import markdown
+
+    analysis = result.checked.analysis
+    loop = asyncio.get_running_loop()
+    render = {
+        "model": markdown.model_hover,
+        "lora": markdown.lora_hover,
+        "quant": markdown.quantization_hover,
+    }.get(kind)
+    if render is not None:
+        text = await loop.run_in_executor(None, render, analysis)
+    else:
+        text = await loop.run_in_executor(
+            None, lambda: markdown.budget_hover(analysis, measured=state.measured)
+        )
+    if not text:
+        return None
+    return types.Hover(
+        contents=types.MarkupContent(kind=types.MarkupKind.Markdown, value=text),
+        range=lines.range(where),
+    )
+
+
+# -- code actions ---------------------------------------------------------------------------
+
+
+@server.feature(
+    types.TEXT_DOCUMENT_CODE_ACTION,
+    types.CodeActionOptions(code_action_kinds=[types.CodeActionKind.QuickFix]),
+)
+async def code_actions(
+    ls: LlmmemServer, params: types.CodeActionParams
+) -> list[types.CodeAction] | None:
+    found = await ls.current(params.text_document.uri, HOVER_WAIT_S)
+    if found is None:
+        return None
+    state, result = found
+    if result.unreadable:
+        return None
+    from llmmem.report.findings import rule_url
+    from llmmem.rules.edits import suppression_edit
+
+    lines = ls.lines(result.text)
+    actions: list[types.CodeAction] = []
+    plan = result.checked.analysis.plan
+    for finding in result.checked.findings:
+        diag = diagnostic(finding, lines, state.uri, rule_url(finding.code))
+        if not overlaps(diag.range, params.range):
+            continue
+        for fix in finding.fixes:
+            actions.append(
+                code_action(fix, state.uri, result.version, lines, [diag], ls.versioned_edits)
+            )
+        line = finding.range.start_line if finding.range else 0
+        silence = suppression_edit(result.text, line, finding.code, plan.kind)
+        if silence is not None:
+            actions.append(
+                types.CodeAction(
+                    title=f"Silence {finding.code} on this line (# llmmem: ignore[{finding.code}])",
+                    kind=types.CodeActionKind.QuickFix,
+                    diagnostics=[diag],
+                    edit=workspace_edit(
+                        [silence], state.uri, result.version, lines, ls.versioned_edits
+                    ),
+                )
+            )
+    return actions
+
+
+# -- code lens and inlay hints --------------------------------------------------------------
+
+
+def _lens_anchor(checked: Checked) -> SourceRange | None:
+    plan = checked.analysis.plan
+    for where in (
+        plan.trainer_range,
+        plan.model_range,
+        plan.model_id.range if plan.model_id else None,
+    ):
+        if where is not None and where.path is None:
+            return where
+    return None
+
+
+@server.feature(types.TEXT_DOCUMENT_CODE_LENS)
+async def code_lens(ls: LlmmemServer, params: types.CodeLensParams) -> list[types.CodeLens] | None:
+    found = await ls.current(params.text_document.uri, HOVER_WAIT_S)
+    if found is None:
+        return None
+    state, result = found
+    analysis = result.checked.analysis
+    if analysis.budget is None:
+        return None
+    from llmmem.units import format_bytes
+
+    lines = ls.lines(result.text)
+    anchor = _lens_anchor(result.checked)
+    start = lines.position(anchor.start_line, 0) if anchor else types.Position(line=0, character=0)
+    where = types.Range(start=start, end=start)
+    total = format_bytes(analysis.budget.device_total_bytes)
+    if analysis.gpu is not None:
+        mark = "" if analysis.budget.fits else "  ✗ does not fit"
+        title = (
+            f"≈ {total} of {format_bytes(analysis.gpu.capacity_bytes)} on {analysis.gpu.name}{mark}"
+        )
+    else:
+        title = f"≈ {total} peak (no GPU set)"
+    return [
+        types.CodeLens(
+            range=where,
+            command=types.Command(title=title, command="llmmem.explain", arguments=[state.uri]),
+        ),
+        types.CodeLens(
+            range=where,
+            command=types.Command(title="Verify", command="llmmem.verify", arguments=[state.uri]),
+        ),
+    ]
+
+
+@server.feature(types.TEXT_DOCUMENT_INLAY_HINT, types.InlayHintOptions(resolve_provider=False))
+async def inlay_hints(
+    ls: LlmmemServer, params: types.InlayHintParams
+) -> list[types.InlayHint] | None:
+    found = await ls.current(params.text_document.uri, HOVER_WAIT_S)
+    if found is None:
+        return None
+    _, result = found
+    if result.unreadable:
+        return None
+    from llmmem.report.deltas import setting_deltas
+
+    lines = ls.lines(result.text)
+    loop = asyncio.get_running_loop()
+    deltas = await loop.run_in_executor(None, setting_deltas, result.checked.analysis)
+    hints = []
+    for delta in deltas:
+        end = lines.position(delta.range.end_line, delta.range.end_col)
+        if not overlaps(types.Range(start=end, end=end), params.range):
+            continue
+        hints.append(
+            types.InlayHint(
+                position=end,
+                label=delta.label,
+                padding_left=True,
+                tooltip=delta.detail,
+            )
+        )
+    return hints
+
+
+# -- commands -------------------------------------------------------------------------------
+
+
+def _uri_argument(arguments: Any) -> str | None:
+    if isinstance(arguments, (list, tuple)) and arguments:
+        first = arguments[0]
+        if isinstance(first, str):
+            return first
+        if isinstance(first, dict) and isinstance(first.get("uri"), str):
+            return first["uri"]
+    return None
+
+
+@server.command("llmmem.explain")
+async def explain(ls: LlmmemServer, *arguments: Any) -> dict[str, Any]:
+    """The full report of a document: Markdown for people, the budget and findings as JSON."""
+    uri = _uri_argument(list(arguments))
+    found = await ls.current(uri, PULL_WAIT_S) if uri else None
+    if found is None:
+        return {"error": f"not an open document: {uri}"}
+    _, result = found
+    from llmmem.report import markdown
+    from llmmem.report.json_report import budget_dict
+
+    analysis = result.checked.analysis
+    budget = None
+    if analysis.budget is not None and analysis.spec is not None:
+        budget = budget_dict(analysis.budget, analysis.spec)
+    return {
+        "uri": uri,
+        "version": result.version,
+        "markdown": markdown.budget_hover(analysis),
+        "model": markdown.model_hover(analysis),
+        "budget": budget,
+        "findings": [finding.model_dump(mode="json") for finding in result.checked.findings],
+        "problems": analysis.problems + ([analysis.model_error] if analysis.model_error else []),
+    }
+
+
+@server.command("llmmem.gpus")
+def gpus(ls: LlmmemServer, *arguments: Any) -> list[dict[str, Any]]:
+    """The GPU catalog, for an editor's GPU picker."""
+    from llmmem.gpus import GIB, all_gpus
+
+    return [
+        {"name": gpu.name, "memoryGiB": round(gpu.capacity_bytes / GIB, 1), "bf16": gpu.bf16}
+        for gpu in all_gpus()
+    ]
+
+
+@server.command("llmmem.verify")
+async def verify(ls: LlmmemServer, *arguments: Any) -> dict[str, Any]:
+    """Run `llmmem verify` on the document's file in a subprocess, reporting `$/progress`;
+    the measured result is kept for the hover."""
+    uri = _uri_argument(list(arguments))
+    state = ls.analyzer.documents.get(uri) if uri else None
+    if state is None:
+        return {"ok": False, "message": f"not an open document: {uri}"}
+    token = str(uuid.uuid4())
+    progress = False
+    try:
+        await asyncio.wait_for(ls.work_done_progress.create_async(token), timeout=5)
+        progress = True
+    except Exception:
+        progress = False
+    if progress:
+        ls.work_done_progress.begin(
+            token,
+            types.WorkDoneProgressBegin(
+                title="llmmem verify", message=state.path.name, cancellable=False
+            ),
+        )
+    command = [sys.executable, "-m", "llmmem", "verify", str(state.path), "--format", "json"]
+    gpu = ls.analyzer.settings.gpu
+    if gpu:
+        command += ["--gpu", gpu]
+    loop = asyncio.get_running_loop()
+
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=VERIFY_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+    try:
+        proc = await loop.run_in_executor(None, run)
+        outcome = _verify_outcome(proc)
+    except subprocess.TimeoutExpired:
+        outcome = {"ok": False, "message": f"verify took longer than {VERIFY_TIMEOUT_S} s"}
+    except OSError as err:
+        outcome = {"ok": False, "message": f"could not start verify: {err}"}
+    if progress:
+        ls.work_done_progress.end(token, types.WorkDoneProgressEnd(message=outcome["message"]))
+    if outcome.get("markdown"):
+        state.measured = outcome["markdown"]
+    ls.window_show_message(
+        types.ShowMessageParams(
+            type=types.MessageType.Info if outcome["ok"] else types.MessageType.Warning,
+            message=outcome["message"],
+        )
+    )
+    return outcome
+
+
+def _verify_outcome(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    if proc.returncode == 0:
+        try:
+            report = json.loads(proc.stdout)
+        except ValueError:
+            return {"ok": False, "message": "verify printed no JSON report"}
+        summary = str(report.get("summary") or "verify finished")
+        return {
+            "ok": True,
+            "message": summary,
+            "report": report,
+            "markdown": f"**Measured** ({report.get('device', 'this machine')}): {summary}",
+        }
+    last = (proc.stderr or proc.stdout).strip().splitlines()
+    reason = last[-1] if last else f"exit code {proc.returncode}"
+    if "invalid choice" in reason and "verify" in reason:
+        reason = "this llmmem installation has no `verify` command"
+    return {"ok": False, "message": f"llmmem verify failed: {reason}"}
+
+
+def settings_of(ls: LlmmemServer) -> ServerSettings:
+    return ls.analyzer.settings

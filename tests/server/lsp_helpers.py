@@ -1,0 +1,152 @@
+"""Helpers for the language server tests: documents, edits, waiting on the server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from lsprotocol import types
+from pygls.protocol import default_converter
+from pytest_lsp import LanguageClient, client_capabilities
+
+SERVER_ENV = {
+    **os.environ,
+    "HF_HUB_OFFLINE": "1",  # nothing in these tests may reach the network
+    "PYTHONUNBUFFERED": "1",
+    "LLMMEM_CACHE_DIR": tempfile.mkdtemp(prefix="llmmem-lsp-tests-"),
+}
+
+NOT_FITTING = '''"""Full fine-tuning of Llama-3.1-8B on one GPU."""
+import torch
+from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+model = AutoModelForCausalLM.from_pretrained(
+    "meta-llama/Llama-3.1-8B",
+    torch_dtype=torch.bfloat16,
+)
+args = TrainingArguments(
+    output_dir="out",
+    per_device_train_batch_size=8,
+    gradient_accumulation_steps=2,
+    bf16=True,
+    optim="adamw_torch",
+)
+trainer = Trainer(model=model, args=args)
+trainer.train()
+'''
+
+FITTING_LORA = '''"""LoRA on Qwen2.5-0.5B."""
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, TrainingArguments
+
+model = AutoModelForCausalLM.from_pretrained("Qwen/Qwen2.5-0.5B")
+model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "v_proj"]))
+args = TrainingArguments(
+    output_dir="out",
+    per_device_train_batch_size=2,
+    bf16=True,
+)
+'''
+
+
+def uri_of(path: Path) -> str:
+    return path.resolve().as_uri()
+
+
+def options(**extra: Any) -> dict[str, Any]:
+    """initializationOptions: no GPU detection (tests must not depend on the machine)."""
+    return {"detectGpu": False, "hub": False, **extra}
+
+
+async def start(
+    client: LanguageClient,
+    capabilities: str,
+    init: dict[str, Any] | None = None,
+    root: Path | None = None,
+) -> None:
+    params = types.InitializeParams(
+        capabilities=client_capabilities(capabilities),
+        initialization_options=init if init is not None else options(gpu="RTX-4090"),
+        root_uri=root.resolve().as_uri() if root else None,
+    )
+    await client.initialize_session(params)
+
+
+def open_document(
+    client: LanguageClient, path: Path, text: str, language: str = "python", version: int = 1
+) -> str:
+    path.write_text(text, encoding="utf-8")
+    uri = uri_of(path)
+    client.text_document_did_open(
+        types.DidOpenTextDocumentParams(
+            text_document=types.TextDocumentItem(
+                uri=uri, language_id=language, version=version, text=text
+            )
+        )
+    )
+    return uri
+
+
+def replace_all(client: LanguageClient, uri: str, text: str, version: int) -> None:
+    """One didChange that replaces the whole text (a range edit over everything)."""
+    client.text_document_did_change(
+        types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+            content_changes=[
+                types.TextDocumentContentChangePartial(
+                    range=types.Range(
+                        start=types.Position(line=0, character=0),
+                        end=types.Position(line=10_000, character=0),
+                    ),
+                    text=text,
+                )
+            ],
+        )
+    )
+
+
+async def wait_until(
+    predicate: Callable[[], bool], timeout: float = 30.0, interval: float = 0.05
+) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("timed out waiting for the server")
+        await asyncio.sleep(interval)
+
+
+def published(client: LanguageClient) -> list[types.PublishDiagnosticsParams]:
+    return client.__dict__.setdefault("published_log", [])
+
+
+def make_client() -> LanguageClient:
+    """pytest-lsp's client, plus a log of every publishDiagnostics (with its version)."""
+    from pytest_lsp.client import DEFAULT_CLIENT_FEATURES, register_lsp_features
+
+    client = LanguageClient(converter_factory=default_converter)
+
+    def on_diagnostics(client: LanguageClient, params: types.PublishDiagnosticsParams) -> None:
+        client.diagnostics[params.uri] = params.diagnostics
+        published(client).append(params)
+
+    def on_request(method: str) -> Callable[[LanguageClient, Any], None]:
+        def record(client: LanguageClient, params: Any) -> None:
+            client.__dict__.setdefault("requests_log", []).append((method, params))
+
+        return record
+
+    features = {
+        **DEFAULT_CLIENT_FEATURES,
+        types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS: on_diagnostics,
+        # what an editor answers, recorded
+        types.CLIENT_REGISTER_CAPABILITY: on_request(types.CLIENT_REGISTER_CAPABILITY),
+        types.WORKSPACE_CODE_LENS_REFRESH: on_request(types.WORKSPACE_CODE_LENS_REFRESH),
+        types.WORKSPACE_INLAY_HINT_REFRESH: on_request(types.WORKSPACE_INLAY_HINT_REFRESH),
+        types.WORKSPACE_DIAGNOSTIC_REFRESH: on_request(types.WORKSPACE_DIAGNOSTIC_REFRESH),
+    }
+    register_lsp_features(client, features)
+    return client
