@@ -8,7 +8,6 @@ block, and leave tensors under 4,096 values in 32-bit.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from typing import Literal
 
@@ -184,6 +183,8 @@ def find_optimizer(name: str) -> OptimizerSpec:
     for candidate in (key, squashed, f"torch.optim.{squashed}", f"bnb.optim.{squashed}"):
         if candidate in ALIASES:
             return OPTIMIZERS[ALIASES[candidate]]
+    import difflib
+
     known = sorted(OPTIMIZERS)
     close = difflib.get_close_matches(key, known + sorted(ALIASES), n=4, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else ""

@@ -17,11 +17,10 @@ This module imports neither torch nor transformers, and reads the JSON files onl
 from __future__ import annotations
 
 import copy
-import difflib
 import json
 from dataclasses import dataclass, field
 from functools import lru_cache
-from importlib import resources
+from pathlib import Path
 from typing import Any
 
 __all__ = ["CatalogEntry", "CatalogError", "catalog_entry", "catalog_ids", "close_catalog_ids"]
@@ -102,6 +101,8 @@ class _Index:
         )
 
     def close(self, name: str, n: int) -> list[str]:
+        import difflib
+
         key = name.strip().strip("/").lower()
         if not key or n <= 0:
             return []
@@ -122,10 +123,13 @@ class _Index:
 def _read_bundled() -> _Index:
     raw: dict[str, dict[str, Any]] = {}
     seen_in: dict[str, str] = {}
-    folder = resources.files("llmmem.models").joinpath("catalog")
-    files = sorted(
-        (item for item in folder.iterdir() if item.name.endswith(".json")), key=lambda p: p.name
-    )
+    # the package data beside this module (a plain path: importlib.resources alone would cost
+    # the CLI more time to import than reading the whole catalog takes)
+    folder = Path(__file__).with_name("catalog")
+    try:
+        files = sorted(item for item in folder.iterdir() if item.name.endswith(".json"))
+    except OSError:
+        files = []
     if not files:
         raise CatalogError("the bundled model catalog is missing (no catalog/*.json)")
     for item in files:

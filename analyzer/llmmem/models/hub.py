@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, cast
 
+from llmmem.models.hub_names import hf_home
+
 if TYPE_CHECKING:  # the HTTP stack is imported only when the network is used
     import urllib.request
     from http.client import HTTPMessage
@@ -69,9 +71,6 @@ SAFETENSORS_ITEMSIZE: dict[str, float] = {
     "U64": 8,
     "F64": 8,
 }
-
-# what the hub accepts: word characters, '-' and '.', starting and ending with a word character
-_REPO_ID = re.compile(r"^(\w(?:[\w.-]{0,94}\w)?/)?\w(?:[\w.-]{0,94}\w)?$")
 
 CheckpointBytesStatus = Literal["read", "absent", "failed"]
 CHECKPOINT_BYTES_STATUSES: tuple[CheckpointBytesStatus, ...] = ("read", "absent", "failed")
@@ -200,11 +199,6 @@ def _is_bytes_by_dtype(value: Any) -> bool:
     )
 
 
-def is_hub_repo_id(ref: str) -> bool:
-    """`org/name` or a legacy top-level `name`, as the hub spells repository ids."""
-    return bool(_REPO_ID.match(ref)) and "--" not in ref and ".." not in ref
-
-
 def hub_endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
 
@@ -221,21 +215,6 @@ def hub_offline_reason() -> str | None:
     return None
 
 
-def _hf_home() -> Path:
-    if os.environ.get("HF_HOME"):
-        return Path(os.path.expandvars(os.environ["HF_HOME"])).expanduser()
-    xdg_cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg_cache).expanduser() / "huggingface"
-
-
-def hf_hub_cache_dir() -> Path:
-    """The Hugging Face hub cache, read from the environment at call time."""
-    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
-        if os.environ.get(name):
-            return Path(os.path.expandvars(os.environ[name])).expanduser()
-    return _hf_home() / "hub"
-
-
 def hub_token() -> str | None:
     """The user's HF token: HF_TOKEN, else the file `huggingface-cli login` writes."""
     for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
@@ -244,7 +223,7 @@ def hub_token() -> str | None:
             return token
     if _env_flag("HF_HUB_DISABLE_IMPLICIT_TOKEN"):
         return None
-    token_path = Path(os.environ.get("HF_TOKEN_PATH") or _hf_home() / "token").expanduser()
+    token_path = Path(os.environ.get("HF_TOKEN_PATH") or hf_home() / "token").expanduser()
     try:
         token = token_path.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError):

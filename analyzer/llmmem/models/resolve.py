@@ -12,11 +12,13 @@
 
 It raises `ModelResolutionError`, and nothing else, with a one-line message that says what was
 tried and what to do, so it is safe to call from an editor on every change.
+
+`hub.py` (the HTTP client and the disk copy of lookups) is imported only by the steps that use it,
+so a bundled model resolves without loading it.
 """
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import os
@@ -25,13 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from llmmem.models.hub import (
-    HubLookupError,
-    hf_hub_cache_dir,
-    hub_model_files,
-    is_hub_repo_id,
-    read_local_checkpoint_bytes,
-)
+from llmmem.models.hub_names import hf_hub_cache_dir, is_hub_repo_id
 from llmmem.models.spec import ModelSource, ModelSpec, ModelSpecError, spec_from_config
 
 CONFIG_FILE = "config.json"
@@ -187,6 +183,8 @@ def _resolve_config(
         if bundled is not None:
             return bundled
 
+        from llmmem.models.hub import HubLookupError, hub_model_files
+
         try:
             files = hub_model_files(
                 ref, allow_network=hub, timeout_s=hub_timeout_s, cache_dir=cache_dir
@@ -319,6 +317,8 @@ def _from_local_path(
             )
     else:
         config_file = path
+    from llmmem.models.hub import read_local_checkpoint_bytes
+
     config = read_config_file(config_file)
     notes = [f"found through {setting_note}"] if setting_note else []
     return ResolvedConfig(
@@ -362,6 +362,8 @@ def _from_hf_cache(repo_id: str) -> ResolvedConfig | None:
     config_path = _hf_cached_config_path(repo_id)
     if config_path is None:
         return None
+    from llmmem.models.hub import read_local_checkpoint_bytes
+
     return ResolvedConfig(
         model_id=repo_id,
         config=read_config_file(config_path),
@@ -385,6 +387,8 @@ def _hf_cached_repo_ids() -> list[str]:
 
 def close_matches(ref: str, n: int = 5) -> list[str]:
     """Known model ids that look like `ref`: the bundled catalog, then the HF cache."""
+    import difflib
+
     from llmmem.models.catalog import close_catalog_ids
 
     matches = list(close_catalog_ids(ref, n=n))
