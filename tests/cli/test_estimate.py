@@ -147,6 +147,10 @@ BAD_INPUT = [
         ["--model", "openai-community/gpt2", "--method", "lora", "--lora-targets", "q_proj"],
         "c_attn",
     ),
+    (
+        ["--model", "meta-llama/Llama-3.1-8B", "--mode", "generate", "--new-tokens", "-1"],
+        "new_tokens must be at least 0",
+    ),
 ]
 
 
@@ -162,6 +166,7 @@ BAD_INPUT = [
         "bf16-t4",
         "unknown-optimizer",
         "lora-target-missing",
+        "negative-new-tokens",
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], says: str) -> None:
@@ -170,6 +175,29 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], says: str) -> None:
     assert "Traceback" not in proc.stderr
     assert says in proc.stderr
     assert len(proc.stderr.strip().splitlines()) <= 2  # argparse adds a usage line
+
+
+@pytest.mark.parametrize(
+    ("output", "may_import"),
+    [("json", set()), ("text", {"rich"})],
+)
+def test_estimate_imports_only_what_it_needs(output: str, may_import: set[str]) -> None:
+    code = (
+        "import sys, contextlib, io\n"
+        "from llmmem.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    main(['estimate', '--offline', '--format', '{output}',\n"
+        "          '--model', 'meta-llama/Llama-3.1-8B', '--method', 'qlora', '--gpu', '4090'])\n"
+        "print(' '.join(sorted(m.split('.')[0] for m in sys.modules)))\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith('llmmem.'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    packages, ours = (set(line.split()) for line in out.stdout.splitlines())
+    heavy = {"pydantic", "rich", "torch", "transformers", "huggingface_hub", "yaml", "libcst"}
+    assert packages & heavy == may_import
+    # the hub client code and the other model families stay unloaded for a bundled llama
+    assert "llmmem.models.hub" not in ours
+    assert "llmmem.models.architectures.gpt_style" not in ours
 
 
 def test_malformed_config_json(tmp_path: Path) -> None:

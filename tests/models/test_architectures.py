@@ -9,7 +9,9 @@ every block.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
+import pkgutil
 import subprocess
 import sys
 from collections import Counter
@@ -33,6 +35,7 @@ from transformers.pytorch_utils import Conv1D
 
 from llmmem.models.architectures import (
     ARCHITECTURE_READERS,
+    FAMILY_OF_MODEL_TYPE,
     SUPPORTED_MODEL_TYPES,
     read_architecture,
 )
@@ -612,6 +615,36 @@ def test_real_config_matches_transformers(real_case: tuple[str, ModelSpec, nn.Mo
 def test_every_supported_family_is_exercised() -> None:
     covered = {config["model_type"] for config in FAMILY_CONFIGS.values()}
     assert covered == set(SUPPORTED_MODEL_TYPES)
+
+
+def test_the_family_table_names_the_module_of_every_reader() -> None:
+    import llmmem.models.architectures as package
+
+    declared = {}
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        for reader in getattr(module, "READERS", ()):
+            declared[reader.model_type] = info.name
+    assert declared == FAMILY_OF_MODEL_TYPE
+
+
+def test_reading_a_config_imports_only_its_family() -> None:
+    code = (
+        "import sys\n"
+        "from llmmem.models.catalog import catalog_entry\n"
+        "from llmmem.models.spec import ModelSource, spec_from_config\n"
+        "entry = catalog_entry('meta-llama/Llama-3.1-8B')\n"
+        "spec_from_config(entry.config, model_id=entry.model_id, source=ModelSource.CATALOG)\n"
+        "prefix = 'llmmem.models.architectures.'\n"
+        "print(sorted(m[len(prefix):] for m in sys.modules if m.startswith(prefix)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [
+        "['assembly',",
+        "'checkpoint_quantization',",
+        "'config_view',",
+        "'dense_decoders']",
+    ]
 
 
 @pytest.mark.parametrize(

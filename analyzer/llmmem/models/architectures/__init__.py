@@ -3,40 +3,76 @@
 Pure Python on the dict: no torch, no transformers. Every count is the exact
 `sum(p.numel() for p in model.parameters())` of the transformers 5 class the spec names, and the
 defaults for absent keys are those of the transformers config class of that model type.
+
+The readers live in one module per family, and a family's module is imported only when a config
+of one of its model types is read: `FAMILY_OF_MODEL_TYPE` says which module holds which reader
+(a test checks it against the modules' `READERS`). `ARCHITECTURE_READERS`, every reader by model
+type, imports them all on first use.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from importlib import import_module
 from typing import Any
 
-from llmmem.models.architectures import (
-    dense_decoders,
-    gemma,
-    gpt_style,
-    masked_lm,
-    mixture_of_experts,
-    t5,
-)
 from llmmem.models.architectures.assembly import ArchitectureReader, SpecOrigin
 from llmmem.models.architectures.checkpoint_quantization import read_checkpoint_quantization
 from llmmem.models.architectures.config_view import ConfigFieldError, ConfigView
 from llmmem.models.spec import ModelSource, ModelSpec, ModelSpecError
 
-ARCHITECTURE_READERS: dict[str, ArchitectureReader] = {
-    reader.model_type: reader
-    for reader in (
-        *dense_decoders.READERS,
-        *mixture_of_experts.READERS,
-        *gemma.READERS,
-        *gpt_style.READERS,
-        *masked_lm.READERS,
-        *t5.READERS,
-    )
+# model_type -> the module (in this package) whose READERS has its reader
+FAMILY_OF_MODEL_TYPE: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "llama",
+            "mistral",
+            "qwen2",
+            "qwen3",
+            "olmo",
+            "olmo2",
+            "phi3",
+            "starcoder2",
+            "stablelm",
+        ),
+        "dense_decoders",
+    ),
+    **dict.fromkeys(("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss"), "mixture_of_experts"),
+    **dict.fromkeys(("gemma", "gemma2", "gemma3_text", "gemma3"), "gemma"),
+    **dict.fromkeys(("gpt2", "gpt_neox", "gptj", "opt", "falcon", "bloom", "phi"), "gpt_style"),
+    **dict.fromkeys(("bert", "roberta"), "masked_lm"),
+    **dict.fromkeys(("t5", "mt5"), "t5"),
 }
 
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(ARCHITECTURE_READERS))
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(FAMILY_OF_MODEL_TYPE))
+
+
+def family_readers(family: str) -> list[ArchitectureReader]:
+    """The READERS of one family module, imported on first use."""
+    readers: list[ArchitectureReader] = import_module(f"{__name__}.{family}").READERS
+    return readers
+
+
+def architecture_reader(model_type: str) -> ArchitectureReader | None:
+    """The reader of a supported `model_type`, importing only its family's module."""
+    family = FAMILY_OF_MODEL_TYPE.get(model_type)
+    if family is None:
+        return None
+    for reader in family_readers(family):
+        if reader.model_type == model_type:
+            return reader
+    return None
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ARCHITECTURE_READERS":  # every reader by model type; imports every family
+        return {
+            reader.model_type: reader
+            for family in dict.fromkeys(FAMILY_OF_MODEL_TYPE.values())
+            for reader in family_readers(family)
+        }
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def read_architecture(
@@ -54,7 +90,7 @@ def read_architecture(
     if not isinstance(config, Mapping):
         raise ModelSpecError(f"a model config must be a JSON object, not {type(config).__name__}")
     model_type = config.get("model_type")
-    reader = ARCHITECTURE_READERS.get(model_type) if isinstance(model_type, str) else None
+    reader = architecture_reader(model_type) if isinstance(model_type, str) else None
     if reader is None:
         what = f"model_type {model_type!r}" if model_type else "a config without 'model_type'"
         raise ModelSpecError(
