@@ -138,8 +138,11 @@ def _shard_suffix(fraction: float, shard: Sharding) -> str:
     return f" ÷ {shard.shard_group} ({shard.label})" if fraction < 1 else ""
 
 
-def _weight_copy_terms(spec: ModelSpec, setup: TrainingSetup, inv: Inventory) -> tuple[int, int]:
-    """(bytes alive through forward, bytes alive at the start of backward) of weight copies."""
+def _weight_copy_terms(
+    spec: ModelSpec, setup: TrainingSetup, inv: Inventory
+) -> tuple[int, int, int]:
+    """Bytes of weight copies alive (through forward, at the start of backward, while the last
+    block is recomputed under checkpointing)."""
     dt = dtypes_for(setup)
     if dt.autocast and setup.method is Method.FULL:
         linear = sum(g.params for g in inv.groups if g.kind in ("linear", "head"))
@@ -150,9 +153,12 @@ def _weight_copy_terms(spec: ModelSpec, setup: TrainingSetup, inv: Inventory) ->
             block = max(
                 (sum(lin.weight_params for lin in b.linears) for b in spec.blocks), default=0
             )
-            return 2 * (linear + (head if not spec.params.head else 0)), 2 * (head + block)
+            forward = 2 * (linear + (head if not spec.params.head else 0))
+            return forward, 2 * (head + block), 2 * (head + block)
         total = 2 * (linear + (head if not spec.params.head else 0))
-        return total, total
+        return total, total, total
+    if dt.autocast and setup.quant is None and setup.method is not Method.FULL:
+        return _frozen_autocast_copies(spec, setup)
     if setup.quant is not None:
         largest = max(
             (
@@ -163,8 +169,30 @@ def _weight_copy_terms(spec: ModelSpec, setup: TrainingSetup, inv: Inventory) ->
             ),
             default=0,
         )
-        return 2 * largest, 2 * largest
-    return 0, 0
+        return 2 * largest, 2 * largest, 2 * largest
+    return 0, 0, 0
+
+
+def _frozen_autocast_copies(spec: ModelSpec, setup: TrainingSetup) -> tuple[int, int, int]:
+    """Adapters over frozen fp32 weights under autocast: autocast casts each frozen weight to
+    16 bits at every use without caching it (it caches only weights that need a gradient), and
+    the matmul keeps that cast for its input's gradient whenever the input needs one: from the
+    first adapter on, every Linear's 16-bit copy lives until backward reaches it. Only the
+    first block's projections of the (frozen) embeddings escape. With checkpointing the copies
+    live inside the one block being recomputed; the head's copy lives until the head's backward
+    is done, before any block is recomputed."""
+    head = spec.vocab_size * spec.hidden_size if spec.is_causal_lm else 0
+    block_copies: list[int] = []
+    for group in spec.blocks:
+        plain = [lin for lin in group.linears if lin.role != "expert"]
+        block_copies += [sum(lin.weight_params for lin in plain)] * group.count
+    if setup.grad_ckpt:
+        return 2 * head, 2 * head, 2 * max(block_copies, default=0)
+    first_block = spec.blocks[0].linears if spec.blocks else []
+    attention = [lin for lin in first_block if lin.role == "attention"]
+    reads_embeddings = sum(lin.weight_params for lin in attention[:-1])
+    total = 2 * (sum(block_copies) - reads_embeddings + head)
+    return total, total, total
 
 
 def estimate_budget(
@@ -203,11 +231,14 @@ def estimate_budget(
     n_i = setup.tokens * spec.intermediate_size
     workspace = 2 * dt.residual * n_h + 2 * dt.compute * n_i
     workspace_text = f"2·{dt.residual}·N·h + 2·{dt.compute}·N·I (gradients of one block in flight)"
-    copies_fwd, copies_bwd = _weight_copy_terms(spec, setup, inv)
+    copies_fwd, copies_bwd, copies_recompute = _weight_copy_terms(spec, setup, inv)
     copies_text = (
         "one dequantized k-bit weight (the largest Linear)"
         if setup.quant is not None
         else "bf16/fp16 copy of every Linear weight held by autocast"
+        if setup.method is Method.FULL
+        else "autocast's 16-bit cast of each frozen Linear weight, kept for the input gradient"
+        + (" (one block: checkpointed) + the head's" if setup.grad_ckpt else " + the head's")
     )
     gathered = 0
     if shard.gathered_blocks:
@@ -301,7 +332,7 @@ def estimate_budget(
                         formula="the head's gradient" if head_grad_new else grads_text,
                     ),
                     Component.ACTIVATIONS: activations,
-                    Component.WEIGHT_COPIES: Term(bytes=copies_bwd, formula=copies_text),
+                    Component.WEIGHT_COPIES: Term(bytes=copies_recompute, formula=copies_text),
                     Component.TEMPORARIES: Term(
                         bytes=recompute + workspace + extra_fwd + ddp_buckets,
                         formula=f"one block recomputed ({format_bytes(recompute)}) + "
