@@ -123,6 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_lint_arguments(lint)
     explain = sub.add_parser("explain", help="where each value came from, and the breakdown")
     add_explain_arguments(explain)
+    from llmmem.verify_command import add_verify_arguments
+
+    verify = sub.add_parser("verify", help="run one step (CUDA, CPU or simulated) and compare")
+    add_verify_arguments(verify)
     gpus = sub.add_parser("gpus", help="list the GPU catalog and the GPUs of this machine")
     gpus.add_argument("--format", choices=["text", "json"], default="text")
     return parser
@@ -150,6 +154,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from llmmem.explain_command import run_explain
 
             return run_explain(args)
+        if args.command == "verify":
+            from llmmem.verify_command import run_verify
+
+            return run_verify(args)
         if args.command == "gpus":
             return _run_gpus(args)
         parser.print_help()

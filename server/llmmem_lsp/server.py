@@ -688,11 +688,13 @@ def gpus(ls: LlmmemServer, *arguments: Any) -> list[dict[str, Any]]:
 @server.command("llmmem.verify")
 async def verify(ls: LlmmemServer, *arguments: Any) -> dict[str, Any]:
     """Run `llmmem verify` on the document's file in a subprocess, reporting `$/progress`;
-    the measured result is kept for the hover."""
+    the measured result is kept for the hover. Arguments: [uri] or [uri, {"simulate": true}]
+    or [uri, {"device": "cpu"}] (default: the CUDA device of the server's machine)."""
     uri = _uri_argument(list(arguments))
     state = ls.analyzer.documents.get(uri) if uri else None
     if state is None:
         return {"ok": False, "message": f"not an open document: {uri}"}
+    options = arguments[1] if len(arguments) > 1 and isinstance(arguments[1], dict) else {}
     token = str(uuid.uuid4())
     progress = False
     try:
@@ -708,9 +710,15 @@ async def verify(ls: LlmmemServer, *arguments: Any) -> dict[str, Any]:
             ),
         )
     command = [sys.executable, "-m", "llmmem", "verify", str(state.path), "--format", "json"]
+    if options.get("simulate"):
+        command.append("--simulate")
+    elif options.get("device") in ("cpu", "cuda"):
+        command += ["--device", str(options["device"])]
     gpu = ls.analyzer.settings.gpu
     if gpu:
         command += ["--gpu", gpu]
+    if not ls.analyzer.settings.hub:
+        command.append("--offline")
     loop = asyncio.get_running_loop()
 
     def run() -> subprocess.CompletedProcess[str]:
@@ -744,23 +752,48 @@ async def verify(ls: LlmmemServer, *arguments: Any) -> dict[str, Any]:
 
 
 def _verify_outcome(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-    if proc.returncode == 0:
-        try:
-            report = json.loads(proc.stdout)
-        except ValueError:
-            return {"ok": False, "message": "verify printed no JSON report"}
+    """`llmmem verify --format json` exits 0 (measured) or 1 (OOM, also a result) with a report;
+    3 (could not run here) with a report saying why; 2 (bad input) with one line on stderr."""
+    report: dict[str, Any] | None = None
+    try:
+        parsed = json.loads(proc.stdout) if proc.stdout.strip() else None
+        report = parsed if isinstance(parsed, dict) else None
+    except ValueError:
+        report = None
+    if report is not None:
         summary = str(report.get("summary") or "verify finished")
-        return {
-            "ok": True,
-            "message": summary,
-            "report": report,
-            "markdown": f"**Measured** ({report.get('device', 'this machine')}): {summary}",
-        }
+        ok = proc.returncode in (0, 1)
+        outcome: dict[str, Any] = {"ok": ok, "message": summary, "report": report}
+        if ok:
+            rows = [
+                f"| {row['what']} | {_gib(row['predicted_bytes'])} | "
+                f"{_gib(row['measured_bytes'])} |"
+                for row in report.get("comparison", [])
+            ]
+            outcome["markdown"] = "\n".join(
+                [
+                    f"**Verified** ({report.get('device', 'this machine')}): {summary}",
+                    "",
+                    "| | predicted | measured |",
+                    "|---|---:|---:|",
+                    *rows,
+                ]
+            )
+        return outcome
     last = (proc.stderr or proc.stdout).strip().splitlines()
     reason = last[-1] if last else f"exit code {proc.returncode}"
     if "invalid choice" in reason and "verify" in reason:
         reason = "this llmmem installation has no `verify` command"
-    return {"ok": False, "message": f"llmmem verify failed: {reason}"}
+    return {
+        "ok": False,
+        "message": f"llmmem verify failed: {reason.removeprefix('llmmem: error: ')}",
+    }
+
+
+def _gib(value: Any) -> str:
+    from llmmem.units import format_bytes
+
+    return format_bytes(int(value)) if isinstance(value, (int, float)) and value else "—"
 
 
 def settings_of(ls: LlmmemServer) -> ServerSettings:

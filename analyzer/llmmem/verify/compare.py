@@ -1,0 +1,158 @@
+"""Measured against predicted: phase by phase and component by component (no torch here)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from llmmem.budget.result import Budget, Component
+from llmmem.budget.setup import TrainingSetup
+from llmmem.models.spec import ModelSpec
+from llmmem.units import format_bytes
+from llmmem.verify.request import StepMeasurement, StepRequest
+
+
+@dataclass
+class Row:
+    what: str  # "forward peak", "weights", ...
+    predicted_bytes: int | None
+    measured_bytes: int | None
+    note: str = ""
+
+    @property
+    def error(self) -> float | None:
+        """(predicted − measured) / measured; None where either side is missing."""
+        if not self.predicted_bytes or not self.measured_bytes:
+            return None
+        return (self.predicted_bytes - self.measured_bytes) / self.measured_bytes
+
+
+def request_for(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    config: dict[str, Any],
+    device: str,
+    *,
+    trust_remote_code: bool = False,
+    snapshot: str | None = None,
+) -> StepRequest:
+    lora = None
+    if setup.lora is not None:
+        lora = {
+            "r": setup.lora.r,
+            "alpha": setup.lora.alpha,
+            "targets": setup.lora.targets,
+            "modules_to_save": setup.lora.modules_to_save,
+            "dora": setup.lora.dora,
+            "dropout": setup.lora.dropout,
+        }
+    quant = None
+    if setup.quant is not None:
+        quant = {
+            "quant_type": setup.quant.quant_type.value,
+            "double_quant": setup.quant.double_quant,
+            "compute_dtype_bytes": setup.quant.compute_dtype_bytes,
+            "prepare": setup.quant.prepare_for_kbit_training,
+        }
+    return StepRequest(
+        model_id=spec.model_id,
+        architecture=spec.architecture,
+        config=config,
+        batch=setup.batch,
+        seq=setup.seq,
+        grad_accum=setup.grad_accum,
+        grad_ckpt=setup.grad_ckpt,
+        precision=setup.precision.value,
+        optim=setup.optim,
+        # where transformers refuses SDPA (gemma-2's softcapping) the model trains eager
+        attn=setup.attn.value if spec.supports_sdpa or setup.attn.value != "sdpa" else "eager",
+        lora=lora,
+        quant=quant,
+        use_cache=setup.use_cache,
+        device=device,
+        trust_remote_code=trust_remote_code,
+        snapshot=snapshot,
+    )
+
+
+def compare(budget: Budget, measured: StepMeasurement) -> list[Row]:
+    rows: list[Row] = []
+    for phase in budget.phases:
+        got = measured.phase(phase.phase.value)
+        rows.append(
+            Row(
+                f"{phase.phase.value.replace('_', ' ')} peak",
+                phase.allocated_bytes,
+                got.peak_bytes if got else None,
+            )
+        )
+    rows.append(
+        Row("allocated peak", budget.allocated_peak_bytes, measured.allocated_peak_bytes or None)
+    )
+    peak = budget.peak.components
+
+    def component(name: Component) -> int | None:
+        term = peak.get(name)
+        return term.bytes if term is not None else None
+
+    rows.append(Row("weights", component(Component.WEIGHTS), measured.weights_bytes or None))
+    rows.append(
+        Row(
+            "gradients",
+            _phase_component(budget, Component.GRADIENTS),
+            measured.gradients_bytes or None,
+            "at the end of backward",
+        )
+    )
+    rows.append(
+        Row(
+            "optimizer states",
+            component(Component.OPTIMIZER_STATES),
+            measured.optimizer_state_bytes or None,
+        )
+    )
+    if measured.device == "cuda" and measured.reserved_peak_bytes:
+        rows.append(Row("reserved peak", budget.reserved_peak_bytes, measured.reserved_peak_bytes))
+    return rows
+
+
+def _phase_component(budget: Budget, name: Component) -> int | None:
+    """The largest value a component takes over the phases (gradients grow through backward)."""
+    values = [p.components[name].bytes for p in budget.phases if name in p.components]
+    return max(values) if values else None
+
+
+def unseen_overheads(budget: Budget, measured: StepMeasurement) -> list[Row]:
+    """What a simulated or CPU step cannot see, as the estimate has it."""
+    if measured.device == "cuda":
+        return []
+    return [
+        Row(overhead.value.replace("_", " "), term.bytes, None, "estimated: " + term.formula)
+        for overhead, term in budget.overheads.items()
+    ]
+
+
+def summary(budget: Budget, measured: StepMeasurement) -> str:
+    """One line: `measured 21.9 GiB allocated at backward; predicted 22.3 GiB (+1.8%)`."""
+    if measured.oom is not None:
+        return (
+            f"OOM in {measured.oom.get('phase', '?')} at "
+            f"{format_bytes(int(measured.oom.get('allocated_bytes') or 0))}; predicted "
+            f"{format_bytes(budget.device_total_bytes)} on the device"
+        )
+    if measured.error:
+        return f"no measurement: {measured.error}"
+    peak_phase = max(measured.phases, key=lambda p: p.peak_bytes).phase if measured.phases else "?"
+    error = (budget.allocated_peak_bytes - measured.allocated_peak_bytes) / max(
+        measured.allocated_peak_bytes, 1
+    )
+    where = "simulated" if measured.device == "fake" else f"measured on {measured.device_name}"
+    return (
+        f"{where}: {format_bytes(measured.allocated_peak_bytes)} allocated at its peak "
+        f"({peak_phase.replace('_', ' ')}); predicted {format_bytes(budget.allocated_peak_bytes)} "
+        f"({100 * error:+.1f}%)"
+    )
+
+
+def rows_json(rows: list[Row]) -> list[dict[str, Any]]:
+    return [{**asdict(row), "error": row.error} for row in rows]

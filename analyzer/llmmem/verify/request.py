@@ -1,0 +1,96 @@
+"""What a verify run is asked to do and what it measured: plain data that crosses the process
+boundary as JSON (the step runs in a subprocess so that a crash, an OOM or a hang is a result)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# the categories a measurement splits allocated memory into
+WEIGHTS = "weights"
+GRADIENTS = "gradients"
+OPTIMIZER_STATES = "optimizer_states"
+ACTIVATIONS = "activations"  # created in forward and alive: saved activations, logits, loss
+TEMPORARIES = "temporaries"  # created in backward or the step and not a gradient or a state
+OTHER = "other"  # alive before the step and none of the above (buffers, the batch)
+CATEGORIES = (WEIGHTS, GRADIENTS, OPTIMIZER_STATES, ACTIVATIONS, TEMPORARIES, OTHER)
+
+PHASES = ("forward", "backward", "optimizer_step")
+
+
+@dataclass
+class StepRequest:
+    """One training step to run: the model's HF config and the setup, as the core saw them."""
+
+    model_id: str
+    architecture: str  # the transformers class, e.g. "LlamaForCausalLM"
+    config: dict[str, Any]
+    batch: int
+    seq: int
+    grad_accum: int = 1
+    grad_ckpt: bool = False
+    precision: str = "bf16-true"  # fp32 | fp16 | bf16 | bf16-true | fp16-true
+    optim: str = "adamw_torch"
+    attn: str = "sdpa"
+    lora: dict[str, Any] | None = None  # r, alpha, targets, modules_to_save, dora, dropout
+    quant: dict[str, Any] | None = None  # quant_type, double_quant, compute_dtype_bytes, prepare
+    use_cache: bool = False
+    device: str = "fake"  # "fake" (simulated), "cpu", "cuda"
+    trust_remote_code: bool = False
+    snapshot: str | None = None  # CUDA: where to save a torch.cuda.memory snapshot
+    seed: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StepRequest:
+        known = {name: data[name] for name in cls.__dataclass_fields__ if name in data}
+        return cls(**known)
+
+
+@dataclass
+class PhaseMeasurement:
+    phase: str
+    peak_bytes: int  # the most allocated at any moment of the phase
+    by_category: dict[str, int]  # what was alive at that moment, by category
+
+
+@dataclass
+class StepMeasurement:
+    device: str  # "fake", "cpu", "cuda"
+    device_name: str
+    capacity_bytes: int | None = None
+    phases: list[PhaseMeasurement] = field(default_factory=list)
+    allocated_peak_bytes: int = 0
+    reserved_peak_bytes: int | None = None  # CUDA only: what the caching allocator held
+    free_before_bytes: int | None = None  # CUDA mem_get_info before the model was built
+    free_after_bytes: int | None = None
+    weights_bytes: int = 0
+    gradients_bytes: int = 0  # at the end of backward
+    optimizer_state_bytes: int = 0  # after the step
+    oom: dict[str, Any] | None = None  # {"phase": ..., "allocated_bytes": ..., "message": ...}
+    error: str | None = None  # anything else that stopped the step, one line
+    stage: str = ""  # how far it got: "build", "warm-up", "measured step", "done"
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    snapshot: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StepMeasurement:
+        phases = [PhaseMeasurement(**p) for p in data.get("phases", [])]
+        rest = {
+            name: data[name]
+            for name in cls.__dataclass_fields__
+            if name in data and name != "phases"
+        }
+        return cls(phases=phases, **rest)
+
+    def phase(self, name: str) -> PhaseMeasurement | None:
+        for item in self.phases:
+            if item.phase == name:
+                return item
+        return None

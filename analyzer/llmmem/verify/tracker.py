@@ -1,0 +1,104 @@
+"""Counting allocated memory without a GPU: every storage an op creates, until it dies.
+
+`StorageTracker` is a TorchDispatchMode. Each tensor an op returns is looked at once per storage:
+a storage not seen before is counted with its size and the category the running phase gives new
+memory ("activations" in forward, "temporaries" in backward and in the step), and forgotten when
+the storage is freed (a weakref finalizer on the storage object, which torch keeps alive exactly
+as long as the storage). Views and in-place results share a storage and are not counted twice.
+This works the same on real CPU tensors and on fake ones (FakeTensorMode), which is what lets a
+7B step be "run" in a second on a laptop.
+
+Known storages can be (re)classified: the parameters before the step, the gradients at the end of
+backward, the optimizer states after it; the totals by category at each phase's peak are kept.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from llmmem.verify.request import ACTIVATIONS, CATEGORIES, OTHER, TEMPORARIES
+
+
+def _storage(t: torch.Tensor) -> Any | None:
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+
+
+class StorageTracker(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: dict[int, int] = {}  # id(storage) -> bytes
+        self.category: dict[int, str] = {}
+        self.totals: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
+        self.current = 0
+        self.new_category = OTHER  # what memory created now is
+        self.peak = 0
+        self.peak_by_category: dict[str, int] = dict(self.totals)
+
+    # -- bookkeeping ------------------------------------------------------------------------
+
+    def _forget(self, key: int) -> None:
+        size = self.sizes.pop(key, None)
+        if size is None:
+            return
+        self.current -= size
+        self.totals[self.category.pop(key, OTHER)] -= size
+
+    def track(self, t: torch.Tensor, category: str | None = None) -> None:
+        """Count `t`'s storage (once); `category` re-files a storage already counted."""
+        storage = _storage(t)
+        if storage is None:
+            return
+        key = id(storage)
+        if key in self.sizes:
+            if category is not None and self.category[key] != category:
+                size = self.sizes[key]
+                self.totals[self.category[key]] -= size
+                self.totals[category] += size
+                self.category[key] = category
+            return
+        size = int(storage.nbytes())
+        self.sizes[key] = size
+        chosen = category or self.new_category
+        self.category[key] = chosen
+        self.totals[chosen] += size
+        self.current += size
+        weakref.finalize(storage, self._forget, key)
+        if self.current > self.peak:
+            self.peak = self.current
+            self.peak_by_category = dict(self.totals)
+
+    def reset_peak(self, new_category: str) -> None:
+        self.new_category = new_category
+        self.peak = self.current
+        self.peak_by_category = dict(self.totals)
+
+    def bytes_of(self, tensors: list[torch.Tensor]) -> int:
+        seen: set[int] = set()
+        total = 0
+        for t in tensors:
+            storage = _storage(t)
+            if storage is None or id(storage) in seen:
+                continue
+            seen.add(id(storage))
+            total += int(storage.nbytes())
+        return total
+
+    # -- the dispatch hook ------------------------------------------------------------------
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        for item in tree_flatten(out)[0]:
+            if isinstance(item, torch.Tensor):
+                self.track(item)
+        return out
+
+
+__all__ = ["ACTIVATIONS", "TEMPORARIES", "StorageTracker"]

@@ -1,0 +1,269 @@
+"""`llmmem verify FILE`: run the plan's step for real (CUDA, or the CPU for small models) or
+simulated (`--simulate`, no GPU, no weights), and compare with the prediction.
+
+Exit codes: 0 measured (the table says how close), 1 the step ran out of memory (a result, with
+where and how much), 2 bad input, 3 the step could not be run here (no CUDA, a missing package,
+a timeout). The step runs in a subprocess (`llmmem.verify.worker`) so that a crash, an OOM or a
+hang never takes this process down; nothing of the user's script is run, only the model its plan
+names, built from its config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from llmmem.errors import UsageError
+
+EXIT_MEASURED = 0
+EXIT_OOM = 1
+EXIT_COULD_NOT_RUN = 3
+DEFAULT_TIMEOUT_S = 900
+
+
+def add_verify_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Run one training step of FILE's plan and compare the memory with the prediction: "
+        "on CUDA, on the CPU (--device cpu, small models), or simulated (--simulate)."
+    )
+    p.add_argument("file", help="training script or config")
+    p.add_argument("--gpu", default=None, help="the GPU to predict for (default: the plan's)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
+        "--simulate",
+        action="store_true",
+        help="run the step under FakeTensorMode: no GPU, no weights, no memory allocated",
+    )
+    where.add_argument("--device", choices=["cuda", "cpu"], default=None)
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.add_argument("--output", metavar="REPORT.json", help="also write the JSON report here")
+    p.add_argument(
+        "--snapshot", metavar="SNAPSHOT.pickle", help="CUDA: save a memory snapshot (memory_viz)"
+    )
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds (900)")
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow a model that ships its own code (config auto_map) to be built",
+    )
+    p.add_argument("--offline", action="store_true", help="never ask the hub for the config")
+
+
+def _device(args: argparse.Namespace) -> str:
+    if args.simulate:
+        return "fake"
+    return args.device or "cuda"
+
+
+def _config_for(
+    model_id: str, base_dir: Path, local_paths: dict[str, str], hub: bool
+) -> dict[str, Any]:
+    from llmmem.models.resolve import ModelResolutionError, resolve_model_config
+
+    try:
+        resolved = resolve_model_config(
+            model_id, hub=hub, local_model_paths=local_paths, base_dir=base_dir
+        )
+    except ModelResolutionError as err:
+        raise UsageError(f"cannot build {model_id}: {err}") from None
+    return dict(resolved.config)
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from llmmem.budget.phases import estimate_budget
+    from llmmem.check import check_text
+    from llmmem.lint_command import read_text
+    from llmmem.verify.compare import request_for
+
+    path = Path(args.file)
+    if not path.is_file():
+        raise UsageError(f"{args.file}: no such file")
+    text = read_text(path)
+    checked = check_text(path, text, gpu=args.gpu, hub=not args.offline)
+    analysis = checked.analysis
+    if analysis.spec is None or analysis.setup is None:
+        reason = analysis.model_error or "; ".join(analysis.problems) or "no training step found"
+        raise UsageError(f"{path}: nothing to verify: {reason}")
+    spec, setup = analysis.spec, analysis.setup
+    if spec.is_guess:
+        raise UsageError(
+            f"{spec.model_id}: only a guess from its name; verify needs the model's config "
+            "(a local path, the HF cache, or the hub)"
+        )
+    if setup.distributed.is_multi_gpu:
+        raise UsageError(
+            f"the plan runs on {setup.distributed.world_size} GPUs; verify runs one device "
+            "(multi-GPU launches through torchrun are not built yet)"
+        )
+    config = _config_for(
+        str(analysis.plan.model_id.value) if analysis.plan.model_id else spec.model_id,
+        path.parent,
+        checked.settings.local_model_paths,
+        hub=not args.offline and checked.settings.hub,
+    )
+    if config.get("auto_map") and not args.trust_remote_code:
+        raise UsageError(
+            f"{spec.model_id} ships its own model code; run it only if you trust it, with "
+            "--trust-remote-code"
+        )
+    device = _device(args)
+    request = request_for(
+        spec,
+        setup,
+        config,
+        device,
+        trust_remote_code=args.trust_remote_code,
+        snapshot=args.snapshot,
+    )
+    budget = estimate_budget(spec, setup, analysis.gpu)
+    measurement = _run_worker(request.to_json(), args.timeout, show_progress=args.format == "text")
+    report = _report(path, spec, budget, measurement)
+    if args.output:
+        Path(args.output).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    if args.format == "json":
+        json.dump(report, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _render(report, budget, measurement)
+    if measurement.oom is not None:
+        return EXIT_OOM
+    if measurement.error:
+        return EXIT_COULD_NOT_RUN
+    return EXIT_MEASURED
+
+
+def _run_worker(request: dict[str, Any], timeout_s: float, *, show_progress: bool) -> Any:
+    from llmmem.verify.request import StepMeasurement
+
+    with tempfile.TemporaryDirectory(prefix="llmmem-verify-") as directory:
+        request_path = Path(directory) / "request.json"
+        out_path = Path(directory) / "measurement.json"
+        request_path.write_text(json.dumps(request), encoding="utf-8")
+        command = [sys.executable, "-m", "llmmem.verify.worker", str(request_path), str(out_path)]
+        started = time.monotonic()
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        stages: list[str] = []
+        tail: list[str] = []
+
+        def read_stderr() -> None:
+            assert process.stderr is not None
+            for line in process.stderr:
+                line = line.rstrip()
+                if line.startswith("stage: "):
+                    stages.append(line.removeprefix("stage: "))
+                elif line:
+                    tail.append(line)
+                    del tail[:-20]
+
+        reader = threading.Thread(target=read_stderr, daemon=True)
+        reader.start()
+        status = _progress(show_progress)
+        timed_out = False
+        try:
+            while process.poll() is None:
+                if time.monotonic() - started > timeout_s:
+                    process.kill()
+                    timed_out = True
+                    break
+                if status is not None and stages:
+                    status.update(f"verify: {stages[-1]} ({time.monotonic() - started:.0f} s)")
+                time.sleep(0.1)
+            process.wait()
+        finally:
+            if status is not None:
+                status.stop()
+        reader.join(timeout=2)
+        if out_path.exists():
+            return StepMeasurement.from_json(json.loads(out_path.read_text(encoding="utf-8")))
+        device = str(request.get("device"))
+        failed = StepMeasurement(
+            device=device, device_name=device, stage=stages[-1] if stages else "start"
+        )
+        if timed_out:
+            failed.error = f"the step took longer than {timeout_s:g} s (stopped at: {failed.stage})"
+        else:
+            last = tail[-1] if tail else f"exit code {process.returncode}"
+            failed.error = f"the step's process ended without a result: {last}"
+        failed.seconds = round(time.monotonic() - started, 3)
+        return failed
+
+
+def _progress(enabled: bool) -> Any:
+    if not enabled or not sys.stderr.isatty():
+        return None
+    from rich.console import Console
+
+    status = Console(stderr=True).status("verify: starting")
+    status.start()
+    return status
+
+
+def _report(path: Path, spec: Any, budget: Any, measurement: Any) -> dict[str, Any]:
+    from llmmem.report.json_report import budget_dict
+    from llmmem.verify.compare import compare, rows_json, summary, unseen_overheads
+
+    return {
+        "file": str(path),
+        "model": spec.model_id,
+        "device": measurement.device_name,
+        "summary": summary(budget, measurement),
+        "comparison": rows_json(compare(budget, measurement) if measurement.phases else []),
+        "not_seen": rows_json(unseen_overheads(budget, measurement)),
+        "measurement": measurement.to_json(),
+        "prediction": budget_dict(budget, spec),
+    }
+
+
+def _render(report: dict[str, Any], budget: Any, measurement: Any) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from llmmem.units import format_bytes
+
+    console = Console()
+    console.print(f"[bold]{escape(report['model'])}[/bold] on {escape(report['device'])}")
+    if report["comparison"]:
+        table = Table(title="predicted vs measured (allocated)", title_justify="left")
+        table.add_column("")
+        table.add_column("predicted", justify="right")
+        table.add_column("measured", justify="right")
+        table.add_column("error", justify="right")
+        for row in report["comparison"]:
+            error = row["error"]
+            table.add_row(
+                row["what"],
+                format_bytes(row["predicted_bytes"]) if row["predicted_bytes"] else "—",
+                format_bytes(row["measured_bytes"]) if row["measured_bytes"] else "—",
+                f"{100 * error:+.1f}%" if error is not None else "",
+            )
+        console.print(table)
+    if report["not_seen"]:
+        console.print(
+            "[dim]not seen without a GPU, as estimated: "
+            + escape(
+                ", ".join(
+                    f"{row['what']} {format_bytes(row['predicted_bytes'])}"
+                    for row in report["not_seen"]
+                )
+            )
+            + f"; predicted device total {format_bytes(budget.device_total_bytes)}[/dim]"
+        )
+    for note in measurement.notes:
+        console.print(f"[dim]note: {escape(note)}[/dim]")
+    console.print(escape(report["summary"]))

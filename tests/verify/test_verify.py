@@ -1,0 +1,256 @@
+"""`llmmem verify`: real CPU steps, simulated steps, the comparison with the core, and bad input.
+
+Expected numbers are derived by hand from the config (parameter counts × bytes), or come from a
+second, independent way of running the same step (a real CPU step for the simulated one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llmmem.budget.phases import estimate_budget
+from llmmem.budget.setup import LoraSetup, Method, Precision, TrainingSetup
+from llmmem.models.spec import ModelSource, spec_from_config
+from llmmem.verify.compare import request_for, summary
+from llmmem.verify.grid import SMALL_CONFIGS, SMALL_SHAPES, cases, config_for, run_case
+from llmmem.verify.request import StepMeasurement, StepRequest
+from llmmem.verify.runner import run_step
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
+TINY = dict(SMALL_CONFIGS["llama"])
+
+
+def tiny_request(device: str, **changes: object) -> StepRequest:
+    fields: dict[str, object] = {
+        "model_id": "tiny-llama",
+        "architecture": "LlamaForCausalLM",
+        "config": TINY,
+        "batch": 2,
+        "seq": 64,
+        "precision": "bf16-true",
+        "optim": "adamw_torch",
+        "device": device,
+    }
+    fields.update(changes)
+    return StepRequest(**fields)  # type: ignore[arg-type]
+
+
+def params_of(config: dict[str, object]) -> int:
+    """Llama parameter count by hand: embeddings, head, per layer q k v o + MLP + 2 norms."""
+    h, i, layers, v = (
+        int(config[k])
+        for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "vocab_size")
+    )  # type: ignore[call-overload]
+    heads, kv_heads = int(config["num_attention_heads"]), int(config["num_key_value_heads"])  # type: ignore[call-overload]
+    head_dim = h // heads
+    attention = h * h * 2 + 2 * h * kv_heads * head_dim
+    per_layer = attention + 3 * h * i + 2 * h
+    return 2 * v * h + layers * per_layer + h
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"precision": "bf16", "grad_ckpt": True},
+        {"lora": {"r": 8, "alpha": 16, "targets": ["q_proj", "v_proj"]}, "precision": "bf16"},
+    ],
+    ids=["bf16-true", "amp-ckpt", "lora-amp"],
+)
+def test_a_simulated_step_measures_what_a_real_cpu_step_does(changes: dict[str, object]) -> None:
+    simulated = run_step(tiny_request("fake", **changes))
+    real = run_step(tiny_request("cpu", **changes))
+    assert simulated.error is None and real.error is None, (simulated.error, real.error)
+    assert simulated.device_name.startswith("simulated") and real.device_name == "cpu"
+    for phase in ("forward", "backward", "optimizer_step"):
+        fake_phase, cpu_phase = simulated.phase(phase), real.phase(phase)
+        assert fake_phase is not None and cpu_phase is not None
+        assert abs(fake_phase.peak_bytes - cpu_phase.peak_bytes) <= 1024, phase
+    assert simulated.weights_bytes == real.weights_bytes
+
+
+def test_measured_model_states_are_the_hand_counts() -> None:
+    measured = run_step(tiny_request("fake"))
+    params = params_of(TINY)
+    assert measured.weights_bytes == 2 * params  # bf16 weights
+    assert measured.gradients_bytes == 2 * params  # bf16 gradients
+    # AdamW: exp_avg and exp_avg_sq in the parameter dtype, plus a 4-byte `step` per tensor
+    layers = int(TINY["num_hidden_layers"])  # type: ignore[call-overload]
+    tensors = 3 + layers * (4 + 3 + 2)  # embed, head, final norm; q k v o, mlp, 2 norms
+    assert measured.optimizer_state_bytes == 2 * 2 * params + 4 * tensors
+
+
+def test_lora_trains_only_the_adapters() -> None:
+    lora = {"r": 8, "alpha": 16, "targets": ["q_proj", "v_proj"]}
+    measured = run_step(tiny_request("fake", lora=lora, precision="bf16-true"))
+    h = int(TINY["hidden_size"])  # type: ignore[call-overload]
+    kv = int(TINY["num_key_value_heads"]) * h // int(TINY["num_attention_heads"])  # type: ignore[call-overload]
+    layers = int(TINY["num_hidden_layers"])  # type: ignore[call-overload]
+    adapters = layers * 8 * ((h + h) + (h + kv))  # A: r×in, B: out×r for q and v
+    assert measured.gradients_bytes == 4 * adapters  # PEFT keeps adapters in fp32
+
+
+@pytest.mark.parametrize(
+    "case", cases(list(SMALL_CONFIGS), SMALL_SHAPES), ids=lambda case: case.name
+)
+def test_the_core_agrees_with_the_simulator(case) -> None:  # type: ignore[no-untyped-def]
+    """The allocated peak of the step, formula against simulation, within 5% (issue grid)."""
+    result = run_case(case, config_for(case.family, "small"), case.family)
+    assert result.error is None, result.error
+    assert abs(result.peak_error) <= 0.05, (result.predicted, result.simulated)
+
+
+def test_an_oom_is_reported_as_a_result() -> None:
+    spec = spec_from_config(TINY, model_id="tiny", source=ModelSource.LOCAL)
+    budget = estimate_budget(spec, TrainingSetup(batch=2, seq=64), None)
+    measured = StepMeasurement(
+        device="cuda",
+        device_name="NVIDIA A100-SXM4-80GB",
+        oom={
+            "phase": "backward",
+            "allocated_bytes": int(79.1 * 2**30),
+            "message": "CUDA out of memory",
+        },
+    )
+    text = summary(budget, measured)
+    assert text.startswith("OOM in backward at 79.1 GiB; predicted ")
+
+
+def test_request_carries_the_setup_the_core_saw() -> None:
+    spec = spec_from_config(SMALL_CONFIGS["gemma2"], model_id="g", source=ModelSource.LOCAL)
+    setup = TrainingSetup(
+        method=Method.LORA,
+        lora=LoraSetup(r=4, targets=["q_proj"], dora=True),
+        precision=Precision.BF16,
+        grad_ckpt=True,
+        batch=3,
+        seq=100,
+    )
+    request = request_for(spec, setup, SMALL_CONFIGS["gemma2"], "fake")
+    assert request.attn == "eager"  # gemma-2 trains eager: transformers refuses SDPA for it
+    assert request.lora == {
+        "r": 4,
+        "alpha": 32.0,
+        "targets": ["q_proj"],
+        "modules_to_save": [],
+        "dora": True,
+        "dropout": 0.0,
+    }
+    assert (request.batch, request.seq, request.precision, request.grad_ckpt) == (
+        3,
+        100,
+        "bf16",
+        True,
+    )
+
+
+# -- the command ----------------------------------------------------------------------------
+
+SCRIPT = """import torch
+from transformers import AutoModelForCausalLM, TrainingArguments
+
+model = AutoModelForCausalLM.from_pretrained("./tiny", dtype=torch.bfloat16)
+args = TrainingArguments(
+    output_dir="out",
+    per_device_train_batch_size=2,
+    gradient_checkpointing=True,
+    bf16=True,
+    optim="adamw_torch",
+)
+# llmmem: seq=256
+"""
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    (tmp_path / ".git").mkdir()
+    model = tmp_path / "tiny"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({**TINY, "torch_dtype": "bfloat16"}))
+    (tmp_path / "train.py").write_text(SCRIPT)
+    return tmp_path
+
+
+def verify(project: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "llmmem", "verify", "train.py", *args],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.mark.parametrize("where", [["--device", "cpu"], ["--simulate"]])
+def test_verify_command_measures_and_compares(project: Path, where: list[str]) -> None:
+    proc = verify(project, *where, "--format", "json", "--output", "report.json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert json.loads((project / "report.json").read_text()) == report
+    rows = {row["what"]: row for row in report["comparison"]}
+    assert set(rows) >= {"forward peak", "backward peak", "optimizer step peak", "weights"}
+    assert rows["weights"]["measured_bytes"] == 2 * params_of(TINY)
+    measured = report["measurement"]
+    assert measured["stage"] == "done"
+    assert rows["allocated peak"]["measured_bytes"] == measured["allocated_peak_bytes"]
+    assert abs(rows["allocated peak"]["error"]) < 0.05
+    assert {row["what"] for row in report["not_seen"]} >= {"cuda context", "allocator slack"}
+    assert "allocated at its peak" in report["summary"]
+
+
+def test_verify_text_report(project: Path) -> None:
+    proc = verify(project, "--simulate")
+    assert proc.returncode == 0, proc.stderr
+    assert "predicted vs measured" in proc.stdout
+    assert "simulated:" in proc.stdout
+    assert "not seen without a GPU" in proc.stdout
+
+
+def test_no_cuda_offers_the_simulation(project: Path) -> None:
+    proc = verify(project)
+    if proc.returncode == 0:
+        pytest.skip("this machine has a CUDA device")
+    assert proc.returncode == 3
+    assert "no CUDA device here: run `llmmem verify FILE --simulate`" in proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_qlora_plan_cannot_be_simulated_and_says_why(project: Path) -> None:
+    script = SCRIPT.replace(
+        "dtype=torch.bfloat16)",
+        "dtype=torch.bfloat16, load_in_4bit=True)\nfrom peft import LoraConfig\nLoraConfig(r=8)",
+    )
+    (project / "train.py").write_text(script)
+    proc = verify(project, "--simulate")
+    assert proc.returncode == 3
+    assert "bitsandbytes k-bit layers need CUDA" in proc.stdout
+
+
+def test_remote_code_needs_the_flag(project: Path) -> None:
+    config = {**TINY, "auto_map": {"AutoModelForCausalLM": "modeling_tiny.TinyForCausalLM"}}
+    (project / "tiny" / "config.json").write_text(json.dumps(config))
+    proc = verify(project, "--simulate")
+    assert proc.returncode == 2
+    assert "ships its own model code" in proc.stderr and "--trust-remote-code" in proc.stderr
+
+
+def test_a_step_that_takes_too_long_is_stopped(project: Path) -> None:
+    proc = verify(project, "--simulate", "--timeout", "0.5", "--format", "json")
+    assert proc.returncode == 3
+    report = json.loads(proc.stdout)
+    assert "took longer than 0.5 s" in report["summary"]
+
+
+def test_nothing_to_verify_is_a_clear_error(project: Path) -> None:
+    (project / "train.py").write_text("print('hello')\n")
+    proc = verify(project, "--simulate")
+    assert proc.returncode == 2
+    assert "nothing to verify: no model found" in proc.stderr
