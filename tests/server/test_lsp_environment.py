@@ -286,3 +286,27 @@ async def test_verify_simulates_reports_progress_and_joins_the_hover(
         types.ExecuteCommandParams(command="llmmem.verify", arguments=["file:///nowhere.py"])
     )
     assert unknown == {"ok": False, "message": "not an open document: file:///nowhere.py"}
+
+
+@pytest.mark.asyncio
+async def test_a_shell_launcher_gets_hovers_on_its_flags(
+    client: LanguageClient, workdir: Path
+) -> None:
+    launcher = (REPO / "tests" / "fixtures" / "shell" / "launch_trl.sh").read_text()
+    launcher = launcher.replace(
+        "--per_device_train_batch_size=2", "--per_device_train_batch_size=64"
+    )
+    await start(client, "visual_studio_code", init=options(gpu="T4"))
+    uri = open_document(client, workdir / "launch.sh", launcher, language="shellscript")
+    await wait_until(lambda: any(p.uri == uri for p in published(client)))
+    line = next(i for i, text in enumerate(launcher.splitlines()) if "batch_size=64" in text)
+    column = launcher.splitlines()[line].index("per_device")
+    hover = await client.text_document_hover_async(
+        types.HoverParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            position=types.Position(line=line, character=column + 3),
+        )
+    )
+    assert hover is not None and "on T4" in str(hover.contents)
+    diagnostics = [p for p in published(client) if p.uri == uri][-1].diagnostics
+    assert any(d.code == "LLM001" for d in diagnostics)
