@@ -1,0 +1,215 @@
+/**
+ * The extension's commands: Verify on GPU, Explain, Select GPU; and the GPU picker the status
+ * bar item opens. They talk to the server through `ServerRequests` so they can be tested
+ * without a running server.
+ */
+import * as vscode from 'vscode';
+
+import { LANGUAGES, SERVER_COMMANDS, VERIFY_ACTION } from './client';
+import { SETTINGS_SECTION } from './config';
+import { explanationMarkdown, explanationTitle } from './report';
+import type { ExplainAnswer } from './status';
+
+/** The running server, seen from the commands. */
+export interface ServerRequests {
+  /** Runs a server command (`workspace/executeCommand`); undefined when no server runs. */
+  executeCommand<T>(command: string, args: unknown[]): Promise<T | undefined>;
+}
+
+export interface Log {
+  appendLine(line: string): void;
+}
+
+export interface GpuEntry {
+  name: string;
+  memoryGiB: number;
+  bf16: boolean;
+}
+
+const SUPPORTED = new Set<string>(LANGUAGES);
+
+/** The URI the server knows the active file by: the notebook's for a notebook cell. */
+export function activeDocumentUri(): vscode.Uri | undefined {
+  const editor = vscode.window.activeTextEditor;
+  const notebook = vscode.window.activeNotebookEditor;
+  if (editor && editor.document.uri.scheme === 'vscode-notebook-cell') {
+    return notebook?.notebook.uri;
+  }
+  if (editor) {
+    return SUPPORTED.has(editor.document.languageId) ? editor.document.uri : undefined;
+  }
+  if (notebook && notebook.notebook.notebookType === 'jupyter-notebook') {
+    return notebook.notebook.uri;
+  }
+  return undefined;
+}
+
+export async function refuseUntrusted(action: string): Promise<void> {
+  const manage = 'Manage Workspace Trust';
+  const choice = await vscode.window.showWarningMessage(
+    `llmmem: ${action} is turned off in an untrusted workspace: it runs the training script's ` +
+      'model for a step. Trust this workspace to use it.',
+    manage,
+  );
+  if (choice === manage) {
+    await vscode.commands.executeCommand('workbench.trust.manage');
+  }
+}
+
+/** `llmmem: Verify on GPU`: one real (or simulated) step of the active file, via the server. */
+export async function verifyActive(server: ServerRequests, log: Log): Promise<unknown> {
+  if (!vscode.workspace.isTrusted) {
+    log.appendLine('verify refused: the workspace is not trusted');
+    await refuseUntrusted(VERIFY_ACTION);
+    return undefined;
+  }
+  const uri = activeDocumentUri();
+  if (!uri) {
+    await vscode.window.showInformationMessage('llmmem: open a training script or config to verify.');
+    return undefined;
+  }
+  const document = vscode.workspace.textDocuments.find((d) => d.uri.toString() === uri.toString());
+  if (document?.isUntitled) {
+    await vscode.window.showInformationMessage('llmmem: save the file first: Verify runs it from disk.');
+    return undefined;
+  }
+  if (document?.isDirty) {
+    const save = 'Save and Verify';
+    const choice = await vscode.window.showInformationMessage(
+      'llmmem: Verify runs the file as saved on disk.',
+      save,
+    );
+    if (choice !== save || !(await document.save())) {
+      return undefined;
+    }
+  }
+  log.appendLine(`verify ${uri.toString()}`);
+  // the server shows its progress and its verdict itself
+  const outcome = await server.executeCommand<{ ok: boolean; message: string }>(
+    SERVER_COMMANDS.verify,
+    [uri.toString()],
+  );
+  if (outcome === undefined) {
+    await vscode.window.showWarningMessage('llmmem: the language server is not running.');
+  } else {
+    log.appendLine(`verify: ${outcome.message}`);
+  }
+  return outcome;
+}
+
+/** Shows reports in a Markdown preview, from a read-only virtual document. */
+export class Explanations implements vscode.TextDocumentContentProvider {
+  static readonly scheme = 'llmmem-report';
+  private readonly documents = new Map<string, string>();
+  private readonly changed = new vscode.EventEmitter<vscode.Uri>();
+  readonly onDidChange = this.changed.event;
+
+  provideTextDocumentContent(uri: vscode.Uri): string {
+    return this.documents.get(uri.toString()) ?? '';
+  }
+
+  async show(answer: ExplainAnswer): Promise<vscode.Uri> {
+    const uri = vscode.Uri.from({
+      scheme: Explanations.scheme,
+      path: `/${explanationTitle(answer).replace(/[\\/:]/g, ' ').trim()}.md`,
+    });
+    this.documents.set(uri.toString(), explanationMarkdown(answer));
+    this.changed.fire(uri);
+    try {
+      await vscode.commands.executeCommand('markdown.showPreviewToSide', uri);
+    } catch {
+      const document = await vscode.workspace.openTextDocument(uri);
+      await vscode.languages.setTextDocumentLanguage(document, 'markdown');
+      await vscode.window.showTextDocument(document, { preview: true, viewColumn: vscode.ViewColumn.Beside });
+    }
+    return uri;
+  }
+
+  dispose(): void {
+    this.changed.dispose();
+  }
+}
+
+/** `llmmem: Explain`: the breakdown of the active file as a Markdown report. */
+export async function explainActive(server: ServerRequests, explanations: Explanations): Promise<unknown> {
+  const uri = activeDocumentUri();
+  if (!uri) {
+    await vscode.window.showInformationMessage('llmmem: open a training script or config to explain.');
+    return undefined;
+  }
+  const answer = await server.executeCommand<ExplainAnswer>(SERVER_COMMANDS.explain, [uri.toString()]);
+  if (answer === undefined) {
+    await vscode.window.showWarningMessage('llmmem: the language server is not running.');
+    return undefined;
+  }
+  await explanations.show(answer);
+  return answer;
+}
+
+/** Where to write `llmmem.gpu`: where it is set now, else the workspace when one is open. */
+export function gpuSettingTarget(
+  inspected: { workspaceValue?: unknown; globalValue?: unknown } | undefined,
+  hasWorkspace: boolean,
+): vscode.ConfigurationTarget {
+  if (inspected?.workspaceValue !== undefined) {
+    return vscode.ConfigurationTarget.Workspace;
+  }
+  if (inspected?.globalValue !== undefined || !hasWorkspace) {
+    return vscode.ConfigurationTarget.Global;
+  }
+  return vscode.ConfigurationTarget.Workspace;
+}
+
+interface GpuItem extends vscode.QuickPickItem {
+  gpu: string | null;
+}
+
+const DETECT_LABEL = '$(search) No GPU setting';
+
+/** `llmmem: Select GPU` (and a click on the status bar item): pick from the catalog, write
+ * `llmmem.gpu`. Returns the name written, null when cleared, undefined when cancelled. */
+export async function selectGpu(server: ServerRequests): Promise<string | null | undefined> {
+  const config = vscode.workspace.getConfiguration(SETTINGS_SECTION);
+  const current = config.get<string>('gpu') || '';
+  const catalog = (await server.executeCommand<GpuEntry[]>(SERVER_COMMANDS.gpus, [])) ?? [];
+  let chosen: string | null | undefined;
+  if (catalog.length === 0) {
+    const typed = await vscode.window.showInputBox({
+      title: 'llmmem: GPU',
+      prompt: 'A GPU name (A100-80GB, H100, RTX-4090, ...) or a capacity (24GiB); empty to clear',
+      value: current,
+    });
+    chosen = typed === undefined ? undefined : typed.trim() || null;
+  } else {
+    const items: GpuItem[] = [
+      {
+        label: DETECT_LABEL,
+        description: current ? `clear "${current}"` : '',
+        detail: "A file's `# llmmem: gpu=` pragma, pyproject.toml [tool.llmmem], or this machine's GPU",
+        gpu: null,
+      },
+      ...catalog.map((entry) => ({
+        label: entry.name,
+        description:
+          `${entry.memoryGiB} GiB${entry.bf16 ? '' : ' · no bf16'}` +
+          (entry.name === current ? ' · current' : ''),
+        gpu: entry.name,
+      })),
+    ];
+    const picked = await vscode.window.showQuickPick(items, {
+      title: 'llmmem: GPU to estimate against',
+      placeHolder: current ? `now: ${current}` : 'type to filter: A100, H100, 4090, L40S, ...',
+      matchOnDescription: true,
+    });
+    chosen = picked === undefined ? undefined : picked.gpu;
+  }
+  if (chosen === undefined) {
+    return undefined;
+  }
+  const target = gpuSettingTarget(
+    config.inspect('gpu'),
+    (vscode.workspace.workspaceFolders?.length ?? 0) > 0,
+  );
+  await config.update('gpu', chosen ?? undefined, target);
+  return chosen;
+}

@@ -1,0 +1,181 @@
+import { strict as assert } from 'node:assert';
+import * as vscode from 'vscode';
+
+import { Explanations, explainActive, gpuSettingTarget, selectGpu, verifyActive } from '../../src/commands';
+import { explanationMarkdown } from '../../src/report';
+import { StatusBar } from '../../src/statusBar';
+import { spy } from '../spy';
+import {
+  Uri,
+  commands,
+  configurationUpdates,
+  fakeDocument,
+  resetMock,
+  settingsStore,
+  window,
+  workspace,
+  type FakeStatusBarItem,
+} from '../vscode.mock';
+
+const CATALOG = [
+  { name: 'A100-80GB', memoryGiB: 80, bf16: true },
+  { name: 'RTX-4090', memoryGiB: 24, bf16: true },
+  { name: 'T4', memoryGiB: 15, bf16: false },
+];
+
+function fakeServer(answers: Record<string, unknown> = {}) {
+  const executeCommand = spy(async (command: string, _args: unknown[]) => answers[command]);
+  return { executeCommand: executeCommand as typeof executeCommand & (<T>(c: string, a: unknown[]) => Promise<T | undefined>) };
+}
+
+const log = { lines: [] as string[], appendLine: (line: string) => void log.lines.push(line) };
+
+interface GpuItem {
+  label: string;
+  description: string;
+  gpu: string | null;
+}
+
+beforeEach(() => {
+  resetMock();
+  log.lines = [];
+});
+
+describe('Select GPU', () => {
+  it('lists the catalog and writes the pick to llmmem.gpu', async () => {
+    workspace.workspaceFolders = [{ uri: Uri.file('/work'), name: 'work', index: 0 }];
+    window.showQuickPick.does(async (items) => (items as GpuItem[]).find((item) => item.label === 'RTX-4090'));
+    const server = fakeServer({ 'llmmem.gpus': CATALOG });
+    assert.equal(await selectGpu(server), 'RTX-4090');
+    assert.deepEqual(server.executeCommand.calls, [['llmmem.gpus', []]]);
+    const items = window.showQuickPick.calls[0]![0] as GpuItem[];
+    assert.deepEqual(
+      items.map((item) => item.label),
+      ['$(search) No GPU setting', 'A100-80GB', 'RTX-4090', 'T4'],
+    );
+    assert.equal(items[3]!.description, '15 GiB · no bf16');
+    assert.deepEqual(configurationUpdates, [
+      { key: 'llmmem.gpu', value: 'RTX-4090', target: vscode.ConfigurationTarget.Workspace },
+    ]);
+  });
+
+  it('clears the setting where it was set', async () => {
+    settingsStore.global.set('llmmem.gpu', 'H100');
+    window.showQuickPick.does(async (items) => items[0]);
+    assert.equal(await selectGpu(fakeServer({ 'llmmem.gpus': CATALOG })), null);
+    assert.equal(settingsStore.global.has('llmmem.gpu'), false);
+    assert.equal(configurationUpdates[0]?.target, vscode.ConfigurationTarget.Global);
+  });
+
+  it('writes nothing when the pick is cancelled', async () => {
+    assert.equal(await selectGpu(fakeServer({ 'llmmem.gpus': CATALOG })), undefined);
+    assert.deepEqual(configurationUpdates, []);
+  });
+
+  it('asks for a name when the server is not running', async () => {
+    window.showInputBox.does(async () => ' L40S ');
+    assert.equal(await selectGpu(fakeServer()), 'L40S');
+    assert.equal(settingsStore.global.get('llmmem.gpu'), 'L40S');
+  });
+
+  it('keeps the setting at the level that has it', () => {
+    assert.equal(gpuSettingTarget({ workspaceValue: 'A100' }, true), vscode.ConfigurationTarget.Workspace);
+    assert.equal(gpuSettingTarget({ globalValue: 'A100' }, true), vscode.ConfigurationTarget.Global);
+    assert.equal(gpuSettingTarget({}, true), vscode.ConfigurationTarget.Workspace);
+    assert.equal(gpuSettingTarget({}, false), vscode.ConfigurationTarget.Global);
+  });
+});
+
+describe('Verify on GPU', () => {
+  it('is refused in an untrusted workspace, with a message and no server call', async () => {
+    workspace.isTrusted = false;
+    window.activeTextEditor = { document: fakeDocument('/work/train.py') };
+    const server = fakeServer({ 'llmmem.verify': { ok: true, message: 'ok' } });
+    assert.equal(await verifyActive(server, log), undefined);
+    assert.equal(server.executeCommand.calls.length, 0);
+    assert.equal(window.showWarningMessage.calls.length, 1);
+    assert.match(window.showWarningMessage.calls[0]![0], /untrusted workspace/);
+  });
+
+  it('runs llmmem.verify on the active file in a trusted workspace', async () => {
+    window.activeTextEditor = { document: fakeDocument('/work/train.py') };
+    const server = fakeServer({ 'llmmem.verify': { ok: true, message: 'measured 21.0 GiB' } });
+    assert.deepEqual(await verifyActive(server, log), { ok: true, message: 'measured 21.0 GiB' });
+    assert.deepEqual(server.executeCommand.calls, [['llmmem.verify', ['file:///work/train.py']]]);
+    assert.ok(log.lines.includes('verify: measured 21.0 GiB'));
+  });
+
+  it('saves a modified file first, when the user agrees', async () => {
+    const document = { ...fakeDocument('/work/train.py'), isDirty: true, save: spy(async () => true) };
+    workspace.textDocuments = [document];
+    window.activeTextEditor = { document };
+    window.showInformationMessage.doesOnce(async () => 'Save and Verify');
+    const server = fakeServer({ 'llmmem.verify': { ok: true, message: 'ok' } });
+    await verifyActive(server, log);
+    assert.equal(document.save.calls.length, 1);
+    assert.equal(server.executeCommand.calls.length, 1);
+  });
+
+  it('verifies a notebook by its notebook URI', async () => {
+    window.activeNotebookEditor = { notebook: { uri: Uri.file('/work/train.ipynb'), notebookType: 'jupyter-notebook' } };
+    window.activeTextEditor = { document: fakeDocument('/work/train.ipynb', 'python', 'vscode-notebook-cell') };
+    const server = fakeServer({ 'llmmem.verify': { ok: true, message: 'ok' } });
+    await verifyActive(server, log);
+    assert.deepEqual(server.executeCommand.calls, [['llmmem.verify', ['file:///work/train.ipynb']]]);
+  });
+});
+
+describe('Explain', () => {
+  it('shows the report in a Markdown preview', async () => {
+    window.activeTextEditor = { document: fakeDocument('/work/train.py') };
+    const answer = {
+      uri: 'file:///work/train.py',
+      markdown: '**≈ 25.4 GiB of 24.0 GiB on RTX-4090**',
+      findings: [{ code: 'LLM001', severity: 'error', message: 'Will not fit RTX-4090' }],
+      budget: null,
+    };
+    const explanations = new Explanations();
+    await explainActive(fakeServer({ 'llmmem.explain': answer }), explanations);
+    const [command, uri] = commands.executeCommand.calls[0]!;
+    assert.equal(command, 'markdown.showPreviewToSide');
+    const text = explanations.provideTextDocumentContent(uri as vscode.Uri);
+    assert.equal(text, explanationMarkdown(answer));
+    assert.match(text, /^# llmmem: train\.py$/m);
+    assert.match(text, /^- \*\*LLM001\*\* \(error\): Will not fit RTX-4090$/m);
+  });
+});
+
+describe('the status bar item', () => {
+  it('shows the verdict for the active file and opens the GPU picker', async () => {
+    window.activeTextEditor = { document: fakeDocument('/work/train.py') };
+    const server = fakeServer({
+      'llmmem.explain': {
+        uri: 'file:///work/train.py',
+        budget: {
+          device_total_bytes: 25.4 * 1024 ** 3,
+          gpu: { name: 'RTX-4090', capacity_bytes: 24 * 1024 ** 3 },
+          fits: false,
+        },
+      },
+    });
+    const bar = new StatusBar(server, log);
+    await bar.refresh();
+    const item = window.createStatusBarItem.results[0] as FakeStatusBarItem;
+    assert.equal(item.text, '$(error) 25.4 GiB of 24.0 GiB on RTX-4090');
+    assert.equal(item.command, 'llmmem.selectGpu');
+    assert.deepEqual(item.backgroundColor, new vscode.ThemeColor('statusBarItem.errorBackground'));
+    assert.equal(item.visible, true);
+    assert.deepEqual(server.executeCommand.calls, [['llmmem.explain', ['file:///work/train.py']]]);
+    bar.dispose();
+  });
+
+  it('hides for files llmmem does not read', async () => {
+    window.activeTextEditor = { document: fakeDocument('/work/notes.md', 'markdown') };
+    const server = fakeServer();
+    const bar = new StatusBar(server, log);
+    await bar.refresh();
+    assert.equal((window.createStatusBarItem.results[0] as FakeStatusBarItem).visible, false);
+    assert.equal(server.executeCommand.calls.length, 0);
+    bar.dispose();
+  });
+});
