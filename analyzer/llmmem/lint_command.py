@@ -82,7 +82,12 @@ MAX_FIX_ROUNDS = 5
 
 def best_safe_fix(findings: list) -> object | None:
     """The safe fix to apply next: one that makes the step fit, else the one that saves most."""
-    fixes = [fix for finding in findings for fix in finding.fixes if fix.safe]
+    fixes = [
+        fix
+        for finding in findings
+        for fix in finding.fixes
+        if fix.safe and all(edit.range.path is None for edit in fix.edits)  # not notebook cells
+    ]
     if not fixes:
         return None
     return min(fixes, key=lambda fix: (not fix.fits, fix.predicted_device_bytes or 0))

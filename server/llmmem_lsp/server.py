@@ -518,6 +518,8 @@ async def hover(ls: LlmmemServer, params: types.HoverParams) -> types.Hover | No
 async def code_actions(
     ls: LlmmemServer, params: types.CodeActionParams
 ) -> list[types.CodeAction] | None:
+    if ls.cell_of(params.text_document.uri) is not None:
+        return await _cell_code_actions(ls, params)
     found = await ls.current(params.text_document.uri, HOVER_WAIT_S)
     if found is None:
         return None
@@ -552,6 +554,82 @@ async def code_actions(
                 )
             )
     return actions
+
+
+async def _cell_code_actions(
+    ls: LlmmemServer, params: types.CodeActionParams
+) -> list[types.CodeAction] | None:
+    """Quick fixes in a notebook cell: each fix's edits go to the cells they name."""
+    cell = ls.cell_of(params.text_document.uri)
+    if cell is None:
+        return None
+    state, index, _ = cell
+    await ls.analyzer.wait_current(state, HOVER_WAIT_S)
+    result = state.result
+    notebook = ls.workspace.get_notebook_document(notebook_uri=state.uri)
+    if result is None or result.unreadable or notebook is None:
+        return None
+    plan_path = result.checked.analysis.plan.path
+    diagnostics = ls.cell_diagnostics(state).get(params.text_document.uri, [])
+    actions: list[types.CodeAction] = []
+    for diag in diagnostics:
+        if not overlaps(diag.range, params.range):
+            continue
+        finding = next(
+            (
+                f
+                for f in result.checked.findings
+                if f.code == diag.code and cell_index(f.range, plan_path) in (index, None)
+            ),
+            None,
+        )
+        if finding is None:
+            continue
+        for fix in finding.fixes:
+            edit = _cell_edit(ls, notebook, plan_path, fix.edits)
+            if edit is None:
+                continue
+            actions.append(
+                types.CodeAction(
+                    title=fix.title,
+                    kind=types.CodeActionKind.QuickFix,
+                    diagnostics=[diag],
+                    edit=edit,
+                    is_preferred=bool(fix.fits),
+                )
+            )
+    return actions
+
+
+def _cell_edit(
+    ls: LlmmemServer, notebook: types.NotebookDocument, plan_path: str, edits: Any
+) -> types.WorkspaceEdit | None:
+    """A workspace edit over the notebook's cells, or None when an edit lies elsewhere."""
+    by_cell: dict[str, list[types.TextEdit]] = {}
+    for edit in edits:
+        index = cell_index(edit.range, plan_path)
+        if index is None or index >= len(notebook.cells):
+            return None
+        uri = notebook.cells[index].document
+        lines = ls.lines(ls.workspace.get_text_document(uri).source)
+        by_cell.setdefault(uri, []).append(
+            types.TextEdit(range=lines.range(edit.range), new_text=edit.new_text)
+        )
+    if not by_cell:
+        return None
+    if not ls.versioned_edits:
+        return types.WorkspaceEdit(changes=by_cell)
+    return types.WorkspaceEdit(
+        document_changes=[
+            types.TextDocumentEdit(
+                text_document=types.OptionalVersionedTextDocumentIdentifier(
+                    uri=uri, version=ls.workspace.get_text_document(uri).version
+                ),
+                edits=list(items),
+            )
+            for uri, items in by_cell.items()
+        ]
+    )
 
 
 # -- code lens and inlay hints --------------------------------------------------------------

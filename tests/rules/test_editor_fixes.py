@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from llmmem.check import check_text
 from llmmem.plan import SourceRange
 from llmmem.rules.edits import (
@@ -154,3 +156,39 @@ def test_a_pragma_gpu_wins_over_the_editor_fallback(tmp_path: Path) -> None:
     fallback = check_text(path, PLAIN_LOOP, fallback_gpu="T4", hub=False)
     assert fallback.analysis.gpu is not None and fallback.analysis.gpu.name == "T4"
     assert fallback.analysis.gpu_source == "setting"
+
+
+NOTEBOOK_CELLS = [
+    {"cell_type": "markdown", "source": "# Full fine-tune"},
+    {
+        "cell_type": "code",
+        "source": "import torch\nfrom transformers import AutoModelForCausalLM\n"
+        "model = AutoModelForCausalLM.from_pretrained(\n"
+        "    'meta-llama/Llama-3.1-8B', dtype=torch.bfloat16\n)",
+    },
+    {
+        "cell_type": "code",
+        "source": "from transformers import TrainingArguments\nargs = TrainingArguments(\n"
+        "    output_dir='out',\n    per_device_train_batch_size=8,\n    bf16=True,\n)",
+    },
+]
+
+
+def test_notebook_fixes_edit_the_cells_and_lint_fix_leaves_the_json_alone(tmp_path: Path) -> None:
+    import json
+
+    from llmmem.lint_command import fix_file
+
+    path = tmp_path / "finetune.ipynb"
+    text = json.dumps({"cells": NOTEBOOK_CELLS, "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+    checked = check_text(path, text, gpu="A100-80GB", hub=False)
+    fix = fix_titled(checked.findings, "Enable gradient checkpointing")
+    (edit,) = fix.edits
+    assert edit.range.path == f"{path}#cell=2"  # the trainer's cell, in its own lines
+    cell = NOTEBOOK_CELLS[2]["source"].splitlines()
+    assert cell[edit.range.start_line][: edit.range.start_col] == "    bf16=True,"
+    with pytest.raises(ValueError, match="notebook cells"):
+        apply_edits(text, fix.edits)
+    fixed, left = fix_file(path, text, gpu="A100-80GB", hub=False, select=None)
+    assert fixed == text  # --fix does not rewrite notebooks' JSON
+    assert "LLM001" in [f.code for f in left]

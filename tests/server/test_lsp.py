@@ -687,7 +687,24 @@ async def test_a_notebook_document_gets_diagnostics_and_hovers_on_its_cells(
     )
     assert model_hover is not None and "**meta-llama/Llama-3.1-8B**" in str(model_hover.contents)
 
-    # an edit in a cell re-analyses the notebook
+    # a quick fix in the cell carries its edit to that cell; applied, the cell is re-analysed
+    # and the step's total is what the title promised
+    actions = await client.text_document_code_action_async(
+        types.CodeActionParams(
+            text_document=types.TextDocumentIdentifier(uri=trainer_cell),
+            range=will_not_fit.range,
+            context=types.CodeActionContext(diagnostics=[will_not_fit]),
+        )
+    )
+    checkpointing = next(
+        a
+        for a in actions or []
+        if isinstance(a, types.CodeAction) and a.title.startswith("Enable gradient checkpointing")
+    )
+    edits = edits_of(checkpointing, trainer_cell)
+    assert [e.new_text for e in edits] == ["\n    gradient_checkpointing=True,"]
+    promised = re.search(r"→ ([\d.]+ [KMGT]?i?B)", checkpointing.title)
+    assert promised is not None
     count = len(published(client))
     client.notebook_document_did_change(
         types.DidChangeNotebookDocumentParams(
@@ -703,12 +720,9 @@ async def test_a_notebook_document_gets_diagnostics_and_hovers_on_its_cells(
                             ),
                             changes=[
                                 types.TextDocumentContentChangePartial(
-                                    range=types.Range(
-                                        start=types.Position(line=4, character=32),
-                                        end=types.Position(line=4, character=33),
-                                    ),
-                                    text="1",
+                                    range=edit.range, text=edit.new_text
                                 )
+                                for edit in edits
                             ],
                         )
                     ]
@@ -717,3 +731,10 @@ async def test_a_notebook_document_gets_diagnostics_and_hovers_on_its_cells(
         )
     )
     await wait_until(lambda: any(p.uri == trainer_cell for p in published(client)[count:]))
+    hover = await client.text_document_hover_async(
+        types.HoverParams(
+            text_document=types.TextDocumentIdentifier(uri=trainer_cell),
+            position=types.Position(line=4, character=10),
+        )
+    )
+    assert hover is not None and f"**≈ {promised.group(1)} of" in str(hover.contents)

@@ -145,6 +145,14 @@ def cell_source(cell: dict[str, Any]) -> str | None:
     return source.replace("\r\n", "\n").replace("\r", "\n")
 
 
+def code_cell_text(notebook_text: str, index: int) -> str | None:
+    """The source of code cell `index` of a notebook's JSON text; None when there is none."""
+    cells = _notebook_cells(notebook_text, [])
+    if cells is None or not 0 <= index < len(cells) or not isinstance(cells[index], dict):
+        return None
+    return cell_source(cells[index])
+
+
 def join_code_cells(cells: list[dict[str, Any]]) -> JoinedCells:
     joined = JoinedCells()
     pieces: list[str] = []

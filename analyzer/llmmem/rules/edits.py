@@ -62,10 +62,17 @@ def _point(line: int, col: int) -> SourceRange:
     return SourceRange(start_line=line, start_col=col, end_line=line, end_col=col)
 
 
-def replace_value(sourced: Sourced[Any], new_text: str) -> TextEdit | None:
-    if sourced.range is None or sourced.range.path is not None:
+def replace_value(
+    sourced: Sourced[Any], new_text: str, notebook: str | None = None
+) -> TextEdit | None:
+    """The edit replacing a value where it is written: in this file, or in a cell of
+    `notebook` (the edit's range then names the cell, as the plan's ranges do)."""
+    where = sourced.range
+    if where is None:
+        return None
+    if where.path is not None and not (notebook and where.path.startswith(f"{notebook}#cell=")):
         return None  # another file (a referenced config): not edited from here
-    return TextEdit(range=sourced.range, new_text=new_text)
+    return TextEdit(range=where, new_text=new_text)
 
 
 def insert_keyword(
@@ -150,19 +157,57 @@ def set_setting(plan: TrainingPlan, text: str, field: str, value: Any) -> list[T
         and sourced.source in (Provenance.EXPLICIT, Provenance.CLI_DEFAULT, Provenance.CONFIG)
         and sourced.range is not None
     ):
-        edit = replace_value(sourced, literal)
+        notebook = plan.path if plan.kind == "notebook" else None
+        edit = replace_value(sourced, literal, notebook)
         return [edit] if edit else None
     if plan.kind == "python" and plan.trainer_range is not None:
         edit = insert_keyword(text, plan.trainer_range, field, value)
         return [edit] if edit else None
+    if plan.kind == "notebook" and plan.trainer_range is not None:
+        return _insert_in_cell(plan, text, field, value)
     if plan.kind == "yaml":
         key = YAML_KEYS.get(field, {}).get(plan.framework, field)
         return [append_yaml_key(text, key, value)]
     return None
 
 
+def _insert_in_cell(
+    plan: TrainingPlan, notebook_text: str, field: str, value: Any
+) -> list[TextEdit] | None:
+    """`field=value` added to the trainer call in its notebook cell."""
+    from llmmem.extract.notebook import cell_index, code_cell_text
+
+    call = plan.trainer_range
+    index = cell_index(call, plan.path)
+    if call is None or index is None:
+        return None
+    cell_text = code_cell_text(notebook_text, index)
+    if cell_text is None:
+        return None
+    local = SourceRange(
+        start_line=call.start_line,
+        start_col=call.start_col,
+        end_line=call.end_line,
+        end_col=call.end_col,
+    )
+    edit = insert_keyword(cell_text, local, field, value)
+    if edit is None:
+        return None
+    placed = SourceRange(
+        path=call.path,
+        start_line=edit.range.start_line,
+        start_col=edit.range.start_col,
+        end_line=edit.range.end_line,
+        end_col=edit.range.end_col,
+    )
+    return [TextEdit(range=placed, new_text=edit.new_text)]
+
+
 def apply_edits(text: str, edits: list[TextEdit]) -> str:
-    """The text with the edits applied (edits must not overlap)."""
+    """The text with the edits applied (edits must not overlap). Edits of a notebook's cells
+    (a range with a path) are for an editor holding the cells, not for the file's text."""
+    if any(edit.range.path is not None for edit in edits):
+        raise ValueError("edits of notebook cells apply to the cells, not to the file's text")
     starts = line_starts(text)
     spans = sorted(
         (
