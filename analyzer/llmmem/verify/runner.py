@@ -72,8 +72,30 @@ def _model_class(transformers: Any, request: StepRequest) -> Any:
     return cls
 
 
-def _hf_config(transformers: Any, request: StepRequest) -> Any:
+# dropout on attention probabilities, which SDPA applies inside its kernel
+ATTENTION_DROPOUT_KEYS = (
+    "attn_pdrop",
+    "attention_dropout",
+    "attention_probs_dropout_prob",
+    "attention_dropout_prob",
+)
+
+
+def _hf_config(transformers: Any, request: StepRequest, notes: list[str] | None = None) -> Any:
     data = dict(request.config)
+    if request.device != "cuda" and request.attn == "sdpa":
+        # CUDA's SDPA kernels regenerate the dropout mask in backward and keep nothing for
+        # it; the CPU's SDPA with dropout falls back to a path that keeps the whole b·a·s²
+        # matrix. To measure what a GPU would hold, the CPU step runs SDPA without it.
+        dropped = [
+            k for k in ATTENTION_DROPOUT_KEYS if isinstance(data.get(k), (int, float)) and data[k]
+        ]
+        for key in dropped:
+            data[key] = 0.0
+        if dropped and notes is not None:
+            notes.append(
+                "attention dropout set to 0 for the CPU step: GPU SDPA kernels keep no mask for it"
+            )
     model_type = data.pop("model_type", None)
     if not model_type:
         raise VerifyError("the model's config has no model_type")
@@ -120,7 +142,7 @@ def _unpacked_masks(transformers: Any) -> Iterator[None]:
 def build_model(request: StepRequest, device: str, notes: list[str]) -> Any:
     """The model as the plan trains it, on `device` ("meta" for a simulated step)."""
     torch, transformers = _imports()
-    config = _hf_config(transformers, request)
+    config = _hf_config(transformers, request, notes)
     cls = _model_class(transformers, request)
     dtype = getattr(torch, DTYPES.get(request.precision, "float32"))
     torch.manual_seed(request.seed)
