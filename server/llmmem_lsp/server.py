@@ -732,6 +732,11 @@ async def explain(ls: LlmmemServer, *arguments: Any) -> dict[str, Any]:
     uri = _uri_argument(list(arguments))
     found = await ls.current(uri, PULL_WAIT_S) if uri else None
     if found is None:
+        if uri in ls.analyzer.documents:
+            return {
+                "error": "the first analysis of this document is still running",
+                "pending": True,
+            }
         return {"error": f"not an open document: {uri}"}
     _, result = found
     from llmmem.report import markdown
