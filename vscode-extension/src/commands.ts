@@ -91,8 +91,26 @@ export async function verifyActive(server: ServerRequests, log: Log): Promise<un
   );
   if (outcome === undefined) {
     await vscode.window.showWarningMessage('llmmem: the language server is not running.');
-  } else {
-    log.appendLine(`verify: ${outcome.message}`);
+    return outcome;
+  }
+  log.appendLine(`verify: ${outcome.message}`);
+  if (!outcome.ok && outcome.message.includes('--simulate')) {
+    // no CUDA device where the server runs: the same step can be simulated without one
+    const simulate = 'Simulate instead';
+    const choice = await vscode.window.showInformationMessage(
+      'llmmem: no GPU here to verify on. Simulate the step instead (no GPU, no weights)?',
+      simulate,
+    );
+    if (choice === simulate) {
+      const simulated = await server.executeCommand<{ ok: boolean; message: string }>(
+        SERVER_COMMANDS.verify,
+        [uri.toString(), { simulate: true }],
+      );
+      if (simulated !== undefined) {
+        log.appendLine(`verify (simulated): ${simulated.message}`);
+      }
+      return simulated;
+    }
   }
   return outcome;
 }

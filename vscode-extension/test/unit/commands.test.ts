@@ -105,6 +105,25 @@ describe('Verify on GPU', () => {
     assert.ok(log.lines.includes('verify: measured 21.0 GiB'));
   });
 
+  it('offers a simulated step when the server has no CUDA device', async () => {
+    window.activeTextEditor = { document: fakeDocument('/work/train.py') };
+    const answers: unknown[] = [
+      { ok: false, message: 'no measurement: no CUDA device here: run `llmmem verify FILE --simulate` ...' },
+      { ok: true, message: 'simulated: 21.0 GiB allocated at its peak' },
+    ];
+    const executeCommand = spy(async (_command: string, _args: unknown[]) => answers.shift());
+    const server = { executeCommand: executeCommand as typeof executeCommand & (<T>(c: string, a: unknown[]) => Promise<T | undefined>) };
+    window.showInformationMessage.doesOnce(async () => 'Simulate instead');
+    assert.deepEqual(await verifyActive(server, log), {
+      ok: true,
+      message: 'simulated: 21.0 GiB allocated at its peak',
+    });
+    assert.deepEqual(executeCommand.calls, [
+      ['llmmem.verify', ['file:///work/train.py']],
+      ['llmmem.verify', ['file:///work/train.py', { simulate: true }]],
+    ]);
+  });
+
   it('saves a modified file first, when the user agrees', async () => {
     const document = { ...fakeDocument('/work/train.py'), isDirty: true, save: spy(async () => true) };
     workspace.textDocuments = [document];
