@@ -7,7 +7,7 @@ plan problem or a missing estimate.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from llmmem.extract import ProjectSettings, extract_plan, find_project_settings
@@ -83,6 +83,6 @@ def check_text(
         if level == "off":
             continue
         if level in SEVERITY_NAMES:
-            finding = finding.model_copy(update={"severity": SEVERITY_NAMES[level]})
+            finding = replace(finding, severity=SEVERITY_NAMES[level])
         kept.append(finding)
     return Checked(analysis=analysis, findings=kept, settings=settings)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmmem.errors import UsageError
 
-if TYPE_CHECKING:  # the plan's pydantic models are imported only when explain runs
+if TYPE_CHECKING:  # the plan's classes are imported only when explain runs
     from llmmem.plan import Sourced, TrainingPlan
 
 # the plan's top-level training settings, in the order the report lists them
@@ -38,7 +38,7 @@ def sourced_dict(sourced: Sourced[Any] | None) -> dict[str, Any] | None:
     return {
         "value": sourced.value,
         "source": sourced.source.value,
-        "range": sourced.range.model_dump() if sourced.range else None,
+        "range": sourced.range.to_dict() if sourced.range else None,
         **({"note": sourced.note} if sourced.note else {}),
     }
 
@@ -102,7 +102,7 @@ def run_explain(args: argparse.Namespace) -> int:
             {
                 "plan": plan_dict(plan),
                 "budget": budget,
-                "findings": [f.model_dump(mode="json") for f in findings],
+                "findings": [f.to_json() for f in findings],
                 "problems": analysis.problems
                 + ([analysis.model_error] if analysis.model_error else []),
             },

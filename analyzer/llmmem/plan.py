@@ -6,14 +6,17 @@ the call it belongs to, for defaults), so that the editor can point at it and th
 which numbers were defaults or guesses.
 
 Ranges are 0-based lines and columns as in LSP, end exclusive.
+
+The plan classes are keyword-only dataclasses. SourceRange is frozen; Sourced and the plan
+parts are mutable (extractors fill them in and assign to their fields), and
+`dataclasses.replace` makes an edited copy.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, Generic, TypeVar
-
-from pydantic import BaseModel, Field
 
 T = TypeVar("T")
 
@@ -27,7 +30,8 @@ class Provenance(str, Enum):
     ASSUMED = "assumed"  # nothing said it: llmmem's own assumption, stated in `note`
 
 
-class SourceRange(BaseModel):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SourceRange:
     path: str | None = None  # None: the file the plan is about
     start_line: int
     start_col: int
@@ -39,15 +43,26 @@ class SourceRange(BaseModel):
             return False
         return (line, col) < (self.end_line, self.end_col)
 
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "start_line": self.start_line,
+            "start_col": self.start_col,
+            "end_line": self.end_line,
+            "end_col": self.end_col,
+        }
 
-class Sourced(BaseModel, Generic[T]):
+
+@dataclass(slots=True, kw_only=True)
+class Sourced(Generic[T]):
     value: T
     source: Provenance
     range: SourceRange | None = None
     note: str = ""  # e.g. "one of two branches of a conditional expression"
 
 
-class LoraPlan(BaseModel):
+@dataclass(slots=True, kw_only=True)
+class LoraPlan:
     r: Sourced[int]
     alpha: Sourced[float]
     target_modules: Sourced[list[str] | None]  # None: PEFT's default for the architecture
@@ -57,7 +72,8 @@ class LoraPlan(BaseModel):
     range: SourceRange | None = None  # the LoraConfig(...) call
 
 
-class QuantizationPlan(BaseModel):
+@dataclass(slots=True, kw_only=True)
+class QuantizationPlan:
     bits: Sourced[int]  # 4 or 8
     quant_type: Sourced[str]  # "nf4", "fp4", "int8"
     double_quant: Sourced[bool]
@@ -66,7 +82,8 @@ class QuantizationPlan(BaseModel):
     range: SourceRange | None = None  # the BitsAndBytesConfig(...) call or the keyword
 
 
-class DistributedPlan(BaseModel):
+@dataclass(slots=True, kw_only=True)
+class DistributedPlan:
     world_size: Sourced[int]
     zero_stage: Sourced[int]  # 0 without DeepSpeed
     offload_optimizer: Sourced[bool]
@@ -75,7 +92,8 @@ class DistributedPlan(BaseModel):
     deepspeed_config: Sourced[str | None]  # a path, or None
 
 
-class TrainingPlan(BaseModel):
+@dataclass(slots=True, kw_only=True)
+class TrainingPlan:
     """Everything one file says about one training run, with provenance."""
 
     path: str
@@ -97,16 +115,17 @@ class TrainingPlan(BaseModel):
     gpu: Sourced[str] | None = None  # from a pragma or [tool.llmmem]
     trainer_range: SourceRange | None = None  # the TrainingArguments/SFTConfig(...) call
     model_range: SourceRange | None = None  # the from_pretrained(...) call
-    problems: list[str] = Field(default_factory=list)  # what could not be read, one line each
+    problems: list[str] = field(default_factory=list)  # what could not be read, one line each
     # set when the file could not be parsed at all (a syntax error mid-typing): the plan holds
     # only pragmas and assumptions, and an editor keeps its last good analysis instead
     unreadable: str | None = None
-    extra: dict[str, Any] = Field(default_factory=dict)  # framework keys kept for rules
+    extra: dict[str, Any] = field(default_factory=dict)  # framework keys kept for rules
 
     def sourced_fields(self) -> dict[str, Sourced[Any]]:
         """Every top-level Sourced value by name (for reports and hovers)."""
         out: dict[str, Sourced[Any]] = {}
-        for name in type(self).model_fields:
+        for item in fields(self):
+            name = item.name
             value = getattr(self, name)
             if isinstance(value, Sourced):
                 out[name] = value

@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from llmmem.check import Checked, check_text
@@ -85,8 +85,8 @@ def plan_dependencies(checked: Checked) -> set[str]:
     for group in (plan.lora, plan.quantization, plan.distributed):
         if group is None:
             continue
-        for name in type(group).model_fields:
-            visit(getattr(group, name))
+        for item in fields(group):
+            visit(getattr(group, item.name))
     deepspeed = plan.distributed.deepspeed_config.value
     if isinstance(deepspeed, str) and deepspeed:
         config = Path(deepspeed)

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -157,7 +158,7 @@ class LlmmemServer(LanguageServer):
             index = found if found is not None and found in texts else next(iter(texts), 0)
             cell_uri = notebook.cells[index].document
             lines = texts.get(index) or self.lines("")
-            located = finding.model_copy(update={"range": where, "related": []})
+            located = replace(finding, range=where, related=[])
             out.setdefault(cell_uri, []).append(
                 diagnostic(located, lines, cell_uri, rule_url(finding.code))
             )
@@ -752,7 +753,7 @@ async def explain(ls: LlmmemServer, *arguments: Any) -> dict[str, Any]:
         "markdown": markdown.budget_hover(analysis),
         "model": markdown.model_hover(analysis),
         "budget": budget,
-        "findings": [finding.model_dump(mode="json") for finding in result.checked.findings],
+        "findings": [finding.to_json() for finding in result.checked.findings],
         "problems": analysis.problems + ([analysis.model_error] if analysis.model_error else []),
     }
 

@@ -191,3 +191,21 @@ def test_pre_commit_try_repo(workdir: Path) -> None:
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1, output  # full_finetune.py does not fit [tool.llmmem]'s GPU
     assert "llmmem-lint" in output and "LLM001" in output
+
+
+@pytest.mark.parametrize("output", ["concise", "json"])
+def test_lint_imports_no_pydantic_torch_or_transformers(output: str) -> None:
+    code = (
+        "import sys, contextlib, io\n"
+        "from llmmem.lint_command import lint_main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    lint_main([{str(EXAMPLES / 'qlora_sft.py')!r}, '--gpu', 'A100-80GB',\n"
+        f"               '--format', '{output}'])\n"
+        "print(' '.join(sorted(m.split('.')[0] for m in sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=ENV
+    )
+    packages = set(out.stdout.split())
+    assert "llmmem" in packages
+    assert packages & {"pydantic", "torch", "transformers"} == set()

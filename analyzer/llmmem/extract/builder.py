@@ -37,7 +37,7 @@ llmmem's own assumptions, labelled `assumed` with a note saying how to set them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -563,25 +563,24 @@ class PlanBuilder:
             flag = bf16 if dtype.value == "bfloat16" else fp16
             if flag is not None and flag.value and flag.source is not Provenance.DEFAULT:
                 notes.append("autocast over weights already in that dtype: still pure 16-bit")
-            return dtype.model_copy(update={"value": precision, "note": "; ".join(notes)})
+            return replace(dtype, value=precision, note="; ".join(notes))
         if dtype is not None and dtype.value == "auto":
-            return dtype.model_copy(
-                update={
-                    "value": "bf16-true",
-                    "source": Provenance.ASSUMED,
-                    "note": "dtype='auto' loads the checkpoint's dtype; assumed bfloat16, as "
-                    "most current checkpoints are (add `# llmmem: precision=...` if not)",
-                }
+            return replace(
+                dtype,
+                value="bf16-true",
+                source=Provenance.ASSUMED,
+                note="dtype='auto' loads the checkpoint's dtype; assumed bfloat16, as "
+                "most current checkpoints are (add `# llmmem: precision=...` if not)",
             )
         for flag, precision in ((bf16, "bf16"), (fp16, "fp16")):
             if flag is not None and flag.value:
-                return flag.model_copy(update={"value": precision})
+                return replace(flag, value=precision)
         if dtype is not None:  # float32 weights, no autocast
-            return dtype.model_copy(update={"value": "fp32"})
+            return replace(dtype, value="fp32")
         flags = [flag for flag in (bf16, fp16) if flag is not None]
         if flags:
             strongest = max(flags, key=lambda s: PRECEDENCE[s.source])
-            return strongest.model_copy(update={"value": "fp32"})
+            return replace(strongest, value="fp32")
         return Sourced[Any](
             value="fp32",
             source=Provenance.DEFAULT,

@@ -29,7 +29,7 @@ import copy
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -522,7 +522,7 @@ def apply_file_pragmas(builder: PlanBuilder, text: str, range_path: str | None) 
         return
     reading = read_pragmas(text)
     for pragma in reading.pragmas:
-        located = pragma.range.model_copy(update={"path": range_path})
+        located = replace(pragma.range, path=range_path)
         builder.set(pragma.key, pragma.value, Provenance.PRAGMA, located)
     prefix = f"{range_path}: " if range_path else ""
     builder.problems.extend(prefix + problem for problem in reading.problems)

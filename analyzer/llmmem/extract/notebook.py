@@ -20,14 +20,13 @@ Problem lines speak of "cell N, line M", both 1-based, as people count them.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from pydantic import BaseModel
 
 from llmmem.extract.configs import decode_text, plan_from_problems
 from llmmem.extract.pragmas import ProjectSettings
@@ -271,12 +270,13 @@ def map_range(located: SourceRange, joined: JoinedCells, notebook: str) -> Sourc
 def _map_model(value: Any, joined: JoinedCells, notebook: str) -> Any:
     if isinstance(value, SourceRange):
         return map_range(value, joined, notebook)
-    if isinstance(value, BaseModel):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
         updates = {
-            name: _map_model(getattr(value, name), joined, notebook)
-            for name in type(value).model_fields
+            item.name: _map_model(getattr(value, item.name), joined, notebook)
+            for item in dataclasses.fields(value)
+            if item.init
         }
-        return value.model_copy(update=updates)
+        return dataclasses.replace(value, **updates)
     if isinstance(value, list):
         return [_map_model(item, joined, notebook) for item in value]
     if isinstance(value, dict):

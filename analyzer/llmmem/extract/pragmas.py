@@ -29,11 +29,9 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from pydantic import BaseModel, Field
 
 from llmmem.extract.builder import PlanBuilder
 from llmmem.plan import Provenance, SourceRange
@@ -202,17 +200,28 @@ def apply_pragmas(builder: PlanBuilder, text: str) -> PragmaReading:
 # -- [tool.llmmem] ----------------------------------------------------------------------------
 
 
-class ProjectSettings(BaseModel):
-    """`[tool.llmmem]` from the nearest pyproject.toml that has one (all optional)."""
+@dataclass(slots=True, kw_only=True)
+class ProjectSettings:
+    """`[tool.llmmem]` from the nearest pyproject.toml that has one (all optional). What the
+    table says is checked in `_settings_from_table`, which turns a bad value into a line of
+    `problems`; building one with a non-positive world_size raises ValueError."""
 
     gpu: str | None = None
-    world_size: int | None = Field(default=None, gt=0)
-    local_model_paths: dict[str, str] = Field(default_factory=dict)
+    world_size: int | None = None  # positive
+    local_model_paths: dict[str, str] = field(default_factory=dict)
     hub: bool = True  # may llmmem look models up on the Hugging Face Hub
-    severity: dict[str, str] = Field(default_factory=dict)  # rule code -> level
+    severity: dict[str, str] = field(default_factory=dict)  # rule code -> level
     path: str | None = None  # the pyproject.toml read, None when none was found
-    ranges: dict[str, SourceRange] = Field(default_factory=dict)  # key -> where it is written
-    problems: list[str] = Field(default_factory=list)
+    ranges: dict[str, SourceRange] = field(default_factory=dict)  # key -> where it is written
+    problems: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.world_size is not None and (
+            isinstance(self.world_size, bool)
+            or not isinstance(self.world_size, int)
+            or self.world_size <= 0
+        ):
+            raise ValueError(f"world_size must be a positive whole number, got {self.world_size!r}")
 
 
 _SETTINGS_CACHE: dict[tuple[str, int, int], ProjectSettings] = {}

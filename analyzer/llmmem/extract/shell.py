@@ -25,7 +25,8 @@ import ast
 import operator
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
@@ -1873,7 +1874,7 @@ class ShellPlanReader:
             return Override(path, values[0].text, self.slice_range(values[0]))
         first = self.slice_range(values[0])
         last = self.slice_range(values[-1])
-        spanning = first.model_copy(update={"end_line": last.end_line, "end_col": last.end_col})
+        spanning = replace(first, end_line=last.end_line, end_col=last.end_col)
         return Override(path, [value.text for value in values], spanning)
 
     def read_written_deepspeed(self, value: WordSlice) -> None:
@@ -1894,12 +1895,11 @@ class ShellPlanReader:
         for setting in reading.settings:
             located = setting.range
             if located is not None and located.path == HERE_DOCUMENT_PATH:
-                located = located.model_copy(
-                    update={
-                        "path": None,
-                        "start_line": located.start_line + first_line,
-                        "end_line": located.end_line + first_line,
-                    }
+                located = replace(
+                    located,
+                    path=None,
+                    start_line=located.start_line + first_line,
+                    end_line=located.end_line + first_line,
                 )
             self.settings.append(
                 Setting(setting.key, setting.value, Provenance.EXPLICIT, located, setting.note)
@@ -2064,7 +2064,7 @@ def in_file(located: SourceRange | None, range_path: str) -> SourceRange | None:
     """A range of another file's plan, naming that file (ranges naming a third file stay)."""
     if located is None or located.path is not None:
         return located
-    return located.model_copy(update={"path": range_path})
+    return replace(located, path=range_path)
 
 
 def settings_of_plan(plan: TrainingPlan, range_path: str) -> list[Setting]:
@@ -2086,10 +2086,10 @@ def settings_of_plan(plan: TrainingPlan, range_path: str) -> list[Setting]:
     ):
         if section is None:
             continue
-        for name in type(section).model_fields:
-            field_value = getattr(section, name)
+        for item in dataclass_fields(section):
+            field_value = getattr(section, item.name)
             if isinstance(field_value, Sourced):
-                add(prefix + name, field_value)
+                add(prefix + item.name, field_value)
     if plan.lora is not None:
         settings.append(Setting("lora.enabled", True, plan.lora.r.source, None))
     for name, value in plan.extra.items():

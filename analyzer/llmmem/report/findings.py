@@ -45,7 +45,7 @@ def full(findings: list[Finding]) -> str:
 
 
 def as_json(findings: list[Finding]) -> str:
-    return json.dumps([f.model_dump(mode="json") for f in findings], indent=2) + "\n"
+    return json.dumps([f.to_json() for f in findings], indent=2) + "\n"
 
 
 def _escape_github(text: str) -> str:
