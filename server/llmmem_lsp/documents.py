@@ -114,6 +114,7 @@ class Analyzer:
         self._analysis_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmmem")
         self._hub_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="llmmem-hub")
         self._hub_tried: set[str] = set()
+        # lookups in flight, by model id (held so that they are not collected mid-flight)
         self._hub_pending: dict[str, asyncio.Future[None]] = {}
 
     # -- scheduling -----------------------------------------------------------------------

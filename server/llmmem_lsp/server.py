@@ -28,7 +28,7 @@ from llmmem.extract.notebook import cell_index, cell_path
 from llmmem.plan import SourceRange
 from llmmem_lsp.convert import Lines, code_action, diagnostic, overlaps, workspace_edit
 from llmmem_lsp.documents import Analyzer, DocumentState, Result, document_path
-from llmmem_lsp.settings import ServerSettings, read_settings
+from llmmem_lsp.settings import read_settings
 
 log = logging.getLogger("llmmem_lsp")
 
@@ -878,7 +878,3 @@ def _gib(value: Any) -> str:
     from llmmem.units import format_bytes
 
     return format_bytes(int(value)) if isinstance(value, (int, float)) and value else "—"
-
-
-def settings_of(ls: LlmmemServer) -> ServerSettings:
-    return ls.analyzer.settings
