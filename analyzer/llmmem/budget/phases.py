@@ -244,6 +244,11 @@ def estimate_budget(
     if shard.gathered_blocks:
         per_block = max((g.params_per_block for g in spec.blocks), default=0)
         gathered = shard.gathered_blocks * per_block * dt.compute
+        if setup.distributed.fsdp is not None:
+            # FSDP's root unit (embeddings, final norm, head: what no block holds) is gathered
+            # when forward starts and stays whole until its gradients are reduced in backward
+            in_blocks = sum(g.params_per_block * g.count for g in spec.blocks)
+            gathered += max(spec.total_params - in_blocks, 0) * setup.precision.weight_bytes
     extra_fwd = gathered
     ddp_buckets = st.gradients.bytes if shard.gradient_buckets else 0
 
@@ -446,7 +451,8 @@ def forward_only_terms(spec: ModelSpec, setup: TrainingSetup, inv: Inventory) ->
 def _temp_text(gathered: int, buckets: int, shard: Sharding) -> str:
     parts = []
     if gathered:
-        parts.append(f"{shard.gathered_blocks} gathered blocks ({shard.label})")
+        root = " and the root unit (embeddings, head)" if shard.label.startswith("FSDP") else ""
+        parts.append(f"{shard.gathered_blocks} gathered blocks{root} ({shard.label})")
     if buckets:
         parts.append("DDP gradient buckets")
     return " + ".join(parts) if parts else "none"
