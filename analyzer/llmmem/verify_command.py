@@ -77,6 +77,40 @@ def _config_for(
     return dict(resolved.config)
 
 
+def _check_distributed(setup: Any, args: argparse.Namespace) -> None:
+    """Multi-rank plans run under torchrun, one process per rank (DDP or FSDP2 full shard)."""
+    dist = setup.distributed
+    if not dist.is_multi_gpu:
+        return
+    if dist.zero_stage:
+        raise UsageError(
+            f"DeepSpeed ZeRO-{dist.zero_stage} plans are not verified yet (it needs deepspeed on "
+            "CUDA); FSDP and DDP plans are"
+        )
+    if dist.fsdp is not None and dist.fsdp.value != "full_shard":
+        raise UsageError(f"FSDP {dist.fsdp.value} is not verified yet; full_shard is")
+    if args.simulate:
+        raise UsageError(
+            f"a {dist.world_size}-rank plan cannot be simulated yet: use --device cpu (small "
+            "models) or run on the GPUs"
+        )
+
+
+def _check_host_memory(needed_bytes: int) -> None:
+    """A CPU step holds everything in RAM: refuse one that would not fit the machine."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    if needed_bytes > 0.8 * total:
+        from llmmem.units import format_bytes
+
+        raise UsageError(
+            f"a CPU step of this plan needs about {format_bytes(needed_bytes)} of RAM and this "
+            f"machine has {format_bytes(total)}: use --simulate, or --device cuda on a GPU"
+        )
+
+
 def run_verify(args: argparse.Namespace) -> int:
     from llmmem.budget.phases import estimate_budget
     from llmmem.check import check_text
@@ -98,11 +132,7 @@ def run_verify(args: argparse.Namespace) -> int:
             f"{spec.model_id}: only a guess from its name; verify needs the model's config "
             "(a local path, the HF cache, or the hub)"
         )
-    if setup.distributed.is_multi_gpu:
-        raise UsageError(
-            f"the plan runs on {setup.distributed.world_size} GPUs; verify runs one device "
-            "(multi-GPU launches through torchrun are not built yet)"
-        )
+    _check_distributed(setup, args)
     config = _config_for(
         str(analysis.plan.model_id.value) if analysis.plan.model_id else spec.model_id,
         path.parent,
@@ -124,6 +154,8 @@ def run_verify(args: argparse.Namespace) -> int:
         snapshot=args.snapshot,
     )
     budget = estimate_budget(spec, setup, analysis.gpu)
+    if device == "cpu":
+        _check_host_memory(budget.allocated_peak_bytes * setup.distributed.world_size)
     measurement = _run_worker(request.to_json(), args.timeout, show_progress=args.format == "text")
     report = _report(path, spec, budget, measurement)
     if args.output:
@@ -147,7 +179,12 @@ def _run_worker(request: dict[str, Any], timeout_s: float, *, show_progress: boo
         request_path = Path(directory) / "request.json"
         out_path = Path(directory) / "measurement.json"
         request_path.write_text(json.dumps(request), encoding="utf-8")
-        command = [sys.executable, "-m", "llmmem.verify.worker", str(request_path), str(out_path)]
+        worker = ["-m", "llmmem.verify.worker", str(request_path), str(out_path)]
+        world_size = int(request.get("world_size") or 1)
+        command = [sys.executable, *worker]
+        if world_size > 1:  # one process per rank, as the plan's launcher would start them
+            launcher = ["-m", "torch.distributed.run", "--standalone"]
+            command = [sys.executable, *launcher, f"--nproc_per_node={world_size}", *worker]
         started = time.monotonic()
         process = subprocess.Popen(
             command,
@@ -188,7 +225,16 @@ def _run_worker(request: dict[str, Any], timeout_s: float, *, show_progress: boo
             if status is not None:
                 status.stop()
         reader.join(timeout=2)
-        if out_path.exists():
+        if world_size > 1:
+            ranks = sorted(Path(directory).glob("measurement.json.rank*"))
+            if len(ranks) == world_size:
+                return _combine_ranks(
+                    [
+                        StepMeasurement.from_json(json.loads(p.read_text(encoding="utf-8")))
+                        for p in ranks
+                    ]
+                )
+        elif out_path.exists():
             return StepMeasurement.from_json(json.loads(out_path.read_text(encoding="utf-8")))
         device = str(request.get("device"))
         failed = StepMeasurement(
@@ -201,6 +247,25 @@ def _run_worker(request: dict[str, Any], timeout_s: float, *, show_progress: boo
             failed.error = f"the step's process ended without a result: {last}"
         failed.seconds = round(time.monotonic() - started, 3)
         return failed
+
+
+def _combine_ranks(measured: list[Any]) -> Any:
+    """The rank that peaked highest stands for the step; every rank's peak is listed."""
+    worst = max(measured, key=lambda m: m.allocated_peak_bytes)
+    worst.ranks = [
+        {
+            "rank": m.rank,
+            "allocated_peak_bytes": m.allocated_peak_bytes,
+            "weights_bytes": m.weights_bytes,
+            "error": m.error,
+            "oom": m.oom,
+        }
+        for m in sorted(measured, key=lambda m: m.rank)
+    ]
+    failed = [m for m in measured if m.error or m.oom]
+    if failed and not (worst.error or worst.oom):
+        worst.error, worst.oom = failed[0].error, failed[0].oom
+    return worst
 
 
 def _progress(enabled: bool) -> Any:

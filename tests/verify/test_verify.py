@@ -254,3 +254,45 @@ def test_nothing_to_verify_is_a_clear_error(project: Path) -> None:
     proc = verify(project, "--simulate")
     assert proc.returncode == 2
     assert "nothing to verify: no model found" in proc.stderr
+
+
+# -- plans over several GPUs: one process per rank under torchrun (gloo on the CPU) ---------
+
+MULTI_RANK = SCRIPT.replace("# llmmem: seq=256", "# llmmem: seq=128 world_size=2").replace(
+    "    gradient_checkpointing=True,\n", ""
+)
+
+
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
+def test_a_two_rank_plan_runs_each_rank_and_reports_its_peak(project: Path, sharding: str) -> None:
+    script = MULTI_RANK
+    if sharding == "fsdp":
+        script = script.replace("    bf16=True,\n", '    bf16=True,\n    fsdp="full_shard",\n')
+    (project / "train.py").write_text(script)
+    proc = verify(project, "--device", "cpu", "--format", "json", timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    ranks = report["measurement"]["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    params = params_of(TINY)
+    # DDP keeps a whole bf16 copy on each rank; FSDP full shard half of it
+    expected_weights = 2 * params if sharding == "ddp" else params
+    assert {r["weights_bytes"] for r in ranks} == {expected_weights}
+    rows = {row["what"]: row for row in report["comparison"]}
+    assert abs(rows["allocated peak"]["error"]) < 0.05, rows["allocated peak"]
+
+
+def test_plans_that_cannot_be_run_over_ranks_here_say_why(project: Path) -> None:
+    (project / "train.py").write_text(
+        MULTI_RANK.replace("    bf16=True,\n", '    bf16=True,\n    fsdp="full_shard",\n')
+    )
+    simulated = verify(project, "--simulate")
+    assert simulated.returncode == 2
+    assert "2-rank plan cannot be simulated yet" in simulated.stderr
+    (project / "ds.json").write_text('{"zero_optimization": {"stage": 3}}')
+    (project / "train.py").write_text(
+        MULTI_RANK.replace("    bf16=True,\n", '    bf16=True,\n    deepspeed="ds.json",\n')
+    )
+    zero = verify(project, "--device", "cpu")
+    assert zero.returncode == 2
+    assert "DeepSpeed ZeRO-3 plans are not verified yet" in zero.stderr

@@ -69,6 +69,8 @@ def request_for(
         lora=lora,
         quant=quant,
         use_cache=setup.use_cache,
+        world_size=setup.distributed.world_size,
+        sharding="fsdp" if setup.distributed.fsdp is not None else "ddp",
         device=device,
         trust_remote_code=trust_remote_code,
         snapshot=snapshot,

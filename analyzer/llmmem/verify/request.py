@@ -35,6 +35,8 @@ class StepRequest:
     lora: dict[str, Any] | None = None  # r, alpha, targets, modules_to_save, dora, dropout
     quant: dict[str, Any] | None = None  # quant_type, double_quant, compute_dtype_bytes, prepare
     use_cache: bool = False
+    world_size: int = 1  # ranks, each launched by torchrun when more than one
+    sharding: str = "ddp"  # with world_size > 1: "ddp" or "fsdp" (FSDP2 full shard per block)
     device: str = "fake"  # "fake" (simulated), "cpu", "cuda"
     trust_remote_code: bool = False
     snapshot: str | None = None  # CUDA: where to save a torch.cuda.memory snapshot
@@ -75,6 +77,8 @@ class StepMeasurement:
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     snapshot: str | None = None
+    rank: int = 0
+    ranks: list[dict[str, Any]] = field(default_factory=list)  # each rank's peak, multi-rank runs
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

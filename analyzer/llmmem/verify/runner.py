@@ -305,6 +305,8 @@ def _run_tracked(request: StepRequest, result: StepMeasurement, *, fake: bool) -
     else:
         model = build_model(request, "cpu", notes)
         result.device_name = "cpu"
+    if request.world_size > 1:
+        model = _distribute(torch, model, request, result)
     params = _parameters(model)
     trainable = [p for p in params if p.requires_grad]
     for p in params:
@@ -372,6 +374,31 @@ def _run_tracked(request: StepRequest, result: StepMeasurement, *, fake: bool) -
         step(True)
     result.allocated_peak_bytes = max(p.peak_bytes for p in result.phases)
     result.stage = "done"
+
+
+def _distribute(torch: Any, model: Any, request: StepRequest, result: StepMeasurement) -> Any:
+    """This rank's part of a multi-rank plan (under torchrun, gloo on the CPU): DDP keeps a
+    whole copy per rank; FSDP2 shards each transformer block and the rest."""
+    import torch.distributed as dist
+
+    if request.device == "fake":
+        raise VerifyError("a multi-GPU plan cannot be simulated yet: use --device cpu or cuda")
+    if not dist.is_initialized():
+        dist.init_process_group("gloo" if request.device == "cpu" else "nccl")
+    result.rank = dist.get_rank()
+    result.device_name = f"{result.device_name} rank {result.rank} of {dist.get_world_size()}"
+    if request.sharding == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model)
+    from torch.distributed.fsdp import fully_shard
+
+    blocks = set(getattr(model, "_no_split_modules", None) or [])
+    for module in model.modules():
+        if type(module).__name__ in blocks:
+            fully_shard(module)
+    fully_shard(model)
+    return model
 
 
 def _keep_peak(result: StepMeasurement, phase: str, tracker: Any) -> None:

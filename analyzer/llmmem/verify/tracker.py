@@ -25,6 +25,9 @@ from llmmem.verify.request import ACTIVATIONS, CATEGORIES, OTHER, TEMPORARIES
 
 
 def _storage(t: torch.Tensor) -> Any | None:
+    local = getattr(t, "_local_tensor", None)  # a DTensor (FSDP2): its shard on this rank
+    if isinstance(local, torch.Tensor):
+        t = local
     try:
         return t.untyped_storage()
     except (RuntimeError, NotImplementedError, TypeError):

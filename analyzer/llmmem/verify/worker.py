@@ -1,4 +1,5 @@
-"""The subprocess that runs one step: `python -m llmmem.verify.worker REQUEST.json OUT.json`.
+"""The subprocess that runs one step: `python -m llmmem.verify.worker REQUEST.json OUT.json`
+(for a multi-rank plan, under torchrun, each rank writing OUT.json.rank<N>).
 
 It writes each stage it reaches to stderr (`stage: build`, ...) for the progress display and the
 measurement as JSON to OUT.json, also when the step fails; a hang is ended by the parent's timeout.
@@ -25,7 +26,12 @@ def main(argv: list[str]) -> int:
 
     print(f"stage: running one {request.device} step", file=sys.stderr, flush=True)
     measurement = run_step(request)
-    with open(argv[1], "w", encoding="utf-8") as handle:
+    out = argv[1]
+    if request.world_size > 1:  # under torchrun: one file per rank
+        import os
+
+        out = f"{out}.rank{os.environ.get('RANK', measurement.rank)}"
+    with open(out, "w", encoding="utf-8") as handle:
         json.dump(measurement.to_json(), handle)
     print("stage: done", file=sys.stderr, flush=True)
     return 0
