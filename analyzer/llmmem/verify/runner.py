@@ -293,7 +293,7 @@ def _run_tracked(request: StepRequest, result: StepMeasurement, *, fake: bool) -
             "estimate's (run verify on a GPU to measure it)"
         )
     notes = result.notes
-    tracker = StorageTracker()
+    tracker = StorageTracker(resizable=request.world_size > 1 and request.sharding == "fsdp")
     fake_mode: Any = contextlib.nullcontext()
     if fake:
         from torch._subclasses.fake_tensor import FakeTensorMode

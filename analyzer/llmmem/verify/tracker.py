@@ -35,8 +35,13 @@ def _storage(t: torch.Tensor) -> Any | None:
 
 
 class StorageTracker(TorchDispatchMode):
-    def __init__(self) -> None:
+    def __init__(self, resizable: bool = False) -> None:
         super().__init__()
+        # FSDP2 frees and re-allocates parameter memory by resizing storages in place
+        # (`untyped_storage().resize_`), which no dispatched op shows: with `resizable`, sizes
+        # are read again before a new peak is taken and at each phase boundary
+        self.resizable = resizable
+        self.storages: dict[int, weakref.ref[Any]] = {}
         self.sizes: dict[int, int] = {}  # id(storage) -> bytes
         self.category: dict[int, str] = {}
         self.totals: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
@@ -48,6 +53,7 @@ class StorageTracker(TorchDispatchMode):
     # -- bookkeeping ------------------------------------------------------------------------
 
     def _forget(self, key: int) -> None:
+        self.storages.pop(key, None)
         size = self.sizes.pop(key, None)
         if size is None:
             return
@@ -74,11 +80,37 @@ class StorageTracker(TorchDispatchMode):
         self.totals[chosen] += size
         self.current += size
         weakref.finalize(storage, self._forget, key)
-        if self.current > self.peak:
-            self.peak = self.current
-            self.peak_by_category = dict(self.totals)
+        if self.resizable:
+            self.storages[key] = weakref.ref(storage)
+        self._note_peak()
+
+    def _note_peak(self) -> None:
+        if self.current <= self.peak:
+            return
+        if self.resizable:
+            self.resync()
+            if self.current <= self.peak:
+                return
+        self.peak = self.current
+        self.peak_by_category = dict(self.totals)
+
+    def resync(self) -> None:
+        """Read every live storage's size again (storages resized in place)."""
+        for key, ref in list(self.storages.items()):
+            storage = ref()
+            if storage is None:
+                continue
+            size = int(storage.nbytes())
+            old = self.sizes.get(key)
+            if old is None or size == old:
+                continue
+            self.sizes[key] = size
+            self.current += size - old
+            self.totals[self.category.get(key, OTHER)] += size - old
 
     def reset_peak(self, new_category: str) -> None:
+        if self.resizable:
+            self.resync()
         self.new_category = new_category
         self.peak = self.current
         self.peak_by_category = dict(self.totals)
