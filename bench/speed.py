@@ -1,8 +1,10 @@
-"""How fast `llmmem estimate` answers, cold (a new process each time) and in-process.
+"""How fast `llmmem estimate` and `llmmem-lint` answer, cold (a new process each time) and
+in-process.
 
     python bench/speed.py [--runs 10]
 
-Target: a catalog model answers in under 0.5 s cold, with no torch or transformers import.
+Targets: under 0.5 s cold for a bundled model (estimate) and for one script (lint), with no torch
+or transformers import.
 """
 
 from __future__ import annotations
@@ -34,14 +36,17 @@ CASES = [
 ]
 
 
-def cold_seconds(args: list[str], runs: int) -> list[float]:
+LINT_CASES = [["examples/qlora_sft.py", "--gpu", "A100-80GB"]]
+
+
+def cold_seconds(args: list[str], runs: int, command: str = "estimate") -> list[float]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     times = []
     for _ in range(runs):
         start = time.perf_counter()
         subprocess.run(
-            [sys.executable, "-m", "llmmem", "estimate", *args],
-            check=True,
+            [sys.executable, "-m", "llmmem", command, *args],
+            check=command == "estimate",  # lint exits 1 when it has findings
             capture_output=True,
             env=env,
         )
@@ -88,6 +93,10 @@ def main() -> int:
             f"{label:<72} {statistics.median(cold):>8.3f}s {max(cold):>8.3f}s "
             f"{statistics.median(warm) * 1000:>7.1f}ms"
         )
+    for case in LINT_CASES:
+        cold = cold_seconds(case, args.runs, command="lint")
+        label = ("lint " + " ".join(case))[:72]
+        print(f"{label:<72} {statistics.median(cold):>8.3f}s {max(cold):>8.3f}s {'':>9}")
     print(f"torch or transformers imported on the estimate path: {imports_torch()}")
     return 0
 
