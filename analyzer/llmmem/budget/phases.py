@@ -347,16 +347,48 @@ def estimate_budget(
             )
         )
     first_block = acts.largest_block_bytes if not setup.grad_ckpt else recompute
+    # The token embedding is the last weight backward reaches: while the first block's
+    # gradients are computed, its gradient does not exist yet. With tied input and output
+    # embeddings, the head's contribution waits in autograd's buffer until then, and the two
+    # are summed into a third tensor before the weight's .grad takes it.
+    embedding = (
+        spec.vocab_size * spec.hidden_size * setup.precision.weight_bytes
+        if setup.method is Method.FULL
+        and spec.is_causal_lm
+        and not grads_kept
+        and not setup.distributed.is_multi_gpu
+        else 0
+    )
+    tied_extra = 2 * embedding if spec.tie_word_embeddings else 0
     backward_moments.append(
         (
-            "end of backward: every gradient complete",
+            "backward of the first block",
             {
-                Component.GRADIENTS: st.gradients,
+                Component.GRADIENTS: Term(
+                    bytes=st.gradients.bytes - embedding,
+                    formula=st.gradients.formula
+                    + (" − the token embedding's (still to come)" if embedding else ""),
+                ),
                 Component.ACTIVATIONS: Term(
                     bytes=first_block, formula="the first block's saved tensors"
                 ),
                 Component.TEMPORARIES: Term(
                     bytes=workspace + extra_fwd + ddp_buckets, formula=workspace_text
+                ),
+            },
+        )
+    )
+    backward_moments.append(
+        (
+            "end of backward: every gradient complete",
+            {
+                Component.GRADIENTS: st.gradients,
+                Component.TEMPORARIES: Term(
+                    bytes=tied_extra + extra_fwd + ddp_buckets,
+                    formula="the head's and the embedding's gradients of the tied weight, "
+                    "summed into it"
+                    if tied_extra
+                    else _temp_text(gathered, ddp_buckets, shard),
                 ),
             },
         )
