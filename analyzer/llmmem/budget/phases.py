@@ -117,7 +117,12 @@ def model_state_terms(
             else ""
         ),
     )
-    head = sum(g.bytes for g in trainable if g.kind in ("head", "embedding", "saved_copy"))
+    # the gradients that exist once the head's backward is done: the head's own (an untied
+    # embedding's comes only at the very end of backward; a tied one is the head's), and the
+    # trainable copies of modules_to_save
+    untied_head = any(g.kind == "head" for g in trainable)
+    head_kinds = ("head", "saved_copy") if untied_head else ("embedding", "saved_copy")
+    head = sum(g.bytes for g in trainable if g.kind in head_kinds)
     return StateTerms(weights, gradients, states, step, round(head * shard.gradients))
 
 
