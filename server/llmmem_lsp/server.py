@@ -38,6 +38,17 @@ VERIFY_TIMEOUT_S = 900
 CONFIG_FILE_GLOB = "**/*.{json,yaml,yml,toml}"
 
 
+def unreadable_diagnostic(what: str, reason: str) -> types.Diagnostic:
+    """One information diagnostic at the top: why a file that does not parse has no estimate."""
+    start = types.Position(line=0, character=0)
+    return types.Diagnostic(
+        range=types.Range(start=start, end=start),
+        severity=types.DiagnosticSeverity.Information,
+        source="llmmem",
+        message=f"llmmem cannot estimate this {what} yet: {reason}",
+    )
+
+
 class LlmmemServer(LanguageServer):
     def __init__(self) -> None:
         super().__init__(
@@ -140,17 +151,7 @@ class LlmmemServer(LanguageServer):
             return out
         first = notebook.cells[0].document
         if result.unreadable:
-            out.setdefault(first, []).append(
-                types.Diagnostic(
-                    range=types.Range(
-                        start=types.Position(line=0, character=0),
-                        end=types.Position(line=0, character=0),
-                    ),
-                    severity=types.DiagnosticSeverity.Information,
-                    source="llmmem",
-                    message=f"llmmem cannot estimate this notebook yet: {result.unreadable}",
-                )
-            )
+            out.setdefault(first, []).append(unreadable_diagnostic("notebook", result.unreadable))
             return out
         for finding in result.checked.findings:
             found = cell_index(finding.range, plan_path)
@@ -173,14 +174,7 @@ class LlmmemServer(LanguageServer):
         lines = self.lines(result.text)
         if result.unreadable:
             # rules over a plan of nothing would only say "no model found": say why instead
-            return [
-                types.Diagnostic(
-                    range=lines.range(None),
-                    severity=types.DiagnosticSeverity.Information,
-                    source="llmmem",
-                    message=f"llmmem cannot estimate this file yet: {result.unreadable}",
-                )
-            ]
+            return [unreadable_diagnostic("file", result.unreadable)]
         return [
             diagnostic(finding, lines, state.uri, rule_url(finding.code))
             for finding in result.checked.findings

@@ -316,7 +316,6 @@ def _run_tracked(request: StepRequest, result: StepMeasurement, *, fake: bool) -
     # a gradient is filed as such the moment autograd accumulates it into .grad
     for p in trainable:
         p.register_post_accumulate_grad_hook(lambda param: tracker.track(param.grad, GRADIENTS))
-    autocast_dtype = AUTOCAST.get(request.precision)
     vocab = _vocab(request)
 
     with fake_mode, tracker, _unpacked_masks(transformers):
@@ -330,12 +329,7 @@ def _run_tracked(request: StepRequest, result: StepMeasurement, *, fake: bool) -
                 if measure:
                     tracker.reset_peak(ACTIVATIONS)
                     result.stage = "forward"
-                amp = (
-                    torch.autocast("cpu", dtype=getattr(torch, autocast_dtype))
-                    if autocast_dtype
-                    else contextlib.nullcontext()
-                )
-                with amp:
+                with _autocast(torch, request, "cpu"):
                     loss = model(**batch).loss
                 if measure:
                     _keep_peak(result, "forward", tracker)
@@ -401,16 +395,28 @@ def _distribute(torch: Any, model: Any, request: StepRequest, result: StepMeasur
     return model
 
 
+def _autocast(torch: Any, request: StepRequest, device: str) -> Any:
+    """The plan's autocast (AMP) around forward, or nothing for pure fp32/bf16/fp16 weights."""
+    dtype = AUTOCAST.get(request.precision)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device, dtype=getattr(torch, dtype))
+
+
 def _keep_peak(result: StepMeasurement, phase: str, tracker: Any) -> None:
-    by_category = dict(tracker.peak_by_category)
+    _record_phase(result, phase, tracker.peak, dict(tracker.peak_by_category))
+
+
+def _record_phase(
+    result: StepMeasurement, phase: str, peak: int, by_category: dict[str, int]
+) -> None:
+    """Keep a phase's peak, unless an earlier micro-batch peaked higher in it."""
     previous = result.phase(phase)
-    if previous is not None and previous.peak_bytes >= tracker.peak:
-        return  # an earlier micro-batch peaked higher
+    if previous is not None and previous.peak_bytes >= peak:
+        return
     if previous is not None:
         result.phases.remove(previous)
-    result.phases.append(
-        PhaseMeasurement(phase=phase, peak_bytes=tracker.peak, by_category=by_category)
-    )
+    result.phases.append(PhaseMeasurement(phase=phase, peak_bytes=peak, by_category=by_category))
     result.phases.sort(key=lambda p: ("forward", "backward", "optimizer_step").index(p.phase))
 
 
@@ -433,19 +439,11 @@ def _run_cuda(request: StepRequest, result: StepMeasurement) -> None:
     trainable = [p for p in params if p.requires_grad]
     optimizer = make_cuda_optimizer(torch, request, trainable)
     vocab = _vocab(request)
-    autocast_dtype = AUTOCAST.get(request.precision)
 
     def phase_peak(name: str) -> None:
         torch.cuda.synchronize()
-        peak = int(torch.cuda.max_memory_allocated())
-        by_category = {WEIGHTS: sum(p.numel() * p.element_size() for p in params)}
-        previous = result.phase(name)
-        if previous is None or peak > previous.peak_bytes:
-            if previous is not None:
-                result.phases.remove(previous)
-            result.phases.append(
-                PhaseMeasurement(phase=name, peak_bytes=peak, by_category=by_category)
-            )
+        weights = sum(p.numel() * p.element_size() for p in params)
+        _record_phase(result, name, int(torch.cuda.max_memory_allocated()), {WEIGHTS: weights})
         torch.cuda.reset_peak_memory_stats()
 
     def one_step(measure: bool) -> None:
@@ -453,12 +451,7 @@ def _run_cuda(request: StepRequest, result: StepMeasurement) -> None:
             batch = _batch(torch, request, "cuda", vocab)
             torch.cuda.reset_peak_memory_stats()
             result.stage = "forward"
-            amp = (
-                torch.autocast("cuda", dtype=getattr(torch, autocast_dtype))
-                if autocast_dtype
-                else contextlib.nullcontext()
-            )
-            with amp:
+            with _autocast(torch, request, "cuda"):
                 loss = model(**batch).loss
             if measure:
                 phase_peak("forward")
