@@ -13,10 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -173,6 +170,11 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def _run_worker(request: dict[str, Any], timeout_s: float, *, show_progress: bool) -> Any:
+    # imported here: every `llmmem` command builds this parser, only verify runs a step
+    import subprocess
+    import tempfile
+    import threading
+
     from llmmem.verify.request import StepMeasurement
 
     with tempfile.TemporaryDirectory(prefix="llmmem-verify-") as directory:
