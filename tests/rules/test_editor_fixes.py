@@ -192,3 +192,23 @@ def test_notebook_fixes_edit_the_cells_and_lint_fix_leaves_the_json_alone(tmp_pa
     fixed, left = fix_file(path, text, gpu="A100-80GB", hub=False, select=None)
     assert fixed == text  # --fix does not rewrite notebooks' JSON
     assert "LLM001" in [f.code for f in left]
+
+
+FP32_SCRIPT = """from transformers import AutoModelForCausalLM, TrainingArguments
+
+model = AutoModelForCausalLM.from_pretrained("Qwen/Qwen2.5-7B", dtype="float32")
+args = TrainingArguments(output_dir="out", per_device_train_batch_size=8)
+"""
+
+
+def test_bf16_is_offered_only_where_the_gpu_has_it(tmp_path: Path) -> None:
+    path = tmp_path / "train.py"
+    on_a100 = check_text(path, FP32_SCRIPT, gpu="A100-80GB", hub=False)
+    fix = fix_titled(on_a100.findings, "Train in bf16 mixed precision")
+    fixed = apply_edits(FP32_SCRIPT, fix.edits)
+    assert "per_device_train_batch_size=8, bf16=True)" in fixed
+    again = check_text(path, fixed, gpu="A100-80GB", hub=False)
+    assert again.analysis.setup is not None and again.analysis.setup.precision.value == "bf16"
+    on_t4 = check_text(path, FP32_SCRIPT, gpu="T4", hub=False)
+    titles = [f.title for finding in on_t4.findings for f in finding.fixes]
+    assert titles and not any(t.startswith("Train in bf16") for t in titles)
