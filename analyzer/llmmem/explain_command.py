@@ -75,6 +75,10 @@ def plan_dict(plan: TrainingPlan) -> dict[str, Any]:
         "zero_stage": sourced_dict(d.zero_stage),
         "offload_optimizer": sourced_dict(d.offload_optimizer),
         "offload_params": sourced_dict(d.offload_params),
+        "reduce_bucket_size": sourced_dict(d.reduce_bucket_size),
+        "overlap_comm": sourced_dict(d.overlap_comm),
+        "contiguous_gradients": sourced_dict(d.contiguous_gradients),
+        "stage3_max_reuse_distance": sourced_dict(d.max_reuse_distance),
     }
     out["fsdp"] = sourced_dict(d.fsdp)
     out["world_size"] = sourced_dict(d.world_size)
@@ -153,11 +157,13 @@ def render_explanation(analysis: Any, findings: list[Any]) -> None:
             ("quant type", plan.quantization.quant_type),
             ("double quant", plan.quantization.double_quant),
         ]
-    rows += [
-        ("world size", plan.distributed.world_size),
-        ("ZeRO stage", plan.distributed.zero_stage),
-        ("GPU", plan.gpu),
-    ]
+    d = plan.distributed
+    rows += [("world size", d.world_size), ("ZeRO stage", d.zero_stage)]
+    if d.zero_stage.value:
+        rows += [("reduce bucket", d.reduce_bucket_size), ("overlap_comm", d.overlap_comm)]
+    if d.zero_stage.value == 3:
+        rows.append(("max reuse distance", d.max_reuse_distance))
+    rows.append(("GPU", plan.gpu))
     for name, sourced in rows:
         if name == "GPU" and analysis.gpu_source == "flag" and analysis.gpu is not None:
             table.add_row(name, analysis.gpu.name, "flag (--gpu)", "")

@@ -90,6 +90,21 @@ class DistributedPlan:
     offload_params: Sourced[bool]
     fsdp: Sourced[str | None]  # "full_shard", "hybrid_shard", "shard_grad_op" or None
     deepspeed_config: Sourced[str | None]  # a path, or None
+    # DeepSpeed's gradient reduction bucket in elements ("auto": sized from the model),
+    # overlap_comm (None: DeepSpeed's default, on for ZeRO-3 only), contiguous_gradients
+    reduce_bucket_size: Sourced[int | str] = field(
+        default_factory=lambda: _deepspeed_default(500_000_000)
+    )
+    overlap_comm: Sourced[bool | None] = field(default_factory=lambda: _deepspeed_default(None))
+    contiguous_gradients: Sourced[bool] = field(default_factory=lambda: _deepspeed_default(True))
+    # ZeRO-3: stage3_max_reuse_distance
+    max_reuse_distance: Sourced[int] = field(
+        default_factory=lambda: _deepspeed_default(1_000_000_000)
+    )
+
+
+def _deepspeed_default(value: Any) -> Sourced[Any]:
+    return Sourced(value=value, source=Provenance.DEFAULT, note="DeepSpeed default")
 
 
 @dataclass(slots=True, kw_only=True)

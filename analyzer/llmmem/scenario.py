@@ -113,6 +113,12 @@ def setup_from_plan(plan: TrainingPlan, spec: ModelSpec) -> TrainingSetup:
         offload_params=bool(d.offload_params.value)
         and (int(d.zero_stage.value) == 3 or fsdp is not None),
         fsdp=fsdp,
+        reduce_bucket_size=None
+        if d.reduce_bucket_size.value == "auto"
+        else int(d.reduce_bucket_size.value),
+        overlap_comm=d.overlap_comm.value,
+        contiguous_gradients=bool(d.contiguous_gradients.value),
+        max_reuse_distance=int(d.max_reuse_distance.value),
     )
     return TrainingSetup(
         method=method,
@@ -158,6 +164,11 @@ def loaded_dtype_note(plan: TrainingPlan, spec: ModelSpec) -> str | None:
         return None
     if spec.torch_dtype not in ("bfloat16", "float16"):
         return None
+    if plan.distributed.zero_stage.value:
+        return (
+            f"no dtype= given: transformers 5 loads the checkpoint's {spec.torch_dtype} "
+            "weights; DeepSpeed keeps fp32 master weights and optimizer states beside them"
+        )
     return (
         f"no dtype= given: transformers 5 loads the checkpoint's {spec.torch_dtype} "
         "weights, so weights, gradients and AdamW states are 16-bit"

@@ -13,6 +13,7 @@ import pytest
 from llmmem.budget import Component, Phase, SetupError, TrainingSetup, estimate_budget
 from llmmem.budget.activations import estimate_activations
 from llmmem.budget.generation import kv_cache_term
+from llmmem.budget.result import PhaseBudget
 from llmmem.budget.setup import DistributedSetup, LoraSetup, QuantSetup
 from llmmem.budget.weights import build_inventory
 from llmmem.models.catalog import catalog_entry
@@ -275,7 +276,67 @@ def test_zero3_shards_model_states(llama3_8b: ModelSpec) -> None:
     assert step8[Component.GRADIENTS].bytes == pytest.approx(
         step1[Component.GRADIENTS].bytes / 8, 1e-6
     )
-    assert zero3.device_total_bytes < single.device_total_bytes / 3
+    # DeepSpeed steps fp32 master weights (4 B) with fp32 AdamW moments (8 B), sharded by 8
+    total = llama3_8b.total_params
+    assert step8[Component.OPTIMIZER_STATES].bytes == pytest.approx(12 * total / 8, 1e-6)
+    assert zero3.device_total_bytes < single.device_total_bytes / 2
+
+
+def _zero(spec: ModelSpec, stage: int, **distributed: object) -> TrainingSetup:
+    return TrainingSetup(
+        precision="bf16-true",
+        batch=1,
+        seq=512,
+        distributed=DistributedSetup(world_size=8, zero_stage=stage, **distributed),  # type: ignore[arg-type]
+    )
+
+
+def test_zero2_backward_holds_deepspeeds_reduction_bucket(llama3_8b: ModelSpec) -> None:
+    def backward(**distributed: object) -> PhaseBudget:
+        return estimate_budget(llama3_8b, _zero(llama3_8b, 2, **distributed)).phase(Phase.BACKWARD)
+
+    # DeepSpeed's default reduce_bucket_size: 5e8 elements of bf16 gradients, allocated at the
+    # first gradient hook (after the logits' gradient is gone), larger than those logits here
+    default = backward()
+    assert default.components[Component.TEMPORARIES].bytes >= 500_000_000 * 2
+    assert default.allocated_bytes > backward(contiguous_gradients=False).allocated_bytes
+    # overlap_comm double-buffers it
+    assert backward(overlap_comm=True).allocated_bytes - default.allocated_bytes == 500_000_000 * 2
+    # "auto" (HF trainer, accelerate): hidden_size² elements (32 MiB), which stays below the
+    # logits' gradient at the start of backward: the peak is the bucket-free one
+    auto = backward(reduce_bucket_size=None)
+    assert auto.allocated_bytes == backward(contiguous_gradients=False).allocated_bytes
+    assert auto.moment.startswith("start of backward")
+
+
+def test_zero2_bucket_is_gone_before_the_optimizer_step(llama3_8b: ModelSpec) -> None:
+    with_bucket = estimate_budget(llama3_8b, _zero(llama3_8b, 2))
+    without = estimate_budget(llama3_8b, _zero(llama3_8b, 2, contiguous_gradients=False))
+    for phase in (Phase.FORWARD, Phase.OPTIMIZER_STEP):
+        assert with_bucket.phase(phase).allocated_bytes == without.phase(phase).allocated_bytes
+
+
+def test_zero3_keeps_its_bucket_and_gradient_partition_through_the_step(
+    llama3_8b: ModelSpec,
+) -> None:
+    with_bucket = estimate_budget(llama3_8b, _zero(llama3_8b, 3))
+    without = estimate_budget(llama3_8b, _zero(llama3_8b, 3, contiguous_gradients=False))
+    for phase in Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER_STEP:
+        extra = with_bucket.phase(phase).allocated_bytes - without.phase(phase).allocated_bytes
+        assert extra == 500_000_000 * 2, phase
+    forward = with_bucket.phase(Phase.FORWARD).components
+    assert forward[Component.GRADIENTS].bytes == round(2 * llama3_8b.total_params / 8)
+
+
+def test_zero3_gathers_parameters_within_the_reuse_distance(llama3_8b: ModelSpec) -> None:
+    def forward(distance: int) -> int:
+        setup = _zero(llama3_8b, 3, max_reuse_distance=distance)
+        return estimate_budget(llama3_8b, setup).phase(Phase.FORWARD).allocated_bytes
+
+    # half the distance stays gathered (2 B each): 1e9 → 5e8 elements, 2e8 → 1e8
+    assert forward(1_000_000_000) - forward(200_000_000) == (500_000_000 - 100_000_000) * 2
+    # never more than the whole model
+    assert forward(10**12) == forward(10**11)
 
 
 def test_optimizer_offload_removes_states_from_the_device(llama3_8b: ModelSpec) -> None:

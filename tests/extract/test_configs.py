@@ -13,7 +13,10 @@ from hypothesis import strategies as st
 from llmmem.extract.configs import detect_framework, extract_config_plan, torchtune_model
 from llmmem.extract.pragmas import ProjectSettings
 from llmmem.extract.yaml_positions import read_positioned_yaml
+from llmmem.models.catalog import catalog_entry
+from llmmem.models.spec import ModelSource, spec_from_config
 from llmmem.plan import Provenance, Sourced, SourceRange, TrainingPlan
+from llmmem.scenario import setup_from_plan
 
 CONFIGS = Path(__file__).resolve().parent.parent / "fixtures" / "configs"
 
@@ -467,3 +470,34 @@ def test_byte_edits_read(fixture: Path, edits: list[tuple[float, int]]) -> None:
         data[min(len(data) - 1, int(len(data) * where))] = byte
     plan = extract_config_plan(fixture, data.decode("utf-8", errors="replace"))
     assert isinstance(plan, TrainingPlan)
+
+
+def test_deepspeed_buffer_settings_are_read(tmp_path: Path) -> None:
+    config = tmp_path / "ds.json"
+    config.write_text(
+        '{"zero_optimization": {"stage": 3, "reduce_bucket_size": "auto",\n'
+        '  "overlap_comm": false, "contiguous_gradients": true,\n'
+        '  "stage3_max_reuse_distance": 1e8}}\n'
+    )
+    plan = extract_config_plan(config)
+    expect(plan, "distributed.reduce_bucket_size", "auto", EXPLICIT, '"auto"')
+    expect(plan, "distributed.overlap_comm", False, EXPLICIT, "false")
+    expect(plan, "distributed.contiguous_gradients", True, EXPLICIT, "true")
+    expect(plan, "distributed.max_reuse_distance", 100_000_000, EXPLICIT, "1e8")
+    assert plan.problems == []
+    entry = catalog_entry("meta-llama/Llama-3.1-8B")
+    assert entry is not None
+    spec = spec_from_config(entry.config, model_id=entry.model_id, source=ModelSource.CATALOG)
+    setup = setup_from_plan(plan, spec)
+    assert setup.distributed.reduce_bucket_size is None  # sized from the model
+    assert setup.distributed.max_reuse_distance == 100_000_000
+
+
+def test_deepspeed_buffer_defaults_and_bad_values(tmp_path: Path) -> None:
+    config = tmp_path / "ds.json"
+    config.write_text('{"zero_optimization": {"stage": 2, "reduce_bucket_size": "big"}}\n')
+    plan = extract_config_plan(config)
+    # DeepSpeed's own defaults stand where the file says nothing usable
+    assert plan.distributed.reduce_bucket_size.value == 500_000_000
+    assert plan.distributed.overlap_comm.value is None
+    assert any("reduce_bucket_size" in problem for problem in plan.problems)

@@ -262,6 +262,8 @@ EXPECTED: dict[str, list[Expect]] = {
         Expect("distributed.zero_stage", 3, CONFIG, '"ds_zero3.json"', 11),
         Expect("distributed.offload_optimizer", True, CONFIG, '"ds_zero3.json"', 11),
         Expect("distributed.offload_params", False, CONFIG, '"ds_zero3.json"', 11),
+        Expect("distributed.overlap_comm", True, CONFIG, '"ds_zero3.json"', 11),
+        Expect("distributed.reduce_bucket_size", 500_000_000, DEFAULT),
     ],
     "hf_argparser_dataclass.py": [
         Expect("model_id", "meta-llama/Llama-3.2-3B", CLI, '"meta-llama/Llama-3.2-3B"', 16),

@@ -3,7 +3,8 @@
 - DDP: every rank holds everything; the reducer keeps gradient buckets the size of the gradients
   (unless `gradient_as_bucket_view=True`).
 - DeepSpeed ZeRO-1/2/3 shards optimizer states (with fp32 master weights for 16-bit training),
-  then gradients, then parameters, by the world size; offload moves them to the CPU.
+  then gradients, then parameters, by the world size; offload moves them to the CPU. Its own
+  buffers (gradient buckets, ZeRO-3's gathered parameters) are in `phases.py`.
 - FSDP shards parameters, gradients and states (full shard) and all-gathers one wrapped block at
   a time (two with prefetch); hybrid shard only shards inside a node.
 """
@@ -39,13 +40,15 @@ def sharding_for(setup: TrainingSetup) -> Sharding:
         master = setup.precision.is_autocast or setup.precision.weight_bytes == 2
         return Sharding(
             weights=1 / world if stage == 3 else 1,
-            gradients=1 / world if stage >= 2 else 1,
+            # stage 1 reduces through the same bucket as stage 2 (DeepSpeed 0.19, measured):
+            # after backward each rank keeps only its partition's gradients
+            gradients=1 / world,
             states=1 / world,
             shard_group=world,
             label=f"DeepSpeed ZeRO-{stage} over {world} devices"
             + (" with optimizer offload" if d.offload_optimizer else "")
             + (" with parameter offload" if d.offload_params else ""),
-            gathered_blocks=2 if stage == 3 else 0,
+            gathered_blocks=1 if stage == 3 else 0,
             master_weights=master,
             offload_states=d.offload_optimizer,
             offload_params=d.offload_params,
@@ -65,3 +68,33 @@ def sharding_for(setup: TrainingSetup) -> Sharding:
             offload_params=d.offload_params,
         )
     return Sharding(1, 1, 1, 1, f"DDP over {world} devices", gradient_buckets=True)
+
+
+def reduce_bucket_elements(setup: TrainingSetup, hidden_size: int) -> int:
+    """DeepSpeed's gradient reduction bucket, in elements ("auto": hidden_size², as the HF
+    trainer and accelerate fill it in)."""
+    size = setup.distributed.reduce_bucket_size
+    return hidden_size * hidden_size if size is None else size
+
+
+def overlaps_communication(setup: TrainingSetup) -> bool:
+    d = setup.distributed
+    return d.zero_stage == 3 if d.overlap_comm is None else d.overlap_comm
+
+
+def deepspeed_zero_section(setup: TrainingSetup, hidden_size: int) -> dict[str, object]:
+    """The `zero_optimization` section DeepSpeed runs the plan with, "auto" values filled in."""
+    d = setup.distributed
+    section: dict[str, object] = {
+        "stage": d.zero_stage,
+        "reduce_bucket_size": reduce_bucket_elements(setup, hidden_size),
+        "overlap_comm": overlaps_communication(setup),
+        "contiguous_gradients": d.contiguous_gradients,
+    }
+    if d.zero_stage == 3:
+        section["stage3_max_reuse_distance"] = d.max_reuse_distance
+    if d.offload_optimizer:
+        section["offload_optimizer"] = {"device": "cpu"}
+    if d.offload_params:
+        section["offload_param"] = {"device": "cpu"}
+    return section

@@ -23,12 +23,17 @@ from llmmem.budget.activations import (
     dtypes_for,
     estimate_activations,
 )
-from llmmem.budget.distributed import Sharding, sharding_for
+from llmmem.budget.distributed import (
+    Sharding,
+    overlaps_communication,
+    reduce_bucket_elements,
+    sharding_for,
+)
 from llmmem.budget.logits import logits_moments
 from llmmem.budget.optimizers import OptimizerSpec, find_optimizer
 from llmmem.budget.overheads import overhead_terms
 from llmmem.budget.result import Budget, Component, GpuTarget, Overhead, Phase, PhaseBudget, Term
-from llmmem.budget.setup import Method, Mode, TrainingSetup
+from llmmem.budget.setup import Method, Mode, Precision, TrainingSetup
 from llmmem.budget.weights import Inventory, ParameterGroup, build_inventory
 from llmmem.models.spec import ModelSpec
 from llmmem.units import format_bytes, format_count
@@ -61,9 +66,9 @@ def model_state_terms(
     spec: ModelSpec, setup: TrainingSetup, inv: Inventory, optim: OptimizerSpec, shard: Sharding
 ) -> StateTerms:
     trainable = inv.trainable
-    deepspeed_16bit = shard.master_weights and setup.precision.is_autocast
-    if deepspeed_16bit:
-        # DeepSpeed runs the model in 16 bits and keeps the fp32 copy with the optimizer
+    if shard.master_weights:
+        # DeepSpeed casts the whole model (adapters too) to 16 bits and keeps the fp32 copy
+        # with the optimizer
         trainable = [replace(g, bytes_per_param=2.0) for g in trainable]
         groups = [
             replace(g, bytes_per_param=2.0) if g.bytes_per_param == 4.0 else g for g in inv.groups
@@ -86,10 +91,17 @@ def model_state_terms(
         formula=f"{format_count(sum(g.params for g in trainable))} trainable × "
         f"{_bytes_per(trainable)} B" + _shard_suffix(shard.gradients, shard),
     )
-    state_bytes = sum(optim.state_bytes(g) for g in trainable)
+    # DeepSpeed's optimizer steps the fp32 master partitions: its states follow them
+    stepped = (
+        [replace(g, bytes_per_param=4.0) for g in trainable] if shard.master_weights else trainable
+    )
+    state_bytes = sum(optim.state_bytes(g) for g in stepped)
+    state_dtype = _state_dtype_text(optim)
+    if shard.master_weights and optim.state_dtype == "param":
+        state_dtype = "4 B (the fp32 master's dtype)"
     state_formula = (
-        f"{optim.label}: {optim.states} state(s) × "
-        f"{_state_dtype_text(optim)} × {format_count(sum(g.params for g in trainable))} params"
+        f"{optim.label}: {optim.states} state(s) × {state_dtype} × "
+        f"{format_count(sum(g.params for g in trainable))} params"
     )
     if optim.factored:
         state_formula = f"{optim.label}: row + column statistics per matrix"
@@ -106,7 +118,7 @@ def model_state_terms(
     if optim.paged:
         states.note = "paged: evicted to CPU memory when the GPU runs short"
     step_temp = (
-        0 if shard.offload_states else round(optim.step_temporary_bytes(trainable) * shard.states)
+        0 if shard.offload_states else round(optim.step_temporary_bytes(stepped) * shard.states)
     )
     step = Term(
         bytes=step_temp,
@@ -212,9 +224,11 @@ def estimate_budget(
         from llmmem.budget.generation import estimate_generation
 
         return estimate_generation(spec, setup, gpu)
+    shard = sharding_for(setup)
+    if shard.master_weights:
+        setup = _as_deepspeed_runs_it(setup)
     inv = build_inventory(spec, setup)
     optim = find_optimizer(setup.optim)
-    shard = sharding_for(setup)
     st = model_state_terms(spec, setup, inv, optim, shard)
     acts = estimate_activations(spec, setup)
     logits = logits_moments(spec, setup)
@@ -249,6 +263,15 @@ def estimate_budget(
     if shard.gathered_blocks:
         per_block = max((g.params_per_block for g in spec.blocks), default=0)
         gathered = shard.gathered_blocks * per_block * dt.compute
+        if setup.distributed.zero_stage == 3:
+            # ZeRO-3 releases a gathered parameter only when its next use is more than
+            # stage3_max_reuse_distance elements of parameters away; forward's last modules
+            # come back first in backward, so about half that distance stays gathered
+            # (the whole model, below it) besides the module running
+            reuse = setup.distributed.max_reuse_distance // 2
+            gathered = min(spec.total_params, reuse + per_block) * dt.compute
+            if shard.shard_group == 1:
+                gathered = 0  # one rank's partition is the whole parameter: nothing to gather
         if setup.distributed.fsdp is not None:
             # FSDP's root unit (embeddings, final norm, head: what no block holds) is gathered
             # when forward starts and stays whole until its gradients are reduced in backward
@@ -256,13 +279,22 @@ def estimate_budget(
             gathered += max(spec.total_params - in_blocks, 0) * setup.precision.weight_bytes
     extra_fwd = gathered
     ddp_buckets = st.gradients.bytes if shard.gradient_buckets else 0
+    zero = _zero_buffers(spec, setup, shard, st)
+    # ZeRO-3 allocates its bucket with the optimizer and keeps it; ZeRO-1/2 from the first
+    # gradient hook to the end of backward
+    always = zero.bucket if zero.persistent else 0
+    in_backward = zero.bucket
 
-    grads_kept = setup.grad_accum > 1 or not setup.zero_grad_frees_gradients
+    grads_kept = (
+        setup.grad_accum > 1 or not setup.zero_grad_frees_gradients or zero.persistent_gradients
+    )
     grads_between = st.gradients.bytes if grads_kept else 0
     grads_text = (
         st.gradients.formula
         + (
-            " (kept across accumulation)"
+            " (DeepSpeed's flat gradient partition, kept)"
+            if zero.persistent_gradients
+            else " (kept across accumulation)"
             if setup.grad_accum > 1
             else " (zeroed in place, never freed)"
         )
@@ -281,7 +313,10 @@ def estimate_budget(
             components={k: v for k, v in parts.items() if v.bytes or k in (Component.WEIGHTS,)},
         )
 
-    temp_fwd = Term(bytes=extra_fwd + ddp_buckets, formula=_temp_text(gathered, ddp_buckets, shard))
+    temp_fwd = Term(
+        bytes=extra_fwd + ddp_buckets + always,
+        formula=_temp_text(gathered, ddp_buckets, shard, zero.text if always else ""),
+    )
     forward_only = forward_only_terms(spec, setup, inv)
     forward_temp = Term(
         bytes=temp_fwd.bytes + sum(t.bytes for t in forward_only),
@@ -332,6 +367,23 @@ def estimate_budget(
             },
         ),
     ]
+    if in_backward and not always:
+        backward_moments.append(
+            (
+                "first gradient hook: DeepSpeed allocates its reduction bucket",
+                {
+                    Component.GRADIENTS: Term(
+                        bytes=grads_between + head_grad_new,
+                        formula="the head's gradient" if head_grad_new else grads_text,
+                    ),
+                    Component.ACTIVATIONS: activations,
+                    Component.TEMPORARIES: Term(
+                        bytes=temp_fwd.bytes + in_backward,
+                        formula=" + ".join([temp_fwd.formula] * bool(temp_fwd.bytes) + [zero.text]),
+                    ),
+                },
+            )
+        )
     if setup.grad_ckpt:
         backward_moments.append(
             (
@@ -344,9 +396,9 @@ def estimate_budget(
                     Component.ACTIVATIONS: activations,
                     Component.WEIGHT_COPIES: Term(bytes=copies_recompute, formula=copies_text),
                     Component.TEMPORARIES: Term(
-                        bytes=recompute + workspace + extra_fwd + ddp_buckets,
+                        bytes=recompute + workspace + extra_fwd + ddp_buckets + in_backward,
                         formula=f"one block recomputed ({format_bytes(recompute)}) + "
-                        f"{workspace_text}",
+                        f"{workspace_text}" + (f" + {zero.text}" if in_backward else ""),
                     ),
                 },
             )
@@ -378,7 +430,8 @@ def estimate_budget(
                     bytes=first_block, formula="the first block's saved tensors"
                 ),
                 Component.TEMPORARIES: Term(
-                    bytes=workspace + extra_fwd + ddp_buckets, formula=workspace_text
+                    bytes=workspace + extra_fwd + ddp_buckets + in_backward,
+                    formula=workspace_text + (f" + {zero.text}" if in_backward else ""),
                 ),
             },
         )
@@ -389,11 +442,11 @@ def estimate_budget(
             {
                 Component.GRADIENTS: st.gradients,
                 Component.TEMPORARIES: Term(
-                    bytes=tied_extra + extra_fwd + ddp_buckets,
+                    bytes=tied_extra + extra_fwd + ddp_buckets + in_backward,
                     formula="the head's and the embedding's gradients of the tied weight, "
                     "summed into it"
                     if tied_extra
-                    else _temp_text(gathered, ddp_buckets, shard),
+                    else _temp_text(gathered, ddp_buckets, shard, zero.text),
                 ),
             },
         )
@@ -412,11 +465,7 @@ def estimate_budget(
             Component.WEIGHTS: st.weights,
             Component.GRADIENTS: st.gradients,
             Component.OPTIMIZER_STATES: step_states,
-            Component.TEMPORARIES: Term(
-                bytes=st.step_temporaries.bytes + ddp_buckets,
-                formula=st.step_temporaries.formula
-                + (" + DDP gradient buckets" if ddp_buckets else ""),
-            ),
+            Component.TEMPORARIES: _step_temporaries(st, ddp_buckets, zero, always),
         },
     )
 
@@ -463,6 +512,17 @@ def estimate_budget(
     )
 
 
+def _as_deepspeed_runs_it(setup: TrainingSetup) -> TrainingSetup:
+    """DeepSpeed with bf16/fp16 casts the whole model, adapters too, to 16 bits and runs it
+    without autocast (the fp32 copy is its master weights, counted with the states)."""
+    if setup.precision.is_autocast:
+        sixteen = Precision.BF16_TRUE if setup.precision.uses_bf16 else Precision.FP16_TRUE
+        setup = replace(setup, precision=sixteen)
+    if setup.lora is not None and setup.lora.adapter_bytes != 2:
+        setup = replace(setup, lora=replace(setup.lora, adapter_bytes=2))
+    return setup
+
+
 def forward_only_terms(spec: ModelSpec, setup: TrainingSetup, inv: Inventory) -> list[Term]:
     """What lives during forward only and is gone before backward starts."""
     terms = []
@@ -485,11 +545,82 @@ def forward_only_terms(spec: ModelSpec, setup: TrainingSetup, inv: Inventory) ->
     return terms
 
 
-def _temp_text(gathered: int, buckets: int, shard: Sharding) -> str:
+def _temp_text(gathered: int, buckets: int, shard: Sharding, zero_text: str = "") -> str:
     parts = []
-    if gathered:
+    if gathered and shard.label.startswith("DeepSpeed"):
+        parts.append(
+            "ZeRO-3's gathered parameters (within stage3_max_reuse_distance of their next use)"
+        )
+    elif gathered:
         root = " and the root unit (embeddings, head)" if shard.label.startswith("FSDP") else ""
         parts.append(f"{shard.gathered_blocks} gathered blocks{root} ({shard.label})")
     if buckets:
         parts.append("DDP gradient buckets")
+    if zero_text:
+        parts.append(zero_text)
     return " + ".join(parts) if parts else "none"
+
+
+@dataclass(frozen=True)
+class _ZeroBuffers:
+    """DeepSpeed ZeRO's own buffers on the GPU."""
+
+    bucket: int = 0  # the contiguous gradient reduction bucket(s)
+    text: str = ""
+    persistent: bool = False  # ZeRO-3: allocated with the optimizer, kept
+    persistent_gradients: bool = False  # ZeRO-3: one flat gradient partition, kept
+    grad_fp32: int = 0  # ZeRO-1/2 in 16 bits: the step's fp32 copy of the gradient partition
+
+
+def _zero_buffers(
+    spec: ModelSpec, setup: TrainingSetup, shard: Sharding, st: StateTerms
+) -> _ZeroBuffers:
+    d = setup.distributed
+    if not d.zero_stage:
+        return _ZeroBuffers()
+    elements = reduce_bucket_elements(setup, spec.hidden_size)
+    # the bucket holds gradients in the model's dtype: 16 bits beside fp32 master weights
+    size = 2 if shard.master_weights else 4
+    count = 2 if d.zero_stage < 3 and overlaps_communication(setup) else 1
+    bucket = count * elements * size if d.contiguous_gradients else 0
+    auto = " (auto: hidden_size²)" if d.reduce_bucket_size is None else ""
+    text = (
+        f"DeepSpeed gradient bucket{'s' if count > 1 else ''}: "
+        + (f"{count} × " if count > 1 else "")
+        + f"reduce_bucket_size {format_count(elements)}{auto} × {size} B"
+    )
+    stage3 = d.zero_stage == 3
+    grad_fp32 = 2 * st.gradients.bytes if shard.master_weights and not shard.offload_states else 0
+    return _ZeroBuffers(
+        bucket=bucket,
+        text=text,
+        persistent=stage3,
+        persistent_gradients=stage3,
+        grad_fp32=grad_fp32,
+    )
+
+
+def _step_temporaries(st: StateTerms, ddp_buckets: int, zero: _ZeroBuffers, always: int) -> Term:
+    step = st.step_temporaries
+    parts = [step.formula] if step.bytes else []
+    total = step.bytes
+    if zero.grad_fp32 and zero.persistent_gradients:
+        # ZeRO-3 copies its (kept) 16-bit gradient partition to fp32 for the optimizer
+        total = zero.grad_fp32 + step.bytes
+        parts = ["DeepSpeed's fp32 copy of the gradient partition"] + parts
+    elif zero.grad_fp32:
+        # DeepSpeed flattens the 16-bit gradient partition, copies it to fp32 for the
+        # optimizer, then frees the 16-bit ones before the optimizer runs
+        total = zero.grad_fp32 + max(step.bytes - st.gradients.bytes, st.gradients.bytes)
+        parts = [
+            "DeepSpeed's fp32 copy of the gradient partition + the larger of the "
+            f"optimizer's step buffers ({format_bytes(step.bytes)}, once the 16-bit gradients "
+            "are freed) and the flattened 16-bit partition"
+        ]
+    if ddp_buckets:
+        total += ddp_buckets
+        parts.append("DDP gradient buckets")
+    if always:
+        total += always
+        parts.append(zero.text)
+    return Term(bytes=total, formula=" + ".join(parts) if parts else "none")

@@ -175,9 +175,27 @@ class DistributedSetup:
     offload_optimizer: bool = False  # DeepSpeed offload_optimizer / FSDP cpu_offload
     offload_params: bool = False  # DeepSpeed ZeRO-3 offload_param / FSDP cpu_offload
     fsdp: FsdpShard | None = None
+    # DeepSpeed's gradient reduction buckets, in elements, as its config says; None is "auto",
+    # which the trainer sizes from the model (hidden_size²)
+    reduce_bucket_size: int | None = 500_000_000
+    overlap_comm: bool | None = None  # None: DeepSpeed's default (on for ZeRO-3 only)
+    contiguous_gradients: bool = True
+    # ZeRO-3 keeps a gathered parameter when its next use is this many elements away or fewer
+    max_reuse_distance: int = 1_000_000_000
 
     def __post_init__(self) -> None:
         _set(self, "world_size", _whole(self.world_size, "world_size", at_least=1))
+        if self.reduce_bucket_size is not None:
+            _set(
+                self,
+                "reduce_bucket_size",
+                _whole(self.reduce_bucket_size, "reduce_bucket_size", at_least=1),
+            )
+        _set(
+            self,
+            "max_reuse_distance",
+            _whole(self.max_reuse_distance, "max_reuse_distance", at_least=0),
+        )
         _set(self, "gpus_per_node", _whole(self.gpus_per_node, "gpus_per_node", at_least=1))
         _set(self, "zero_stage", _whole(self.zero_stage, "ZeRO stage", at_least=0, at_most=3))
         if self.fsdp is not None:

@@ -129,6 +129,7 @@ _BOOL_KEYS = frozenset(
         "quantization.prepare_for_kbit_training",
         "distributed.offload_optimizer",
         "distributed.offload_params",
+        "distributed.contiguous_gradients",
     }
 )
 _TEXT_KEYS = frozenset({"model_id", "gpu", "optim", "loss", "distributed.deepspeed_config"})
@@ -148,6 +149,9 @@ _KNOWN_KEYS = (
         "quantization.compute_dtype",
         "distributed.zero_stage",
         "distributed.fsdp",
+        "distributed.reduce_bucket_size",
+        "distributed.max_reuse_distance",
+        "distributed.overlap_comm",
     }
 )
 
@@ -273,6 +277,41 @@ def _as_zero_stage(value: object) -> int:
     return value
 
 
+def _as_bucket_size(value: object) -> int | str:
+    """DeepSpeed's bucket sizes: a count of elements (5e8 is common), or "auto"."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "auto":
+            return "auto"
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueMismatch('expected a number of elements or "auto"') from None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueMismatch('expected a number of elements or "auto"')
+    return value
+
+
+def _as_optional_bool(value: object) -> bool | None:
+    return None if value is None else _as_bool(value)
+
+
+def _as_count(value: object) -> int:
+    """A whole number of elements, 0 or more (`1e9` too)."""
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise ValueMismatch("expected a whole number of elements") from None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueMismatch("expected a whole number of elements")
+    return value
+
+
 def _as_fsdp(value: object) -> str | None:
     if value is None or value is False or value == "":
         return None
@@ -300,6 +339,9 @@ _CONVERTERS: dict[str, Callable[[object], Any]] = {
     "quantization.quant_type": _as_quant_type,
     "distributed.zero_stage": _as_zero_stage,
     "distributed.fsdp": _as_fsdp,
+    "distributed.reduce_bucket_size": _as_bucket_size,
+    "distributed.max_reuse_distance": _as_count,
+    "distributed.overlap_comm": _as_optional_bool,  # None: DeepSpeed decides by stage
     "distributed.deepspeed_config": _as_optional_text,
 }
 
@@ -681,6 +723,34 @@ class PlanBuilder:
             ),
             fsdp=fsdp,
             deepspeed_config=deepspeed,
+            reduce_bucket_size=self._value(
+                "distributed.reduce_bucket_size",
+                500_000_000,
+                Provenance.DEFAULT,
+                None,
+                "DeepSpeed default",
+            ),
+            overlap_comm=self._value(
+                "distributed.overlap_comm",
+                None,
+                Provenance.DEFAULT,
+                None,
+                "DeepSpeed default: on for ZeRO-3 only",
+            ),
+            contiguous_gradients=self._value(
+                "distributed.contiguous_gradients",
+                True,
+                Provenance.DEFAULT,
+                None,
+                "DeepSpeed default",
+            ),
+            max_reuse_distance=self._value(
+                "distributed.max_reuse_distance",
+                1_000_000_000,
+                Provenance.DEFAULT,
+                None,
+                "DeepSpeed default",
+            ),
         )
 
     def _extra(self) -> dict[str, Any]:

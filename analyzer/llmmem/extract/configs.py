@@ -120,6 +120,23 @@ def as_int(value: Any) -> int:
     raise ValueProblem(f"must be a whole number, got {value!r}")
 
 
+def as_count(value: Any) -> int:
+    number = as_int(value)
+    if number < 0:
+        raise ValueProblem(f"must be 0 or more, got {value!r}")
+    return number
+
+
+def as_bucket(value: Any) -> int | str:
+    """A DeepSpeed bucket size: elements (`5e8` too), or "auto" for the trainer to size."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    number = as_int(value)
+    if number < 1:
+        raise ValueProblem(f'must be a number of elements or "auto", got {value!r}')
+    return number
+
+
 def as_float(value: Any) -> float:
     if isinstance(value, bool):
         raise ValueProblem(f"must be a number, got {value!r}")
@@ -741,6 +758,11 @@ def read_deepspeed(reader: DocumentReader, prefix: KeyPath = ()) -> dict[str, Ke
         ("cpu_offload_params", "distributed.offload_params"),
     ):
         reader.take((*zero, legacy_key), plan_key, as_bool)
+    reader.take((*zero, "reduce_bucket_size"), "distributed.reduce_bucket_size", as_bucket)
+    for flag in ("overlap_comm", "contiguous_gradients"):
+        reader.take((*zero, flag), f"distributed.{flag}", as_bool)
+    reuse = (*zero, "stage3_max_reuse_distance")
+    reader.take(reuse, "distributed.max_reuse_distance", as_count)
     concrete(("train_micro_batch_size_per_gpu",), "per_device_train_batch_size", as_int)
     concrete(("gradient_accumulation_steps",), "gradient_accumulation_steps", as_int)
     for block in ("bf16", "bfloat16"):

@@ -2110,6 +2110,14 @@ class PlanEmitter:
             if isinstance(offload, dict):
                 device = str(offload.get("device", "none")).lower()
                 self.set_known(key, replace(origin, value=device in ("cpu", "nvme")), note)
+        for name, key in (
+            ("reduce_bucket_size", "reduce_bucket_size"),
+            ("overlap_comm", "overlap_comm"),
+            ("contiguous_gradients", "contiguous_gradients"),
+            ("stage3_max_reuse_distance", "max_reuse_distance"),
+        ):
+            if name in zero:
+                self.set_known(f"distributed.{key}", replace(origin, value=zero[name]), note)
 
     def emit_fsdp(self, value: Value) -> None:
         known = settle(value)
