@@ -75,15 +75,16 @@ def _config_for(
 
 
 def _check_distributed(setup: Any, args: argparse.Namespace) -> None:
-    """Multi-rank plans run under torchrun, one process per rank (DDP or FSDP2 full shard)."""
+    """Multi-rank plans run under torchrun, one process per rank (DDP, FSDP2 full shard or
+    DeepSpeed ZeRO; a ZeRO plan also on one GPU)."""
     dist = setup.distributed
+    if dist.zero_stage and args.simulate:
+        raise UsageError(
+            f"a DeepSpeed ZeRO-{dist.zero_stage} plan cannot be simulated yet: use --device cpu "
+            "(small models) or run on the GPUs"
+        )
     if not dist.is_multi_gpu:
         return
-    if dist.zero_stage:
-        raise UsageError(
-            f"DeepSpeed ZeRO-{dist.zero_stage} plans are not verified yet (it needs deepspeed on "
-            "CUDA); FSDP and DDP plans are"
-        )
     if dist.fsdp is not None and dist.fsdp.value != "full_shard":
         raise UsageError(f"FSDP {dist.fsdp.value} is not verified yet; full_shard is")
     if args.simulate:
@@ -175,7 +176,7 @@ def _run_worker(request: dict[str, Any], timeout_s: float, *, show_progress: boo
     import tempfile
     import threading
 
-    from llmmem.verify.request import StepMeasurement
+    from llmmem.verify.request import StepMeasurement, StepRequest
 
     with tempfile.TemporaryDirectory(prefix="llmmem-verify-") as directory:
         request_path = Path(directory) / "request.json"
@@ -183,8 +184,9 @@ def _run_worker(request: dict[str, Any], timeout_s: float, *, show_progress: boo
         request_path.write_text(json.dumps(request), encoding="utf-8")
         worker = ["-m", "llmmem.verify.worker", str(request_path), str(out_path)]
         world_size = int(request.get("world_size") or 1)
+        launched = StepRequest.from_json(request).launched
         command = [sys.executable, *worker]
-        if world_size > 1:  # one process per rank, as the plan's launcher would start them
+        if launched:  # one process per rank, as the plan's launcher would start them
             launcher = ["-m", "torch.distributed.run", "--standalone"]
             command = [sys.executable, *launcher, f"--nproc_per_node={world_size}", *worker]
         started = time.monotonic()
@@ -227,7 +229,7 @@ def _run_worker(request: dict[str, Any], timeout_s: float, *, show_progress: boo
             if status is not None:
                 status.stop()
         reader.join(timeout=2)
-        if world_size > 1:
+        if launched:
             ranks = sorted(Path(directory).glob("measurement.json.rank*"))
             if len(ranks) == world_size:
                 return _combine_ranks(

@@ -6,6 +6,7 @@ second, independent way of running the same step (a real CPU step for the simula
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -289,10 +290,65 @@ def test_plans_that_cannot_be_run_over_ranks_here_say_why(project: Path) -> None
     simulated = verify(project, "--simulate")
     assert simulated.returncode == 2
     assert "2-rank plan cannot be simulated yet" in simulated.stderr
-    (project / "ds.json").write_text('{"zero_optimization": {"stage": 3}}')
     (project / "train.py").write_text(
         MULTI_RANK.replace("    bf16=True,\n", '    bf16=True,\n    deepspeed="ds.json",\n')
     )
-    zero = verify(project, "--device", "cpu")
+    (project / "ds.json").write_text('{"zero_optimization": {"stage": 3}}')
+    zero = verify(project, "--simulate")
     assert zero.returncode == 2
-    assert "DeepSpeed ZeRO-3 plans are not verified yet" in zero.stderr
+    assert "DeepSpeed ZeRO-3 plan cannot be simulated yet" in zero.stderr
+    offload = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+    (project / "ds.json").write_text(json.dumps(offload))
+    on_cpu = verify(project, "--device", "cpu", "--format", "json")
+    assert on_cpu.returncode == 3
+    assert "on the CPU both are the same memory" in json.loads(on_cpu.stdout)["summary"]
+
+
+# -- DeepSpeed ZeRO: deepspeed.initialize on each rank, DeepSpeed's CPU accelerator over gloo --
+
+ZERO_RANKS = MULTI_RANK.replace(
+    "    bf16=True,\n", '    bf16=True,\n    deepspeed="ds.json",\n'
+).replace("dtype=torch.bfloat16)", "dtype=torch.float32)")
+
+needs_deepspeed = pytest.mark.skipif(
+    importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed"
+)
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_zero_plan_runs_under_deepspeed_on_each_rank(project: Path, stage: int) -> None:
+    # HF's "auto" bucket: hidden_size² elements; bf16 "auto" follows TrainingArguments(bf16)
+    zero = {"stage": stage, "reduce_bucket_size": "auto"}
+    (project / "ds.json").write_text(
+        json.dumps({"zero_optimization": zero, "bf16": {"enabled": "auto"}})
+    )
+    (project / "train.py").write_text(ZERO_RANKS)
+    proc = verify(project, "--device", "cpu", "--format", "json", timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    measured = report["measurement"]
+    assert [r["rank"] for r in measured["ranks"]] == [0, 1]
+    params = params_of(TINY)
+    # DeepSpeed casts the fp32 model to bf16: ZeRO-2 keeps the whole bf16 copy on each rank,
+    # ZeRO-3 half of it; the optimizer steps fp32 master weights (4 B) with AdamW's two fp32
+    # moments (8 B), each rank its half
+    assert {r["weights_bytes"] for r in measured["ranks"]} == {2 * params // (stage - 1)}
+    assert abs(measured["optimizer_state_bytes"] - 12 * params // 2) < 1024
+    rows = {row["what"]: row for row in report["comparison"]}
+    for what in ("forward peak", "backward peak", "optimizer step peak", "allocated peak"):
+        assert abs(rows[what]["error"]) < 0.05, rows[what]
+
+
+@needs_deepspeed
+def test_deepspeeds_default_bucket_is_in_the_backward_peak(project: Path) -> None:
+    # no reduce_bucket_size: DeepSpeed's default, 5e8 elements of bf16 gradients (953.7 MiB)
+    (project / "ds.json").write_text('{"zero_optimization": {"stage": 2}}')
+    (project / "train.py").write_text(ZERO_RANKS)
+    proc = verify(project, "--device", "cpu", "--format", "json", timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    backward = {p["phase"]: p for p in report["measurement"]["phases"]}["backward"]
+    assert backward["peak_bytes"] > 500_000_000 * 2
+    rows = {row["what"]: row for row in report["comparison"]}
+    assert abs(rows["backward peak"]["error"]) < 0.05, rows["backward peak"]

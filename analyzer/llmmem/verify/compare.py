@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from llmmem.budget.distributed import deepspeed_zero_section
 from llmmem.budget.result import Budget, Component
 from llmmem.budget.setup import TrainingSetup
 from llmmem.models.spec import ModelSpec
@@ -70,11 +71,20 @@ def request_for(
         quant=quant,
         use_cache=setup.use_cache,
         world_size=setup.distributed.world_size,
-        sharding="fsdp" if setup.distributed.fsdp is not None else "ddp",
+        sharding=_sharding(setup),
+        zero=deepspeed_zero_section(setup, spec.hidden_size)
+        if setup.distributed.zero_stage
+        else None,
         device=device,
         trust_remote_code=trust_remote_code,
         snapshot=snapshot,
     )
+
+
+def _sharding(setup: TrainingSetup) -> str:
+    if setup.distributed.zero_stage:
+        return "zero"
+    return "fsdp" if setup.distributed.fsdp is not None else "ddp"
 
 
 def compare(budget: Budget, measured: StepMeasurement) -> list[Row]:

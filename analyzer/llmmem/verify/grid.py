@@ -5,7 +5,10 @@ micro-batches, two sequence lengths, pure bf16 and AMP (bf16 autocast over fp32 
 core's allocated peak of each phase next to the simulated one. Small configs (structurally
 faithful, a few MB each) run in the tests; `bench/simulated_grid.py` runs real sizes.
 
-    python -m llmmem.verify.grid [--size small|real] [--family llama ...]
+    python -m llmmem.verify.grid [--size small|real] [--family llama ...] [--device fake|cpu|cuda]
+
+`--device cuda` runs the same grid as real steps on a GPU (`max_memory_allocated` per phase);
+`--device cpu` as real CPU steps (small configs).
 """
 
 from __future__ import annotations
@@ -196,7 +199,9 @@ def config_for(family: str, size: str) -> dict[str, Any]:
     return dict(entry.config)
 
 
-def run_case(case: GridCase, config: dict[str, Any], model_id: str = "grid") -> GridResult:
+def run_case(
+    case: GridCase, config: dict[str, Any], model_id: str = "grid", device: str = "fake"
+) -> GridResult:
     from llmmem.verify.runner import run_step
 
     spec = spec_from_config(config, model_id=model_id, source=ModelSource.LOCAL)
@@ -214,7 +219,7 @@ def run_case(case: GridCase, config: dict[str, Any], model_id: str = "grid") -> 
     budget = estimate_budget(spec, setup, None, with_first_step=False)
     predicted = {phase.phase.value: phase.allocated_bytes for phase in budget.phases}
     started = time.monotonic()
-    measured = run_step(request_for(spec, setup, config, "fake"))
+    measured = run_step(request_for(spec, setup, config, device))
     simulated = {phase.phase: phase.peak_bytes for phase in measured.phases}
     return GridResult(
         case, predicted, simulated, measured.error, round(time.monotonic() - started, 2)
@@ -223,7 +228,7 @@ def run_case(case: GridCase, config: dict[str, Any], model_id: str = "grid") -> 
 
 def table(results: list[GridResult]) -> str:
     lines = [
-        f"{'case':<44} {'fwd':>7} {'bwd':>7} {'step':>7} {'peak':>7} {'sim peak':>10}  s",
+        f"{'case':<44} {'fwd':>7} {'bwd':>7} {'step':>7} {'peak':>7} {'measured':>10}  s",
         "-" * 92,
     ]
     for r in results:
@@ -256,6 +261,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=["small", "real"], default="small")
     parser.add_argument("--family", action="append", choices=sorted(SMALL_CONFIGS))
+    parser.add_argument(
+        "--device",
+        choices=["fake", "cpu", "cuda"],
+        default="fake",
+        help="fake: simulated (default); cpu: real steps (small configs); cuda: real steps on "
+        "the GPU, max_memory_allocated per phase",
+    )
     args = parser.parse_args(argv)
     families = args.family or list(SMALL_CONFIGS)
     shapes = SMALL_SHAPES if args.size == "small" else REAL_SHAPES
@@ -263,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases(families, shapes):
         config = config_for(case.family, args.size)
         model_id = REAL_MODELS[case.family] if args.size == "real" else case.family
-        results.append(run_case(case, config, model_id))
+        results.append(run_case(case, config, model_id, args.device))
         print(table(results[-1:]).splitlines()[2], flush=True, file=sys.stderr)
     print(table(results))
     return 0

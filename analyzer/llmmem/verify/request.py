@@ -36,11 +36,18 @@ class StepRequest:
     quant: dict[str, Any] | None = None  # quant_type, double_quant, compute_dtype_bytes, prepare
     use_cache: bool = False
     world_size: int = 1  # ranks, each launched by torchrun when more than one
-    sharding: str = "ddp"  # with world_size > 1: "ddp" or "fsdp" (FSDP2 full shard per block)
+    sharding: str = "ddp"  # "ddp", "fsdp" (FSDP2 full shard per block) or "zero" (DeepSpeed)
+    zero: dict[str, Any] | None = None  # DeepSpeed's zero_optimization section, as it runs
     device: str = "fake"  # "fake" (simulated), "cpu", "cuda"
     trust_remote_code: bool = False
     snapshot: str | None = None  # CUDA: where to save a torch.cuda.memory snapshot
     seed: int = 0
+
+    @property
+    def launched(self) -> bool:
+        """Whether the step runs under torchrun: several ranks, or DeepSpeed (which always
+        runs in a process group, also on one GPU)."""
+        return self.world_size > 1 or self.sharding == "zero"
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

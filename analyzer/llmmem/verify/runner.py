@@ -6,6 +6,11 @@ attention implementation, PEFT LoRA/DoRA, the optimizer by HF `optim` name with 
 implementation. A synthetic batch of the planned shape runs a warm-up step (which creates the
 optimizer states) and a measured step: forward, backward, optimizer step, each phase's peak kept.
 
+Multi-rank plans run here once per rank (under torchrun): DDP and FSDP2 wrap the model and keep
+the plain loop; a DeepSpeed ZeRO plan runs `deepspeed.initialize` with the plan's
+zero_optimization section and the engine's forward/backward/step (its CPU accelerator over gloo
+without a GPU).
+
 Simulated ("fake"): the same step under FakeTensorMode on the fake CPU device, counted by
 `StorageTracker`; no memory is allocated and no weights are needed. What it cannot see: the CUDA
 context, the caching allocator's rounding and fragmentation, cuBLAS workspaces, and
@@ -252,10 +257,7 @@ def run_step(request: StepRequest) -> StepMeasurement:
     device = request.device
     result = StepMeasurement(device=device, device_name=device, stage="build")
     try:
-        if device == "cuda":
-            _run_cuda(request, result)
-        else:
-            _run_tracked(request, result, fake=device == "fake")
+        _run(request, result)
     except VerifyError as err:
         result.error = str(err)
     except MemoryError:
@@ -273,114 +275,212 @@ def run_step(request: StepRequest) -> StepMeasurement:
     return result
 
 
-def _parameters(model: Any) -> list[Any]:
-    return list(model.parameters())
-
-
 def _vocab(request: StepRequest) -> int:
     text = request.config.get("text_config")
     value = request.config.get("vocab_size") or (text or {}).get("vocab_size") or 32000
     return int(value)
 
 
-def _run_tracked(request: StepRequest, result: StepMeasurement, *, fake: bool) -> None:
+def _run(request: StepRequest, result: StepMeasurement) -> None:
     torch, transformers = _imports()
-    from llmmem.verify.tracker import StorageTracker
-
-    if request.quant is not None:
+    device = request.device
+    notes = result.notes
+    if request.quant is not None and device != "cuda":
         raise VerifyError(
             "bitsandbytes k-bit layers need CUDA: without a GPU, k-bit memory stays the "
             "estimate's (run verify on a GPU to measure it)"
         )
-    notes = result.notes
-    tracker = StorageTracker(resizable=request.world_size > 1 and request.sharding == "fsdp")
+    if device == "fake" and request.world_size > 1:
+        raise VerifyError("a multi-GPU plan cannot be simulated yet: use --device cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise VerifyError(
+            "no CUDA device here: run `llmmem verify FILE --simulate` for a simulated step, or "
+            "`--device cpu` for a small model"
+        )
+    offloads = {"offload_optimizer", "offload_param"} & set(request.zero or {})
+    if request.sharding == "zero" and offloads and device != "cuda":
+        raise VerifyError(
+            "a DeepSpeed offload plan moves memory from the GPU to the host: on the CPU both are "
+            "the same memory, so verify it on GPUs (--device cuda)"
+        )
+    if request.launched:
+        _join_ranks(torch, request, result)
+    deepspeed_config = _deepspeed_config(request) if request.sharding == "zero" else None
+
+    meter: _Meter
     fake_mode: Any = contextlib.nullcontext()
-    if fake:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
-        fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
-        model = build_model(request, "meta", notes)
-        _fake_parameters(torch, model, fake_mode)
-        result.device_name = "simulated (FakeTensorMode, cpu)"
+    if device == "cuda":
+        meter = _CudaMeter(torch, request, result)
+        model = _build(request, "cuda", notes, torch, transformers)
     else:
-        model = build_model(request, "cpu", notes)
-        result.device_name = "cpu"
-    if request.world_size > 1:
-        model = _distribute(torch, model, request, result)
-    params = _parameters(model)
-    trainable = [p for p in params if p.requires_grad]
-    for p in params:
-        tracker.track(p, WEIGHTS)
-    for b in model.buffers():
-        tracker.track(b, OTHER)
-    # a gradient is filed as such the moment autograd accumulates it into .grad
-    for p in trainable:
-        p.register_post_accumulate_grad_hook(lambda param: tracker.track(param.grad, GRADIENTS))
-    vocab = _vocab(request)
+        from llmmem.verify.tracker import StorageTracker
 
-    with fake_mode, tracker, _unpacked_masks(transformers):
-        optimizer = make_optimizer(torch, request, trainable)
+        # FSDP2 and ZeRO-3 free gathered parameters by resizing or swapping storages
+        meter = _TrackedMeter(StorageTracker(resizable=request.world_size > 1), result)
+        if device == "fake":
+            from torch._subclasses.fake_tensor import FakeTensorMode
 
-        def forward_backward(measure: bool) -> None:
-            for _ in range(max(1, min(request.grad_accum, 2))):
-                batch = _batch(torch, request, "cpu", vocab)
-                for value in batch.values():
-                    tracker.track(value, OTHER)
-                if measure:
-                    tracker.reset_peak(ACTIVATIONS)
-                    result.stage = "forward"
-                with _autocast(torch, request, "cpu"):
-                    loss = model(**batch).loss
-                if measure:
-                    _keep_peak(result, "forward", tracker)
-                    tracker.reset_peak(TEMPORARIES)
-                    result.stage = "backward"
-                loss.backward()
-                del loss, batch
-                if measure:
-                    grads = [p.grad for p in trainable if p.grad is not None]
-                    _keep_peak(result, "backward", tracker)
-                    result.gradients_bytes = tracker.bytes_of(grads)
-
-        def step(measure: bool) -> None:
-            if measure:
-                tracker.reset_peak(TEMPORARIES)
-                result.stage = "optimizer_step"
-            optimizer.step()
-            states = [
-                value
-                for state in optimizer.state.values()
-                for value in state.values()
-                if isinstance(value, torch.Tensor)
-            ]
-            for s in states:
-                tracker.track(s, OPTIMIZER_STATES)
-            if measure:
-                _keep_peak(result, "optimizer_step", tracker)
-                result.optimizer_state_bytes = tracker.bytes_of(states)
-            optimizer.zero_grad(set_to_none=True)
-
-        result.stage = "warm-up"
-        forward_backward(False)
-        step(False)
-        result.weights_bytes = tracker.bytes_of(params)
-        forward_backward(True)
-        step(True)
+            fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+            model = build_model(request, "meta", notes)
+            _fake_parameters(torch, model, fake_mode)
+            result.device_name = "simulated (FakeTensorMode, cpu)"
+        else:
+            model = _build(request, "cpu", notes, torch, transformers)
+            result.device_name = "cpu"
+    if request.launched:
+        result.device_name = f"{result.device_name} rank {result.rank} of {request.world_size}"
+    with fake_mode, meter, _unpacked_masks(transformers):
+        loop = _make_loop(torch, model, request, deepspeed_config)
+        meter.file(loop.weights(), WEIGHTS)
+        meter.file(list(loop.model.buffers()), OTHER)
+        if loop.autograd_gradients:
+            meter.watch_gradients(loop.trainable)
+        _drive(torch, loop, meter, request, result)
     result.allocated_peak_bytes = max(p.peak_bytes for p in result.phases)
+    meter.finish()
     result.stage = "done"
 
 
-def _distribute(torch: Any, model: Any, request: StepRequest, result: StepMeasurement) -> Any:
-    """This rank's part of a multi-rank plan (under torchrun, gloo on the CPU): DDP keeps a
-    whole copy per rank; FSDP2 shards each transformer block and the rest."""
+def _build(
+    request: StepRequest, device: str, notes: list[str], torch: Any, transformers: Any
+) -> Any:
+    """The model on `device`. Under ZeRO-3, `deepspeed.initialize` partitions it (transformers
+    would load it inside `deepspeed.zero.Init`: the step's memory is the same either way)."""
+    if device == "cuda" and request.quant is not None:
+        return _cuda_model(request, notes, torch, transformers)
+    return build_model(request, device, notes)
+
+
+def _join_ranks(torch: Any, request: StepRequest, result: StepMeasurement) -> None:
+    """This process is one rank under torchrun: join the group (gloo on the CPU, NCCL on CUDA)."""
+    import os
+
     import torch.distributed as dist
 
-    if request.device == "fake":
-        raise VerifyError("a multi-GPU plan cannot be simulated yet: use --device cpu or cuda")
+    if request.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
-        dist.init_process_group("gloo" if request.device == "cpu" else "nccl")
+        dist.init_process_group("nccl" if request.device == "cuda" else "gloo")
     result.rank = dist.get_rank()
-    result.device_name = f"{result.device_name} rank {result.rank} of {dist.get_world_size()}"
+
+
+# -- the ways a training loop drives the model ----------------------------------------------
+
+
+class _Loop:
+    """Plain torch: forward under the plan's autocast, `loss.backward()`, `optimizer.step()`.
+    DDP and FSDP2 wrap the model and keep this loop."""
+
+    autograd_gradients = True  # the gradients are the parameters' .grad
+
+    def __init__(self, torch: Any, model: Any, optimizer: Any, request: StepRequest) -> None:
+        self.torch = torch
+        self.model = model
+        self.optimizer = optimizer
+        self.request = request
+        self.trainable = [p for p in model.parameters() if p.requires_grad]
+
+    def forward(self, batch: dict[str, Any]) -> Any:
+        device = "cuda" if self.request.device == "cuda" else "cpu"
+        with _autocast(self.torch, self.request, device):
+            return self.model(**batch).loss
+
+    def backward(self, loss: Any) -> None:
+        loss.backward()
+
+    def between_micro_batches(self) -> None:
+        pass
+
+    def step(self) -> None:
+        self.optimizer.step()
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def weights(self) -> list[Any]:
+        return list(self.model.parameters())
+
+    def gradients(self) -> list[Any] | None:
+        """The gradients as the user sees them, or None where the loop keeps its own."""
+        return [p.grad for p in self.trainable if p.grad is not None]
+
+    def states(self) -> list[Any]:
+        return [
+            value
+            for state in self.optimizer.state.values()
+            for value in state.values()
+            if isinstance(value, self.torch.Tensor)
+        ]
+
+
+class _DeepSpeedLoop(_Loop):
+    """DeepSpeed's engine: it casts the model to the 16-bit dtype (no autocast), keeps gradient
+    partitions and the fp32 master weights itself, and steps at the accumulation boundary."""
+
+    autograd_gradients = False
+
+    def __init__(self, torch: Any, engine: Any, request: StepRequest) -> None:
+        super().__init__(torch, engine.module, engine.optimizer, request)
+        self.engine = engine
+
+    def forward(self, batch: dict[str, Any]) -> Any:
+        return self.engine(**batch).loss
+
+    def backward(self, loss: Any) -> None:
+        self.engine.backward(loss)
+
+    def between_micro_batches(self) -> None:
+        self.engine.step()  # not at the boundary: DeepSpeed only counts the micro-batch
+
+    def step(self) -> None:
+        self.engine.step()
+
+    def zero_grad(self) -> None:
+        pass  # the engine's step zeroes its gradient partitions
+
+    def weights(self) -> list[Any]:
+        # ZeRO-3 keeps each rank's part of a parameter in `ds_tensor`
+        return [getattr(p, "ds_tensor", p) for p in self.model.parameters()]
+
+    def gradients(self) -> list[Any] | None:
+        # ZeRO-3 keeps one flat gradient partition; ZeRO-1/2 build theirs in backward
+        flat = getattr(self.optimizer, "grad_partitions_flat_buffer", None)
+        return [flat] if flat is not None else None
+
+    def states(self) -> list[Any]:
+        zero = self.optimizer
+        masters = list(getattr(zero, "single_partition_of_fp32_groups", None) or [])
+        masters += list(getattr(zero, "fp32_partitioned_groups_flat", None) or [])
+        inner = getattr(zero, "optimizer", zero)
+        states = [
+            value
+            for state in inner.state.values()
+            for value in state.values()
+            if isinstance(value, self.torch.Tensor)
+        ]
+        return masters + states
+
+
+def _make_loop(
+    torch: Any, model: Any, request: StepRequest, deepspeed_config: dict[str, Any] | None
+) -> _Loop:
+    if deepspeed_config is None and request.world_size > 1:
+        model = _distribute(model, request)  # the optimizer then steps the shards
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if request.device == "cuda":
+        optimizer = make_cuda_optimizer(torch, request, trainable)
+    else:
+        optimizer = make_optimizer(torch, request, trainable)
+    if deepspeed_config is not None:
+        deepspeed = _deepspeed(request)
+        engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config)
+        return _DeepSpeedLoop(torch, engine, request)
+    return _Loop(torch, model, optimizer, request)
+
+
+def _distribute(model: Any, request: StepRequest) -> Any:
+    """This rank's part of a DDP or FSDP plan: DDP keeps a whole copy per rank; FSDP2 shards
+    each transformer block and the rest."""
     if request.sharding == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
@@ -395,16 +495,216 @@ def _distribute(torch: Any, model: Any, request: StepRequest, result: StepMeasur
     return model
 
 
+def _deepspeed(request: StepRequest) -> Any:
+    import logging
+    import os
+
+    # a CPU step on a machine with GPUs must still run on DeepSpeed's CPU accelerator
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if request.device == "cuda" else "cpu")
+    try:
+        import deepspeed
+        import deepspeed.ops
+    except ImportError:
+        raise VerifyError("a DeepSpeed ZeRO plan needs deepspeed: pip install deepspeed") from None
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    compatible = getattr(deepspeed.ops, "__compatible_ops__", None)
+    if request.device != "cuda" and isinstance(compatible, dict):
+        # the CPU accelerator would compile a shared-memory all-reduce first (a C++ build,
+        # tens of seconds); gloo's own all-reduce moves the same tensors
+        compatible["deepspeed_shm_comm"] = False
+    return deepspeed
+
+
+def _deepspeed_config(request: StepRequest) -> dict[str, Any]:
+    """The DeepSpeed config of the plan, as the trainer hands it to `deepspeed.initialize`."""
+    zero = dict(request.zero or {})
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": request.batch,
+        "gradient_accumulation_steps": max(1, min(request.grad_accum, 2)),
+        "zero_optimization": zero,
+        "steps_per_print": 1_000_000_000,
+    }
+    if request.precision.startswith("bf16"):
+        config["bf16"] = {"enabled": True}
+    elif request.precision.startswith("fp16"):
+        config["fp16"] = {"enabled": True}
+    if request.device == "cuda" and "offload_optimizer" in zero:
+        # the trainer's optimizer must be DeepSpeed's CPU Adam when states are offloaded
+        config["zero_force_ds_cpu_optimizer"] = False
+    return config
+
+
+# -- measuring: a storage counter (CPU, simulated) or CUDA's allocator statistics ------------
+
+
+class _Meter(contextlib.AbstractContextManager[Any]):
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def begin(self, phase: str) -> None:
+        raise NotImplementedError
+
+    def end(self, phase: str) -> None:
+        raise NotImplementedError
+
+    def size(self, tensors: list[Any]) -> int:
+        raise NotImplementedError
+
+    def file(self, tensors: list[Any], category: str) -> None:
+        """Say what these tensors are (a counter files new memory by phase otherwise)."""
+
+    def watch_gradients(self, trainable: list[Any]) -> None:
+        """File each gradient as such the moment autograd accumulates it."""
+
+    def left_by_backward(self) -> int:
+        """The memory backward created and left alive: the gradients a loop keeps itself."""
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        pass
+
+
+class _TrackedMeter(_Meter):
+    def __init__(self, tracker: Any, result: StepMeasurement) -> None:
+        self.tracker = tracker
+        self.result = result
+
+    def __enter__(self) -> Any:
+        return self.tracker.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self.tracker.__exit__(*exc)
+
+    def begin(self, phase: str) -> None:
+        self.tracker.reset_peak(ACTIVATIONS if phase == "forward" else TEMPORARIES)
+
+    def end(self, phase: str) -> None:
+        tracker = self.tracker
+        _record_phase(self.result, phase, tracker.peak, dict(tracker.peak_by_category))
+
+    def size(self, tensors: list[Any]) -> int:
+        return int(self.tracker.bytes_of(tensors))
+
+    def file(self, tensors: list[Any], category: str) -> None:
+        for t in tensors:
+            self.tracker.track(t, category)
+
+    def watch_gradients(self, trainable: list[Any]) -> None:
+        tracker = self.tracker
+        for p in trainable:
+            p.register_post_accumulate_grad_hook(lambda param: tracker.track(param.grad, GRADIENTS))
+
+    def left_by_backward(self) -> int:
+        return int(self.tracker.refile(TEMPORARIES, GRADIENTS))
+
+
+class _CudaMeter(_Meter):
+    def __init__(self, torch: Any, request: StepRequest, result: StepMeasurement) -> None:
+        self.torch = torch
+        self.request = request
+        self.result = result
+        self.weights = 0
+        self.before_forward = 0
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        result.device_name = props.name
+        result.capacity_bytes = int(props.total_memory)
+        result.free_before_bytes = int(torch.cuda.mem_get_info()[0])
+        if request.snapshot:
+            torch.cuda.memory._record_memory_history(max_entries=200_000)
+
+    def begin(self, phase: str) -> None:
+        cuda = self.torch.cuda
+        cuda.synchronize()
+        if phase == "forward":
+            self.before_forward = int(cuda.memory_allocated())
+        cuda.reset_peak_memory_stats()
+
+    def end(self, phase: str) -> None:
+        cuda = self.torch.cuda
+        cuda.synchronize()
+        peak = int(cuda.max_memory_allocated())
+        self.reserved = max(getattr(self, "reserved", 0), int(cuda.max_memory_reserved()))
+        _record_phase(self.result, phase, peak, {WEIGHTS: self.weights})
+
+    def size(self, tensors: list[Any]) -> int:
+        seen: dict[int, int] = {}
+        for t in tensors:
+            if t.is_cuda:
+                storage = t.untyped_storage()
+                seen[storage.data_ptr()] = int(storage.nbytes())
+        return sum(seen.values())
+
+    def file(self, tensors: list[Any], category: str) -> None:
+        if category == WEIGHTS:
+            self.weights = self.size(tensors)
+
+    def left_by_backward(self) -> int:
+        self.torch.cuda.synchronize()
+        return max(0, int(self.torch.cuda.memory_allocated()) - self.before_forward)
+
+    def finish(self) -> None:
+        cuda = self.torch.cuda
+        result = self.result
+        result.reserved_peak_bytes = getattr(self, "reserved", int(cuda.max_memory_reserved()))
+        result.free_after_bytes = int(cuda.mem_get_info()[0])
+        if self.request.snapshot:
+            cuda.memory._dump_snapshot(self.request.snapshot)
+            result.snapshot = self.request.snapshot
+
+
+def _drive(
+    torch: Any, loop: _Loop, meter: _Meter, request: StepRequest, result: StepMeasurement
+) -> None:
+    """A warm-up step (it creates the optimizer states), then the measured step, each over up
+    to two micro-batches; every phase's peak is kept."""
+    device = "cuda" if request.device == "cuda" else "cpu"
+    vocab = _vocab(request)
+    micro_batches = max(1, min(request.grad_accum, 2))
+
+    def one_step(measure: bool) -> None:
+        for index in range(micro_batches):
+            batch = _batch(torch, request, device, vocab)
+            meter.file(list(batch.values()), OTHER)
+            result.stage = "forward"
+            if measure:
+                meter.begin("forward")
+            loss = loop.forward(batch)
+            if measure:
+                meter.end("forward")
+                meter.begin("backward")
+            result.stage = "backward"
+            loop.backward(loss)
+            del loss, batch
+            if measure:
+                meter.end("backward")
+                grads = loop.gradients()
+                result.gradients_bytes = (
+                    meter.left_by_backward() if grads is None else meter.size(grads)
+                )
+            if index < micro_batches - 1:
+                loop.between_micro_batches()
+        result.stage = "optimizer_step"
+        if measure:
+            meter.begin("optimizer_step")
+        loop.step()
+        states = loop.states()
+        meter.file(states, OPTIMIZER_STATES)
+        if measure:
+            meter.end("optimizer_step")
+            result.optimizer_state_bytes = meter.size(states)
+        loop.zero_grad()
+
+    one_step(False)
+    result.weights_bytes = meter.size(loop.weights())
+    one_step(True)
+
+
 def _autocast(torch: Any, request: StepRequest, device: str) -> Any:
     """The plan's autocast (AMP) around forward, or nothing for pure fp32/bf16/fp16 weights."""
     dtype = AUTOCAST.get(request.precision)
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device, dtype=getattr(torch, dtype))
-
-
-def _keep_peak(result: StepMeasurement, phase: str, tracker: Any) -> None:
-    _record_phase(result, phase, tracker.peak, dict(tracker.peak_by_category))
 
 
 def _record_phase(
@@ -418,74 +718,6 @@ def _record_phase(
         result.phases.remove(previous)
     result.phases.append(PhaseMeasurement(phase=phase, peak_bytes=peak, by_category=by_category))
     result.phases.sort(key=lambda p: ("forward", "backward", "optimizer_step").index(p.phase))
-
-
-def _run_cuda(request: StepRequest, result: StepMeasurement) -> None:
-    torch, transformers = _imports()
-    if not torch.cuda.is_available():
-        raise VerifyError(
-            "no CUDA device here: run `llmmem verify FILE --simulate` for a simulated step, or "
-            "`--device cpu` for a small model"
-        )
-    props = torch.cuda.get_device_properties(0)
-    result.device_name = props.name
-    result.capacity_bytes = int(props.total_memory)
-    result.free_before_bytes = int(torch.cuda.mem_get_info()[0])
-    if request.snapshot:
-        torch.cuda.memory._record_memory_history(max_entries=200_000)
-    notes = result.notes
-    model = _cuda_model(request, notes, torch, transformers)
-    params = _parameters(model)
-    trainable = [p for p in params if p.requires_grad]
-    optimizer = make_cuda_optimizer(torch, request, trainable)
-    vocab = _vocab(request)
-
-    def phase_peak(name: str) -> None:
-        torch.cuda.synchronize()
-        weights = sum(p.numel() * p.element_size() for p in params)
-        _record_phase(result, name, int(torch.cuda.max_memory_allocated()), {WEIGHTS: weights})
-        torch.cuda.reset_peak_memory_stats()
-
-    def one_step(measure: bool) -> None:
-        for _ in range(max(1, min(request.grad_accum, 2))):
-            batch = _batch(torch, request, "cuda", vocab)
-            torch.cuda.reset_peak_memory_stats()
-            result.stage = "forward"
-            with _autocast(torch, request, "cuda"):
-                loss = model(**batch).loss
-            if measure:
-                phase_peak("forward")
-            result.stage = "backward"
-            loss.backward()
-            del loss, batch
-            if measure:
-                phase_peak("backward")
-                result.gradients_bytes = sum(
-                    p.grad.numel() * p.grad.element_size() for p in trainable if p.grad is not None
-                )
-        result.stage = "optimizer_step"
-        optimizer.step()
-        if measure:
-            phase_peak("optimizer_step")
-            result.optimizer_state_bytes = sum(
-                v.numel() * v.element_size()
-                for state in optimizer.state.values()
-                for v in state.values()
-                if isinstance(v, torch.Tensor) and v.is_cuda
-            )
-        optimizer.zero_grad(set_to_none=True)
-
-    one_step(False)
-    result.weights_bytes = sum(p.numel() * p.element_size() for p in params)
-    torch.cuda.reset_peak_memory_stats()
-    one_step(True)
-    result.allocated_peak_bytes = max(p.peak_bytes for p in result.phases)
-    result.reserved_peak_bytes = int(torch.cuda.max_memory_reserved())
-    result.free_after_bytes = int(torch.cuda.mem_get_info()[0])
-    if request.snapshot:
-        torch.cuda.memory._dump_snapshot(request.snapshot)
-        result.snapshot = request.snapshot
-    result.stage = "done"
 
 
 def _cuda_model(request: StepRequest, notes: list[str], torch: Any, transformers: Any) -> Any:

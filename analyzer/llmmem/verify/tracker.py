@@ -28,6 +28,8 @@ def _storage(t: torch.Tensor) -> Any | None:
     local = getattr(t, "_local_tensor", None)  # a DTensor (FSDP2): its shard on this rank
     if isinstance(local, torch.Tensor):
         t = local
+    if t.is_meta:  # shape-only bookkeeping (DeepSpeed keeps meta copies of each parameter)
+        return None
     try:
         return t.untyped_storage()
     except (RuntimeError, NotImplementedError, TypeError):
@@ -114,6 +116,19 @@ class StorageTracker(TorchDispatchMode):
         self.new_category = new_category
         self.peak = self.current
         self.peak_by_category = dict(self.totals)
+
+    def refile(self, old: str, new: str) -> int:
+        """Re-file every live storage of category `old` as `new`; the bytes moved."""
+        if self.resizable:
+            self.resync()
+        moved = 0
+        for key, category in self.category.items():
+            if category == old:
+                self.category[key] = new
+                moved += self.sizes[key]
+        self.totals[old] -= moved
+        self.totals[new] += moved
+        return moved
 
     def bytes_of(self, tensors: list[torch.Tensor]) -> int:
         seen: set[int] = set()

@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
     print(f"stage: running one {request.device} step", file=sys.stderr, flush=True)
     measurement = run_step(request)
     out = argv[1]
-    if request.world_size > 1:  # under torchrun: one file per rank
+    if request.launched:  # under torchrun: one file per rank
         import os
 
         out = f"{out}.rank{os.environ.get('RANK', measurement.rank)}"
