@@ -352,6 +352,31 @@ def test_optimizer_offload_removes_states_from_the_device(llama3_8b: ModelSpec) 
     assert Component.OPTIMIZER_STATES not in offload.phase(Phase.OPTIMIZER_STEP).components
 
 
+def test_fsdp_under_autocast_gathers_16_bit_weights_and_casts_nothing(
+    llama3_8b: ModelSpec,
+) -> None:
+    # accelerate gives FSDP a mixed-precision policy (param_dtype bf16) under bf16=True:
+    # gathered blocks are already bf16, so autocast keeps no copies of them; DDP's
+    # replicated fp32 weights are cast, every Linear of them
+    fsdp = TrainingSetup(
+        precision="bf16",
+        batch=1,
+        seq=512,
+        distributed=DistributedSetup(world_size=8, fsdp="full_shard"),  # type: ignore[arg-type]
+    )
+    budget = estimate_budget(llama3_8b, fsdp)
+    for phase in budget.phases:
+        assert Component.WEIGHT_COPIES not in phase.components, phase.phase
+    # the sharded parameters, gradients and AdamW states stay fp32: 4 + 4 + 8 B each, ÷ 8
+    step = budget.phase(Phase.OPTIMIZER_STEP).components
+    total = llama3_8b.total_params
+    assert step[Component.WEIGHTS].bytes == pytest.approx(4 * total / 8, 1e-6)
+    assert step[Component.OPTIMIZER_STATES].bytes == pytest.approx(8 * total / 8, 1e-6)
+    ddp = replace(fsdp, distributed=DistributedSetup(world_size=8))
+    forward = estimate_budget(llama3_8b, ddp).phase(Phase.FORWARD).components
+    assert forward[Component.WEIGHT_COPIES].bytes > 0
+
+
 def test_ddp_keeps_gradient_buckets(llama32_3b: ModelSpec) -> None:
     single = estimate_budget(llama32_3b, TrainingSetup(precision="bf16-true", batch=1, seq=256))
     ddp = estimate_budget(

@@ -227,16 +227,20 @@ def estimate_budget(
     shard = sharding_for(setup)
     if shard.master_weights:
         setup = _as_deepspeed_runs_it(setup)
+    # how the model computes: FSDP under autocast gathers its parameters in 16 bits
+    # (accelerate's mixed-precision policy), so forward and backward run as in pure 16 bits
+    # while the sharded parameters, gradients and states stay fp32
+    run = _sixteen_bit(setup) if _fsdp_mixed_precision(setup) else setup
     inv = build_inventory(spec, setup)
     optim = find_optimizer(setup.optim)
     st = model_state_terms(spec, setup, inv, optim, shard)
-    acts = estimate_activations(spec, setup)
-    logits = logits_moments(spec, setup)
-    dt = dtypes_for(setup)
+    acts = estimate_activations(spec, run)
+    logits = logits_moments(spec, run)
+    dt = dtypes_for(run)
     notes: list[str] = list(inv.notes) + list(spec.notes)
 
     if setup.grad_ckpt:
-        saved, saved_text = checkpoint_input_bytes(spec, setup)
+        saved, saved_text = checkpoint_input_bytes(spec, run)
         saved += acts.outside.evaluate(acts.dims)
         recompute = acts.largest_block_bytes
         acts_formula = f"{saved_text} (checkpointed block inputs) + final norm and head input"
@@ -250,7 +254,7 @@ def estimate_budget(
     n_i = setup.tokens * spec.intermediate_size
     workspace = 2 * dt.residual * n_h + 2 * dt.compute * n_i
     workspace_text = f"2·{dt.residual}·N·h + 2·{dt.compute}·N·I (gradients of one block in flight)"
-    copies_fwd, copies_bwd, copies_recompute = _weight_copy_terms(spec, setup, inv)
+    copies_fwd, copies_bwd, copies_recompute = _weight_copy_terms(spec, run, inv)
     copies_text = (
         "one dequantized k-bit weight (the largest Linear)"
         if setup.quant is not None
@@ -259,24 +263,33 @@ def estimate_budget(
         else "autocast's 16-bit cast of each frozen Linear weight, kept for the input gradient"
         + (" (one block: checkpointed) + the head's" if setup.grad_ckpt else " + the head's")
     )
-    gathered = 0
+    gathered = 0  # at every moment of forward and backward
+    block_gathered = 0  # FSDP: while a block runs, with the next one prefetched
+    block_gradients = 0  # FSDP: a block's unsharded gradients in its backward
     if shard.gathered_blocks:
         per_block = max((g.params_per_block for g in spec.blocks), default=0)
-        gathered = shard.gathered_blocks * per_block * dt.compute
-        if setup.distributed.zero_stage == 3:
+        if setup.distributed.zero_stage == 3 and shard.shard_group > 1:
             # ZeRO-3 releases a gathered parameter only when its next use is more than
             # stage3_max_reuse_distance elements of parameters away; forward's last modules
             # come back first in backward, so about half that distance stays gathered
-            # (the whole model, below it) besides the module running
+            # (the whole model, below it) besides the module running (on one rank the
+            # partition is the whole parameter: nothing to gather)
             reuse = setup.distributed.max_reuse_distance // 2
             gathered = min(spec.total_params, reuse + per_block) * dt.compute
-            if shard.shard_group == 1:
-                gathered = 0  # one rank's partition is the whole parameter: nothing to gather
         if setup.distributed.fsdp is not None:
             # FSDP's root unit (embeddings, final norm, head: what no block holds) is gathered
-            # when forward starts and stays whole until its gradients are reduced in backward
+            # when forward starts and stays whole until its gradients are reduced in backward.
+            # A block's worth of gathered memory is alive at every moment measured, also at
+            # the loss (FSDP2, simulated and on the CPU); while a block runs, the next one is
+            # gathered beside it (prefetch, which a GPU overlaps with compute)
             in_blocks = sum(g.params_per_block * g.count for g in spec.blocks)
-            gathered += max(spec.total_params - in_blocks, 0) * setup.precision.weight_bytes
+            root = max(spec.total_params - in_blocks, 0) * run.precision.weight_bytes
+            gathered = root + per_block * dt.compute
+            block_gathered = (shard.gathered_blocks - 1) * per_block * dt.compute
+            # a block's backward makes its whole (unsharded) gradients before they are
+            # reduce-scattered into the shard (adapters' only, under LoRA: negligible)
+            if setup.method is Method.FULL:
+                block_gradients = per_block * dt.compute
     extra_fwd = gathered
     ddp_buckets = st.gradients.bytes if shard.gradient_buckets else 0
     zero = _zero_buffers(spec, setup, shard, st)
@@ -317,7 +330,7 @@ def estimate_budget(
         bytes=extra_fwd + ddp_buckets + always,
         formula=_temp_text(gathered, ddp_buckets, shard, zero.text if always else ""),
     )
-    forward_only = forward_only_terms(spec, setup, inv)
+    forward_only = forward_only_terms(spec, run, inv)
     forward_temp = Term(
         bytes=temp_fwd.bytes + sum(t.bytes for t in forward_only),
         formula=" + ".join(
@@ -325,21 +338,47 @@ def estimate_budget(
         )
         or "none",
     )
+    # what every moment of forward holds besides its activations and temporaries
+    in_forward = {
+        Component.WEIGHTS: st.weights,
+        Component.WEIGHT_COPIES: Term(bytes=copies_fwd, formula=copies_text),
+        Component.GRADIENTS: Term(bytes=grads_between, formula=grads_text),
+        Component.OPTIMIZER_STATES: states,
+    }
     forward = phase(
         Phase.FORWARD,
         "end of forward, loss computed",
         {
-            Component.WEIGHTS: st.weights,
-            Component.WEIGHT_COPIES: Term(bytes=copies_fwd, formula=copies_text),
-            Component.GRADIENTS: Term(bytes=grads_between, formula=grads_text),
-            Component.OPTIMIZER_STATES: states,
+            **in_forward,
             Component.ACTIVATIONS: activations,
             Component.LOGITS: Term(bytes=logits.forward_end, formula=logits.formula_forward),
             Component.TEMPORARIES: forward_temp,
         },
     )
+    if block_gathered:
+        # inside the last block's forward: the blocks' activations, no head or logits yet
+        # (under checkpointing, the running block's own tensors until it returns)
+        in_blocks = max(saved - acts.outside.evaluate(acts.dims), 0) + recompute
+        last_block = phase(
+            Phase.FORWARD,
+            "forward of the last block, gathered with the one before",
+            {
+                **in_forward,
+                Component.ACTIVATIONS: Term(bytes=in_blocks, formula="the blocks' saved tensors"),
+                Component.TEMPORARIES: Term(
+                    bytes=forward_temp.bytes + block_gathered,
+                    formula=_temp_text(gathered, ddp_buckets, shard, blocks=True),
+                ),
+            },
+        )
+        forward = max(forward, last_block, key=lambda p: p.allocated_bytes)
 
     head_grad_new = 0 if grads_between else st.head_gradient
+    # the gradients once the head's backward is done
+    after_head = Term(
+        bytes=grads_between + head_grad_new,
+        formula="the head's gradient" if head_grad_new else grads_text,
+    )
     backward_moments = [
         (
             "start of backward: log-softmax gradient",
@@ -357,10 +396,7 @@ def estimate_budget(
             "head backward: logits gradient and the head's weight gradient",
             {
                 Component.LOGITS: Term(bytes=logits.head_backward, formula=logits.formula_head),
-                Component.GRADIENTS: Term(
-                    bytes=grads_between + head_grad_new,
-                    formula="the head's gradient" if head_grad_new else grads_text,
-                ),
+                Component.GRADIENTS: after_head,
                 Component.ACTIVATIONS: activations,
                 Component.WEIGHT_COPIES: Term(bytes=copies_bwd, formula=copies_text),
                 Component.TEMPORARIES: temp_fwd,
@@ -372,10 +408,7 @@ def estimate_budget(
             (
                 "first gradient hook: DeepSpeed allocates its reduction bucket",
                 {
-                    Component.GRADIENTS: Term(
-                        bytes=grads_between + head_grad_new,
-                        formula="the head's gradient" if head_grad_new else grads_text,
-                    ),
+                    Component.GRADIENTS: after_head,
                     Component.ACTIVATIONS: activations,
                     Component.TEMPORARIES: Term(
                         bytes=temp_fwd.bytes + in_backward,
@@ -389,14 +422,16 @@ def estimate_budget(
             (
                 "recompute of the last block",
                 {
-                    Component.GRADIENTS: Term(
-                        bytes=grads_between + head_grad_new,
-                        formula="the head's gradient" if head_grad_new else grads_text,
-                    ),
+                    Component.GRADIENTS: after_head,
                     Component.ACTIVATIONS: activations,
                     Component.WEIGHT_COPIES: Term(bytes=copies_recompute, formula=copies_text),
                     Component.TEMPORARIES: Term(
-                        bytes=recompute + workspace + extra_fwd + ddp_buckets + in_backward,
+                        bytes=recompute
+                        + workspace
+                        + extra_fwd
+                        + block_gathered
+                        + ddp_buckets
+                        + in_backward,
                         formula=f"one block recomputed ({format_bytes(recompute)}) + "
                         f"{workspace_text}" + (f" + {zero.text}" if in_backward else ""),
                     ),
@@ -430,8 +465,19 @@ def estimate_budget(
                     bytes=first_block, formula="the first block's saved tensors"
                 ),
                 Component.TEMPORARIES: Term(
-                    bytes=workspace + extra_fwd + ddp_buckets + in_backward,
-                    formula=workspace_text + (f" + {zero.text}" if in_backward else ""),
+                    bytes=workspace
+                    + extra_fwd
+                    + block_gathered
+                    + block_gradients
+                    + ddp_buckets
+                    + in_backward,
+                    formula=workspace_text
+                    + (
+                        f" + {_temp_text(gathered, 0, shard, blocks=True)}"
+                        if block_gathered
+                        else ""
+                    )
+                    + (f" + {zero.text}" if in_backward else ""),
                 ),
             },
         )
@@ -512,15 +558,29 @@ def estimate_budget(
     )
 
 
-def _as_deepspeed_runs_it(setup: TrainingSetup) -> TrainingSetup:
-    """DeepSpeed with bf16/fp16 casts the whole model, adapters too, to 16 bits and runs it
-    without autocast (the fp32 copy is its master weights, counted with the states)."""
+FSDP_GRAD_BLOCKS = 2
+
+
+def _sixteen_bit(setup: TrainingSetup) -> TrainingSetup:
+    """The same step with its weights, adapters too, in the 16-bit dtype autocast used."""
     if setup.precision.is_autocast:
         sixteen = Precision.BF16_TRUE if setup.precision.uses_bf16 else Precision.FP16_TRUE
         setup = replace(setup, precision=sixteen)
     if setup.lora is not None and setup.lora.adapter_bytes != 2:
         setup = replace(setup, lora=replace(setup.lora, adapter_bytes=2))
     return setup
+
+
+def _as_deepspeed_runs_it(setup: TrainingSetup) -> TrainingSetup:
+    """DeepSpeed with bf16/fp16 casts the whole model, adapters too, to 16 bits and runs it
+    without autocast (the fp32 copy is its master weights, counted with the states)."""
+    return _sixteen_bit(setup)
+
+
+def _fsdp_mixed_precision(setup: TrainingSetup) -> bool:
+    """FSDP under bf16/fp16 mixed precision: accelerate (and so the HF trainer) gives FSDP a
+    mixed-precision policy with param_dtype = the autocast dtype."""
+    return setup.distributed.fsdp is not None and setup.precision.is_autocast
 
 
 def forward_only_terms(spec: ModelSpec, setup: TrainingSetup, inv: Inventory) -> list[Term]:
@@ -545,15 +605,21 @@ def forward_only_terms(spec: ModelSpec, setup: TrainingSetup, inv: Inventory) ->
     return terms
 
 
-def _temp_text(gathered: int, buckets: int, shard: Sharding, zero_text: str = "") -> str:
+def _temp_text(
+    gathered: int, buckets: int, shard: Sharding, zero_text: str = "", *, blocks: bool = False
+) -> str:
     parts = []
     if gathered and shard.label.startswith("DeepSpeed"):
         parts.append(
             "ZeRO-3's gathered parameters (within stage3_max_reuse_distance of their next use)"
         )
+    elif blocks:
+        parts.append(
+            f"{shard.gathered_blocks} gathered blocks and the root unit (embeddings, head) "
+            f"({shard.label})"
+        )
     elif gathered:
-        root = " and the root unit (embeddings, head)" if shard.label.startswith("FSDP") else ""
-        parts.append(f"{shard.gathered_blocks} gathered blocks{root} ({shard.label})")
+        parts.append(f"a gathered block and the root unit (embeddings, head) ({shard.label})")
     if buckets:
         parts.append("DDP gradient buckets")
     if zero_text:

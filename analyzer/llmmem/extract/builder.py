@@ -277,21 +277,25 @@ def _as_zero_stage(value: object) -> int:
     return value
 
 
-def _as_bucket_size(value: object) -> int | str:
-    """DeepSpeed's bucket sizes: a count of elements (5e8 is common), or "auto"."""
+def _as_elements(value: object, *, at_least: int, expected: str) -> int:
+    """A whole number of elements, written as DeepSpeed configs do (`5e8` too)."""
     if isinstance(value, str):
-        text = value.strip().lower()
-        if text == "auto":
-            return "auto"
         try:
-            value = float(text)
+            value = float(value.strip())
         except ValueError:
-            raise ValueMismatch('expected a number of elements or "auto"') from None
+            raise ValueMismatch(f"expected {expected}") from None
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueMismatch('expected a number of elements or "auto"')
+    if isinstance(value, bool) or not isinstance(value, int) or value < at_least:
+        raise ValueMismatch(f"expected {expected}")
     return value
+
+
+def _as_bucket_size(value: object) -> int | str:
+    """DeepSpeed's bucket sizes: a count of elements (5e8 is common), or "auto"."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    return _as_elements(value, at_least=1, expected='a number of elements or "auto"')
 
 
 def _as_optional_bool(value: object) -> bool | None:
@@ -299,17 +303,7 @@ def _as_optional_bool(value: object) -> bool | None:
 
 
 def _as_count(value: object) -> int:
-    """A whole number of elements, 0 or more (`1e9` too)."""
-    if isinstance(value, str):
-        try:
-            value = float(value.strip())
-        except ValueError:
-            raise ValueMismatch("expected a whole number of elements") from None
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueMismatch("expected a whole number of elements")
-    return value
+    return _as_elements(value, at_least=0, expected="a whole number of elements")
 
 
 def _as_fsdp(value: object) -> str | None:
