@@ -76,21 +76,22 @@ def _config_for(
 
 def _check_distributed(setup: Any, args: argparse.Namespace) -> None:
     """Multi-rank plans run under torchrun, one process per rank (DDP, FSDP2 full shard or
-    DeepSpeed ZeRO; a ZeRO plan also on one GPU)."""
+    DeepSpeed ZeRO; a ZeRO plan also on one GPU); simulated, rank 0 runs alone in a fake
+    process group (DDP and FSDP)."""
     dist = setup.distributed
     if dist.zero_stage and args.simulate:
         raise UsageError(
-            f"a DeepSpeed ZeRO-{dist.zero_stage} plan cannot be simulated yet: use --device cpu "
-            "(small models) or run on the GPUs"
+            f"a DeepSpeed ZeRO-{dist.zero_stage} plan cannot be simulated (DeepSpeed does not "
+            "run on fake tensors): use --device cpu (small models) or run on the GPUs"
         )
     if not dist.is_multi_gpu:
         return
     if dist.fsdp is not None and dist.fsdp.value != "full_shard":
         raise UsageError(f"FSDP {dist.fsdp.value} is not verified yet; full_shard is")
-    if args.simulate:
+    if args.simulate and dist.fsdp is None:
         raise UsageError(
-            f"a {dist.world_size}-rank plan cannot be simulated yet: use --device cpu (small "
-            "models) or run on the GPUs"
+            f"a {dist.world_size}-rank DDP plan cannot be simulated (DDP's reducer needs real "
+            "tensors): use --device cpu (small models) or run on the GPUs"
         )
 
 

@@ -107,6 +107,16 @@ def test_the_core_agrees_with_the_simulator(case) -> None:  # type: ignore[no-un
     assert abs(result.peak_error) <= 0.05, (result.predicted, result.simulated)
 
 
+@pytest.mark.parametrize(
+    "case", cases(list(SMALL_CONFIGS), SMALL_SHAPES[1:], fsdp_ranks=4), ids=lambda case: case.name
+)
+def test_the_core_agrees_with_a_simulated_fsdp_rank(case) -> None:  # type: ignore[no-untyped-def]
+    """FSDP full_shard over 4 ranks, rank 0 simulated alone: every phase within 5%."""
+    result = run_case(case, config_for(case.family, "small"), case.family)
+    assert result.error is None, result.error
+    assert result.worst <= 0.05, (result.predicted, result.simulated)
+
+
 def test_an_oom_is_reported_as_a_result() -> None:
     spec = spec_from_config(TINY, model_id="tiny", source=ModelSource.LOCAL)
     budget = estimate_budget(spec, TrainingSetup(batch=2, seq=64), None)
@@ -283,20 +293,35 @@ def test_a_two_rank_plan_runs_each_rank_and_reports_its_peak(project: Path, shar
     assert abs(rows["allocated peak"]["error"]) < 0.05, rows["allocated peak"]
 
 
-def test_plans_that_cannot_be_run_over_ranks_here_say_why(project: Path) -> None:
+def test_a_simulated_fsdp_rank_measures_what_a_real_rank_does(project: Path) -> None:
+    # rank 0 alone in a fake process group against two real ranks over gloo
     (project / "train.py").write_text(
         MULTI_RANK.replace("    bf16=True,\n", '    bf16=True,\n    fsdp="full_shard",\n')
     )
+    simulated = verify(project, "--simulate", "--format", "json")
+    assert simulated.returncode == 0, simulated.stdout + simulated.stderr
+    real = verify(project, "--device", "cpu", "--format", "json", timeout=600)
+    assert real.returncode == 0, real.stdout + real.stderr
+    fake_rank = json.loads(simulated.stdout)["measurement"]
+    real_rank = json.loads(real.stdout)["measurement"]
+    assert fake_rank["device_name"].endswith("rank 0 of 2")
+    assert fake_rank["weights_bytes"] == real_rank["weights_bytes"] == params_of(TINY)
+    for fake_phase, real_phase in zip(fake_rank["phases"], real_rank["phases"], strict=True):
+        assert abs(fake_phase["peak_bytes"] - real_phase["peak_bytes"]) <= 1024, fake_phase
+
+
+def test_plans_that_cannot_be_run_over_ranks_here_say_why(project: Path) -> None:
+    (project / "train.py").write_text(MULTI_RANK)
     simulated = verify(project, "--simulate")
     assert simulated.returncode == 2
-    assert "2-rank plan cannot be simulated yet" in simulated.stderr
+    assert "2-rank DDP plan cannot be simulated" in simulated.stderr
     (project / "train.py").write_text(
         MULTI_RANK.replace("    bf16=True,\n", '    bf16=True,\n    deepspeed="ds.json",\n')
     )
     (project / "ds.json").write_text('{"zero_optimization": {"stage": 3}}')
     zero = verify(project, "--simulate")
     assert zero.returncode == 2
-    assert "DeepSpeed ZeRO-3 plan cannot be simulated yet" in zero.stderr
+    assert "DeepSpeed ZeRO-3 plan cannot be simulated" in zero.stderr
     offload = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
     (project / "ds.json").write_text(json.dumps(offload))
     on_cpu = verify(project, "--device", "cpu", "--format", "json")

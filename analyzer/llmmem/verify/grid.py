@@ -6,6 +6,7 @@ core's allocated peak of each phase next to the simulated one. Small configs (st
 faithful, a few MB each) run in the tests; `bench/simulated_grid.py` runs real sizes.
 
     python -m llmmem.verify.grid [--size small|real] [--family llama ...] [--device fake|cpu|cuda]
+                                 [--fsdp RANKS]
 
 `--device cuda` runs the same grid as real steps on a GPU (`max_memory_allocated` per phase);
 `--device cpu` as real CPU steps (small configs).
@@ -21,7 +22,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmmem.budget.phases import estimate_budget
-from llmmem.budget.setup import LoraSetup, Method, Precision, TrainingSetup
+from llmmem.budget.setup import (
+    DistributedSetup,
+    FsdpShard,
+    LoraSetup,
+    Method,
+    Precision,
+    TrainingSetup,
+)
 from llmmem.models.spec import ModelSource, spec_from_config
 from llmmem.verify.compare import request_for
 
@@ -140,11 +148,15 @@ class GridCase:
     batch: int
     seq: int
     precision: str  # "bf16-true" | "bf16"
+    fsdp_ranks: int = 1  # > 1: FSDP full_shard over this many ranks (rank 0's memory)
 
     @property
     def name(self) -> str:
         ckpt = "ckpt" if self.grad_ckpt else "nockpt"
-        return f"{self.family}-{self.method}-{ckpt}-b{self.batch}-s{self.seq}-{self.precision}"
+        fsdp = f"-fsdp{self.fsdp_ranks}" if self.fsdp_ranks > 1 else ""
+        return (
+            f"{self.family}-{self.method}-{ckpt}-b{self.batch}-s{self.seq}-{self.precision}{fsdp}"
+        )
 
 
 @dataclass
@@ -175,7 +187,9 @@ class GridResult:
         return (max(self.predicted.values()) - simulated) / simulated
 
 
-def cases(families: list[str], shapes: tuple[tuple[int, int], ...]) -> list[GridCase]:
+def cases(
+    families: list[str], shapes: tuple[tuple[int, int], ...], fsdp_ranks: int = 1
+) -> list[GridCase]:
     out = []
     for family, method, ckpt, (batch, seq), precision in itertools.product(
         families, ("full", "lora"), (False, True), shapes, ("bf16-true", "bf16")
@@ -184,7 +198,7 @@ def cases(families: list[str], shapes: tuple[tuple[int, int], ...]) -> list[Grid
             # the grouped expert kernel takes bf16 inputs only: under fp32-weight AMP the step
             # fails (in simulation as on a GPU); AMP MoE training runs with bf16 experts
             continue
-        out.append(GridCase(family, method, ckpt, batch, seq, precision))
+        out.append(GridCase(family, method, ckpt, batch, seq, precision, fsdp_ranks))
     return out
 
 
@@ -215,6 +229,9 @@ def run_case(
         grad_ckpt=case.grad_ckpt,
         precision=Precision(case.precision),
         optim="adamw_torch",
+        distributed=DistributedSetup(world_size=case.fsdp_ranks, fsdp=FsdpShard.FULL_SHARD)
+        if case.fsdp_ranks > 1
+        else DistributedSetup(),
     )
     budget = estimate_budget(spec, setup, None, with_first_step=False)
     predicted = {phase.phase.value: phase.allocated_bytes for phase in budget.phases}
@@ -268,11 +285,18 @@ def main(argv: list[str] | None = None) -> int:
         help="fake: simulated (default); cpu: real steps (small configs); cuda: real steps on "
         "the GPU, max_memory_allocated per phase",
     )
+    parser.add_argument(
+        "--fsdp",
+        type=int,
+        default=1,
+        metavar="RANKS",
+        help="FSDP full_shard over RANKS ranks (simulated: rank 0 alone in a fake group)",
+    )
     args = parser.parse_args(argv)
     families = args.family or list(SMALL_CONFIGS)
     shapes = SMALL_SHAPES if args.size == "small" else REAL_SHAPES
     results = []
-    for case in cases(families, shapes):
+    for case in cases(families, shapes, max(1, args.fsdp)):
         config = config_for(case.family, args.size)
         model_id = REAL_MODELS[case.family] if args.size == "real" else case.family
         results.append(run_case(case, config, model_id, args.device))

@@ -45,9 +45,9 @@ class StepRequest:
 
     @property
     def launched(self) -> bool:
-        """Whether the step runs under torchrun: several ranks, or DeepSpeed (which always
-        runs in a process group, also on one GPU)."""
-        return self.world_size > 1 or self.sharding == "zero"
+        """Whether the step runs under torchrun: several real ranks, or DeepSpeed (which
+        always runs in a process group, also on one GPU). A simulated step is one process."""
+        return self.device != "fake" and (self.world_size > 1 or self.sharding == "zero")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

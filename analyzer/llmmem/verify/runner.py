@@ -271,8 +271,19 @@ def run_step(request: StepRequest) -> StepMeasurement:
             }
         else:
             result.error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    finally:
+        if device == "fake" and request.world_size > 1:
+            _leave_simulated_group()
     result.seconds = round(time.monotonic() - started, 3)
     return result
+
+
+def _leave_simulated_group() -> None:
+    """A simulated rank's fake process group ends with its step (the next may be another size)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "fake":
+        dist.destroy_process_group()
 
 
 def _vocab(request: StepRequest) -> int:
@@ -290,8 +301,16 @@ def _run(request: StepRequest, result: StepMeasurement) -> None:
             "bitsandbytes k-bit layers need CUDA: without a GPU, k-bit memory stays the "
             "estimate's (run verify on a GPU to measure it)"
         )
-    if device == "fake" and request.world_size > 1:
-        raise VerifyError("a multi-GPU plan cannot be simulated yet: use --device cpu or cuda")
+    if device == "fake" and request.world_size > 1 and request.sharding == "ddp":
+        raise VerifyError(
+            "a DDP plan cannot be simulated (DDP's reducer needs real tensors): use --device "
+            "cpu for a small model, or cuda"
+        )
+    if device == "fake" and request.sharding == "zero":
+        raise VerifyError(
+            "a DeepSpeed ZeRO plan cannot be simulated (DeepSpeed does not run on fake "
+            "tensors): use --device cpu for a small model, or cuda"
+        )
     if device == "cuda" and not torch.cuda.is_available():
         raise VerifyError(
             "no CUDA device here: run `llmmem verify FILE --simulate` for a simulated step, or "
@@ -303,8 +322,11 @@ def _run(request: StepRequest, result: StepMeasurement) -> None:
             "a DeepSpeed offload plan moves memory from the GPU to the host: on the CPU both are "
             "the same memory, so verify it on GPUs (--device cuda)"
         )
+    mesh = None
     if request.launched:
         _join_ranks(torch, request, result)
+    elif device == "fake" and request.world_size > 1:
+        mesh = _simulated_rank(request, result)
     deepspeed_config = _deepspeed_config(request) if request.sharding == "zero" else None
 
     meter: _Meter
@@ -327,10 +349,10 @@ def _run(request: StepRequest, result: StepMeasurement) -> None:
         else:
             model = _build(request, "cpu", notes, torch, transformers)
             result.device_name = "cpu"
-    if request.launched:
+    if request.world_size > 1 or request.launched:
         result.device_name = f"{result.device_name} rank {result.rank} of {request.world_size}"
     with fake_mode, meter, _unpacked_masks(transformers):
-        loop = _make_loop(torch, model, request, deepspeed_config)
+        loop = _make_loop(torch, model, request, deepspeed_config, mesh)
         meter.file(loop.weights(), WEIGHTS)
         meter.file(list(loop.model.buffers()), OTHER)
         if loop.autograd_gradients:
@@ -362,6 +384,30 @@ def _join_ranks(torch: Any, request: StepRequest, result: StepMeasurement) -> No
     if not dist.is_initialized():
         dist.init_process_group("nccl" if request.device == "cuda" else "gloo")
     result.rank = dist.get_rank()
+
+
+def _simulated_rank(request: StepRequest, result: StepMeasurement) -> Any:
+    """A simulated multi-rank step is rank 0 alone in a fake process group of the plan's size:
+    collectives move nothing, every tensor has the shape it has on a real rank. The device
+    mesh is made before fake mode (it holds real rank tensors)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    try:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+    except ImportError:
+        raise VerifyError(
+            "this torch has no fake process group: verify a multi-GPU plan with --device cpu "
+            "(small models) or cuda"
+        ) from None
+    if not dist.is_initialized():
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=request.world_size)
+    result.rank = 0
+    result.notes.append(
+        f"rank 0 of {request.world_size} simulated alone: collectives move no data, every "
+        "tensor has a real rank's shape (rank 0 holds the largest shards)"
+    )
+    return init_device_mesh("cpu", (request.world_size,))
 
 
 # -- the ways a training loop drives the model ----------------------------------------------
@@ -462,10 +508,14 @@ class _DeepSpeedLoop(_Loop):
 
 
 def _make_loop(
-    torch: Any, model: Any, request: StepRequest, deepspeed_config: dict[str, Any] | None
+    torch: Any,
+    model: Any,
+    request: StepRequest,
+    deepspeed_config: dict[str, Any] | None,
+    mesh: Any = None,
 ) -> _Loop:
     if deepspeed_config is None and request.world_size > 1:
-        model = _distribute(model, request)  # the optimizer then steps the shards
+        model = _distribute(model, request, mesh)  # the optimizer then steps the shards
     trainable = [p for p in model.parameters() if p.requires_grad]
     if request.device == "cuda":
         optimizer = make_cuda_optimizer(torch, request, trainable)
@@ -478,20 +528,36 @@ def _make_loop(
     return _Loop(torch, model, optimizer, request)
 
 
-def _distribute(model: Any, request: StepRequest) -> Any:
+def _distribute(model: Any, request: StepRequest, mesh: Any = None) -> Any:
     """This rank's part of a DDP or FSDP plan: DDP keeps a whole copy per rank; FSDP2 shards
-    each transformer block and the rest."""
+    each transformer block and the rest.
+
+    As the HF trainer runs FSDP (through accelerate): under bf16/fp16 mixed precision the
+    parameters are gathered in that dtype (MixedPrecisionPolicy). A GPU overlaps the next
+    block's all-gather with the current block's compute, so two blocks are gathered at once;
+    a CPU or simulated step runs one op at a time, so that prefetch is asked for explicitly
+    (the block after in forward, the block before in backward)."""
+    import torch
+
     if request.sharding == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
         return DistributedDataParallel(model)
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    blocks = set(getattr(model, "_no_split_modules", None) or [])
-    for module in model.modules():
-        if type(module).__name__ in blocks:
-            fully_shard(module)
-    fully_shard(model)
+    policy = MixedPrecisionPolicy()
+    autocast = AUTOCAST.get(request.precision)
+    if autocast is not None:
+        dtype = getattr(torch, autocast)
+        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype)
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    blocks = [module for module in model.modules() if type(module).__name__ in names]
+    for block in blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    for before, after in zip(blocks, blocks[1:], strict=False):
+        before.set_modules_to_forward_prefetch([after])
+        after.set_modules_to_backward_prefetch([before])
     return model
 
 
