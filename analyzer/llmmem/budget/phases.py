@@ -266,6 +266,9 @@ def estimate_budget(
     gathered = 0  # at every moment of forward and backward
     block_gathered = 0  # FSDP: while a block runs, with the next one prefetched
     block_gradients = 0  # FSDP: a block's unsharded gradients in its backward
+    root = 0  # FSDP: the root unit, gathered
+    root_gradients = 0  # FSDP: the root unit's unsharded gradients at the end of backward
+    root_head_gradient = 0  # FSDP: the head's unsharded gradient, from its backward on
     if shard.gathered_blocks:
         per_block = max((g.params_per_block for g in spec.blocks), default=0)
         if setup.distributed.zero_stage == 3 and shard.shard_group > 1:
@@ -290,6 +293,11 @@ def estimate_budget(
             # reduce-scattered into the shard (adapters' only, under LoRA: negligible)
             if setup.method is Method.FULL:
                 block_gradients = per_block * dt.compute
+                root_gradients = root
+                # the root's gradients stay whole until the root's reduce-scatter at the
+                # end of backward; the head's is made first
+                if spec.is_causal_lm:
+                    root_head_gradient = spec.vocab_size * spec.hidden_size * dt.compute
     extra_fwd = gathered
     ddp_buckets = st.gradients.bytes if shard.gradient_buckets else 0
     zero = _zero_buffers(spec, setup, shard, st)
@@ -355,6 +363,22 @@ def estimate_budget(
             Component.TEMPORARIES: forward_temp,
         },
     )
+    if root:
+        # FSDP gathers the root unit as forward starts: its all-gather buffer and the
+        # parameters copied out of it are both alive for a moment, the first block prefetched
+        root_gather = phase(
+            Phase.FORWARD,
+            "start of forward: the root unit gathered",
+            {
+                **in_forward,
+                Component.TEMPORARIES: Term(
+                    bytes=forward_temp.bytes + root,
+                    formula=_temp_text(gathered, ddp_buckets, shard)
+                    + " + the root unit's all-gather buffer",
+                ),
+            },
+        )
+        forward = max(forward, root_gather, key=lambda p: p.allocated_bytes)
     if block_gathered:
         # inside the last block's forward: the blocks' activations, no head or logits yet
         # (under checkpointing, the running block's own tensors until it returns)
@@ -374,10 +398,15 @@ def estimate_budget(
         forward = max(forward, last_block, key=lambda p: p.allocated_bytes)
 
     head_grad_new = 0 if grads_between else st.head_gradient
+    if root_head_gradient:
+        head_grad_new = root_head_gradient
     # the gradients once the head's backward is done
     after_head = Term(
         bytes=grads_between + head_grad_new,
-        formula="the head's gradient" if head_grad_new else grads_text,
+        formula="the head's gradient"
+        + (" (whole: FSDP reduces the root unit's at the end)" if root_head_gradient else "")
+        if head_grad_new
+        else grads_text,
     )
     backward_moments = [
         (
@@ -399,7 +428,13 @@ def estimate_budget(
                 Component.GRADIENTS: after_head,
                 Component.ACTIVATIONS: activations,
                 Component.WEIGHT_COPIES: Term(bytes=copies_bwd, formula=copies_text),
-                Component.TEMPORARIES: temp_fwd,
+                # FSDP: the root's backward prefetches the last block
+                Component.TEMPORARIES: Term(
+                    bytes=temp_fwd.bytes + block_gathered,
+                    formula=_temp_text(gathered, ddp_buckets, shard, blocks=True)
+                    if block_gathered
+                    else temp_fwd.formula,
+                ),
             },
         ),
     ]
@@ -469,11 +504,13 @@ def estimate_budget(
                     + extra_fwd
                     + block_gathered
                     + block_gradients
+                    + root_head_gradient
                     + ddp_buckets
                     + in_backward,
                     formula=workspace_text
                     + (
                         f" + {_temp_text(gathered, 0, shard, blocks=True)}"
+                        " + the block's and the head's whole gradients"
                         if block_gathered
                         else ""
                     )
@@ -488,11 +525,16 @@ def estimate_budget(
             {
                 Component.GRADIENTS: st.gradients,
                 Component.TEMPORARIES: Term(
-                    bytes=tied_extra + extra_fwd + ddp_buckets + in_backward,
+                    bytes=tied_extra + extra_fwd + root_gradients + ddp_buckets + in_backward,
                     formula="the head's and the embedding's gradients of the tied weight, "
                     "summed into it"
                     if tied_extra
-                    else _temp_text(gathered, ddp_buckets, shard, zero.text),
+                    else _temp_text(gathered, ddp_buckets, shard, zero.text)
+                    + (
+                        " + the root unit's whole gradients, before their reduce-scatter"
+                        if root_gradients
+                        else ""
+                    ),
                 ),
             },
         )
