@@ -6,8 +6,9 @@ launches the ranks (two, or one) under torchrun on DeepSpeed's CPU accelerator (
 compares every rank's forward, backward and optimizer-step peak with the estimate. Needs
 deepspeed installed.
 
-    python bench/zero_grid.py            # every case, about 10 s each
-    python bench/zero_grid.py z3 z2-lora # some of them
+    python bench/zero_grid.py                # every case, about 10 s each
+    python bench/zero_grid.py z3 z2-lora     # some of them
+    python bench/zero_grid.py --device cuda  # the same plans on GPUs (two of them)
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ CASES: dict[str, tuple[dict[str, object], bool, str] | tuple[dict[str, object], 
 ROWS = ("forward peak", "backward peak", "optimizer step peak", "allocated peak")
 
 
-def run_case(name: str, directory: Path) -> dict[str, object]:
+def run_case(name: str, directory: Path, device: str = "cpu") -> dict[str, object]:
     zero, lora, extra, *rest = CASES[name]
     ranks = rest[0] if rest else 2
     project = directory / name
@@ -72,7 +73,7 @@ def run_case(name: str, directory: Path) -> dict[str, object]:
     ds = {"zero_optimization": zero, "bf16": {"enabled": "auto"}}
     (project / "ds.json").write_text(json.dumps(ds))
     proc = subprocess.run(
-        [sys.executable, "-m", "llmmem", "verify", "train.py", "--device", "cpu"]
+        [sys.executable, "-m", "llmmem", "verify", "train.py", "--device", device]
         + ["--format", "json"],
         cwd=project,
         capture_output=True,
@@ -87,7 +88,16 @@ def run_case(name: str, directory: Path) -> dict[str, object]:
     return report
 
 
-def main(names: list[str]) -> int:
+def main(argv: list[str]) -> int:
+    device = "cpu"
+    if "--device" in argv:
+        at = argv.index("--device")
+        device = argv[at + 1] if at + 1 < len(argv) else ""
+        argv = argv[:at] + argv[at + 2 :]
+        if device not in ("cpu", "cuda"):
+            print("--device takes cpu or cuda")
+            return 2
+    names = argv
     chosen = names or list(CASES)
     unknown = [n for n in chosen if n not in CASES]
     if unknown:
@@ -99,7 +109,7 @@ def main(names: list[str]) -> int:
     errors: list[float] = []
     with tempfile.TemporaryDirectory(prefix="llmmem-zero-") as tmp:
         for name in chosen:
-            report = run_case(name, Path(tmp))
+            report = run_case(name, Path(tmp), device)
             measured = report.get("measurement")
             if not isinstance(measured, dict) or measured.get("error"):
                 why = measured.get("error") if isinstance(measured, dict) else report.get("error")
