@@ -14,6 +14,7 @@ deepspeed installed.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -79,7 +80,7 @@ def run_case(name: str, directory: Path, device: str = "cpu") -> dict[str, objec
         capture_output=True,
         text=True,
         stdin=subprocess.DEVNULL,
-        env={"HF_HUB_OFFLINE": "1", **dict(__import__("os").environ)},
+        env={"HF_HUB_OFFLINE": "1", **os.environ},
     )
     try:
         report: dict[str, object] = json.loads(proc.stdout)

@@ -226,7 +226,9 @@ def estimate_budget(
         return estimate_generation(spec, setup, gpu)
     shard = sharding_for(setup)
     if shard.master_weights:
-        setup = _as_deepspeed_runs_it(setup)
+        # DeepSpeed casts the whole model, adapters too, to 16 bits and runs it without
+        # autocast (the fp32 copy is its master weights, counted with the states)
+        setup = _sixteen_bit(setup)
     # how the model computes: FSDP under autocast gathers its parameters in 16 bits
     # (accelerate's mixed-precision policy), so forward and backward run as in pure 16 bits
     # while the sharded parameters, gradients and states stay fp32
@@ -611,12 +613,6 @@ def _sixteen_bit(setup: TrainingSetup) -> TrainingSetup:
     if setup.lora is not None and setup.lora.adapter_bytes != 2:
         setup = replace(setup, lora=replace(setup.lora, adapter_bytes=2))
     return setup
-
-
-def _as_deepspeed_runs_it(setup: TrainingSetup) -> TrainingSetup:
-    """DeepSpeed with bf16/fp16 casts the whole model, adapters too, to 16 bits and runs it
-    without autocast (the fp32 copy is its master weights, counted with the states)."""
-    return _sixteen_bit(setup)
 
 
 def _fsdp_mixed_precision(setup: TrainingSetup) -> bool:

@@ -22,6 +22,7 @@ torch, transformers and peft are imported here only; nothing else in llmmem impo
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import time
 from collections.abc import Iterator
@@ -604,17 +605,22 @@ def _deepspeed_config(request: StepRequest) -> dict[str, Any]:
 
 
 class _Meter(contextlib.AbstractContextManager[Any]):
+    """How a step is measured: a storage counter (CPU, simulated) or CUDA's statistics."""
+
     def __exit__(self, *exc: object) -> None:
         return None
 
+    @abc.abstractmethod
     def begin(self, phase: str) -> None:
-        raise NotImplementedError
+        """A phase starts: its peak is counted from now."""
 
+    @abc.abstractmethod
     def end(self, phase: str) -> None:
-        raise NotImplementedError
+        """A phase ends: keep its peak."""
 
+    @abc.abstractmethod
     def size(self, tensors: list[Any]) -> int:
-        raise NotImplementedError
+        """The bytes of these tensors' storages, each counted once."""
 
     def file(self, tensors: list[Any], category: str) -> None:
         """Say what these tensors are (a counter files new memory by phase otherwise)."""
@@ -622,12 +628,12 @@ class _Meter(contextlib.AbstractContextManager[Any]):
     def watch_gradients(self, trainable: list[Any]) -> None:
         """File each gradient as such the moment autograd accumulates it."""
 
+    @abc.abstractmethod
     def left_by_backward(self) -> int:
         """The memory backward created and left alive: the gradients a loop keeps itself."""
-        raise NotImplementedError
 
     def finish(self) -> None:
-        pass
+        """After the measured step (CUDA: reserved peak, free memory, snapshot)."""
 
 
 class _TrackedMeter(_Meter):
@@ -671,6 +677,7 @@ class _CudaMeter(_Meter):
         self.result = result
         self.weights = 0
         self.before_forward = 0
+        self.reserved = 0  # the caching allocator's peak over the measured phases
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         result.device_name = props.name
         result.capacity_bytes = int(props.total_memory)
@@ -689,7 +696,7 @@ class _CudaMeter(_Meter):
         cuda = self.torch.cuda
         cuda.synchronize()
         peak = int(cuda.max_memory_allocated())
-        self.reserved = max(getattr(self, "reserved", 0), int(cuda.max_memory_reserved()))
+        self.reserved = max(self.reserved, int(cuda.max_memory_reserved()))
         _record_phase(self.result, phase, peak, {WEIGHTS: self.weights})
 
     def size(self, tensors: list[Any]) -> int:
@@ -711,7 +718,7 @@ class _CudaMeter(_Meter):
     def finish(self) -> None:
         cuda = self.torch.cuda
         result = self.result
-        result.reserved_peak_bytes = getattr(self, "reserved", int(cuda.max_memory_reserved()))
+        result.reserved_peak_bytes = self.reserved or int(cuda.max_memory_reserved())
         result.free_after_bytes = int(cuda.mem_get_info()[0])
         if self.request.snapshot:
             cuda.memory._dump_snapshot(self.request.snapshot)
