@@ -245,6 +245,41 @@ def test_a_qlora_plan_cannot_be_simulated_and_says_why(project: Path) -> None:
     assert "bitsandbytes k-bit layers need CUDA" in proc.stdout
 
 
+def test_a_step_that_runs_out_of_memory_reports_where_and_how_much(project: Path) -> None:
+    """A real CPU step under a 2 GiB data limit: the model (~0.2 GiB) is built, the forward's
+    bf16 logits (2 × 4096 × 128000 × 2 B = 1.95 GiB) do not fit beside it."""
+    import resource
+
+    config = {**TINY, "vocab_size": 128_000, "torch_dtype": "bfloat16"}
+    (project / "tiny" / "config.json").write_text(json.dumps(config))
+    (project / "train.py").write_text(SCRIPT.replace("seq=256", "seq=4096"))
+    limit = 2 * 2**30
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmmem", "verify", "train.py", "--device", "cpu"]
+        + ["--format", "json"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=limited,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # 1: the step ran out of memory
+    report = json.loads(proc.stdout)
+    oom = report["measurement"]["oom"]
+    assert oom["phase"] == "forward"
+    assert "can't allocate memory" in oom["message"]
+    # what was allocated when it failed: at least the weights, at most the limit
+    assert 2 * params_of(config) <= oom["allocated_bytes"] < limit
+    assert report["summary"].startswith("OOM in forward at ")
+    assert "Traceback" not in proc.stderr
+
+
 def test_remote_code_needs_the_flag(project: Path) -> None:
     config = {**TINY, "auto_map": {"AutoModelForCausalLM": "modeling_tiny.TinyForCausalLM"}}
     (project / "tiny" / "config.json").write_text(json.dumps(config))
@@ -377,3 +412,65 @@ def test_deepspeeds_default_bucket_is_in_the_backward_peak(project: Path) -> Non
     assert backward["peak_bytes"] > 500_000_000 * 2
     rows = {row["what"]: row for row in report["comparison"]}
     assert abs(rows["backward peak"]["error"]) < 0.05, rows["backward peak"]
+
+
+# -- missing packages ---------------------------------------------------------------------
+
+LORA_SCRIPT = SCRIPT.replace(
+    "args = TrainingArguments(",
+    "from peft import LoraConfig, get_peft_model\n"
+    'model = get_peft_model(model, LoraConfig(r=8, target_modules=["q_proj"]))\n'
+    "args = TrainingArguments(",
+)
+
+
+@pytest.mark.parametrize(
+    ("missing", "script", "where", "expected"),
+    [
+        (
+            "transformers",
+            SCRIPT,
+            "--simulate",
+            "(transformers is missing): pip install 'llmmem[verify]'",
+        ),
+        ("peft", LORA_SCRIPT, "--simulate", "LoRA plans need peft: pip install 'llmmem[verify]'"),
+        (
+            "deepspeed",
+            ZERO_RANKS,
+            "--device=cpu",
+            "a DeepSpeed ZeRO plan needs deepspeed: pip install deepspeed",
+        ),
+    ],
+    ids=["transformers", "peft", "deepspeed"],
+)
+def test_a_missing_package_is_named_with_what_to_install(
+    project: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    missing: str,
+    script: str,
+    where: str,
+    expected: str,
+) -> None:
+    # a package of that name that is not there, ahead of the installed one on the path
+    shadow = tmp_path_factory.mktemp("without")
+    (shadow / missing).mkdir()
+    error = f"No module named {missing!r}"
+    (shadow / missing / "__init__.py").write_text(
+        f"raise ModuleNotFoundError({error!r}, name={missing!r})\n"
+    )
+    (project / "train.py").write_text(script)
+    (project / "ds.json").write_text('{"zero_optimization": {"stage": 2}}')
+    env = {**ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(shadow), ENV.get("PYTHONPATH")]))}
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmmem", "verify", "train.py", where, "--format", "json"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert expected in report["summary"]
+    assert "Traceback" not in proc.stderr

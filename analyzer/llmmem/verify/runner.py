@@ -257,26 +257,39 @@ def run_step(request: StepRequest) -> StepMeasurement:
     started = time.monotonic()
     device = request.device
     result = StepMeasurement(device=device, device_name=device, stage="build")
+    meters: list[_Meter] = []
     try:
-        _run(request, result)
+        _run(request, result, meters)
     except VerifyError as err:
         result.error = str(err)
     except MemoryError:
         result.error = "the machine ran out of memory (RAM) while building or running the step"
     except Exception as err:  # the step is a result: report, do not crash
-        if "out of memory" in str(err).lower():
+        message = str(err).splitlines()[0] if str(err) else ""
+        if _is_oom(err):
+            # the running phase's peak so far: what was allocated when the allocation failed
+            so_far = meters[0].so_far() if meters else 0
             result.oom = {
                 "phase": result.stage,
-                "allocated_bytes": result.allocated_peak_bytes,
-                "message": str(err).splitlines()[0],
+                "allocated_bytes": max(so_far, result.allocated_peak_bytes),
+                "message": message,
             }
         else:
-            result.error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            result.error = f"{type(err).__name__}: {message}"
     finally:
         if device == "fake" and request.world_size > 1:
             _leave_simulated_group()
     result.seconds = round(time.monotonic() - started, 3)
     return result
+
+
+# CUDA's caching allocator says "CUDA out of memory"; the CPU allocator "can't allocate memory"
+OOM_MESSAGES = ("out of memory", "can't allocate memory", "not enough memory")
+
+
+def _is_oom(err: Exception) -> bool:
+    text = str(err).lower()
+    return any(message in text for message in OOM_MESSAGES)
 
 
 def _leave_simulated_group() -> None:
@@ -293,7 +306,7 @@ def _vocab(request: StepRequest) -> int:
     return int(value)
 
 
-def _run(request: StepRequest, result: StepMeasurement) -> None:
+def _run(request: StepRequest, result: StepMeasurement, meters: list[_Meter]) -> None:
     torch, transformers = _imports()
     device = request.device
     notes = result.notes
@@ -334,12 +347,14 @@ def _run(request: StepRequest, result: StepMeasurement) -> None:
     fake_mode: Any = contextlib.nullcontext()
     if device == "cuda":
         meter = _CudaMeter(torch, request, result)
+        meters.append(meter)
         model = _build(request, "cuda", notes, torch, transformers)
     else:
         from llmmem.verify.tracker import StorageTracker
 
         # FSDP2 and ZeRO-3 free gathered parameters by resizing or swapping storages
         meter = _TrackedMeter(StorageTracker(resizable=request.world_size > 1), result)
+        meters.append(meter)
         if device == "fake":
             from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -629,6 +644,10 @@ class _Meter(contextlib.AbstractContextManager[Any]):
         """File each gradient as such the moment autograd accumulates it."""
 
     @abc.abstractmethod
+    def so_far(self) -> int:
+        """The running phase's peak until now (what was allocated when a step runs out)."""
+
+    @abc.abstractmethod
     def left_by_backward(self) -> int:
         """The memory backward created and left alive: the gradients a loop keeps itself."""
 
@@ -665,6 +684,9 @@ class _TrackedMeter(_Meter):
         tracker = self.tracker
         for p in trainable:
             p.register_post_accumulate_grad_hook(lambda param: tracker.track(param.grad, GRADIENTS))
+
+    def so_far(self) -> int:
+        return int(self.tracker.peak)
 
     def left_by_backward(self) -> int:
         return int(self.tracker.refile(TEMPORARIES, GRADIENTS))
@@ -710,6 +732,9 @@ class _CudaMeter(_Meter):
     def file(self, tensors: list[Any], category: str) -> None:
         if category == WEIGHTS:
             self.weights = self.size(tensors)
+
+    def so_far(self) -> int:
+        return int(self.torch.cuda.max_memory_allocated())
 
     def left_by_backward(self) -> int:
         self.torch.cuda.synchronize()
@@ -800,7 +825,7 @@ def _cuda_model(request: StepRequest, notes: list[str], torch: Any, transformers
     try:
         import bitsandbytes  # noqa: F401
     except ImportError:
-        raise VerifyError("k-bit plans need bitsandbytes: pip install bitsandbytes") from None
+        raise VerifyError("k-bit plans need bitsandbytes: pip install 'llmmem[verify]'") from None
     config = _hf_config(transformers, request)
     cls = _model_class(transformers, request)
     quant = request.quant
@@ -847,7 +872,7 @@ def make_cuda_optimizer(torch: Any, request: StepRequest, params: list[Any]) -> 
             import bitsandbytes as bnb
         except ImportError:
             raise VerifyError(
-                f"optim={name} needs bitsandbytes: pip install bitsandbytes"
+                f"optim={name} needs bitsandbytes: pip install 'llmmem[verify]'"
             ) from None
         paged = name.startswith("paged_")
         if "lion" in name:
