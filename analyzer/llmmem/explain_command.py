@@ -79,6 +79,8 @@ def plan_dict(plan: TrainingPlan) -> dict[str, Any]:
         "overlap_comm": sourced_dict(d.overlap_comm),
         "contiguous_gradients": sourced_dict(d.contiguous_gradients),
         "stage3_max_reuse_distance": sourced_dict(d.max_reuse_distance),
+        "stage3_prefetch_bucket_size": sourced_dict(d.prefetch_bucket_size),
+        "stage3_param_persistence_threshold": sourced_dict(d.param_persistence_threshold),
     }
     out["fsdp"] = sourced_dict(d.fsdp)
     out["world_size"] = sourced_dict(d.world_size)
@@ -162,7 +164,11 @@ def render_explanation(analysis: Any, findings: list[Any]) -> None:
     if d.zero_stage.value:
         rows += [("reduce bucket", d.reduce_bucket_size), ("overlap_comm", d.overlap_comm)]
     if d.zero_stage.value == 3:
-        rows.append(("max reuse distance", d.max_reuse_distance))
+        rows += [
+            ("max reuse distance", d.max_reuse_distance),
+            ("prefetch bucket", d.prefetch_bucket_size),
+            ("persistence threshold", d.param_persistence_threshold),
+        ]
     rows.append(("GPU", plan.gpu))
     for name, sourced in rows:
         if name == "GPU" and analysis.gpu_source == "flag" and analysis.gpu is not None:

@@ -97,9 +97,16 @@ class DistributedPlan:
     )
     overlap_comm: Sourced[bool | None] = field(default_factory=lambda: _deepspeed_default(None))
     contiguous_gradients: Sourced[bool] = field(default_factory=lambda: _deepspeed_default(True))
-    # ZeRO-3: stage3_max_reuse_distance
+    # ZeRO-3: stage3_max_reuse_distance, stage3_prefetch_bucket_size and
+    # stage3_param_persistence_threshold (both in elements, or "auto": sized from the model)
     max_reuse_distance: Sourced[int] = field(
         default_factory=lambda: _deepspeed_default(1_000_000_000)
+    )
+    prefetch_bucket_size: Sourced[int | str] = field(
+        default_factory=lambda: _deepspeed_default(50_000_000)
+    )
+    param_persistence_threshold: Sourced[int | str] = field(
+        default_factory=lambda: _deepspeed_default(100_000)
     )
 
 

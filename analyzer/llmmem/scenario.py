@@ -113,12 +113,12 @@ def setup_from_plan(plan: TrainingPlan, spec: ModelSpec) -> TrainingSetup:
         offload_params=bool(d.offload_params.value)
         and (int(d.zero_stage.value) == 3 or fsdp is not None),
         fsdp=fsdp,
-        reduce_bucket_size=None
-        if d.reduce_bucket_size.value == "auto"
-        else int(d.reduce_bucket_size.value),
+        reduce_bucket_size=_elements_or_auto(d.reduce_bucket_size.value),
         overlap_comm=d.overlap_comm.value,
         contiguous_gradients=bool(d.contiguous_gradients.value),
         max_reuse_distance=int(d.max_reuse_distance.value),
+        prefetch_bucket_size=_elements_or_auto(d.prefetch_bucket_size.value),
+        param_persistence_threshold=_elements_or_auto(d.param_persistence_threshold.value),
     )
     return TrainingSetup(
         method=method,
@@ -135,6 +135,11 @@ def setup_from_plan(plan: TrainingPlan, spec: ModelSpec) -> TrainingSetup:
         distributed=distributed,
         use_cache=bool(plan.use_cache.value) if plan.use_cache is not None else False,
     )
+
+
+def _elements_or_auto(value: Any) -> int | None:
+    """A DeepSpeed size in elements, None for "auto" (sized from the model)."""
+    return None if value == "auto" else int(value)
 
 
 def _targets(value: Any) -> list[str] | None:

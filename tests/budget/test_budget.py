@@ -339,6 +339,105 @@ def test_zero3_gathers_parameters_within_the_reuse_distance(llama3_8b: ModelSpec
     assert forward(10**12) == forward(10**11)
 
 
+def test_zero3_keeps_small_parameters_whole_on_every_rank(llama3_8b: ModelSpec) -> None:
+    def weights(**distributed: object) -> int:
+        budget = estimate_budget(llama3_8b, _zero(llama3_8b, 3, **distributed))
+        return budget.phase(Phase.FORWARD).components[Component.WEIGHTS].bytes
+
+    partitions = round(2 * llama3_8b.total_params / 8)
+    # default stage3_param_persistence_threshold 1e5: the RMSNorm vectors (4096 each, two per
+    # layer and the final one) stay whole in bf16 on every rank, besides their partition
+    norms = (2 * 32 + 1) * 4096
+    assert weights() == partitions + 2 * norms
+    assert weights(param_persistence_threshold=0) == partitions
+    # "auto" (10 · hidden_size = 40960) keeps the same vectors
+    assert weights(param_persistence_threshold=None) == partitions + 2 * norms
+    # 2e7: q and o (4096 × 4096), k and v (1024 × 4096) of every layer too, not the MLP
+    attention = 32 * (2 * 4096 * 4096 + 2 * 1024 * 4096)
+    assert weights(param_persistence_threshold=20_000_000) == partitions + 2 * (norms + attention)
+
+
+def test_zero3_prefetches_parameters_ahead_of_use(llama3_8b: ModelSpec) -> None:
+    def forward(**distributed: object) -> int:
+        setup = _zero(llama3_8b, 3, max_reuse_distance=0, **distributed)
+        return estimate_budget(llama3_8b, setup).phase(Phase.FORWARD).allocated_bytes
+
+    # the default stage3_prefetch_bucket_size gathers 5e7 more elements (bf16) ahead of use;
+    # "auto" 0.9 · hidden_size²
+    assert forward() - forward(prefetch_bucket_size=0) == 50_000_000 * 2
+    auto = int(0.9 * 4096 * 4096)
+    assert forward(prefetch_bucket_size=None) - forward(prefetch_bucket_size=0) == auto * 2
+
+
+def test_zero3_lora_step_peaks_once_persistent_parameters_are_gathered_again(
+    llama3_8b: ModelSpec,
+) -> None:
+    # DeepSpeed partitions every parameter as its step starts and gathers the persistent ones
+    # (norms, and LoRA adapters: r × 4096 = 65536 elements each) again after it. A LoRA step's
+    # own buffers are small, so the larger moment is after the step, with every weight
+    lora = replace(
+        _zero(llama3_8b, 3), method="lora", lora=LoraSetup(r=16, targets=["q_proj", "v_proj"])
+    )
+    step = estimate_budget(llama3_8b, lora).phase(Phase.OPTIMIZER_STEP)
+    assert step.moment.startswith("after the step")
+    forward = estimate_budget(llama3_8b, lora).phase(Phase.FORWARD)
+    assert step.components[Component.WEIGHTS] == forward.components[Component.WEIGHTS]
+    # a full fine-tune's step buffers (fp32 gradient copy, foreach lists) dominate: inside
+    full = estimate_budget(llama3_8b, _zero(llama3_8b, 3)).phase(Phase.OPTIMIZER_STEP)
+    assert full.moment == "inside the optimizer step"
+
+
+def test_zero3_lora_saves_the_input_of_every_linear(llama3_8b: ModelSpec) -> None:
+    # ZeRO-3 replaces F.linear by an autograd function that keeps its input, frozen or not:
+    # under LoRA on q and v, the MLP's input (bf16, shared by gate and up), the down
+    # projection's input and the head's input are kept, which a frozen Linear would not keep
+    def activations(stage: int) -> int:
+        setup = replace(
+            _zero(llama3_8b, stage),
+            method="lora",
+            lora=LoraSetup(r=16, targets=["q_proj", "v_proj"]),
+        )
+        return (
+            estimate_budget(llama3_8b, setup)
+            .phase(Phase.FORWARD)
+            .components[Component.ACTIVATIONS]
+            .bytes
+        )
+
+    n = 512  # batch 1 × seq 512
+    per_layer = 2 * n * 4096 + 2 * n * 14336
+    assert activations(3) - activations(2) == 32 * per_layer + 2 * n * 4096
+
+
+def test_zero3_lora_releases_a_frozen_embedding_after_forward() -> None:
+    # a small untied model stays gathered whole within the reuse distance, except a frozen
+    # embedding that backward never reaches (no checkpointing): it is not used again
+    config = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 1024,
+        "intermediate_size": 2816,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 8,
+        "vocab_size": 32000,
+        "tie_word_embeddings": False,
+    }
+    spec = spec_from_config(config, model_id="small", source=ModelSource.LOCAL)
+
+    def gathered(grad_ckpt: bool) -> int:
+        setup = replace(
+            _zero(spec, 3, prefetch_bucket_size=0),
+            method="lora",
+            lora=LoraSetup(r=8, targets=["q_proj", "v_proj"]),
+            grad_ckpt=grad_ckpt,
+        )
+        forward = estimate_budget(spec, setup).phase(Phase.FORWARD)
+        return forward.components[Component.TEMPORARIES].bytes
+
+    assert gathered(True) - gathered(False) == 32000 * 1024 * 2
+
+
 def test_optimizer_offload_removes_states_from_the_device(llama3_8b: ModelSpec) -> None:
     offload = estimate_budget(
         llama3_8b,

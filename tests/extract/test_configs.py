@@ -477,13 +477,16 @@ def test_deepspeed_buffer_settings_are_read(tmp_path: Path) -> None:
     config.write_text(
         '{"zero_optimization": {"stage": 3, "reduce_bucket_size": "auto",\n'
         '  "overlap_comm": false, "contiguous_gradients": true,\n'
-        '  "stage3_max_reuse_distance": 1e8}}\n'
+        '  "stage3_max_reuse_distance": 1e8, "stage3_prefetch_bucket_size": "auto",\n'
+        '  "stage3_param_persistence_threshold": 0}}\n'
     )
     plan = extract_config_plan(config)
     expect(plan, "distributed.reduce_bucket_size", "auto", EXPLICIT, '"auto"')
     expect(plan, "distributed.overlap_comm", False, EXPLICIT, "false")
     expect(plan, "distributed.contiguous_gradients", True, EXPLICIT, "true")
     expect(plan, "distributed.max_reuse_distance", 100_000_000, EXPLICIT, "1e8")
+    expect(plan, "distributed.prefetch_bucket_size", "auto", EXPLICIT, '"auto"')
+    expect(plan, "distributed.param_persistence_threshold", 0, EXPLICIT, "0")
     assert plan.problems == []
     entry = catalog_entry("meta-llama/Llama-3.1-8B")
     assert entry is not None
@@ -491,13 +494,21 @@ def test_deepspeed_buffer_settings_are_read(tmp_path: Path) -> None:
     setup = setup_from_plan(plan, spec)
     assert setup.distributed.reduce_bucket_size is None  # sized from the model
     assert setup.distributed.max_reuse_distance == 100_000_000
+    assert setup.distributed.prefetch_bucket_size is None  # sized from the model
+    assert setup.distributed.param_persistence_threshold == 0  # nothing kept whole
 
 
 def test_deepspeed_buffer_defaults_and_bad_values(tmp_path: Path) -> None:
     config = tmp_path / "ds.json"
-    config.write_text('{"zero_optimization": {"stage": 2, "reduce_bucket_size": "big"}}\n')
+    config.write_text(
+        '{"zero_optimization": {"stage": 3, "reduce_bucket_size": "big",\n'
+        '  "stage3_prefetch_bucket_size": -1}}\n'
+    )
     plan = extract_config_plan(config)
     # DeepSpeed's own defaults stand where the file says nothing usable
     assert plan.distributed.reduce_bucket_size.value == 500_000_000
     assert plan.distributed.overlap_comm.value is None
+    assert plan.distributed.prefetch_bucket_size.value == 50_000_000
+    assert plan.distributed.param_persistence_threshold.value == 100_000
     assert any("reduce_bucket_size" in problem for problem in plan.problems)
+    assert any("stage3_prefetch_bucket_size" in problem for problem in plan.problems)

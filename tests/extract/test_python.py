@@ -396,6 +396,25 @@ def test_kwargs_through_a_function_and_a_dict_call() -> None:
     assert plan.optim.range is not None and text_at(text, plan.optim.range) == "'adamw_8bit'"
 
 
+def test_a_deepspeed_dict_in_the_script_gives_its_zero3_sizes() -> None:
+    source = (
+        "from transformers import TrainingArguments\n"
+        "ds = {'zero_optimization': {'stage': 3, 'stage3_prefetch_bucket_size': 1e7,\n"
+        "      'stage3_param_persistence_threshold': 'auto', 'stage3_max_reuse_distance': 0,\n"
+        "      'reduce_bucket_size': 2e8, 'overlap_comm': False}}\n"
+        "args = TrainingArguments(output_dir='x', deepspeed=ds)\n"
+    )
+    plan, _ = plan_of(source)
+    d = plan.distributed
+    assert d.zero_stage.value == 3
+    assert d.prefetch_bucket_size.value == 10_000_000
+    assert d.param_persistence_threshold.value == "auto"
+    assert d.max_reuse_distance.value == 0
+    assert d.reduce_bucket_size.value == 200_000_000
+    assert d.overlap_comm.value is False
+    assert plan.problems == []
+
+
 def test_attribute_set_after_construction_counts() -> None:
     source = (
         "from transformers import TrainingArguments\n"

@@ -5,8 +5,10 @@ autograd saves for it, with these rules (all checked against steps measured on C
 FakeTensorMode, see `MEMORY-MODEL.md`):
 
 - a Linear saves its input only when its weight trains; a frozen Linear needs only the weight to
-  pass the gradient back. Linears reading the same tensor share one saved copy, except under
-  autocast, where each one saves its own low-precision cast of an fp32 input;
+  pass the gradient back. Under DeepSpeed ZeRO-3 every Linear saves its input: ZeRO-3 replaces
+  `F.linear` by its own autograd function, which keeps input and weight whatever trains.
+  Linears reading the same tensor share one saved copy, except under autocast, where each one
+  saves its own low-precision cast of an fp32 input;
 - a LoRA adapter saves its (fp32-cast) input and the rank-r output of `lora_A`;
 - HF's RMSNorm upcasts its input to fp32 and saves that copy; it saves the normalised tensor only
   when its weight trains; LayerNorm saves its input;
@@ -118,6 +120,12 @@ class Trainability:
     lora_dropout: bool
     dora: bool
     adapter_bytes: int = 4  # PEFT keeps adapters in fp32 (autocast_adapter_dtype)
+    # DeepSpeed ZeRO-3's memory-efficient linear keeps every Linear's input, frozen or not
+    linears_save_input: bool = False
+
+    @property
+    def linear_inputs_saved(self) -> bool:
+        return self.base_trains or self.linears_save_input
 
     def adapter(self, lin: LinearModule) -> bool:
         return lin.path in self.adapted
@@ -130,7 +138,12 @@ def trainability_for(spec: ModelSpec, setup: TrainingSetup) -> Trainability:
         return Trainability(True, frozenset(), False, False)
     adapted = frozenset(lin.path for lin in lora_target_linears(spec, setup.lora.targets))
     return Trainability(
-        False, adapted, setup.lora.dropout > 0, setup.lora.dora, setup.lora.adapter_bytes
+        False,
+        adapted,
+        setup.lora.dropout > 0,
+        setup.lora.dora,
+        setup.lora.adapter_bytes,
+        linears_save_input=setup.distributed.zero_stage == 3,
     )
 
 
@@ -162,7 +175,7 @@ class BlockContext:
         private = 0.0
         adapter_bytes = 2 if self.dt.autocast else self.train.adapter_bytes
         for lin in consumers:
-            if self.train.base_trains:
+            if self.train.linear_inputs_saved:
                 if self.dt.autocast and tensor_dtype == 4:
                     private += 2  # autocast casts an fp32 input to bf16/fp16 for each op
                 else:
@@ -463,8 +476,7 @@ def estimate_activations(spec: ModelSpec, setup: TrainingSetup) -> ActivationEst
     outside = Tally()
     final = Tally()
     ctx.norm(final)
-    head_trains = train.base_trains
-    if head_trains and spec.is_causal_lm:
+    if train.linear_inputs_saved and spec.is_causal_lm:
         final.add(2 if dt.autocast else dt.residual, "N·h")  # the head's input
     outside.extend(final)
     if spec.sliding_window and setup.seq > spec.sliding_window and spec.sliding_layers:

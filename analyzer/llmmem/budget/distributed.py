@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmmem.budget.setup import FsdpShard, TrainingSetup
+from llmmem.budget.weights import ParameterGroup
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,32 @@ def reduce_bucket_elements(setup: TrainingSetup, hidden_size: int) -> int:
     return hidden_size * hidden_size if size is None else size
 
 
+def prefetch_elements(setup: TrainingSetup, hidden_size: int) -> int:
+    """ZeRO-3's prefetch bucket in elements ("auto": 0.9·hidden_size², as the trainer fills it)."""
+    size = setup.distributed.prefetch_bucket_size
+    return int(0.9 * hidden_size * hidden_size) if size is None else size
+
+
+def persistence_threshold(setup: TrainingSetup, hidden_size: int) -> int:
+    """ZeRO-3 keeps parameters of at most this many elements whole on every rank ("auto":
+    10·hidden_size, as the trainer fills it)."""
+    size = setup.distributed.param_persistence_threshold
+    return 10 * hidden_size if size is None else size
+
+
+def persistent_groups(
+    setup: TrainingSetup, hidden_size: int, groups: list[ParameterGroup]
+) -> list[ParameterGroup]:
+    """The parameters ZeRO-3 keeps whole on every rank (over more than one): each of at most
+    `stage3_param_persistence_threshold` elements — norms and biases at real sizes, whole
+    projections in a small model, LoRA adapters. Each also keeps its partition."""
+    d = setup.distributed
+    if d.zero_stage != 3 or d.world_size == 1:
+        return []
+    threshold = persistence_threshold(setup, hidden_size)
+    return [g for g in groups if g.numel <= threshold]
+
+
 def overlaps_communication(setup: TrainingSetup) -> bool:
     d = setup.distributed
     return d.zero_stage == 3 if d.overlap_comm is None else d.overlap_comm
@@ -93,6 +120,8 @@ def deepspeed_zero_section(setup: TrainingSetup, hidden_size: int) -> dict[str, 
     }
     if d.zero_stage == 3:
         section["stage3_max_reuse_distance"] = d.max_reuse_distance
+        section["stage3_prefetch_bucket_size"] = prefetch_elements(setup, hidden_size)
+        section["stage3_param_persistence_threshold"] = persistence_threshold(setup, hidden_size)
     if d.offload_optimizer:
         section["offload_optimizer"] = {"device": "cpu"}
     if d.offload_params:

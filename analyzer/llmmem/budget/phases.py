@@ -26,6 +26,8 @@ from llmmem.budget.activations import (
 from llmmem.budget.distributed import (
     Sharding,
     overlaps_communication,
+    persistent_groups,
+    prefetch_elements,
     reduce_bucket_elements,
     sharding_for,
 )
@@ -60,6 +62,7 @@ class StateTerms:
     states: Term
     step_temporaries: Term
     head_gradient: int
+    persistent_bytes: int = 0  # ZeRO-3's whole copies of small parameters, in the weights
 
 
 def model_state_terms(
@@ -85,6 +88,14 @@ def model_state_terms(
         formula=_bytes_by_storage(groups) + _shard_suffix(shard.weights, shard),
         note=weights_note,
     )
+    persistent = persistent_groups(setup, spec.hidden_size, groups)
+    if persistent:
+        # small parameters stay whole on every rank besides their partition
+        weights.bytes += sum(g.bytes for g in persistent)
+        weights.formula += (
+            f" + {_bytes_by_storage(persistent)} kept whole on every rank (parameters within "
+            "stage3_param_persistence_threshold)"
+        )
     grad_bytes = sum(g.bytes for g in trainable)
     gradients = Term(
         bytes=round(grad_bytes * shard.gradients),
@@ -135,7 +146,14 @@ def model_state_terms(
     untied_head = any(g.kind == "head" for g in trainable)
     head_kinds = ("head", "saved_copy") if untied_head else ("embedding", "saved_copy")
     head = sum(g.bytes for g in trainable if g.kind in head_kinds)
-    return StateTerms(weights, gradients, states, step, round(head * shard.gradients))
+    return StateTerms(
+        weights,
+        gradients,
+        states,
+        step,
+        round(head * shard.gradients),
+        sum(g.bytes for g in persistent),
+    )
 
 
 def _state_dtype_text(optim: OptimizerSpec) -> str:
@@ -279,8 +297,20 @@ def estimate_budget(
             # come back first in backward, so about half that distance stays gathered
             # (the whole model, below it) besides the module running (on one rank the
             # partition is the whole parameter: nothing to gather)
+            # ZeRO-3 also gathers up to stage3_prefetch_bucket_size elements ahead of use;
+            # parameters kept whole on every rank are in the weights
             reuse = setup.distributed.max_reuse_distance // 2
-            gathered = min(spec.total_params, reuse + per_block) * dt.compute
+            ahead = prefetch_elements(setup, spec.hidden_size)
+            persistent = persistent_groups(setup, spec.hidden_size, inv.groups)
+            partitioned = spec.total_params - sum(g.params for g in persistent)
+            # a frozen, untied embedding that backward never reaches (no checkpointing to make
+            # its output require grad) is not used again in the step: released after forward
+            untied = any(g.kind == "head" for g in inv.groups)
+            if untied and not setup.grad_ckpt:
+                partitioned -= sum(
+                    g.params for g in inv.groups if g.kind == "embedding" and not g.trainable
+                )
+            gathered = min(partitioned, reuse + per_block + ahead) * dt.compute
         if setup.distributed.fsdp is not None:
             # FSDP's root unit (embeddings, final norm, head: what no block holds) is gathered
             # when forward starts and stays whole until its gradients are reduced in backward.
@@ -398,6 +428,30 @@ def estimate_budget(
             },
         )
         forward = max(forward, last_block, key=lambda p: p.allocated_bytes)
+        blocks = sum(g.count for g in spec.blocks)
+        if blocks >= 2:
+            # while the last block but one runs, FSDP2 holds its all-gather buffer (kept until
+            # the next all-gather is issued) besides the parameters copied out of it, and the
+            # last block prefetched in its own buffer, not yet copied out: three blocks'
+            # worth, with the saved tensors of the blocks so far (simulated rank)
+            per_blocks = max(saved - acts.outside.evaluate(acts.dims), 0)
+            so_far = per_blocks * (blocks - 1) // blocks + recompute
+            prefetch = phase(
+                Phase.FORWARD,
+                "forward of the last block but one, the last one prefetched",
+                {
+                    **in_forward,
+                    Component.ACTIVATIONS: Term(
+                        bytes=so_far, formula="the saved tensors of the blocks so far"
+                    ),
+                    Component.TEMPORARIES: Term(
+                        bytes=forward_temp.bytes + 2 * block_gathered,
+                        formula=_temp_text(gathered, ddp_buckets, shard, blocks=True)
+                        + " + the next block's all-gather buffer",
+                    ),
+                },
+            )
+            forward = max(forward, prefetch, key=lambda p: p.allocated_bytes)
 
     head_grad_new = 0 if grads_between else st.head_gradient
     if root_head_gradient:
@@ -430,13 +484,9 @@ def estimate_budget(
                 Component.GRADIENTS: after_head,
                 Component.ACTIVATIONS: activations,
                 Component.WEIGHT_COPIES: Term(bytes=copies_bwd, formula=copies_text),
-                # FSDP: the root's backward prefetches the last block
-                Component.TEMPORARIES: Term(
-                    bytes=temp_fwd.bytes + block_gathered,
-                    formula=_temp_text(gathered, ddp_buckets, shard, blocks=True)
-                    if block_gathered
-                    else temp_fwd.formula,
-                ),
+                # FSDP: the root's backward prefetches the last block, in the all-gather
+                # buffer forward's last block left (freed at the root's post-forward)
+                Component.TEMPORARIES: temp_fwd,
             },
         ),
     ]
@@ -547,17 +597,35 @@ def estimate_budget(
         backward_candidates.append(phase(Phase.BACKWARD, moment, full))
     backward = max(backward_candidates, key=lambda p: p.allocated_bytes)
 
-    step_states = st.states
-    optimizer_step = phase(
-        Phase.OPTIMIZER_STEP,
-        "inside the optimizer step",
-        {
-            Component.WEIGHTS: st.weights,
-            Component.GRADIENTS: st.gradients,
-            Component.OPTIMIZER_STATES: step_states,
-            Component.TEMPORARIES: _step_temporaries(st, ddp_buckets, zero, always),
-        },
-    )
+    step_parts = {
+        Component.WEIGHTS: st.weights,
+        Component.GRADIENTS: st.gradients,
+        Component.OPTIMIZER_STATES: st.states,
+        Component.TEMPORARIES: _step_temporaries(st, ddp_buckets, zero, always),
+    }
+    optimizer_step = phase(Phase.OPTIMIZER_STEP, "inside the optimizer step", step_parts)
+    if st.persistent_bytes:
+        # ZeRO-3 partitions every parameter as the step starts and gathers the persistent
+        # ones again after it (measured): inside the step without their whole copies, after
+        # it with them and without the step's buffers
+        inside = Term(
+            bytes=st.weights.bytes - st.persistent_bytes,
+            formula=st.weights.formula + ", less the whole copies: partitioned for the step",
+        )
+        after = Term(bytes=always, formula=zero.text if always else "none")
+        optimizer_step = max(
+            phase(
+                Phase.OPTIMIZER_STEP,
+                "inside the optimizer step",
+                {**step_parts, Component.WEIGHTS: inside},
+            ),
+            phase(
+                Phase.OPTIMIZER_STEP,
+                "after the step: persistent parameters gathered again",
+                {**step_parts, Component.TEMPORARIES: after},
+            ),
+            key=lambda p: p.allocated_bytes,
+        )
 
     phases = [forward, backward, optimizer_step]
     peak = max(phases, key=lambda p: p.allocated_bytes)

@@ -182,6 +182,12 @@ class DistributedSetup:
     contiguous_gradients: bool = True
     # ZeRO-3 keeps a gathered parameter when its next use is this many elements away or fewer
     max_reuse_distance: int = 1_000_000_000
+    # ZeRO-3 gathers up to this many elements of upcoming parameters ahead of use; None is
+    # "auto" (the trainer: 0.9·hidden_size²)
+    prefetch_bucket_size: int | None = 50_000_000
+    # ZeRO-3 keeps parameters of at most this many elements whole on every rank; None is
+    # "auto" (the trainer: 10·hidden_size)
+    param_persistence_threshold: int | None = 100_000
 
     def __post_init__(self) -> None:
         _set(self, "world_size", _whole(self.world_size, "world_size", at_least=1))
@@ -196,6 +202,10 @@ class DistributedSetup:
             "max_reuse_distance",
             _whole(self.max_reuse_distance, "max_reuse_distance", at_least=0),
         )
+        for name in ("prefetch_bucket_size", "param_persistence_threshold"):
+            value = getattr(self, name)
+            if value is not None:
+                _set(self, name, _whole(value, name, at_least=0))
         _set(self, "gpus_per_node", _whole(self.gpus_per_node, "gpus_per_node", at_least=1))
         _set(self, "zero_stage", _whole(self.zero_stage, "ZeRO stage", at_least=0, at_most=3))
         if self.fsdp is not None:

@@ -151,6 +151,8 @@ _KNOWN_KEYS = (
         "distributed.fsdp",
         "distributed.reduce_bucket_size",
         "distributed.max_reuse_distance",
+        "distributed.prefetch_bucket_size",
+        "distributed.param_persistence_threshold",
         "distributed.overlap_comm",
     }
 )
@@ -306,6 +308,13 @@ def _as_count(value: object) -> int:
     return _as_elements(value, at_least=0, expected="a whole number of elements")
 
 
+def _as_count_or_auto(value: object) -> int | str:
+    """ZeRO-3's prefetch bucket and persistence threshold: elements (0 too), or "auto"."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    return _as_elements(value, at_least=0, expected='a number of elements or "auto"')
+
+
 def _as_fsdp(value: object) -> str | None:
     if value is None or value is False or value == "":
         return None
@@ -335,6 +344,8 @@ _CONVERTERS: dict[str, Callable[[object], Any]] = {
     "distributed.fsdp": _as_fsdp,
     "distributed.reduce_bucket_size": _as_bucket_size,
     "distributed.max_reuse_distance": _as_count,
+    "distributed.prefetch_bucket_size": _as_count_or_auto,
+    "distributed.param_persistence_threshold": _as_count_or_auto,
     "distributed.overlap_comm": _as_optional_bool,  # None: DeepSpeed decides by stage
     "distributed.deepspeed_config": _as_optional_text,
 }
@@ -741,6 +752,20 @@ class PlanBuilder:
             max_reuse_distance=self._value(
                 "distributed.max_reuse_distance",
                 1_000_000_000,
+                Provenance.DEFAULT,
+                None,
+                "DeepSpeed default",
+            ),
+            prefetch_bucket_size=self._value(
+                "distributed.prefetch_bucket_size",
+                50_000_000,
+                Provenance.DEFAULT,
+                None,
+                "DeepSpeed default",
+            ),
+            param_persistence_threshold=self._value(
+                "distributed.param_persistence_threshold",
+                100_000,
                 Provenance.DEFAULT,
                 None,
                 "DeepSpeed default",

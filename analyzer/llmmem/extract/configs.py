@@ -127,14 +127,26 @@ def as_count(value: Any) -> int:
     return number
 
 
-def as_bucket(value: Any) -> int | str:
+def as_bucket(value: Any, *, at_least: int = 1) -> int | str:
     """A DeepSpeed bucket size: elements (`5e8` too), or "auto" for the trainer to size."""
     if isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
     number = as_int(value)
-    if number < 1:
+    if number < at_least:
         raise ValueProblem(f'must be a number of elements or "auto", got {value!r}')
     return number
+
+
+def as_elements_or_auto(value: Any) -> int | str:
+    """ZeRO-3's prefetch bucket and persistence threshold: elements (0 turns it off), "auto"."""
+    return as_bucket(value, at_least=0)
+
+
+# ZeRO-3's sizes in elements: the config's name, the plan's
+STAGE3_SIZES = (
+    ("stage3_prefetch_bucket_size", "prefetch_bucket_size"),
+    ("stage3_param_persistence_threshold", "param_persistence_threshold"),
+)
 
 
 def as_float(value: Any) -> float:
@@ -763,6 +775,8 @@ def read_deepspeed(reader: DocumentReader, prefix: KeyPath = ()) -> dict[str, Ke
         reader.take((*zero, flag), f"distributed.{flag}", as_bool)
     reuse = (*zero, "stage3_max_reuse_distance")
     reader.take(reuse, "distributed.max_reuse_distance", as_count)
+    for name, key in STAGE3_SIZES:
+        reader.take((*zero, name), f"distributed.{key}", as_elements_or_auto)
     concrete(("train_micro_batch_size_per_gpu",), "per_device_train_batch_size", as_int)
     concrete(("gradient_accumulation_steps",), "gradient_accumulation_steps", as_int)
     for block in ("bf16", "bfloat16"):

@@ -2115,6 +2115,8 @@ class PlanEmitter:
             ("overlap_comm", "overlap_comm"),
             ("contiguous_gradients", "contiguous_gradients"),
             ("stage3_max_reuse_distance", "max_reuse_distance"),
+            ("stage3_prefetch_bucket_size", "prefetch_bucket_size"),
+            ("stage3_param_persistence_threshold", "param_persistence_threshold"),
         ):
             if name in zero:
                 self.set_known(f"distributed.{key}", replace(origin, value=zero[name]), note)

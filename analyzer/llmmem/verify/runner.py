@@ -501,8 +501,11 @@ class _DeepSpeedLoop(_Loop):
         pass  # the engine's step zeroes its gradient partitions
 
     def weights(self) -> list[Any]:
-        # ZeRO-3 keeps each rank's part of a parameter in `ds_tensor`
-        return [getattr(p, "ds_tensor", p) for p in self.model.parameters()]
+        # ZeRO-3 keeps each rank's part of a parameter in `ds_tensor`, and the parameters it
+        # keeps whole on every rank (`ds_persist`) also whole, once they are first gathered
+        params = list(self.model.parameters())
+        persistent = [p for p in params if getattr(p, "ds_persist", False) and p.numel()]
+        return [getattr(p, "ds_tensor", p) for p in params] + persistent
 
     def gradients(self) -> list[Any] | None:
         # ZeRO-3 keeps one flat gradient partition; ZeRO-1/2 build theirs in backward
