@@ -776,6 +776,7 @@ def _drive(
             result.stage = "backward"
             loop.backward(loss)
             del loss, batch
+            _let_collectives_release(request)
             if measure:
                 meter.end("backward")
                 grads = loop.gradients()
@@ -798,6 +799,22 @@ def _drive(
     one_step(False)
     result.weights_bytes = meter.size(loop.weights())
     one_step(True)
+
+
+def _let_collectives_release(request: StepRequest) -> None:
+    """Ranks on the CPU: let gloo's worker threads drop what they hold before a phase is read.
+
+    A gloo worker keeps its own reference to a collective's tensors until it has finished the
+    work, which can be after the main thread has waited for it and moved on: FSDP's last
+    reduce-scatter input (a whole root unit of gradients) then outlived backward in one run of
+    ten and read as part of the optimizer step. On a GPU FSDP frees it at the end of backward.
+    Dropping it needs the GIL: the barrier and the pause wait with it released."""
+    if request.launched and request.device != "cuda":
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.barrier()
+            time.sleep(0.05)
 
 
 def _autocast(torch: Any, request: StepRequest, device: str) -> Any:

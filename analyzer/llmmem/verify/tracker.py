@@ -8,12 +8,17 @@ as long as the storage). Views and in-place results share a storage and are not 
 This works the same on real CPU tensors and on fake ones (FakeTensorMode), which is what lets a
 7B step be "run" in a second on a laptop.
 
+A storage can die on another thread: gloo's worker threads drop their reference to a collective's
+input after the main thread has moved on. The bookkeeping is locked, so such a free is never
+lost against a count the main thread is making.
+
 Known storages can be (re)classified: the parameters before the step, the gradients at the end of
 backward, the optimizer states after it; the totals by category at each phase's peak are kept.
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Any
 
@@ -51,22 +56,28 @@ class StorageTracker(TorchDispatchMode):
         self.new_category = OTHER  # what memory created now is
         self.peak = 0
         self.peak_by_category: dict[str, int] = dict(self.totals)
+        self.lock = threading.RLock()  # frees can come from communication threads
 
     # -- bookkeeping ------------------------------------------------------------------------
 
     def _forget(self, key: int) -> None:
-        self.storages.pop(key, None)
-        size = self.sizes.pop(key, None)
-        if size is None:
-            return
-        self.current -= size
-        self.totals[self.category.pop(key, OTHER)] -= size
+        with self.lock:
+            self.storages.pop(key, None)
+            size = self.sizes.pop(key, None)
+            if size is None:
+                return
+            self.current -= size
+            self.totals[self.category.pop(key, OTHER)] -= size
 
     def track(self, t: torch.Tensor, category: str | None = None) -> None:
         """Count `t`'s storage (once); `category` re-files a storage already counted."""
         storage = _storage(t)
         if storage is None:
             return
+        with self.lock:
+            self._track(storage, category)
+
+    def _track(self, storage: Any, category: str | None) -> None:
         key = id(storage)
         if key in self.sizes:
             if category is not None and self.category[key] != category:
@@ -111,24 +122,26 @@ class StorageTracker(TorchDispatchMode):
             self.totals[self.category.get(key, OTHER)] += size - old
 
     def reset_peak(self, new_category: str) -> None:
-        if self.resizable:
-            self.resync()
-        self.new_category = new_category
-        self.peak = self.current
-        self.peak_by_category = dict(self.totals)
+        with self.lock:
+            if self.resizable:
+                self.resync()
+            self.new_category = new_category
+            self.peak = self.current
+            self.peak_by_category = dict(self.totals)
 
     def refile(self, old: str, new: str) -> int:
         """Re-file every live storage of category `old` as `new`; the bytes moved."""
-        if self.resizable:
-            self.resync()
-        moved = 0
-        for key, category in self.category.items():
-            if category == old:
-                self.category[key] = new
-                moved += self.sizes[key]
-        self.totals[old] -= moved
-        self.totals[new] += moved
-        return moved
+        with self.lock:
+            if self.resizable:
+                self.resync()
+            moved = 0
+            for key, category in self.category.items():
+                if category == old:
+                    self.category[key] = new
+                    moved += self.sizes[key]
+            self.totals[old] -= moved
+            self.totals[new] += moved
+            return moved
 
     def bytes_of(self, tensors: list[torch.Tensor]) -> int:
         seen: set[int] = set()
