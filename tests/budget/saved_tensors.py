@@ -202,6 +202,18 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
         "bos_token_id": 0,
         "eos_token_id": 0,
     },
+    "gptj": {
+        "model_type": "gptj",
+        "n_embd": 128,
+        "n_layer": 3,
+        "n_head": 4,
+        "vocab_size": 128,
+        "rotary_dim": 16,
+        "n_positions": 512,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+    },
     "falcon": {
         "model_type": "falcon",
         "hidden_size": 128,
@@ -301,6 +313,7 @@ LORA_TARGETS: dict[str, list[str]] = {
     "phi": ["q_proj", "v_proj"],
     "gpt2": ["c_attn"],
     "gpt_neox": ["query_key_value"],
+    "gptj": ["q_proj", "v_proj"],
     "falcon": ["query_key_value"],
     "bert": ["query", "value"],
 }
@@ -351,6 +364,7 @@ def _grid() -> list[Case]:
         Case("bert", "bf16-true", "eager"),
         Case("phi", "bf16-true", "eager"),
         Case("opt", "bf16-true", "eager"),
+        Case("gptj", "bf16-true", "eager"),
         Case("falcon", "bf16-true", "eager"),
     ]
     return cases

@@ -287,9 +287,13 @@ def attention_core(
         tally.add(4, "b·a·s²")
         return
     if attn is AttnImpl.EAGER:
-        tally.add(e, "N·q")  # q, saved by q @ kᵀ
         kv_width = "N·q" if grouped else "N·kvd"  # repeat_kv materialises K and V per head
-        tally.add(2 * e, kv_width)
+        if spec.model_type in QK_IN_FP32_TYPES:
+            tally.add(4, "N·q")  # q and k cast to fp32, saved by q @ kᵀ
+            tally.add(4 + e, kv_width)  # k in fp32, v as it is
+        else:
+            tally.add(e, "N·q")  # q, saved by q @ kᵀ
+            tally.add(2 * e, kv_width)
         if spec.model_type in SOFTMAX_IN_COMPUTE_DTYPE_TYPES and not ctx.dt.autocast:
             probs = e  # softmax in the scores' dtype, its output shared with probs @ v
             tally.add(e, "b·a·s²")
@@ -407,8 +411,11 @@ def block_tally(ctx: BlockContext, group: BlockGroup) -> Tally:
 POST_NORM_TYPES = {"bert", "roberta"}
 # rotary embeddings applied by concatenating a rotated part and a pass-through part: q comes
 # out contiguous per head, the attention output takes that layout, and the output projection
-# reads a transposed copy of it instead of the output itself
-CONCATENATED_ROTARY_TYPES = {"phi3", "phi", "gpt_neox", "stablelm", "gptj"}
+# reads a transposed copy of it instead of the output itself (GPT-J, which transposes q after
+# the concatenation since transformers 5.24, does not)
+CONCATENATED_ROTARY_TYPES = {"phi3", "phi", "gpt_neox", "stablelm"}
+# eager attention that multiplies q and k in fp32 whatever the weights' dtype
+QK_IN_FP32_TYPES = {"gptj"}
 # eager attention whose softmax runs in the compute dtype (no fp32 upcast of the scores)
 SOFTMAX_IN_COMPUTE_DTYPE_TYPES = {"gpt2", "bert", "roberta", "falcon"}
 # learned, absolute or ALiBi positions: no rotary embedding copies q and k

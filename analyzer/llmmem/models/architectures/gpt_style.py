@@ -200,10 +200,9 @@ def read_gptj(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
         head_bias=True,
         activation=view.text("activation_function") or "gelu_new",
         parallel_residual=True,
-        supports_sdpa=False,
         notes=[
-            "GPTJForCausalLM has no SDPA attention in transformers 5; it trains with eager "
-            "attention"
+            "GPTJForCausalLM uses SDPA since transformers 5.24 (before it, it trained with "
+            "eager attention and its b·a·s² softmax)"
         ],
     )
 
