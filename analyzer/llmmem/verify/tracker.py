@@ -49,6 +49,11 @@ class StorageTracker(TorchDispatchMode):
         # are read again before a new peak is taken and at each phase boundary
         self.resizable = resizable
         self.storages: dict[int, weakref.ref[Any]] = {}
+        # the storages seen resized (or created empty): FSDP2 grows its unsharded parameters'
+        # storages back in place when it gathers them, so these are read again before each
+        # new storage is counted, or a gather would stay invisible until something else
+        # pushed the count past the peak
+        self.resized: dict[int, weakref.ref[Any]] = {}
         self.sizes: dict[int, int] = {}  # id(storage) -> bytes
         self.category: dict[int, str] = {}
         self.totals: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
@@ -63,6 +68,7 @@ class StorageTracker(TorchDispatchMode):
     def _forget(self, key: int) -> None:
         with self.lock:
             self.storages.pop(key, None)
+            self.resized.pop(key, None)
             size = self.sizes.pop(key, None)
             if size is None:
                 return
@@ -95,9 +101,13 @@ class StorageTracker(TorchDispatchMode):
         weakref.finalize(storage, self._forget, key)
         if self.resizable:
             self.storages[key] = weakref.ref(storage)
+            if not size:
+                self.resized[key] = self.storages[key]
         self._note_peak()
 
     def _note_peak(self) -> None:
+        if self.resizable:
+            self._read_sizes(self.resized)  # gathers grow storages without an op
         if self.current <= self.peak:
             return
         if self.resizable:
@@ -109,7 +119,10 @@ class StorageTracker(TorchDispatchMode):
 
     def resync(self) -> None:
         """Read every live storage's size again (storages resized in place)."""
-        for key, ref in list(self.storages.items()):
+        self._read_sizes(self.storages)
+
+    def _read_sizes(self, storages: dict[int, weakref.ref[Any]]) -> None:
+        for key, ref in list(storages.items()):
             storage = ref()
             if storage is None:
                 continue
@@ -120,6 +133,7 @@ class StorageTracker(TorchDispatchMode):
             self.sizes[key] = size
             self.current += size - old
             self.totals[self.category.get(key, OTHER)] += size - old
+            self.resized[key] = ref
 
     def reset_peak(self, new_category: str) -> None:
         with self.lock:
