@@ -6,15 +6,20 @@
   then gradients, then parameters, by the world size; offload moves them to the CPU. Its own
   buffers (gradient buckets, ZeRO-3's gathered parameters) are in `phases.py`.
 - FSDP shards parameters, gradients and states (full shard) and all-gathers one wrapped block at
-  a time (two with prefetch); hybrid shard only shards inside a node.
+  a time (two with prefetch); hybrid shard only shards inside a node. FSDP2 (the HF trainer's
+  default since transformers 5) shards each parameter along its first dimension and pads it so
+  that every rank holds the same number of rows: 8 experts stored as one (8, 2I, h) tensor over
+  16 ranks leave one expert, an eighth, on every rank, not a sixteenth.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from llmmem.budget.setup import FsdpShard, TrainingSetup
 from llmmem.budget.weights import ParameterGroup
+from llmmem.models.spec import BlockGroup
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,16 @@ class Sharding:
     master_weights: bool = False  # fp32 master copy kept with the states (DeepSpeed, 16-bit)
     offload_states: bool = False
     offload_params: bool = False
+    pads_each_parameter: bool = False  # FSDP2: dim 0 of each parameter, padded per rank
+
+    def share(self, group: ParameterGroup, fraction: float) -> float:
+        """The fraction of `group` one rank holds, where the states it belongs to are
+        `fraction` of the whole: FSDP2 gives every rank ceil(rows / ranks) rows of each
+        parameter (rows: its first dimension), the rest divide evenly."""
+        if fraction >= 1 or not self.pads_each_parameter:
+            return fraction
+        rows = group.shard_rows or group.rows
+        return math.ceil(rows / self.shard_group) / rows if rows else fraction
 
 
 def sharding_for(setup: TrainingSetup) -> Sharding:
@@ -67,6 +82,7 @@ def sharding_for(setup: TrainingSetup) -> Sharding:
             gathered_blocks=2 if params_sharded else 0,
             offload_states=d.offload_optimizer or d.offload_params,
             offload_params=d.offload_params,
+            pads_each_parameter=True,
         )
     return Sharding(1, 1, 1, 1, f"DDP over {world} devices", gradient_buckets=True)
 
@@ -127,3 +143,18 @@ def deepspeed_zero_section(setup: TrainingSetup, hidden_size: int) -> dict[str, 
     if d.offload_params:
         section["offload_param"] = {"device": "cpu"}
     return section
+
+
+def gathered_block_params(block: BlockGroup, shard: Sharding) -> int:
+    """The elements one gathered block takes on a rank: with FSDP2's padding each routed
+    expert tensor gathers ceil(experts ÷ ranks) × ranks experts' rows, and the parameters
+    copied out of the all-gather keep that padded storage (simulated: 4 experts over 8 ranks
+    gather as 8). Other first dimensions are large; their padding is a few rows."""
+    params = block.params_per_block
+    if not shard.pads_each_parameter or shard.shard_group <= 1:
+        return params
+    for lin in block.linears:
+        if lin.role == "expert" and lin.count:
+            padded = math.ceil(lin.count / shard.shard_group) * shard.shard_group
+            params += (padded - lin.count) * lin.params // lin.count
+    return params

@@ -16,6 +16,7 @@ sum in between never exceeds the larger of its two ends.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from llmmem.budget.activations import (
@@ -25,6 +26,7 @@ from llmmem.budget.activations import (
 )
 from llmmem.budget.distributed import (
     Sharding,
+    gathered_block_params,
     overlaps_communication,
     persistent_groups,
     prefetch_elements,
@@ -78,14 +80,15 @@ def model_state_terms(
         ]
     else:
         groups = inv.groups
-    weight_bytes = sum(g.bytes for g in groups)
+    weight_bytes = _held_bytes(groups, shard, shard.weights, lambda g: g.bytes)
     weights_note = ""
     if shard.offload_params:
         weight_bytes = 0
         weights_note = "parameters live on the CPU; gathered blocks are counted as temporaries"
     weights = Term(
-        bytes=round(weight_bytes * shard.weights),
-        formula=_bytes_by_storage(groups) + _shard_suffix(shard.weights, shard),
+        bytes=round(weight_bytes),
+        formula=_bytes_by_storage(groups)
+        + _shard_suffix(shard.weights, shard, groups, lambda g: g.bytes),
         note=weights_note,
     )
     persistent = persistent_groups(setup, spec.hidden_size, groups)
@@ -96,17 +99,17 @@ def model_state_terms(
             f" + {_bytes_by_storage(persistent)} kept whole on every rank (parameters within "
             "stage3_param_persistence_threshold)"
         )
-    grad_bytes = sum(g.bytes for g in trainable)
     gradients = Term(
-        bytes=round(grad_bytes * shard.gradients),
+        bytes=round(_held_bytes(trainable, shard, shard.gradients, lambda g: g.bytes)),
         formula=f"{format_count(sum(g.params for g in trainable))} trainable × "
-        f"{_bytes_per(trainable)} B" + _shard_suffix(shard.gradients, shard),
+        f"{_bytes_per(trainable)} B"
+        + _shard_suffix(shard.gradients, shard, trainable, lambda g: g.bytes),
     )
     # DeepSpeed's optimizer steps the fp32 master partitions: its states follow them
     stepped = (
         [replace(g, bytes_per_param=4.0) for g in trainable] if shard.master_weights else trainable
     )
-    state_bytes = sum(optim.state_bytes(g) for g in stepped)
+    state_bytes = _held_bytes(stepped, shard, shard.states, optim.state_bytes)
     state_dtype = _state_dtype_text(optim)
     if shard.master_weights and optim.state_dtype == "param":
         state_dtype = "4 B (the fp32 master's dtype)"
@@ -117,19 +120,25 @@ def model_state_terms(
     if optim.factored:
         state_formula = f"{optim.label}: row + column statistics per matrix"
     if shard.master_weights:
-        state_bytes += 4 * sum(g.params for g in trainable)
+        state_bytes += 4 * sum(g.params for g in trainable) * shard.states
         state_formula += " + 4 B fp32 master copy"
     if shard.offload_states:
         states = Term(bytes=0, formula=state_formula + ", offloaded to the CPU")
     else:
         states = Term(
-            bytes=round(state_bytes * shard.states),
-            formula=state_formula + _shard_suffix(shard.states, shard),
+            bytes=round(state_bytes),
+            formula=state_formula + _shard_suffix(shard.states, shard, stepped, optim.state_bytes),
         )
     if optim.paged:
         states.note = "paged: evicted to CPU memory when the GPU runs short"
+    # the step's buffers are the size of the rank's (padded) shards
+    padding = _held_bytes(stepped, shard, shard.states, lambda g: g.bytes) / max(
+        sum(g.bytes for g in stepped) * shard.states, 1
+    )
     step_temp = (
-        0 if shard.offload_states else round(optim.step_temporary_bytes(stepped) * shard.states)
+        0
+        if shard.offload_states
+        else round(optim.step_temporary_bytes(stepped) * shard.states * max(padding, 1.0))
     )
     step = Term(
         bytes=step_temp,
@@ -145,13 +154,15 @@ def model_state_terms(
     # trainable copies of modules_to_save
     untied_head = any(g.kind == "head" for g in trainable)
     head_kinds = ("head", "saved_copy") if untied_head else ("embedding", "saved_copy")
-    head = sum(g.bytes for g in trainable if g.kind in head_kinds)
+    head = _held_bytes(
+        [g for g in trainable if g.kind in head_kinds], shard, shard.gradients, lambda g: g.bytes
+    )
     return StateTerms(
         weights,
         gradients,
         states,
         step,
-        round(head * shard.gradients),
+        round(head),
         sum(g.bytes for g in persistent),
     )
 
@@ -169,8 +180,33 @@ def _bytes_per(groups: list[ParameterGroup]) -> str:
     return "/".join(f"{s:g}" for s in sizes) if sizes else "0"
 
 
-def _shard_suffix(fraction: float, shard: Sharding) -> str:
-    return f" ÷ {shard.shard_group} ({shard.label})" if fraction < 1 else ""
+def _held_bytes(
+    groups: list[ParameterGroup],
+    shard: Sharding,
+    fraction: float,
+    size: Callable[[ParameterGroup], float],
+) -> float:
+    """The bytes of `groups` (each `size(group)` whole) one rank holds."""
+    return sum(size(g) * shard.share(g, fraction) for g in groups)
+
+
+def _shard_suffix(
+    fraction: float,
+    shard: Sharding,
+    groups: list[ParameterGroup],
+    size: Callable[[ParameterGroup], float],
+) -> str:
+    if fraction >= 1:
+        return ""
+    text = f" ÷ {shard.shard_group} ({shard.label})"
+    even = sum(size(g) for g in groups) * fraction
+    padding = _held_bytes(groups, shard, fraction, size) - even
+    if padding > 0.005 * even:
+        text += (
+            f" + {format_bytes(round(padding))} padding (FSDP gives every rank the same number "
+            "of rows of each parameter: ceil(rows ÷ ranks))"
+        )
+    return text
 
 
 def _weight_copy_terms(
@@ -312,6 +348,7 @@ def estimate_budget(
                 )
             gathered = min(partitioned, reuse + per_block + ahead) * dt.compute
         if setup.distributed.fsdp is not None:
+            per_block = max((gathered_block_params(g, shard) for g in spec.blocks), default=0)
             # FSDP's root unit (embeddings, final norm, head: what no block holds) is gathered
             # when forward starts and stays whole until its gradients are reduced in backward.
             # A block's worth of gathered memory is alive at every moment measured, also at
@@ -322,9 +359,11 @@ def estimate_budget(
             gathered = root + per_block * dt.compute
             block_gathered = (shard.gathered_blocks - 1) * per_block * dt.compute
             # a block's backward makes its whole (unsharded) gradients before they are
-            # reduce-scattered into the shard (adapters' only, under LoRA: negligible)
+            # reduce-scattered into the shard (adapters' only, under LoRA: negligible); they
+            # have the parameters' own shapes, without the gather's padding
             if setup.method is Method.FULL:
-                block_gradients = per_block * dt.compute
+                unpadded = max((g.params_per_block for g in spec.blocks), default=0)
+                block_gradients = unpadded * dt.compute
                 root_gradients = root
                 # the root's gradients stay whole until the root's reduce-scatter at the
                 # end of backward; the head's is made first
@@ -539,6 +578,55 @@ def estimate_budget(
         else 0
     )
     tied_extra = 2 * embedding if spec.tie_word_embeddings else 0
+    blocks = sum(g.count for g in spec.blocks)
+    in_blocks_saved = max(saved - acts.outside.evaluate(acts.dims), 0)
+    if block_gathered and blocks >= 2:
+        # FSDP: the last block's backward as it starts (recomputed under checkpointing), the
+        # block before prefetched beside it (simulated rank: the peak at small shapes)
+        backward_moments.append(
+            (
+                "backward of the last block, as it starts",
+                {
+                    Component.GRADIENTS: Term(bytes=grads_between, formula=grads_text),
+                    Component.ACTIVATIONS: Term(
+                        bytes=in_blocks_saved + recompute,
+                        formula="the blocks' saved tensors"
+                        + (" and the last one's, recomputed" if recompute else ""),
+                    ),
+                    Component.TEMPORARIES: Term(
+                        bytes=workspace + extra_fwd + block_gathered + root_head_gradient,
+                        formula=f"{workspace_text} + "
+                        + _temp_text(gathered, 0, shard, blocks=True)
+                        + " (the block before, prefetched)"
+                        + (" + the head's whole gradient" if root_head_gradient else ""),
+                    ),
+                },
+            )
+        )
+    if block_gradients and blocks >= 2:
+        # as it ends: its whole gradients, its saved tensors gone
+        backward_moments.append(
+            (
+                "backward of the last block, as it ends",
+                {
+                    Component.GRADIENTS: Term(bytes=grads_between, formula=grads_text),
+                    Component.ACTIVATIONS: Term(
+                        bytes=in_blocks_saved * (blocks - 1) // blocks,
+                        formula="the saved tensors of the blocks before it",
+                    ),
+                    Component.TEMPORARIES: Term(
+                        bytes=extra_fwd
+                        + block_gathered
+                        + block_gradients
+                        + 2 * dt.residual * n_h
+                        + root_head_gradient,
+                        formula=_temp_text(gathered, 0, shard, blocks=True)
+                        + " (the block before, prefetched) + the block's whole gradients + "
+                        "its input's gradient + the head's whole gradient",
+                    ),
+                },
+            )
+        )
     if block_gradients:
         backward_moments += _fsdp_last_moments(
             spec,
@@ -556,6 +644,7 @@ def estimate_budget(
             tied=2 * spec.vocab_size * spec.hidden_size * dt.compute
             if spec.tie_word_embeddings and spec.is_causal_lm
             else 0,
+            root_reduce=_root_reduce_scatter(root, shard, setup, root_head_gradient),
         )
     else:
         backward_moments.append(
@@ -693,6 +782,7 @@ def _fsdp_last_moments(
     root_backward: int,
     root_text: str,
     tied: int,
+    root_reduce: Term,
 ) -> list[tuple[str, dict[Component, Term]]]:
     """FSDP, full fine-tuning: the first block's backward as it starts and as it ends, then the
     root unit's backward (the embedding's), where backward ends.
@@ -749,7 +839,35 @@ def _fsdp_last_moments(
                 ),
             },
         ),
+        (
+            "end of backward: the root unit's reduce-scatter",
+            {
+                Component.GRADIENTS: block_shards(in_blocks, "the blocks' (the root's to come)"),
+                Component.TEMPORARIES: root_reduce,
+            },
+        ),
     ]
+
+
+def _root_reduce_scatter(
+    root: int, shard: Sharding, setup: TrainingSetup, whole_gradient: int
+) -> Term:
+    """FSDP's last reduce-scatter, the root unit's, after the root is resharded: its gradients
+    copied into one flat input, the rank's reduced part, and under mixed precision that part
+    cast to the parameters' dtype; one whole gradient of the root is still referenced (the
+    head's or the embedding's, measured on a simulated rank)."""
+    ranks = max(shard.shard_group, 1)
+    output = root // ranks
+    cast = 0
+    if setup.precision.is_autocast:
+        # the sharded parameters stay in their own dtype (fp32) under the 16-bit policy
+        cast = output * setup.precision.weight_bytes // 2
+    return Term(
+        bytes=root + output + cast + whole_gradient,
+        formula="the root unit's gradients as one reduce-scatter input + this rank's part"
+        + (" + that part cast to the parameters' dtype" if cast else "")
+        + (" + one whole gradient still referenced" if whole_gradient else ""),
+    )
 
 
 def _sixteen_bit(setup: TrainingSetup) -> TrainingSetup:

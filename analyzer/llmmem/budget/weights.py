@@ -40,6 +40,9 @@ class ParameterGroup:
     bytes_per_param: float
     trainable: bool
     quantized: bool = False
+    # the first dimension of each tensor, which FSDP shards, where it is not `rows`: routed
+    # experts are stored as one (experts, out, in) tensor per projection
+    shard_rows: int = 0
 
     @property
     def numel(self) -> int:
@@ -173,6 +176,7 @@ def build_inventory(spec: ModelSpec, setup: TrainingSetup) -> Inventory:
                     bytes_per_param=weight_bytes,
                     trainable=full,
                     quantized=quantized,
+                    shard_rows=lin.count if lin.role == "expert" else 0,
                 )
             )
             if lin.bias:
@@ -185,6 +189,7 @@ def build_inventory(spec: ModelSpec, setup: TrainingSetup) -> Inventory:
                         cols=1,
                         bytes_per_param=unquantized_bytes if quant else base,
                         trainable=full,
+                        shard_rows=lin.count if lin.role == "expert" else 0,
                     )
                 )
         if quant is not None and any(lin.role == "expert" for lin in block.linears):
