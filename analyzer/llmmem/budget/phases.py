@@ -203,8 +203,8 @@ def _shard_suffix(
     padding = _held_bytes(groups, shard, fraction, size) - even
     if padding > 0.005 * even:
         text += (
-            f" + {format_bytes(round(padding))} padding (FSDP gives every rank the same number "
-            "of rows of each parameter: ceil(rows ÷ ranks))"
+            f" + {format_bytes(round(padding))} padding (FSDP gives every rank ceil(rows ÷ "
+            "ranks) rows of each parameter)"
         )
     return text
 
@@ -604,29 +604,42 @@ def estimate_budget(
             )
         )
     if block_gradients and blocks >= 2:
-        # as it ends: its whole gradients, its saved tensors gone
-        backward_moments.append(
-            (
-                "backward of the last block, as it ends",
-                {
-                    Component.GRADIENTS: Term(bytes=grads_between, formula=grads_text),
-                    Component.ACTIVATIONS: Term(
-                        bytes=in_blocks_saved * (blocks - 1) // blocks,
-                        formula="the saved tensors of the blocks before it",
-                    ),
-                    Component.TEMPORARIES: Term(
-                        bytes=extra_fwd
-                        + block_gathered
-                        + block_gradients
-                        + 2 * dt.residual * n_h
-                        + root_head_gradient,
-                        formula=_temp_text(gathered, 0, shard, blocks=True)
-                        + " (the block before, prefetched) + the block's whole gradients + "
-                        "its input's gradient + the head's whole gradient",
-                    ),
-                },
+        # as it ends: its whole gradients, its saved tensors gone; from the block before on,
+        # the reduce-scatter input of the block after it is still held (until the next
+        # reduce-scatter) while the shards made so far are one block's more
+        shard_per_block = (
+            st.gradients.bytes * max((g.params_per_block for g in spec.blocks), default=0)
+        ) // max(spec.total_params, 1)
+        for done, which in ((0, "the last block"), (1, "the last block but one")):
+            if blocks - done < 2:
+                break
+            backward_moments.append(
+                (
+                    f"backward of {which}, as it ends",
+                    {
+                        Component.GRADIENTS: Term(
+                            bytes=grads_between + done * shard_per_block,
+                            formula=grads_text + (" + the last block's shard" if done else ""),
+                        ),
+                        Component.ACTIVATIONS: Term(
+                            bytes=in_blocks_saved * (blocks - 1 - done) // blocks,
+                            formula="the saved tensors of the blocks before it",
+                        ),
+                        Component.TEMPORARIES: Term(
+                            bytes=extra_fwd
+                            + (1 + done) * block_gathered
+                            + block_gradients
+                            + 2 * dt.residual * n_h
+                            + root_head_gradient,
+                            formula=_temp_text(gathered, 0, shard, blocks=True)
+                            + " (the block before, prefetched)"
+                            + (" + the last block's reduce-scatter input" if done else "")
+                            + " + the block's whole gradients + its input's gradient + the "
+                            "head's whole gradient",
+                        ),
+                    },
+                )
             )
-        )
     if block_gradients:
         backward_moments += _fsdp_last_moments(
             spec,
