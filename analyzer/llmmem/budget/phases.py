@@ -581,65 +581,21 @@ def estimate_budget(
     blocks = sum(g.count for g in spec.blocks)
     in_blocks_saved = max(saved - acts.outside.evaluate(acts.dims), 0)
     if block_gathered and blocks >= 2:
-        # FSDP: the last block's backward as it starts (recomputed under checkpointing), the
-        # block before prefetched beside it (simulated rank: the peak at small shapes)
-        backward_moments.append(
-            (
-                "backward of the last block, as it starts",
-                {
-                    Component.GRADIENTS: Term(bytes=grads_between, formula=grads_text),
-                    Component.ACTIVATIONS: Term(
-                        bytes=in_blocks_saved + recompute,
-                        formula="the blocks' saved tensors"
-                        + (" and the last one's, recomputed" if recompute else ""),
-                    ),
-                    Component.TEMPORARIES: Term(
-                        bytes=workspace + extra_fwd + block_gathered + root_head_gradient,
-                        formula=f"{workspace_text} + "
-                        + _temp_text(gathered, 0, shard, blocks=True)
-                        + " (the block before, prefetched)"
-                        + (" + the head's whole gradient" if root_head_gradient else ""),
-                    ),
-                },
-            )
+        backward_moments += _fsdp_block_moments(
+            spec,
+            st,
+            blocks=blocks,
+            saved=in_blocks_saved,
+            recompute=recompute,
+            workspace=(workspace, workspace_text),
+            gathered=extra_fwd,
+            gathered_text=_temp_text(gathered, 0, shard, blocks=True),
+            block_gathered=block_gathered,
+            block_gradients=block_gradients,
+            input_gradient=2 * dt.residual * n_h,
+            head_gradient=root_head_gradient,
+            grads_between=Term(bytes=grads_between, formula=grads_text),
         )
-    if block_gradients and blocks >= 2:
-        # as it ends: its whole gradients, its saved tensors gone; from the block before on,
-        # the reduce-scatter input of the block after it is still held (until the next
-        # reduce-scatter) while the shards made so far are one block's more
-        shard_per_block = (
-            st.gradients.bytes * max((g.params_per_block for g in spec.blocks), default=0)
-        ) // max(spec.total_params, 1)
-        for done, which in ((0, "the last block"), (1, "the last block but one")):
-            if blocks - done < 2:
-                break
-            backward_moments.append(
-                (
-                    f"backward of {which}, as it ends",
-                    {
-                        Component.GRADIENTS: Term(
-                            bytes=grads_between + done * shard_per_block,
-                            formula=grads_text + (" + the last block's shard" if done else ""),
-                        ),
-                        Component.ACTIVATIONS: Term(
-                            bytes=in_blocks_saved * (blocks - 1 - done) // blocks,
-                            formula="the saved tensors of the blocks before it",
-                        ),
-                        Component.TEMPORARIES: Term(
-                            bytes=extra_fwd
-                            + (1 + done) * block_gathered
-                            + block_gradients
-                            + 2 * dt.residual * n_h
-                            + root_head_gradient,
-                            formula=_temp_text(gathered, 0, shard, blocks=True)
-                            + " (the block before, prefetched)"
-                            + (" + the last block's reduce-scatter input" if done else "")
-                            + " + the block's whole gradients + its input's gradient + the "
-                            "head's whole gradient",
-                        ),
-                    },
-                )
-            )
     if block_gradients:
         backward_moments += _fsdp_last_moments(
             spec,
@@ -780,6 +736,89 @@ def estimate_budget(
 
 
 FSDP_GRAD_BLOCKS = 2
+
+
+def _fsdp_block_moments(
+    spec: ModelSpec,
+    st: StateTerms,
+    *,
+    blocks: int,
+    saved: int,
+    recompute: int,
+    workspace: tuple[int, str],
+    gathered: int,
+    gathered_text: str,
+    block_gathered: int,
+    block_gradients: int,
+    input_gradient: int,
+    head_gradient: int,
+    grads_between: Term,
+) -> list[tuple[str, dict[Component, Term]]]:
+    """FSDP: a block's backward with the block before it prefetched, as it starts and (full
+    fine-tuning) as it ends, for the last block, the one before it and the second block.
+
+    Going down the stack, each block leaves its gradient shard and frees its saved tensors, so
+    the moment that peaks is at one end: the last block (no reduce-scatter input held yet), the
+    one before it (the last block's reduce-scatter input held until the next one, as FSDP2
+    does) or the second (every shard but two made: Mixtral-8x7B over 16 ranks, where padded
+    experts make the shards large)."""
+    per_block = max((g.params_per_block for g in spec.blocks), default=0)
+    shard = st.gradients.bytes * per_block // max(spec.total_params, 1)
+    rs_input = block_gathered if block_gradients else 0  # LoRA's is the adapters': negligible
+    work_bytes, work_text = workspace
+    positions = {0: "the last block", 1: "the last block but one"}
+    positions.setdefault(blocks - 2, "the second block")
+    moments: list[tuple[str, dict[Component, Term]]] = []
+    for done, which in sorted(positions.items()):
+        if done > blocks - 2 or done < 0:
+            continue
+        held = gathered + block_gathered + head_gradient + (rs_input if done else 0)
+        held_text = (
+            gathered_text
+            + " (the block before, prefetched)"
+            + (" + the reduce-scatter input of the block after" if done and rs_input else "")
+            + (" + the head's whole gradient" if head_gradient else "")
+        )
+        gradients = Term(
+            bytes=grads_between.bytes + done * shard,
+            formula=grads_between.formula
+            + (f" + the shards of the {done} block(s) after it" if done else ""),
+        )
+        moments.append(
+            (
+                f"backward of {which}, as it starts",
+                {
+                    Component.GRADIENTS: gradients,
+                    Component.ACTIVATIONS: Term(
+                        bytes=saved * (blocks - done) // blocks + recompute,
+                        formula="the saved tensors of the blocks up to it"
+                        + (", its own recomputed" if recompute else ""),
+                    ),
+                    Component.TEMPORARIES: Term(
+                        bytes=work_bytes + held, formula=f"{work_text} + {held_text}"
+                    ),
+                },
+            )
+        )
+        if block_gradients:
+            moments.append(
+                (
+                    f"backward of {which}, as it ends",
+                    {
+                        Component.GRADIENTS: gradients,
+                        Component.ACTIVATIONS: Term(
+                            bytes=saved * (blocks - 1 - done) // blocks,
+                            formula="the saved tensors of the blocks before it",
+                        ),
+                        Component.TEMPORARIES: Term(
+                            bytes=held + block_gradients + input_gradient,
+                            formula=f"{held_text} + the block's whole gradients + its input's "
+                            "gradient",
+                        ),
+                    },
+                )
+            )
+    return moments
 
 
 def _fsdp_last_moments(
