@@ -14,7 +14,7 @@ from unittest import mock
 import pytest
 import torch
 
-from llmmem.verify.request import StepMeasurement, StepRequest
+from llmmem.verify.request import OPTIMIZER_STATES, StepMeasurement, StepRequest
 from llmmem.verify.runner import _CudaMeter
 
 GiB = 2**30
@@ -140,3 +140,25 @@ def test_the_cuda_meter_sizes_only_device_tensors() -> None:
     )
     host = torch.zeros(1024)
     assert meter.size([host, host[:10]]) == 0
+
+
+def test_paged_optimizer_states_count_though_the_allocator_does_not_see_them() -> None:
+    """bitsandbytes' paged optimizers keep large states in CUDA managed memory: host tensors
+    over memory the GPU holds, which `max_memory_allocated` never counts."""
+    device = ScriptedDevice()
+    result = StepMeasurement(device="cuda", device_name="cuda")
+    meter = _CudaMeter(types.SimpleNamespace(cuda=device.cuda()), request(), result)
+    paged = torch.zeros(2**20, dtype=torch.uint8)  # 1 MiB, as bitsandbytes' get_paged makes it
+    paged.is_paged = True  # type: ignore[attr-defined]
+    small = torch.zeros(16)  # a host tensor that is not paged: not GPU memory
+    device.alloc(8 * GiB)  # weights
+    meter.file([paged, small], OPTIMIZER_STATES)  # after the warm-up step
+    meter.begin("forward")
+    device.alloc(4 * GiB)
+    meter.end("forward")
+    meter.finish()
+    forward = result.phase("forward")
+    assert forward is not None
+    assert forward.peak_bytes == 12 * GiB + 2**20
+    assert meter.size([paged, small]) == 2**20
+    assert any("CUDA managed memory" in note for note in result.notes)

@@ -58,3 +58,28 @@ def test_a_storage_freed_on_another_thread_is_forgotten() -> None:
     worker.join()
     assert tracker.current == 0
     assert tracker.peak == MIB
+
+
+def test_the_weight_a_kbit_matmul_dequantizes_is_counted() -> None:
+    """bitsandbytes' 4-bit matmul is one custom op whose kernel dequantizes the weight to a
+    16-bit temporary (as CUDA does beyond 1,536 tokens); the counter looks inside it."""
+    bnb = pytest.importorskip("bitsandbytes")
+    out_features, in_features, tokens = 512, 1024, 8
+    layer = bnb.nn.Linear4bit(
+        in_features, out_features, bias=False, compute_dtype=torch.bfloat16, quant_type="nf4"
+    )
+    layer.weight = bnb.nn.Params4bit(
+        torch.randn(out_features, in_features), requires_grad=False, quant_type="nf4"
+    ).to("cpu")
+    x = torch.randn(tokens, in_features, dtype=torch.bfloat16)
+    tracker = StorageTracker()
+    with tracker:
+        tracker.track(layer.weight)  # the packed weight, there before the step
+        before = tracker.current
+        tracker.reset_peak(ACTIVATIONS)
+        y = layer(x)
+    dequantized = 2 * out_features * in_features
+    output = 2 * tokens * out_features
+    assert y.shape == (tokens, out_features)
+    assert tracker.peak - before >= dequantized + output
+    assert tracker.current - before == output  # the temporary is gone with the op

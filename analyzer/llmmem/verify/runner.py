@@ -2,7 +2,8 @@
 
 The model is built from its config with transformers (random weights: the memory is the same as
 with the real ones), then exactly what the setup says is applied: dtype, gradient checkpointing,
-attention implementation, PEFT LoRA/DoRA, the optimizer by HF `optim` name with its torch
+attention implementation, PEFT LoRA/DoRA, bitsandbytes k-bit loading with peft's
+`prepare_model_for_kbit_training`, the optimizer by HF `optim` name with its torch or bitsandbytes
 implementation. A synthetic batch of the planned shape runs a warm-up step (which creates the
 optimizer states) and a measured step: forward, backward, optimizer step, each phase's peak kept.
 
@@ -17,7 +18,11 @@ context, the caching allocator's rounding and fragmentation, cuBLAS workspaces, 
 bitsandbytes kernels (k-bit models and 8-bit optimizers are refused with a message). The report
 adds the core's estimate of those on top, labelled as estimated.
 
-torch, transformers and peft are imported here only; nothing else in llmmem imports them.
+A k-bit plan or an 8-bit optimizer runs for real instead: on a GPU, or on the CPU with
+bitsandbytes' CPU kernels (small models), counted by `StorageTracker` like any CPU step.
+
+torch, transformers, peft and bitsandbytes are imported here only; nothing else in llmmem imports
+them.
 """
 
 from __future__ import annotations
@@ -201,11 +206,10 @@ def _number(value: Any) -> Any:
 
 def make_optimizer(torch: Any, request: StepRequest, params: list[Any]) -> Any:
     name = request.optim
-    if "bnb" in name or "8bit" in name or name.startswith(("paged_", "lion", "ademamix")):
-        raise VerifyError(
-            f"optim={name} runs bitsandbytes kernels, which need CUDA: verify on a GPU, or "
-            "compare with adamw_torch in a simulation"
-        )
+    if name in BITSANDBYTES_OPTIMIZERS:
+        import bitsandbytes as bnb
+
+        return getattr(bnb.optim, BITSANDBYTES_OPTIMIZERS[name])(params, lr=1e-5)
     if name in ADAMW_IMPLEMENTATION:
         return torch.optim.AdamW(params, lr=1e-5, **ADAMW_IMPLEMENTATION[name])
     if name == "sgd":
@@ -310,10 +314,11 @@ def _run(request: StepRequest, result: StepMeasurement, meters: list[_Meter]) ->
     torch, transformers = _imports()
     device = request.device
     notes = result.notes
-    if request.quant is not None and device != "cuda":
+    if device == "fake" and (request.quant is not None or runs_bitsandbytes(request.optim)):
+        what = "k-bit layers" if request.quant is not None else f"optim={request.optim}"
         raise VerifyError(
-            "bitsandbytes k-bit layers need CUDA: without a GPU, k-bit memory stays the "
-            "estimate's (run verify on a GPU to measure it)"
+            f"bitsandbytes kernels ({what}) do not run on fake tensors, so this plan cannot be "
+            "simulated: verify it with --device cpu (a small model) or on a GPU"
         )
     if device == "fake" and request.world_size > 1 and request.sharding == "ddp":
         raise VerifyError(
@@ -330,6 +335,13 @@ def _run(request: StepRequest, result: StepMeasurement, meters: list[_Meter]) ->
             "no CUDA device here: run `llmmem verify FILE --simulate` for a simulated step, or "
             "`--device cpu` for a small model"
         )
+    if request.quant is not None or runs_bitsandbytes(request.optim):
+        _bitsandbytes(torch, device)
+        if device == "cpu" and request.optim.startswith("paged_"):
+            notes.append(
+                f"{request.optim} on the CPU keeps its states as ordinary tensors; on a GPU "
+                "they live in CUDA managed memory, the same bytes"
+            )
     offloads = {"offload_optimizer", "offload_param"} & set(request.zero or {})
     if request.sharding == "zero" and offloads and device != "cuda":
         raise VerifyError(
@@ -384,8 +396,8 @@ def _build(
 ) -> Any:
     """The model on `device`. Under ZeRO-3, `deepspeed.initialize` partitions it (transformers
     would load it inside `deepspeed.zero.Init`: the step's memory is the same either way)."""
-    if device == "cuda" and request.quant is not None:
-        return _cuda_model(request, notes, torch, transformers)
+    if request.quant is not None:
+        return _kbit_model(request, device, notes, torch, transformers)
     return build_model(request, device, notes)
 
 
@@ -460,7 +472,8 @@ class _Loop:
         self.optimizer.zero_grad(set_to_none=True)
 
     def weights(self) -> list[Any]:
-        return list(self.model.parameters())
+        params = list(self.model.parameters())
+        return params + _quant_constants(params)
 
     def gradients(self) -> list[Any] | None:
         """The gradients as the user sees them, or None where the loop keeps its own."""
@@ -473,6 +486,22 @@ class _Loop:
             for value in state.values()
             if isinstance(value, self.torch.Tensor)
         ]
+
+
+def _quant_constants(params: list[Any]) -> list[Any]:
+    """What bitsandbytes keeps beside a k-bit weight, outside the parameter: a 4-bit weight's
+    absmax per block and its code (double-quantized: the absmax in 8 bits with an absmax of
+    its own), LLM.int8's scale per row."""
+    import torch
+
+    found: list[Any] = []
+    for param in params:
+        state = getattr(param, "quant_state", None)
+        for holder in (state, getattr(state, "state2", None)):
+            if holder is not None:
+                found += [getattr(holder, name, None) for name in ("absmax", "code", "offset")]
+        found.append(getattr(param, "SCB", None))
+    return [t for t in found if isinstance(t, torch.Tensor)]
 
 
 class _DeepSpeedLoop(_Loop):
@@ -536,10 +565,7 @@ def _make_loop(
     if deepspeed_config is None and request.world_size > 1:
         model = _distribute(model, request, mesh)  # the optimizer then steps the shards
     trainable = [p for p in model.parameters() if p.requires_grad]
-    if request.device == "cuda":
-        optimizer = make_cuda_optimizer(torch, request, trainable)
-    else:
-        optimizer = make_optimizer(torch, request, trainable)
+    optimizer = make_optimizer(torch, request, trainable)
     if deepspeed_config is not None:
         deepspeed = _deepspeed(request)
         engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config)
@@ -703,6 +729,9 @@ class _CudaMeter(_Meter):
         self.weights = 0
         self.before_forward = 0
         self.reserved = 0  # the caching allocator's peak over the measured phases
+        # a paged bitsandbytes optimizer keeps its large states in CUDA managed memory, which
+        # the caching allocator never sees: they sit on the GPU through the step all the same
+        self.paged = 0
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         result.device_name = props.name
         result.capacity_bytes = int(props.total_memory)
@@ -720,14 +749,15 @@ class _CudaMeter(_Meter):
     def end(self, phase: str) -> None:
         cuda = self.torch.cuda
         cuda.synchronize()
-        peak = int(cuda.max_memory_allocated())
+        peak = int(cuda.max_memory_allocated()) + self.paged
         self.reserved = max(self.reserved, int(cuda.max_memory_reserved()))
         _record_phase(self.result, phase, peak, {WEIGHTS: self.weights})
 
     def size(self, tensors: list[Any]) -> int:
         seen: dict[int, int] = {}
         for t in tensors:
-            if t.is_cuda:
+            # a paged state is a host tensor over managed memory that lives on the GPU
+            if t.is_cuda or getattr(t, "is_paged", False):
                 storage = t.untyped_storage()
                 seen[storage.data_ptr()] = int(storage.nbytes())
         return sum(seen.values())
@@ -735,9 +765,17 @@ class _CudaMeter(_Meter):
     def file(self, tensors: list[Any], category: str) -> None:
         if category == WEIGHTS:
             self.weights = self.size(tensors)
+        elif category == OPTIMIZER_STATES:
+            paged = self.size([t for t in tensors if getattr(t, "is_paged", False)])
+            if paged and not self.paged:
+                self.result.notes.append(
+                    f"{paged / 2**20:.1f} MiB of paged optimizer states live in CUDA managed "
+                    "memory, which torch's allocator does not count: added to each phase's peak"
+                )
+            self.paged = paged
 
     def so_far(self) -> int:
-        return int(self.torch.cuda.max_memory_allocated())
+        return int(self.torch.cuda.max_memory_allocated()) + self.paged
 
     def left_by_backward(self) -> int:
         self.torch.cuda.synchronize()
@@ -817,12 +855,28 @@ def _let_collectives_release(request: StepRequest) -> None:
             time.sleep(0.05)
 
 
-def _autocast(torch: Any, request: StepRequest, device: str) -> Any:
-    """The plan's autocast (AMP) around forward, or nothing for pure fp32/bf16/fp16 weights."""
+@contextlib.contextmanager
+def _autocast(torch: Any, request: StepRequest, device: str) -> Iterator[None]:
+    """The plan's autocast (AMP) around forward, or nothing for pure fp32/bf16/fp16 weights.
+
+    peft's k-bit LoRA layers ask `torch.is_autocast_enabled()`, which is CUDA's autocast: on a
+    GPU they see it on and hand the adapter their input as it is. On the CPU they would see it
+    off and make an fp32 copy first (kept, cast, by the adapter: 2·N·h more per adapted output
+    projection), so the CPU step answers that question for the CPU's autocast."""
     dtype = AUTOCAST.get(request.precision)
     if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device, dtype=getattr(torch, dtype))
+        yield
+        return
+    with torch.autocast(device, dtype=getattr(torch, dtype)):
+        if device == "cuda" or request.quant is None:
+            yield
+            return
+        asked = torch.is_autocast_enabled
+        torch.is_autocast_enabled = lambda device_type=None: asked(device_type or device)
+        try:
+            yield
+        finally:
+            torch.is_autocast_enabled = asked
 
 
 def _record_phase(
@@ -838,17 +892,15 @@ def _record_phase(
     result.phases.sort(key=lambda p: ("forward", "backward", "optimizer_step").index(p.phase))
 
 
-def _cuda_model(request: StepRequest, notes: list[str], torch: Any, transformers: Any) -> Any:
-    if request.quant is None:
-        model = build_model(request, "cuda", notes)
-        return model
-    try:
-        import bitsandbytes  # noqa: F401
-    except ImportError:
-        raise VerifyError("k-bit plans need bitsandbytes: pip install 'llmmem[verify]'") from None
-    config = _hf_config(transformers, request)
+def _kbit_model(
+    request: StepRequest, device: str, notes: list[str], torch: Any, transformers: Any
+) -> Any:
+    """A bitsandbytes k-bit model as a QLoRA script loads it: `from_pretrained` with a
+    BitsAndBytesConfig (bitsandbytes quantizes while loading, so a randomly initialised copy is
+    saved first), then peft's `prepare_model_for_kbit_training`, then the adapters."""
+    config = _hf_config(transformers, request, notes)
     cls = _model_class(transformers, request)
-    quant = request.quant
+    quant = request.quant or {}
     compute = torch.bfloat16 if int(quant.get("compute_dtype_bytes", 2)) == 2 else torch.float32
     if quant.get("quant_type") == "int8":
         bnb = transformers.BitsAndBytesConfig(load_in_8bit=True)
@@ -859,18 +911,26 @@ def _cuda_model(request: StepRequest, notes: list[str], torch: Any, transformers
             bnb_4bit_use_double_quant=bool(quant.get("double_quant", False)),
             bnb_4bit_compute_dtype=compute,
         )
-    # bitsandbytes quantizes while loading: save a randomly initialised copy, load it quantized
     import tempfile
 
+    place = torch.cuda.current_device() if device == "cuda" else "cpu"
+    torch.manual_seed(request.seed)
     with tempfile.TemporaryDirectory() as directory:
         with torch.device("cpu"):
-            cls._from_config(config, dtype=torch.bfloat16).save_pretrained(directory)
-        model = cls.from_pretrained(
-            directory,
-            quantization_config=bnb,
-            device_map={"": 0},
-            attn_implementation=_attn(request, "cuda", notes),
-        )
+            cls._from_config(config, dtype=compute).save_pretrained(directory)
+        try:
+            model = cls.from_pretrained(
+                directory,
+                quantization_config=bnb,
+                dtype=compute,
+                device_map={"": place},
+                attn_implementation=_attn(request, device, notes),
+            )
+        except (ValueError, TypeError, ImportError) as err:
+            message = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise VerifyError(
+                f"transformers could not load {request.model_id} in k-bit: {message}"
+            ) from None
     if quant.get("prepare", True):
         import peft
 
@@ -879,27 +939,57 @@ def _cuda_model(request: StepRequest, notes: list[str], torch: Any, transformers
         )
     elif request.grad_ckpt:
         model.gradient_checkpointing_enable()
+        if request.lora is not None:
+            model.enable_input_require_grads()
     if request.lora is not None:
         model = _apply_lora(model, request)
     model.train()
     return model
 
 
-def make_cuda_optimizer(torch: Any, request: StepRequest, params: list[Any]) -> Any:
-    name = request.optim
-    if "8bit" in name or "bnb" in name or name.startswith(("paged_", "lion", "ademamix")):
+# HF `optim` names that bitsandbytes implements, and the bitsandbytes class the trainer builds
+BITSANDBYTES_OPTIMIZERS = {
+    "adamw_bnb_8bit": "AdamW8bit",
+    "adamw_8bit": "AdamW8bit",
+    "adamw_bnb_32bit": "AdamW32bit",
+    "paged_adamw_8bit": "PagedAdamW8bit",
+    "paged_adamw_32bit": "PagedAdamW32bit",
+    "lion_8bit": "Lion8bit",
+    "lion_32bit": "Lion32bit",
+    "paged_lion_8bit": "PagedLion8bit",
+    "paged_lion_32bit": "PagedLion32bit",
+    "rmsprop_bnb": "RMSprop32bit",
+    "rmsprop_bnb_8bit": "RMSprop8bit",
+    "rmsprop_bnb_32bit": "RMSprop32bit",
+    "ademamix": "AdEMAMix32bit",
+    "ademamix_8bit": "AdEMAMix8bit",
+    "paged_ademamix_8bit": "PagedAdEMAMix8bit",
+    "paged_ademamix_32bit": "PagedAdEMAMix32bit",
+}
+
+
+def runs_bitsandbytes(optim: str) -> bool:
+    return optim in BITSANDBYTES_OPTIMIZERS
+
+
+def _bitsandbytes(torch: Any, device: str) -> Any:
+    """bitsandbytes, able to run on `device` (older releases have no CPU kernels)."""
+    import logging
+
+    # the CPU backend logs a warning about an optional fused kernel on import
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    try:
+        import bitsandbytes
+    except ImportError:
+        raise VerifyError(
+            "k-bit layers and 8-bit optimizers need bitsandbytes: pip install 'llmmem[verify]'"
+        ) from None
+    if device == "cpu":
         try:
-            import bitsandbytes as bnb
-        except ImportError:
+            bitsandbytes.functional.quantize_4bit(torch.zeros(64, dtype=torch.bfloat16))
+        except Exception:  # an old release without CPU kernels fails in its own way
             raise VerifyError(
-                f"optim={name} needs bitsandbytes: pip install 'llmmem[verify]'"
+                f"this bitsandbytes ({bitsandbytes.__version__}) has no CPU kernels: "
+                "pip install -U bitsandbytes for a CPU step, or verify on a GPU"
             ) from None
-        paged = name.startswith("paged_")
-        if "lion" in name:
-            cls = bnb.optim.PagedLion8bit if paged else bnb.optim.Lion8bit
-        elif "32bit" in name:
-            cls = bnb.optim.PagedAdamW32bit if paged else bnb.optim.AdamW32bit
-        else:
-            cls = bnb.optim.PagedAdamW8bit if paged else bnb.optim.AdamW8bit
-        return cls(params, lr=1e-5)
-    return make_optimizer(torch, request, params)
+    return bitsandbytes

@@ -41,6 +41,21 @@ def _storage(t: torch.Tensor) -> Any | None:
         return None
 
 
+# custom ops whose kernels are Python calling torch ops, and allocate inside what a GPU
+# allocates too: bitsandbytes' k-bit matmul dequantizes the weight to a 16-bit temporary (on
+# CUDA as well, for more than 1,536 tokens). Its CPU optimizer kernels are not here: they
+# make temporaries the fused CUDA kernels do not.
+OPAQUE_OPS = {"bitsandbytes::gemm_4bit"}
+
+
+def _python_kernel_key(func: Any) -> Any:
+    """The dispatch key of the kernel `func` runs on the CPU, where it can be called directly."""
+    for name in ("CPU", "CompositeExplicitAutograd"):
+        if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), name):
+            return getattr(torch._C.DispatchKey, name)
+    return None
+
+
 class StorageTracker(TorchDispatchMode):
     def __init__(self, resizable: bool = False) -> None:
         super().__init__()
@@ -171,7 +186,17 @@ class StorageTracker(TorchDispatchMode):
     # -- the dispatch hook ------------------------------------------------------------------
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        out = func(*args, **(kwargs or {}))
+        key = None
+        if func.namespace == "bitsandbytes" and func.name() in OPAQUE_OPS:
+            key = _python_kernel_key(func)
+        if key is not None:
+            # a custom op written in Python: the ops it runs inside would run with this mode
+            # popped; call its kernel with the mode pushed again to count what they allocate
+            # (the 16-bit weight a k-bit matmul dequantizes)
+            with self:
+                out = func._op_dk(key, *args, **(kwargs or {}))
+        else:
+            out = func(*args, **(kwargs or {}))
         for item in tree_flatten(out)[0]:
             if isinstance(item, torch.Tensor):
                 self.track(item)
