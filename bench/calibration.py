@@ -125,6 +125,12 @@ def _torch_version(row: dict[str, Any]) -> str:
     return "2.13"
 
 
+def _bitsandbytes_version(row: dict[str, Any]) -> str:
+    """The bitsandbytes release a k-bit row ran on, where its source says (else today's)."""
+    stated = re.search(r"bnb (\d+\.\d+)", row.get("source", ""))
+    return stated.group(1) if stated else QuantSetup().bitsandbytes_version
+
+
 def case_from_row(row: dict[str, Any]) -> CalibrationCase:
     entry = catalog_entry(row["model"])
     if entry is None:
@@ -145,6 +151,7 @@ def case_from_row(row: dict[str, Any]) -> CalibrationCase:
             quant_type=QuantType.NF4,
             double_quant="double" in row["quant"],
             prepare_for_kbit_training=not is_litgpt,
+            bitsandbytes_version=_bitsandbytes_version(row),
         )
     lora = None
     if row.get("lora"):

@@ -10,6 +10,9 @@ FakeTensorMode, see `MEMORY-MODEL.md`):
   Linears reading the same tensor share one saved copy, except under autocast, where each one
   saves its own low-precision cast of an fp32 input;
 - a LoRA adapter saves its (fp32-cast) input and the rank-r output of `lora_A`;
+- a bitsandbytes 4-bit Linear keeps only its packed weight (bitsandbytes 0.43 on; before, also its
+  input cast to the compute dtype; LLM.int8 keeps its input) and returns its input's dtype, so
+  after `prepare_model_for_kbit_training` the MLP runs in fp32, under autocast too;
 - HF's RMSNorm upcasts its input to fp32 and saves that copy; it saves the normalised tensor only
   when its weight trains; LayerNorm saves its input;
 - SDPA and flash attention save q, k, v, the output and a fp32 log-sum-exp per head and row;
@@ -25,7 +28,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llmmem.budget.setup import AttnImpl, Framework, Method, Precision, TrainingSetup
+from llmmem.budget.setup import (
+    AttnImpl,
+    Framework,
+    Method,
+    Precision,
+    QuantType,
+    TrainingSetup,
+)
 from llmmem.models.spec import BlockGroup, LinearModule, ModelSpec
 
 # The symbols of the formulas, in the order they are printed.
@@ -96,15 +106,29 @@ class Dtypes:
     compute: int  # outputs of Linears and attention (2 under autocast or in bf16/fp16)
     residual: int  # the residual stream and the norms' inputs (4 under autocast)
     autocast: bool
+    # what a block's Linears return, where not `compute`: a k-bit Linear returns its input's
+    # dtype (the residual stream's), under autocast too
+    linear_out: int = 0
+
+    @property
+    def linear_out_bytes(self) -> int:
+        return self.linear_out or self.compute
 
 
 def dtypes_for(setup: TrainingSetup) -> Dtypes:
     precision = setup.precision
-    if setup.quant is not None and setup.quant.prepare_for_kbit_training:
-        # prepare_model_for_kbit_training leaves embeddings and norms in fp32, so the residual
-        # stream is fp32, and bitsandbytes layers return their input dtype: fp32 unless autocast
+    if setup.quant is not None:
+        # the weights bitsandbytes leaves alone (embeddings, norms, head) load in the compute
+        # dtype, and prepare_model_for_kbit_training upcasts them to fp32: the residual stream
+        # has their dtype. Autocast runs attention and the adapters in 16 bits, but a k-bit
+        # Linear casts its output back to its input's dtype: the projections read the residual
+        # stream's normalised copy, so the MLP runs in the residual dtype, under autocast too
+        residual = 4 if setup.quant.prepare_for_kbit_training else setup.quant.compute_dtype_bytes
         return Dtypes(
-            compute=2 if precision.is_autocast else 4, residual=4, autocast=precision.is_autocast
+            compute=2 if precision.is_autocast else residual,
+            residual=residual,
+            autocast=precision.is_autocast,
+            linear_out=residual,
         )
     return Dtypes(
         compute=precision.compute_bytes,
@@ -159,8 +183,8 @@ class BlockContext:
         return self.setup.quant is not None
 
     @property
-    def kbit_compute_bytes(self) -> int:
-        return self.setup.quant.compute_dtype_bytes if self.setup.quant else self.dt.compute
+    def kbit_keeps_input(self) -> bool:
+        return self.setup.quant is not None and self.setup.quant.matmul_keeps_input
 
     def consumers_save(
         self,
@@ -180,13 +204,13 @@ class BlockContext:
                     private += 2  # autocast casts an fp32 input to bf16/fp16 for each op
                 else:
                     shared = True
-            elif self.quantized and lin.role != "expert":
-                # bitsandbytes' k-bit matmul keeps its input (cast to the compute dtype) for
-                # backward whenever the input needs a gradient, though the weight is frozen
-                if tensor_dtype == self.kbit_compute_bytes:
-                    shared = True
+            elif self.kbit_keeps_input and lin.role != "expert":
+                quant = self.setup.quant
+                assert quant is not None
+                if quant.quant_type is QuantType.INT8 or tensor_dtype == quant.compute_dtype_bytes:
+                    shared = True  # LLM.int8 keeps its input as it comes
                 else:
-                    private += self.kbit_compute_bytes
+                    private += quant.compute_dtype_bytes  # cast to the compute dtype first
             if self.train.adapter(lin):
                 if self.train.lora_dropout:
                     # dropout before lora_A: a bool mask and the dropped copy it keeps
@@ -272,7 +296,13 @@ def attention_core(
     spec, e = ctx.spec, ctx.dt.compute
     # with one fused q/k/v projection and rotary embeddings, q and k become new tensors but v
     # stays a view of the projection's output, and the view attention keeps pins all of it
-    pinned_qkv = fused_qkv and not cross and spec.model_type not in ABSOLUTE_POSITION_TYPES
+    # (unless autocast casts q, k and v to 16 bits first: a k-bit projection returns fp32)
+    pinned_qkv = (
+        fused_qkv
+        and not cross
+        and spec.model_type not in ABSOLUTE_POSITION_TYPES
+        and ctx.dt.linear_out_bytes == e
+    )
     if spec.qk_norm and not cross:
         for width in ("N·q", "N·kvd"):
             tally.add(4, width)  # per-head RMSNorm on q and k upcasts to fp32
@@ -334,7 +364,7 @@ def _dropout(spec: ModelSpec, kind: str) -> float:
 
 def mlp_core(ctx: BlockContext, tally: Tally, group: BlockGroup, width: str = "N·I") -> None:
     """From the MLP input's consumers to the down projection's input."""
-    e = ctx.dt.compute
+    e = ctx.dt.linear_out_bytes
     saves = ACTIVATION_SAVES.get(ctx.spec.activation, 1)
     down = _linears(group, "mlp_out")
     if ctx.spec.mlp == "gated":

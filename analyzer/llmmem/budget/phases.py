@@ -231,7 +231,8 @@ def _weight_copy_terms(
     if dt.autocast and setup.quant is None and setup.method is not Method.FULL:
         return _frozen_autocast_copies(spec, setup)
     if setup.quant is not None:
-        largest = max(
+        # a k-bit matmul dequantizes its weight to a 16-bit temporary (one at a time)
+        largest = 2 * max(
             (
                 lin.out_features * lin.in_features
                 for g in spec.blocks
@@ -240,7 +241,13 @@ def _weight_copy_terms(
             ),
             default=0,
         )
-        return 2 * largest, 2 * largest, 2 * largest
+        # the head stays out of bitsandbytes; prepared for k-bit training it is fp32, and
+        # autocast's 16-bit cast of it (frozen: not cached) is kept for the input gradient
+        # until the head's backward, before any checkpointed block is recomputed
+        head = 0
+        if dt.autocast and setup.quant.prepare_for_kbit_training and spec.is_causal_lm:
+            head = 2 * spec.vocab_size * spec.hidden_size
+        return largest + head, largest + head, largest
     return 0, 0, 0
 
 
@@ -308,11 +315,18 @@ def estimate_budget(
     activations = Term(bytes=saved, formula=acts_formula)
     n_h = setup.tokens * spec.hidden_size
     n_i = setup.tokens * spec.intermediate_size
-    workspace = 2 * dt.residual * n_h + 2 * dt.compute * n_i
-    workspace_text = f"2·{dt.residual}·N·h + 2·{dt.compute}·N·I (gradients of one block in flight)"
+    workspace = 2 * dt.residual * n_h + 2 * dt.linear_out_bytes * n_i
+    workspace_text = (
+        f"2·{dt.residual}·N·h + 2·{dt.linear_out_bytes}·N·I (gradients of one block in flight)"
+    )
     copies_fwd, copies_bwd, copies_recompute = _weight_copy_terms(spec, run, inv)
     copies_text = (
         "one dequantized k-bit weight (the largest Linear)"
+        + (
+            " + autocast's 16-bit cast of the fp32 head, kept for the input gradient"
+            if dt.autocast and setup.quant.prepare_for_kbit_training and spec.is_causal_lm
+            else ""
+        )
         if setup.quant is not None
         else "bf16/fp16 copy of every Linear weight held by autocast"
         if setup.method is Method.FULL

@@ -152,9 +152,29 @@ class QuantSetup:
     double_quant: bool = False
     compute_dtype_bytes: int = 2  # bnb_4bit_compute_dtype: bf16/fp16 2, fp32 4
     prepare_for_kbit_training: bool = True  # peft's prepare_model_for_kbit_training was called
+    # the bitsandbytes release, "major.minor": what its matmuls keep for backward changed
+    bitsandbytes_version: str = "0.50"
 
     def __post_init__(self) -> None:
         _set(self, "quant_type", _as_enum(QuantType, self.quant_type, "quant_type"))
+        try:
+            self.bitsandbytes_release  # noqa: B018 - validates the version text
+        except ValueError:
+            raise SetupError(
+                f"bitsandbytes_version must look like '0.45', got '{self.bitsandbytes_version}'"
+            ) from None
+
+    @property
+    def bitsandbytes_release(self) -> tuple[int, int]:
+        major, _, minor = self.bitsandbytes_version.partition(".")
+        return int(major), int(minor.split(".")[0] or 0)
+
+    @property
+    def matmul_keeps_input(self) -> bool:
+        """Whether the k-bit matmul keeps its input for backward though its weight is frozen:
+        LLM.int8 always does; the 4-bit one did up to bitsandbytes 0.42 (its input cast to the
+        compute dtype) and keeps only the packed weight since 0.43."""
+        return self.quant_type is QuantType.INT8 or self.bitsandbytes_release < (0, 43)
 
     @property
     def bits(self) -> int:

@@ -10,6 +10,10 @@ faithful, a few MB each) run in the tests; `bench/simulated_grid.py` runs real s
 
 `--device cuda` runs the same grid as real steps on a GPU (`max_memory_allocated` per phase);
 `--device cpu` as real CPU steps (small configs).
+
+`--qlora` runs QLoRA instead (NF4 with double quantization, prepared for k-bit training, LoRA,
+bitsandbytes' paged 8-bit AdamW): bitsandbytes kernels do not run on fake tensors, so these are
+real steps, on the CPU (`--device cpu`, small configs) or a GPU.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from llmmem.budget.setup import (
     LoraSetup,
     Method,
     Precision,
+    QuantSetup,
     TrainingSetup,
 )
 from llmmem.models.spec import ModelSource, spec_from_config
@@ -143,7 +148,7 @@ REAL_MODELS = {
 @dataclass(frozen=True)
 class GridCase:
     family: str
-    method: str  # "full" | "lora"
+    method: str  # "full" | "lora" | "qlora"
     grad_ckpt: bool
     batch: int
     seq: int
@@ -202,6 +207,18 @@ def cases(
     return out
 
 
+def qlora_cases(families: list[str], shapes: tuple[tuple[int, int], ...]) -> list[GridCase]:
+    """QLoRA over the families whose blocks bitsandbytes quantizes (MoE experts stay 3-D
+    tensors it does not replace, and their grouped kernel refuses fp32 under autocast)."""
+    return [
+        GridCase(family, "qlora", ckpt, batch, seq, precision)
+        for family, ckpt, (batch, seq), precision in itertools.product(
+            families, (False, True), shapes, ("bf16-true", "bf16")
+        )
+        if family != "mixtral"
+    ]
+
+
 def config_for(family: str, size: str) -> dict[str, Any]:
     if size == "small":
         return dict(SMALL_CONFIGS[family])
@@ -219,16 +236,18 @@ def run_case(
     from llmmem.verify.runner import run_step
 
     spec = spec_from_config(config, model_id=model_id, source=ModelSource.LOCAL)
+    qlora = case.method == "qlora"
     setup = TrainingSetup(
-        method=Method.LORA if case.method == "lora" else Method.FULL,
+        method=Method(case.method),
         lora=LoraSetup(r=16, alpha=32, targets=LORA_TARGETS[case.family])
-        if case.method == "lora"
+        if case.method != "full"
         else None,
+        quant=QuantSetup(double_quant=True) if qlora else None,
         batch=case.batch,
         seq=case.seq,
         grad_ckpt=case.grad_ckpt,
         precision=Precision(case.precision),
-        optim="adamw_torch",
+        optim="paged_adamw_8bit" if qlora else "adamw_torch",
         distributed=DistributedSetup(world_size=case.fsdp_ranks, fsdp=FsdpShard.FULL_SHARD)
         if case.fsdp_ranks > 1
         else DistributedSetup(),
@@ -286,6 +305,11 @@ def main(argv: list[str] | None = None) -> int:
         "the GPU, max_memory_allocated per phase",
     )
     parser.add_argument(
+        "--qlora",
+        action="store_true",
+        help="QLoRA cases instead (real steps: --device cpu with small configs, or cuda)",
+    )
+    parser.add_argument(
         "--fsdp",
         type=int,
         default=1,
@@ -295,8 +319,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     families = args.family or list(SMALL_CONFIGS)
     shapes = SMALL_SHAPES if args.size == "small" else REAL_SHAPES
+    if args.qlora and args.device == "fake":
+        parser.error("QLoRA steps run bitsandbytes kernels: use --device cpu (or cuda)")
+    ranks = max(1, args.fsdp)
+    grid = qlora_cases(families, shapes) if args.qlora else cases(families, shapes, ranks)
     results = []
-    for case in cases(families, shapes, max(1, args.fsdp)):
+    for case in grid:
         config = config_for(case.family, args.size)
         model_id = REAL_MODELS[case.family] if args.size == "real" else case.family
         results.append(run_case(case, config, model_id, args.device))
