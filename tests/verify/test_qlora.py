@@ -17,6 +17,17 @@ from pathlib import Path
 
 import pytest
 
+from llmmem.budget.phases import estimate_budget
+from llmmem.budget.setup import (
+    LoraSetup,
+    Method,
+    Precision,
+    QuantSetup,
+    QuantType,
+    TrainingSetup,
+)
+from llmmem.models.spec import ModelSource, spec_from_config
+from llmmem.verify.compare import request_for
 from llmmem.verify.grid import SMALL_CONFIGS, SMALL_SHAPES, config_for, qlora_cases, run_case
 from llmmem.verify.request import StepRequest
 from llmmem.verify.runner import run_step
@@ -116,6 +127,36 @@ def test_the_core_agrees_with_a_qlora_step(case) -> None:  # type: ignore[no-unt
     for phase, measured in result.simulated.items():
         error = (result.predicted[phase] - measured) / measured
         assert abs(error) <= 0.05, f"{case.name} {phase}: {error:+.1%}"
+
+
+@pytest.mark.parametrize("grad_ckpt", [False, True], ids=["nockpt", "ckpt"])
+def test_llm_int8_without_autocast_agrees_with_the_core(grad_ckpt: bool) -> None:
+    spec = spec_from_config(TINY, model_id="tiny-llama", source=ModelSource.LOCAL)
+    setup = TrainingSetup(
+        method=Method.QLORA,
+        lora=LoraSetup(r=16, alpha=32, targets=["q_proj", "v_proj"]),
+        quant=QuantSetup(quant_type=QuantType.INT8),
+        batch=2,
+        seq=256,
+        grad_ckpt=grad_ckpt,
+        precision=Precision.BF16_TRUE,
+        optim="adamw_8bit",
+    )
+    budget = estimate_budget(spec, setup, None, with_first_step=False)
+    measured = run_step(request_for(spec, setup, TINY, "cpu"))
+    assert measured.error is None, measured.error
+    for phase in budget.phases:
+        got = measured.phase(phase.phase.value)
+        assert got is not None
+        error = (phase.allocated_bytes - got.peak_bytes) / got.peak_bytes
+        assert abs(error) <= 0.05, f"{phase.phase.value}: {error:+.1%}"
+
+
+def test_llm_int8_under_autocast_is_refused_on_the_cpu() -> None:
+    measured = run_step(qlora_request(quant={**QUANT, "quant_type": "int8"}))
+    assert measured.error is not None
+    assert measured.error.startswith("LLM.int8 under autocast takes another path on the CPU")
+    assert measured.phases == []
 
 
 def test_an_adapted_output_projection_keeps_what_a_gpu_keeps() -> None:

@@ -337,6 +337,13 @@ def _run(request: StepRequest, result: StepMeasurement, meters: list[_Meter]) ->
         )
     if request.quant is not None or runs_bitsandbytes(request.optim):
         _bitsandbytes(torch, device)
+        int8 = (request.quant or {}).get("quant_type") == "int8"
+        if device == "cpu" and int8 and request.precision in AUTOCAST:
+            raise VerifyError(
+                "LLM.int8 under autocast takes another path on the CPU than on a GPU (the CPU "
+                "dequantizes and autocast multiplies in 16 bits; a GPU's int8 matmul returns "
+                "fp32): verify this plan on a GPU, or on the CPU without mixed precision"
+            )
         if device == "cpu" and request.optim.startswith("paged_"):
             notes.append(
                 f"{request.optim} on the CPU keeps its states as ordinary tensors; on a GPU "
