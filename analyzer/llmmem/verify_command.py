@@ -95,7 +95,7 @@ def _check_distributed(setup: Any, args: argparse.Namespace) -> None:
         )
 
 
-def _check_host_memory(needed_bytes: int) -> None:
+def _check_host_memory(needed_bytes: int, *, simulable: bool = True) -> None:
     """A CPU step holds everything in RAM: refuse one that would not fit the machine."""
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -104,10 +104,19 @@ def _check_host_memory(needed_bytes: int) -> None:
     if needed_bytes > 0.8 * total:
         from llmmem.units import format_bytes
 
+        instead = "use --simulate, or --device cuda on a GPU" if simulable else "verify it on a GPU"
         raise UsageError(
             f"a CPU step of this plan needs about {format_bytes(needed_bytes)} of RAM and this "
-            f"machine has {format_bytes(total)}: use --simulate, or --device cuda on a GPU"
+            f"machine has {format_bytes(total)}: {instead}"
         )
+
+
+def _cpu_step_bytes(spec: Any, setup: Any, allocated_peak_bytes: int) -> int:
+    """What a CPU step holds at most: its peak, or for a k-bit plan the whole model in 16 bits
+    first (bitsandbytes quantizes while loading it)."""
+    if setup.quant is None:
+        return allocated_peak_bytes
+    return max(allocated_peak_bytes, spec.total_params * setup.quant.compute_dtype_bytes)
 
 
 def run_verify(args: argparse.Namespace) -> int:
@@ -154,7 +163,14 @@ def run_verify(args: argparse.Namespace) -> int:
     )
     budget = estimate_budget(spec, setup, analysis.gpu)
     if device == "cpu":
-        _check_host_memory(budget.allocated_peak_bytes * setup.distributed.world_size)
+        from llmmem.budget.optimizers import OPTIMIZERS
+
+        optimizer = OPTIMIZERS.get(setup.optim)
+        bitsandbytes = setup.quant is not None or (
+            optimizer is not None and optimizer.implementation == "bnb"
+        )
+        needed = _cpu_step_bytes(spec, setup, budget.allocated_peak_bytes)
+        _check_host_memory(needed * setup.distributed.world_size, simulable=not bitsandbytes)
     measurement = _run_worker(request.to_json(), args.timeout, show_progress=args.format == "text")
     report = _report(path, spec, budget, measurement)
     if args.output:

@@ -246,3 +246,19 @@ args = TrainingArguments(
 )
 # llmmem: seq=256
 """
+
+
+def test_a_kbit_cpu_step_too_large_for_the_machine_is_refused_with_what_to_do() -> None:
+    from llmmem.errors import UsageError
+    from llmmem.models.catalog import catalog_entry
+    from llmmem.verify_command import _check_host_memory, _cpu_step_bytes
+
+    entry = catalog_entry("meta-llama/Llama-3.1-8B")
+    assert entry is not None
+    spec = spec_from_config(entry.config, model_id=entry.model_id, source=ModelSource.CATALOG)
+    setup = TrainingSetup(method=Method.QLORA, batch=1, seq=128)
+    small_peak = 6 * 2**30
+    # bitsandbytes quantizes while loading: the whole model is built in bf16 first
+    assert _cpu_step_bytes(spec, setup, small_peak) == 2 * spec.total_params
+    with pytest.raises(UsageError, match=r"needs about .* of RAM .*: verify it on a GPU$"):
+        _check_host_memory(2**60, simulable=False)
