@@ -3,17 +3,18 @@
 For each architecture, full fine-tuning and LoRA, gradient checkpointing off and on, two
 micro-batches, two sequence lengths, pure bf16 and AMP (bf16 autocast over fp32 weights): the
 core's allocated peak of each phase next to the simulated one. Small configs (structurally
-faithful, a few MB each) run in the tests; `bench/simulated_grid.py` runs real sizes.
+faithful, a few MB each) run in the tests; `bench/simulated_grid.py` runs real sizes; medium
+configs (the small ones at a real model's proportions, ~100M parameters) are for real CPU steps.
 
-    python -m llmmem.verify.grid [--size small|real] [--family llama ...] [--device fake|cpu|cuda]
-                                 [--fsdp RANKS]
+    python -m llmmem.verify.grid [--size small|medium|real] [--family llama ...]
+                                 [--device fake|cpu|cuda] [--fsdp RANKS] [--qlora]
 
 `--device cuda` runs the same grid as real steps on a GPU (`max_memory_allocated` per phase);
-`--device cpu` as real CPU steps (small configs).
+`--device cpu` as real CPU steps (small and medium configs).
 
 `--qlora` runs QLoRA instead (NF4 with double quantization, prepared for k-bit training, LoRA,
 bitsandbytes' paged 8-bit AdamW): bitsandbytes kernels do not run on fake tensors, so these are
-real steps, on the CPU (`--device cpu`, small configs) or a GPU.
+real steps, on the CPU (`--device cpu`; `bench/qlora_grid.py`) or a GPU.
 """
 
 from __future__ import annotations
@@ -134,7 +135,23 @@ SMALL_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 SMALL_SHAPES = ((1, 128), (2, 256))  # (micro-batch, sequence)
+MEDIUM_SHAPES = ((1, 512),)
 REAL_SHAPES = ((1, 512), (2, 2048))
+SHAPES = {"small": SMALL_SHAPES, "medium": MEDIUM_SHAPES, "real": REAL_SHAPES}
+
+# medium configs: the small ones at a real model's proportions (vocabulary 11× the MLP width, as
+# in Llama-2-7B), ~100M parameters: a real CPU step takes seconds
+MEDIUM_SIZES = {
+    "hidden_size": 1024,
+    "n_embd": 1024,
+    "intermediate_size": 2816,
+    "num_hidden_layers": 4,
+    "n_layer": 4,
+    "num_attention_heads": 8,
+    "n_head": 8,
+    "head_dim": 128,
+    "vocab_size": 32000,
+}
 REAL_MODELS = {
     "llama": "meta-llama/Llama-3.1-8B",
     "qwen2": "Qwen/Qwen2.5-7B",
@@ -222,6 +239,14 @@ def qlora_cases(families: list[str], shapes: tuple[tuple[int, int], ...]) -> lis
 def config_for(family: str, size: str) -> dict[str, Any]:
     if size == "small":
         return dict(SMALL_CONFIGS[family])
+    if size == "medium":
+        config = dict(SMALL_CONFIGS[family])
+        config.update({k: v for k, v in MEDIUM_SIZES.items() if k in config})
+        if "num_key_value_heads" in config:
+            # grouped as the family groups them: Phi-3 has a K/V head per query head
+            grouped = config["num_key_value_heads"] < SMALL_CONFIGS[family]["num_attention_heads"]
+            config["num_key_value_heads"] = 2 if grouped else config["num_attention_heads"]
+        return config
     from llmmem.models.catalog import catalog_entry
 
     entry = catalog_entry(REAL_MODELS[family])
@@ -295,7 +320,7 @@ def table(results: list[GridResult]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", choices=["small", "real"], default="small")
+    parser.add_argument("--size", choices=["small", "medium", "real"], default="small")
     parser.add_argument("--family", action="append", choices=sorted(SMALL_CONFIGS))
     parser.add_argument(
         "--device",
@@ -318,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     families = args.family or list(SMALL_CONFIGS)
-    shapes = SMALL_SHAPES if args.size == "small" else REAL_SHAPES
+    shapes = SHAPES[args.size]
     if args.qlora and args.device == "fake":
         parser.error("QLoRA steps run bitsandbytes kernels: use --device cpu (or cuda)")
     ranks = max(1, args.fsdp)
