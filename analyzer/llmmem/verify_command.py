@@ -163,12 +163,9 @@ def run_verify(args: argparse.Namespace) -> int:
     )
     budget = estimate_budget(spec, setup, analysis.gpu)
     if device == "cpu":
-        from llmmem.budget.optimizers import OPTIMIZERS
+        from llmmem.verify.runner import runs_bitsandbytes
 
-        optimizer = OPTIMIZERS.get(setup.optim)
-        bitsandbytes = setup.quant is not None or (
-            optimizer is not None and optimizer.implementation == "bnb"
-        )
+        bitsandbytes = setup.quant is not None or runs_bitsandbytes(setup.optim)
         needed = _cpu_step_bytes(spec, setup, budget.allocated_peak_bytes)
         _check_host_memory(needed * setup.distributed.world_size, simulable=not bitsandbytes)
     measurement = _run_worker(request.to_json(), args.timeout, show_progress=args.format == "text")

@@ -146,6 +146,12 @@ class LoraSetup:
         _set(self, "modules_to_save", list(self.modules_to_save))
 
 
+def release(version: str) -> tuple[int, int]:
+    """`"2.13"` or `"0.50.2"` as (major, minor); a ValueError for anything else."""
+    major, _, minor = version.partition(".")
+    return int(major), int(minor.split(".")[0] or 0)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class QuantSetup:
     quant_type: QuantType = QuantType.NF4
@@ -166,8 +172,7 @@ class QuantSetup:
 
     @property
     def bitsandbytes_release(self) -> tuple[int, int]:
-        major, _, minor = self.bitsandbytes_version.partition(".")
-        return int(major), int(minor.split(".")[0] or 0)
+        return release(self.bitsandbytes_version)
 
     @property
     def matmul_keeps_input(self) -> bool:
@@ -293,8 +298,7 @@ class TrainingSetup:
 
     @property
     def torch_release(self) -> tuple[int, int]:
-        major, _, minor = self.torch_version.partition(".")
-        return int(major), int(minor.split(".")[0] or 0)
+        return release(self.torch_version)
 
     @property
     def zero_grad_frees_gradients(self) -> bool:
