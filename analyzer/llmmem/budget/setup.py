@@ -152,6 +152,13 @@ def release(version: str) -> tuple[int, int]:
     return int(major), int(minor.split(".")[0] or 0)
 
 
+def _check_release(version: str, name: str, example: str) -> None:
+    try:
+        release(version)
+    except ValueError:
+        raise SetupError(f"{name} must look like '{example}', got '{version}'") from None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class QuantSetup:
     quant_type: QuantType = QuantType.NF4
@@ -163,12 +170,7 @@ class QuantSetup:
 
     def __post_init__(self) -> None:
         _set(self, "quant_type", _as_enum(QuantType, self.quant_type, "quant_type"))
-        try:
-            self.bitsandbytes_release  # noqa: B018 - validates the version text
-        except ValueError:
-            raise SetupError(
-                f"bitsandbytes_version must look like '0.45', got '{self.bitsandbytes_version}'"
-            ) from None
+        _check_release(self.bitsandbytes_version, "bitsandbytes_version", "0.45")
 
     @property
     def bitsandbytes_release(self) -> tuple[int, int]:
@@ -280,12 +282,7 @@ class TrainingSetup:
         _set(self, "seq", _whole(self.seq, "seq", at_least=1))
         _set(self, "grad_accum", _whole(self.grad_accum, "grad_accum", at_least=1))
         _set(self, "new_tokens", _whole(self.new_tokens, "new_tokens", at_least=0))
-        try:
-            self.torch_release  # noqa: B018 - validates the version text
-        except ValueError:
-            raise SetupError(
-                f"torch_version must look like '2.4', got '{self.torch_version}'"
-            ) from None
+        _check_release(self.torch_version, "torch_version", "2.4")
         if self.method is Method.FULL and self.quant is not None and self.mode is Mode.TRAIN:
             raise SetupError(
                 "full fine-tuning of a quantized model is not possible: use --method qlora "
