@@ -25,6 +25,17 @@ class Checked:
     settings: ProjectSettings
 
 
+def require_known_gpus(gpu: str | None, settings: ProjectSettings) -> None:
+    """A command's `--gpu`, else `[tool.llmmem] gpu`, must name a GPU: an unknown one is a
+    usage error (exit 2, one line with the close matches), not a problem line in a report."""
+    from llmmem.gpus import gpu_from_flag
+
+    if gpu:
+        gpu_from_flag(gpu)
+    elif settings.gpu:
+        gpu_from_flag(settings.gpu, where=f"{settings.path or 'pyproject.toml'} [tool.llmmem] gpu")
+
+
 def check_text(
     path: Path,
     text: str,

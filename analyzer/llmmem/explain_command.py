@@ -89,14 +89,17 @@ def plan_dict(plan: TrainingPlan) -> dict[str, Any]:
 
 
 def run_explain(args: argparse.Namespace) -> int:
-    from llmmem.check import check_text
+    from llmmem.check import check_text, require_known_gpus
+    from llmmem.extract import find_project_settings
     from llmmem.lint_command import read_text
 
     path = Path(args.file)
     if not path.is_file():
         raise UsageError(f"{args.file}: no such file")
     text = read_text(path)
-    checked = check_text(path, text, gpu=args.gpu, hub=args.hub)
+    settings = find_project_settings(path)
+    require_known_gpus(args.gpu, settings)
+    checked = check_text(path, text, settings=settings, gpu=args.gpu, hub=args.hub)
     analysis, findings, plan = checked.analysis, checked.findings, checked.analysis.plan
     if args.format == "json":
         from llmmem.report.json_report import budget_dict
@@ -139,9 +142,11 @@ def render_explanation(analysis: Any, findings: list[Any]) -> None:
 
     from llmmem.report.text import render_budget
 
-    console = Console()
+    console = Console(emoji=False)  # text from files is printed as written
     plan = analysis.plan
-    table = Table(title=f"{plan.path} ({plan.kind}, {plan.framework})", title_justify="left")
+    table = Table(
+        title=escape(f"{plan.path} ({plan.kind}, {plan.framework})"), title_justify="left"
+    )
     table.add_column("setting")
     table.add_column("value")
     table.add_column("from")
@@ -172,14 +177,15 @@ def render_explanation(analysis: Any, findings: list[Any]) -> None:
     rows.append(("GPU", plan.gpu))
     for name, sourced in rows:
         if name == "GPU" and analysis.gpu_source == "flag" and analysis.gpu is not None:
-            table.add_row(name, analysis.gpu.name, "flag (--gpu)", "")
+            table.add_row(name, escape(analysis.gpu.name), "flag (--gpu)", "")
             continue
-        table.add_row(name, *_describe(sourced))
+        table.add_row(name, *(escape(cell) for cell in _describe(sourced)))
     console.print(table)
     for problem in analysis.problems:
-        console.print(f"[yellow]problem:[/yellow] {problem}")
+        console.print(f"[yellow]problem:[/yellow] {escape(problem)}")
     if analysis.budget is None or analysis.spec is None:
-        console.print(f"[yellow]no estimate:[/yellow] {analysis.model_error or 'see problems'}")
+        reason = analysis.model_error or "see problems"
+        console.print(f"[yellow]no estimate:[/yellow] {escape(reason)}")
     else:
         render_budget(analysis.budget, analysis.spec, setup_lines=[], console=console)
     for finding in findings:

@@ -512,6 +512,7 @@ _CAPACITY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gib|gb|g|tib|tb|mib|mb)\s*$", re
 _CAPACITY_UNIT_BYTES = {"mib": MIB, "mb": MIB, "gib": GIB, "gb": GIB, "g": GIB, "tib": TIB,
                         "tb": TIB}  # fmt: skip
 _CAPACITY_UNIT_LABEL = {MIB: "MiB", GIB: "GiB", TIB: "TiB"}
+MAX_CAPACITY_BYTES = 2**50  # a capacity past 1 PiB is a typo, not a GPU
 
 
 def _name_words(text: str) -> list[str]:
@@ -589,6 +590,8 @@ def _parse_capacity(text: str) -> tuple[int, str] | None:
         return None
     unit_bytes = _CAPACITY_UNIT_BYTES[match.group(2).lower()]
     amount = float(match.group(1))
+    if not amount * unit_bytes <= MAX_CAPACITY_BYTES:  # inf too: no GPU holds a PiB
+        return None
     capacity_bytes = int(amount * unit_bytes)
     if capacity_bytes <= 0:
         return None
@@ -622,6 +625,17 @@ def find_gpu(name: str) -> GpuSpec:
         capacity_bytes, display_name = capacity
         return generic_gpu(capacity_bytes, name=display_name)
     raise UnknownGpuError(name, _close_matches(name))
+
+
+def gpu_from_flag(name: str, *, where: str = "--gpu") -> GpuSpec:
+    """`find_gpu` for a name the user typed as an option or a setting: an unknown one is a
+    usage error (exit 2) whose one line names the close matches."""
+    from llmmem.errors import UsageError
+
+    try:
+        return find_gpu(name)
+    except UnknownGpuError as err:
+        raise UsageError(f"{where}: {err}" if where != "--gpu" else str(err)) from None
 
 
 def all_gpus() -> list[GpuSpec]:

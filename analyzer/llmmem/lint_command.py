@@ -1,8 +1,9 @@
 """`llmmem-lint PATH... --gpu NAME` (and `llmmem lint`): findings for CI and pre-commit.
 
-Exit codes: 0 no findings, 1 findings, 2 a usage or read error. `--fix` applies safe fixes one at
-a time (one that makes the step fit first, else the one that saves most), re-linting after each,
-and reports what is left.
+Exit codes: 0 no findings at or above `--fail-on` (default warning: info findings are printed
+but pass), 1 such findings, 2 a usage or read error; `--exit-zero` turns 1 into 0. `--fix`
+applies safe fixes one at a time (one that makes the step fit first, else the one that saves
+most), re-linting after each, and reports what is left.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ EXIT_CLEAN = 0
 EXIT_FINDINGS = 1
 EXIT_USAGE = 2
 
+FAIL_ON_LEVELS = ("error", "warning", "info")
+DEFAULT_FAIL_ON = "warning"
+_RANK = {"error": 3, "warning": 2, "info": 1}
+
 LINTED_SUFFIXES = {".py", ".yaml", ".yml", ".json", ".sh", ".ipynb"}
 MAX_FILE_BYTES = 5 * 1024 * 1024
 
@@ -32,6 +37,17 @@ def add_lint_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--explain", metavar="CODE", help="print a rule's documentation and exit")
     p.add_argument("--hub", action="store_true", help="allow hub lookups for unknown models")
     p.add_argument("--select", default=None, help="only these codes, e.g. LLM001,LLM002")
+    p.add_argument(
+        "--fail-on",
+        choices=FAIL_ON_LEVELS,
+        default=None,
+        help="the least severity that exits 1 (default: [tool.llmmem] fail_on, else warning)",
+    )
+    p.add_argument(
+        "--exit-zero",
+        action="store_true",
+        help="exit 0 even with findings (2 still means a usage or read error)",
+    )
 
 
 def iter_files(paths: list[str]) -> list[Path]:
@@ -127,8 +143,14 @@ def run_lint(args: argparse.Namespace) -> int:
     if not args.paths:
         raise UsageError("nothing to lint: give one or more files or directories")
     select = {c.strip().upper() for c in args.select.split(",")} if args.select else None
+    from llmmem.check import require_known_gpus
+    from llmmem.extract import find_project_settings
+
     all_findings = []
+    failing = False
     for path in iter_files(args.paths):
+        settings = find_project_settings(path)
+        require_known_gpus(args.gpu, settings)
         text = read_text(path)
         if args.fix:
             fixed, findings = fix_file(path, text, gpu=args.gpu, hub=args.hub, select=select)
@@ -137,6 +159,7 @@ def run_lint(args: argparse.Namespace) -> int:
         else:
             findings, _ = lint_text(path, text, gpu=args.gpu, hub=args.hub, select=select)
         all_findings += findings
+        failing = failing or fails(findings, args.fail_on or settings.fail_on or DEFAULT_FAIL_ON)
     if args.format == "concise":
         sys.stdout.write(render.concise(all_findings))
     elif args.format == "full":
@@ -147,7 +170,13 @@ def run_lint(args: argparse.Namespace) -> int:
         sys.stdout.write(render.github(all_findings))
     else:
         sys.stdout.write(render.sarif(all_findings, all_rules()))
-    return EXIT_FINDINGS if all_findings else EXIT_CLEAN
+    return EXIT_FINDINGS if failing and not args.exit_zero else EXIT_CLEAN
+
+
+def fails(findings: list, fail_on: str) -> bool:
+    """Whether any finding is at least as severe as `fail_on`."""
+    least = _RANK[fail_on]
+    return any(_RANK.get(finding.severity.value, 0) >= least for finding in findings)
 
 
 def lint_main(argv: Sequence[str] | None = None) -> int:

@@ -121,15 +121,19 @@ def _cpu_step_bytes(spec: Any, setup: Any, allocated_peak_bytes: int) -> int:
 
 def run_verify(args: argparse.Namespace) -> int:
     from llmmem.budget.phases import estimate_budget
-    from llmmem.check import check_text
+    from llmmem.check import check_text, require_known_gpus
+    from llmmem.extract import find_project_settings
     from llmmem.lint_command import read_text
     from llmmem.verify.compare import request_for
 
     path = Path(args.file)
     if not path.is_file():
         raise UsageError(f"{args.file}: no such file")
+    _check_output_path(args.output)
     text = read_text(path)
-    checked = check_text(path, text, gpu=args.gpu, hub=not args.offline)
+    settings = find_project_settings(path)
+    require_known_gpus(args.gpu, settings)
+    checked = check_text(path, text, settings=settings, gpu=args.gpu, hub=not args.offline)
     analysis = checked.analysis
     if analysis.spec is None or analysis.setup is None:
         reason = analysis.model_error or "; ".join(analysis.problems) or "no training step found"
@@ -171,7 +175,10 @@ def run_verify(args: argparse.Namespace) -> int:
     measurement = _run_worker(request.to_json(), args.timeout, show_progress=args.format == "text")
     report = _report(path, spec, budget, measurement)
     if args.output:
-        Path(args.output).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        try:
+            Path(args.output).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        except OSError as err:
+            raise UsageError(f"--output {args.output}: cannot write ({err.strerror})") from None
     if args.format == "json":
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -182,6 +189,17 @@ def run_verify(args: argparse.Namespace) -> int:
     if measurement.error:
         return EXIT_COULD_NOT_RUN
     return EXIT_MEASURED
+
+
+def _check_output_path(output: str | None) -> None:
+    """`--output` must be writable before a step that may take minutes is run."""
+    if not output:
+        return
+    target = Path(output)
+    if target.is_dir():
+        raise UsageError(f"--output {output}: is a directory; give a file name such as report.json")
+    if not target.parent.is_dir():
+        raise UsageError(f"--output {output}: the directory {target.parent} does not exist")
 
 
 def _run_worker(request: dict[str, Any], timeout_s: float, *, show_progress: bool) -> Any:
@@ -319,7 +337,7 @@ def _render(report: dict[str, Any], budget: Any, measurement: Any) -> None:
 
     from llmmem.units import format_bytes
 
-    console = Console()
+    console = Console(emoji=False)
     console.print(f"[bold]{escape(report['model'])}[/bold] on {escape(report['device'])}")
     if report["comparison"]:
         table = Table(title="predicted vs measured (allocated)", title_justify="left")
@@ -330,7 +348,7 @@ def _render(report: dict[str, Any], budget: Any, measurement: Any) -> None:
         for row in report["comparison"]:
             error = row["error"]
             table.add_row(
-                row["what"],
+                escape(row["what"]),
                 format_bytes(row["predicted_bytes"]) if row["predicted_bytes"] else "—",
                 format_bytes(row["measured_bytes"]) if row["measured_bytes"] else "—",
                 f"{100 * error:+.1f}%" if error is not None else "",

@@ -23,6 +23,9 @@ The same comment can silence findings on its line: `# llmmem: ignore[LLM001,LLM0
     "meta-llama/Llama-3.1-8B" = "/models/llama-3.1-8b"
     [tool.llmmem.severity]            # rule code -> error | warning | info | hint | off
     LLM003 = "warning"
+
+`fail_on = "error" | "warning" | "info"` sets the least severity that makes `llmmem-lint` exit 1
+(`--fail-on` wins over it).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ PRAGMA_KEYS: dict[str, tuple[str, type]] = {
 
 ALL_CODES = "*"  # in a suppression set: every code on that line
 SEVERITY_LEVELS = ("error", "warning", "info", "hint", "off")
+FAIL_ON_LEVELS = ("error", "warning", "info")  # the least severity that fails `llmmem-lint`
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _PRAGMA = re.compile(r"#\s*llmmem\s*:(?P<body>.*)$")
@@ -211,6 +215,7 @@ class ProjectSettings:
     local_model_paths: dict[str, str] = field(default_factory=dict)
     hub: bool = True  # may llmmem look models up on the Hugging Face Hub
     severity: dict[str, str] = field(default_factory=dict)  # rule code -> level
+    fail_on: str | None = None  # one of FAIL_ON_LEVELS; None: the linter's default
     path: str | None = None  # the pyproject.toml read, None when none was found
     ranges: dict[str, SourceRange] = field(default_factory=dict)  # key -> where it is written
     problems: list[str] = field(default_factory=list)
@@ -311,7 +316,14 @@ def _settings_from_table(
                         f"{where}: severity of {code} must be one of "
                         f"{', '.join(SEVERITY_LEVELS)}, got {level!r}"
                     )
-        elif key in ("gpu", "world_size", "hub", "local_model_paths", "severity"):
+        elif key == "fail_on" and isinstance(value, str):
+            if value.lower() in FAIL_ON_LEVELS:
+                settings.fail_on = value.lower()
+            else:
+                settings.problems.append(
+                    f"{where}: fail_on must be one of {', '.join(FAIL_ON_LEVELS)}, got {value!r}"
+                )
+        elif key in ("gpu", "world_size", "hub", "local_model_paths", "severity", "fail_on"):
             settings.problems.append(f"{where}: {key} has the wrong type ({value!r})")
         else:
             settings.problems.append(f"{where}: unknown key '{key}'")

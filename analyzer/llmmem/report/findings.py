@@ -49,7 +49,14 @@ def as_json(findings: list[Finding]) -> str:
 
 
 def _escape_github(text: str) -> str:
+    """A workflow command's message: `%`, CR and LF escaped, so a value cannot end the line."""
     return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _escape_github_property(text: str) -> str:
+    """A workflow command's property value (`file=`, `title=`): the message escapes, and `:`
+    and `,`, which would otherwise end the property list or the value."""
+    return _escape_github(text).replace(":", "%3A").replace(",", "%2C")
 
 
 def github(findings: list[Finding]) -> str:
@@ -58,8 +65,9 @@ def github(findings: list[Finding]) -> str:
         line = f.range.start_line + 1 if f.range else 1
         col = f.range.start_col + 1 if f.range else 1
         out.append(
-            f"::{GITHUB_LEVEL[f.severity]} file={f.path},line={line},col={col},"
-            f"title={f.code}::{_escape_github(f.message)}"
+            f"::{GITHUB_LEVEL[f.severity]} file={_escape_github_property(f.path)},"
+            f"line={line},col={col},title={_escape_github_property(f.code)}::"
+            f"{_escape_github(f.message)}"
         )
     return "\n".join(out) + ("\n" if out else "")
 

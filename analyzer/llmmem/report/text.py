@@ -26,23 +26,24 @@ def render_budget(
     console: Any = None,
 ) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    console = console or Console()
+    console = console or Console(emoji=False)
     origin = f"{spec.source.value}" + (f": {spec.source_detail}" if spec.source_detail else "")
     console.print(
-        f"[bold]{spec.model_id}[/bold]  {spec.total_params / 1e9:.2f}B params "
-        f"({spec.architecture}, from {origin})"
+        f"[bold]{escape(spec.model_id)}[/bold]  {spec.total_params / 1e9:.2f}B params "
+        f"({escape(f'{spec.architecture}, from {origin}')})"
     )
     if spec.is_guess:
         console.print("[yellow]the model's shapes are a guess from its name[/yellow]")
     setup = Table(show_header=False, box=None, pad_edge=False)
     for key, value, provenance in setup_lines:
-        setup.add_row(f"  {key}", value, f"[dim]{provenance}[/dim]")
+        setup.add_row(f"  {escape(key)}", escape(value), f"[dim]{escape(provenance)}[/dim]")
     console.print(setup)
 
     peak = budget.peak
-    table = Table(title=f"peak: {peak.phase.value} — {peak.moment}", title_justify="left")
+    table = Table(title=escape(f"peak: {peak.phase.value} — {peak.moment}"), title_justify="left")
     table.add_column("component")
     table.add_column("memory", justify="right")
     table.add_column("share", justify="right")
@@ -53,7 +54,7 @@ def render_budget(
             component.value,
             format_bytes(term.bytes),
             f"{100 * term.bytes / total:.0f}%",
-            term.formula,
+            escape(term.formula),
         )
     table.add_row(
         "[bold]allocated peak[/bold]",
@@ -62,7 +63,9 @@ def render_budget(
         "torch.cuda.max_memory_allocated",
     )
     for overhead, term in budget.overheads.items():
-        table.add_row(f"[dim]+ {overhead.value}[/dim]", format_bytes(term.bytes), "", term.formula)
+        table.add_row(
+            f"[dim]+ {overhead.value}[/dim]", format_bytes(term.bytes), "", escape(term.formula)
+        )
     table.add_row(
         "[bold]device total[/bold]",
         f"[bold]{format_bytes(budget.device_total_bytes)}[/bold]",
@@ -76,7 +79,7 @@ def render_budget(
     phases.add_column("allocated", justify="right")
     phases.add_column("moment")
     for phase in budget.phases:
-        phases.add_row(phase.phase.value, format_bytes(phase.allocated_bytes), phase.moment)
+        phases.add_row(phase.phase.value, format_bytes(phase.allocated_bytes), escape(phase.moment))
     console.print(phases)
     if budget.first_step_allocated_peak_bytes is not None:
         console.print(
@@ -91,10 +94,10 @@ def render_budget(
         console.print(
             f"{usage_bar(budget.device_total_bytes, cap)} "
             f"{format_bytes(budget.device_total_bytes)} of {format_bytes(cap)} on "
-            f"{budget.gpu.name}: {verdict} "
+            f"{escape(budget.gpu.name)}: {verdict} "
             f"({'headroom' if headroom >= 0 else 'short by'} {format_bytes(abs(headroom))})"
         )
     for line in extra_lines or []:
-        console.print(line)
+        console.print(escape(line))
     for note in budget.notes:
-        console.print(f"[dim]note: {note}[/dim]")
+        console.print(f"[dim]note: {escape(note)}[/dim]")

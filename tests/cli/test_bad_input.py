@@ -1,0 +1,226 @@
+"""The command line under bad input: exit codes, one-line messages, no tracebacks, no hangs.
+
+Every test runs the real command in a subprocess on small files written to tmp_path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
+
+LINT = "from llmmem.lint_command import lint_main; raise SystemExit(lint_main())"
+
+# a model small enough to size from its config.json alone
+TINY_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "vocab_size": 512,
+    "max_position_embeddings": 256,
+    "torch_dtype": "float32",
+}
+
+
+def run(
+    *args: str, cwd: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+        cwd=cwd,
+    )
+
+
+def lint(
+    *args: str, cwd: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return run("-c", LINT, *args, cwd=cwd, timeout=timeout)
+
+
+def llmmem(
+    *args: str, cwd: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return run("-m", "llmmem", *args, cwd=cwd, timeout=timeout)
+
+
+def assert_usage_error(proc: subprocess.CompletedProcess[str], *words: str) -> None:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+def tiny_model(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(TINY_CONFIG))
+    return directory
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A directory that is its own project (a git repository), so no pyproject.toml above it
+    is read."""
+    (tmp_path / ".git").mkdir()
+    return tmp_path
+
+
+# -- 1. --fail-on and --exit-zero ---------------------------------------------------------------
+
+
+@pytest.fixture
+def info_only(project: Path) -> Path:
+    """A script whose only finding is LLM010 (info): no model named."""
+    script = project / "no_model.py"
+    script.write_text('print("training starts")\n')
+    return script
+
+
+def test_info_findings_are_printed_but_pass_by_default(info_only: Path) -> None:
+    proc = lint(str(info_only), "--gpu", "A100-80GB")
+    assert "LLM010 [info]" in proc.stdout
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_fail_on_info_fails_on_an_info_finding(info_only: Path) -> None:
+    proc = lint(str(info_only), "--gpu", "A100-80GB", "--fail-on", "info")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+
+
+def test_fail_on_error_passes_warnings_and_fails_errors(project: Path) -> None:
+    shutil.copy(EXAMPLES / "full_finetune.py", project / "full_finetune.py")
+    script = str(project / "full_finetune.py")
+    assert lint(script, "--gpu", "A100-80GB", "--fail-on", "error").returncode == 1  # LLM001
+    # the same error downgraded to a warning by the project passes --fail-on error
+    (project / "pyproject.toml").write_text('[tool.llmmem.severity]\nLLM001 = "warning"\n')
+    proc = lint(script, "--gpu", "A100-80GB", "--fail-on", "error")
+    assert "LLM001 [warning]" in proc.stdout
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_exit_zero_passes_an_error_but_not_a_usage_error(project: Path) -> None:
+    shutil.copy(EXAMPLES / "full_finetune.py", project / "full_finetune.py")
+    proc = lint(str(project / "full_finetune.py"), "--gpu", "A100-80GB", "--exit-zero")
+    assert "LLM001 [error]" in proc.stdout
+    assert proc.returncode == 0
+    assert lint(str(project / "missing.py"), "--exit-zero").returncode == 2
+
+
+def test_fail_on_from_pyproject_and_the_flag_wins(info_only: Path, project: Path) -> None:
+    (project / "pyproject.toml").write_text('[tool.llmmem]\nfail_on = "info"\n')
+    assert lint(str(info_only), "--gpu", "A100-80GB").returncode == 1
+    assert lint(str(info_only), "--gpu", "A100-80GB", "--fail-on", "warning").returncode == 0
+
+
+def test_fail_on_takes_only_a_severity(info_only: Path) -> None:
+    proc = lint(str(info_only), "--fail-on", "hint")
+    assert proc.returncode == 2 and "--fail-on" in proc.stderr
+
+
+# -- 2. an unknown GPU is a usage error -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["lint", "explain", "estimate", "verify"])
+def test_unknown_gpu_flag_exits_2_with_close_matches(project: Path, command: str) -> None:
+    shutil.copy(EXAMPLES / "qlora_sft.py", project / "qlora_sft.py")
+    script = str(project / "qlora_sft.py")
+    if command == "lint":
+        proc = lint(script, "--gpu", "A10O")
+    elif command == "estimate":
+        proc = llmmem("estimate", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "A10O")
+    elif command == "verify":
+        proc = llmmem("verify", script, "--simulate", "--offline", "--gpu", "A10O")
+    else:
+        proc = llmmem("explain", script, "--gpu", "A10O")
+    assert_usage_error(proc, "A10O", "A100-80GB")
+    assert proc.stdout == ""
+
+
+def test_unknown_gpu_in_pyproject_exits_2(project: Path) -> None:
+    shutil.copy(EXAMPLES / "qlora_sft.py", project / "qlora_sft.py")
+    (project / "pyproject.toml").write_text('[tool.llmmem]\ngpu = "RTX-4900"\n')
+    script = str(project / "qlora_sft.py")
+    for proc in (lint(script), llmmem("explain", script)):
+        assert_usage_error(proc, "pyproject.toml", "RTX-4900", "RTX-4090")
+    # a --gpu on the command line replaces the setting
+    assert lint(script, "--gpu", "H100").returncode in (0, 1)
+
+
+def test_a_gpu_capacity_past_any_gpu_is_unknown_not_a_crash() -> None:
+    proc = llmmem("estimate", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "9" * 400 + "GB")
+    assert_usage_error(proc, "unknown GPU")
+
+
+# -- 4. text from a file is never markup ----------------------------------------------------------
+
+
+def test_markup_in_a_model_path_prints_literally(project: Path) -> None:
+    model_dir = tiny_model(project / "ckpt[/bold]" / "[red]run[/red] [/exp1] :smile:")
+    script = project / "train.py"
+    script.write_text(f'# llmmem: model="{model_dir}" batch=2 seq=128\n')
+    proc = llmmem("explain", str(script), "--gpu", "24GiB")
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "MarkupError" not in proc.stderr
+    flat = proc.stdout.replace("\n", "").replace("│", "").replace(" ", "")
+    assert "ckpt[/bold]/[red]run[/red][/exp1]:smile:" in flat  # the path, as written
+    assert "█" in proc.stdout  # the budget was rendered
+
+
+# -- 5. verify --output into a missing directory --------------------------------------------------
+
+
+def test_verify_output_into_a_missing_directory(project: Path) -> None:
+    tiny_model(project / "tiny")
+    script = project / "train.py"
+    script.write_text("# llmmem: model_config=tiny/config.json batch=1 seq=16\n")
+    proc = llmmem(
+        "verify", str(script), "--simulate", "--output", str(project / "no" / "such" / "r.json")
+    )
+    assert_usage_error(proc, "does not exist")
+    assert not (project / "no").exists()
+
+
+# -- 7. GitHub annotations cannot be injected through a file name ---------------------------------
+
+
+def test_github_annotation_escapes_a_hostile_file_name(project: Path) -> None:
+    name = "x,title=LLM999:\n::error file=evil.py::pwned%0A.py"
+    (project / name).write_text('print("hi")\n')
+    proc = lint(str(project / name), "--gpu", "A100-80GB", "--format", "github")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1, proc.stdout
+    assert lines[0].startswith("::notice ")
+    properties, message = lines[0].removeprefix("::notice ").split("::", 1)
+    keys = [item.split("=", 1)[0] for item in properties.split(",")]
+    assert keys == ["file", "line", "col", "title"]
+    assert properties.endswith("title=LLM010")
+    # GitHub decodes %XX: the file name comes back as written
+    file_value = properties.split(",", 1)[0].removeprefix("file=")
+    decoded = (
+        file_value.replace("%0A", "\n")
+        .replace("%0D", "\r")
+        .replace("%3A", ":")
+        .replace("%2C", ",")
+        .replace("%25", "%")
+    )
+    assert decoded == str(project / name)
+    assert "no model found" in message
