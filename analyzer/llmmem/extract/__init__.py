@@ -50,11 +50,13 @@ def file_kind(path: Path, text: str | None = None) -> str:
 
 
 def _read_text(path: Path) -> tuple[str, str | None]:
+    from llmmem.files import read_file_bytes
+
     try:
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
             return "", f"file is {size / 1e6:.0f} MB; not read"
-        data = path.read_bytes()
+        data = read_file_bytes(path, MAX_FILE_BYTES)
     except OSError as err:
         return "", f"cannot read {path}: {err.strerror or err}"
     return data.decode("utf-8-sig", errors="replace"), None

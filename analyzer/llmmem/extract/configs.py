@@ -162,6 +162,7 @@ def as_float(value: Any) -> float:
     raise ValueProblem(f"must be a number, got {value!r}")
 
 
+MAX_CONFIG_FILE_BYTES = 16 * 1024 * 1024  # a config, a DeepSpeed JSON, a launcher script
 TRUE_WORDS = frozenset({"true", "yes", "on", "1", "y"})
 FALSE_WORDS = frozenset({"false", "no", "off", "0", "n", "none", "null", ""})
 
@@ -521,10 +522,13 @@ def overlay_document(document: PositionedYaml, overrides: list[Override]) -> Pos
 
 
 def read_text_file(path: Path, problems: list[str], range_path: str | None = None) -> str | None:
-    """The file's text, or None with a problem line (missing, unreadable, not UTF-8 text)."""
+    """The file's text, or None with a problem line (missing, unreadable, not a regular file,
+    larger than MAX_CONFIG_FILE_BYTES, not UTF-8 text)."""
+    from llmmem.files import read_file_bytes
+
     name = range_path or str(path)
     try:
-        data = path.read_bytes()
+        data = read_file_bytes(path, MAX_CONFIG_FILE_BYTES)
     except FileNotFoundError:
         problems.append(f"{name}: file not found")
         return None

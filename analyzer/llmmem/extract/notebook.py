@@ -32,6 +32,8 @@ from llmmem.extract.configs import decode_text, plan_from_problems
 from llmmem.extract.pragmas import ProjectSettings
 from llmmem.plan import SourceRange, TrainingPlan
 
+MAX_NOTEBOOK_BYTES = 50_000_000  # outputs with images make notebooks large
+
 # cell magics whose body IPython runs as Python
 PYTHON_BODY_CELL_MAGICS = frozenset({"capture", "time", "timeit", "prun", "debug"})
 MAGIC_ASSIGNMENT = re.compile(r"^(\s*)([A-Za-z_][\w.]*(?:\s*,\s*[A-Za-z_][\w.]*)*)\s*=\s*[!%]")
@@ -95,8 +97,10 @@ def _read_notebook(
 
 
 def _read_notebook_text(path: Path, problems: list[str]) -> str | None:
+    from llmmem.files import read_file_bytes
+
     try:
-        data = path.read_bytes()
+        data = read_file_bytes(path, MAX_NOTEBOOK_BYTES)
     except OSError as error:
         problems.append(f"{path}: cannot be read ({error.strerror or error})")
         return None

@@ -229,6 +229,7 @@ class ProjectSettings:
             raise ValueError(f"world_size must be a positive whole number, got {self.world_size!r}")
 
 
+MAX_PYPROJECT_BYTES = 4 * 1024 * 1024
 _SETTINGS_CACHE: dict[tuple[str, int, int], ProjectSettings] = {}
 
 
@@ -266,8 +267,10 @@ def _key_ranges(text: str, path: str) -> dict[str, SourceRange]:
 def read_project_settings(pyproject: Path) -> ProjectSettings | None:
     """`[tool.llmmem]` of one pyproject.toml; None when it has no such table. Never raises:
     what cannot be read becomes a line in `problems`."""
+    from llmmem.files import read_file_bytes
+
     try:
-        text = pyproject.read_text(encoding="utf-8", errors="replace")
+        text = read_file_bytes(pyproject, MAX_PYPROJECT_BYTES).decode("utf-8", errors="replace")
     except OSError as err:
         return ProjectSettings(path=str(pyproject), problems=[f"cannot read {pyproject}: {err}"])
     if "llmmem" not in text:

@@ -54,12 +54,14 @@ from llmmem.extract.vocabulary import (
     optim_for_optimizer_class,
     sequence_length_names,
 )
+from llmmem.files import UnreadableFile, read_file_bytes
 from llmmem.plan import Provenance, SourceRange, TrainingPlan
 
 MAX_SOURCE_CHARS = 1_000_000  # larger files are not parsed (pragmas are still read)
 MAX_CALL_DEPTH = 8  # user functions calling user functions
 MAX_FUNCTION_RUNS = 300  # user function bodies walked per file
 MAX_DEEPSPEED_CONFIG_BYTES = 1_000_000
+MAX_SCRIPT_BYTES = 50_000_000  # a script read from disk (the editor's buffer has no cap here)
 
 _UNSLOTH_LOADERS = frozenset({"FastLanguageModel", "FastModel", "FastVisionModel"})
 _MODEL_CLASS_ENDINGS = (
@@ -2081,13 +2083,13 @@ class PlanEmitter:
         if not config_path.is_absolute():
             config_path = self.reader.path.parent / config_path
         try:
-            if config_path.stat().st_size > MAX_DEEPSPEED_CONFIG_BYTES:
-                raise ValueError("too large")
-            document = json.loads(config_path.read_text(encoding="utf-8", errors="replace"))
+            data = read_file_bytes(config_path, MAX_DEEPSPEED_CONFIG_BYTES)
+            document = json.loads(data.decode("utf-8", errors="replace"))
         except (OSError, ValueError) as err:
+            reason = str(err) if isinstance(err, UnreadableFile) else type(err).__name__
             self.reader.problem(
                 known.node,
-                f"DeepSpeed config {known.value} could not be read ({type(err).__name__}); "
+                f"DeepSpeed config {known.value} could not be read ({reason}); "
                 "ZeRO stage unknown, assumed off",
             )
             return
@@ -2313,7 +2315,7 @@ def _read_into(
     """Feed the builder from the script; returns (framework, config class for defaults)."""
     if text is None:
         try:
-            text = path.read_bytes().decode("utf-8-sig", errors="replace")
+            text = read_file_bytes(path, MAX_SCRIPT_BYTES).decode("utf-8-sig", errors="replace")
         except OSError as err:
             builder.problems.append(f"cannot read {path}: {err.strerror or err}")
             return "hf", "none"

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, cast
 
+from llmmem.files import open_regular_file
 from llmmem.models.hub_names import hf_home
 
 if TYPE_CHECKING:  # the HTTP stack is imported only when the network is used
@@ -312,10 +313,10 @@ class HubCache:
 
 
 def _read_small_text(path: Path, limit: int = MAX_JSON_BYTES) -> str | None:
+    from llmmem.files import read_file_bytes
+
     try:
-        if path.stat().st_size > limit:
-            return None
-        return path.read_text(encoding="utf-8")
+        return read_file_bytes(path, limit).decode("utf-8")
     except (OSError, UnicodeDecodeError):
         return None
 
@@ -391,7 +392,7 @@ def read_local_checkpoint_bytes(directory: Path) -> dict[str, int] | None:
             return None
         parts = []
         for name in names:
-            with open(directory / name, "rb") as shard:
+            with open_regular_file(directory / name, None) as shard:  # the header only
                 length = parse_header_length(shard.read(8))
                 parts.append(checkpoint_bytes_from_header(parse_header(shard.read(length))))
         return _sum_by_dtype(parts)

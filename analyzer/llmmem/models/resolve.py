@@ -285,12 +285,14 @@ def _existing_local_path(ref: str, base_dir: Path | None) -> Path | None:
 
 def read_config_file(path: Path) -> dict[str, Any]:
     """A config.json read from disk; raises ModelResolutionError naming the file."""
+    from llmmem.files import read_file_bytes
+
     try:
         if path.stat().st_size > MAX_CONFIG_BYTES:
             raise ModelResolutionError(
                 f"{path} is larger than {MAX_CONFIG_BYTES} bytes; is it a config.json?"
             )
-        text = path.read_text(encoding="utf-8")
+        text = read_file_bytes(path, MAX_CONFIG_BYTES).decode("utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise ModelResolutionError(f"cannot read {path}: {error}") from error
     try:
