@@ -28,7 +28,7 @@ from llmmem.budget.setup import (
     TrainingSetup,
 )
 from llmmem.models.spec import ModelSpec
-from llmmem.plan import TrainingPlan
+from llmmem.plan import Sourced, TrainingPlan
 
 DTYPE_BYTES = {
     "bfloat16": 2,
@@ -193,6 +193,15 @@ def resolve_gpu_target(name: str | None) -> tuple[GpuTarget | None, str | None]:
     return GpuTarget(name=gpu.name, capacity_bytes=gpu.capacity_bytes, bf16=gpu.bf16), None
 
 
+def model_reference(plan: TrainingPlan) -> Sourced[Any] | None:
+    """What the model is sized from: a `# llmmem: model_config=path/to/config.json` pragma
+    (the shapes, for a model id that cannot be looked up), else the plan's model id."""
+    config = plan.extra.get("model_config")
+    if isinstance(config, Sourced) and isinstance(config.value, str) and config.value:
+        return config
+    return plan.model_id
+
+
 def analyze(
     plan: TrainingPlan,
     *,
@@ -210,12 +219,13 @@ def analyze(
     analysis.gpu_source = ("flag" if gpu else "plan") if analysis.gpu else "none"
     if gpu_error:
         analysis.problems.append(gpu_error)
-    if plan.model_id is None:
+    model = model_reference(plan)
+    if model is None:
         analysis.model_error = "no model found in the file"
         return analysis
     try:
         analysis.spec = resolve_model(
-            str(plan.model_id.value),
+            str(model.value),
             hub=hub,
             hub_timeout_s=hub_timeout_s,
             local_model_paths=local_model_paths,

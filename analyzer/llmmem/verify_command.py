@@ -124,6 +124,7 @@ def run_verify(args: argparse.Namespace) -> int:
     from llmmem.check import check_text, require_known_gpus
     from llmmem.extract import find_project_settings
     from llmmem.lint_command import read_text
+    from llmmem.scenario import model_reference
     from llmmem.verify.compare import request_for
 
     path = Path(args.file)
@@ -146,7 +147,7 @@ def run_verify(args: argparse.Namespace) -> int:
         )
     _check_distributed(setup, args)
     config = _config_for(
-        str(analysis.plan.model_id.value) if analysis.plan.model_id else spec.model_id,
+        str(model.value) if (model := model_reference(analysis.plan)) else spec.model_id,
         path.parent,
         checked.settings.local_model_paths,
         hub=not args.offline and checked.settings.hub,
@@ -163,7 +164,7 @@ def run_verify(args: argparse.Namespace) -> int:
         config,
         device,
         trust_remote_code=args.trust_remote_code,
-        snapshot=args.snapshot,
+        snapshot=str(Path(args.snapshot).resolve()) if args.snapshot else None,
     )
     budget = estimate_budget(spec, setup, analysis.gpu)
     if device == "cpu":
@@ -222,8 +223,11 @@ def _run_worker(request: dict[str, Any], timeout_s: float, *, show_progress: boo
             launcher = ["-m", "torch.distributed.run", "--standalone"]
             command = [sys.executable, *launcher, f"--nproc_per_node={world_size}", *worker]
         started = time.monotonic()
+        # started in the temporary directory: `-m` puts the working directory first on
+        # sys.path, and a `torch.py` beside the user's script must not be imported
         process = subprocess.Popen(
             command,
+            cwd=directory,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

@@ -2,9 +2,29 @@
 
 from __future__ import annotations
 
-import argparse
-import logging
+import os
 import sys
+
+
+def _drop_working_directory() -> None:
+    """`python -m` puts the working directory first on sys.path, so a `logging.py` or
+    `torch.py` in the workspace an editor starts the server in would be imported instead of the
+    real module. Nothing the server imports lives there: drop it before any other import."""
+    try:
+        here = os.path.realpath(os.getcwd())
+    except OSError:
+        here = None
+    sys.path[:] = [
+        entry
+        for entry in sys.path
+        if entry not in ("", ".") and (here is None or os.path.realpath(entry) != here)
+    ]
+
+
+_drop_working_directory()
+
+import argparse  # noqa: E402 - after the working directory has left sys.path
+import logging  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -198,6 +198,102 @@ def test_verify_output_into_a_missing_directory(project: Path) -> None:
     assert not (project / "no").exists()
 
 
+# -- 6. paths named in a file: regular files only, size-capped, never a hang --------------------
+
+
+def explain_json(script: Path, cwd: Path) -> dict:
+    proc = llmmem("explain", str(script), "--format", "json", "--gpu", "24GiB", cwd=cwd, timeout=10)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_model_config_pragma_sizes_the_model(project: Path) -> None:
+    tiny_model(project / "shapes")
+    script = project / "train.py"
+    script.write_text(
+        "# llmmem: model=my-org/private-model model_config=shapes/config.json batch=1 seq=16\n"
+    )
+    out = explain_json(script, project)
+    assert out["budget"] is not None, out["problems"]
+    assert out["budget"]["gpu"]["name"] == "24GiB"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
+@pytest.mark.parametrize(
+    ("target", "reason", "advice"),
+    [
+        ("fifo.json", "named pipe", "named pipe"),
+        ("/dev/zero", "device", "device"),
+        ("big.json", "larger than", "is it a config.json?"),
+        ("folder.json", "has no config.json", "point at a folder written by save_pretrained"),
+    ],
+)
+def test_model_config_that_is_not_a_small_regular_file(
+    project: Path, target: str, reason: str, advice: str
+) -> None:
+    os.mkfifo(project / "fifo.json")
+    with open(project / "big.json", "wb") as big:  # sparse: takes no disk
+        big.truncate(64 * 1024 * 1024)
+    (project / "folder.json").mkdir()
+    script = project / "train.py"
+    script.write_text(f"# llmmem: model_config={target} batch=1 seq=16\n")
+    out = explain_json(script, project)
+    assert out["budget"] is None
+    assert any(reason in problem for problem in out["problems"]), out["problems"]
+    lint_proc = lint(str(script), "--gpu", "24GiB", cwd=project, timeout=10)
+    assert lint_proc.returncode == 0 and "Traceback" not in lint_proc.stderr
+    assert "LLM010" in lint_proc.stdout and advice in lint_proc.stdout
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
+def test_deepspeed_keyword_naming_a_fifo(project: Path) -> None:
+    os.mkfifo(project / "ds_config.json")
+    tiny_model(project / "tiny")
+    script = project / "train.py"
+    script.write_text(
+        "from transformers import AutoModelForCausalLM, TrainingArguments\n"
+        'model = AutoModelForCausalLM.from_pretrained("tiny")\n'
+        'args = TrainingArguments(output_dir="out", deepspeed="ds_config.json")\n'
+    )
+    out = explain_json(script, project)
+    assert any("ds_config.json" in p and "named pipe" in p for p in out["problems"]), out
+    assert out["budget"] is not None  # the rest of the script is still estimated
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
+def test_deepspeed_yaml_key_naming_a_fifo(project: Path) -> None:
+    os.mkfifo(project / "ds_config.json")
+    config = project / "sft.yaml"
+    config.write_text("model_name_or_path: tiny\ndeepspeed: ds_config.json\n")
+    tiny_model(project / "tiny")
+    out = explain_json(config, project)
+    assert out["plan"]["deepspeed"]["zero_stage"]["value"] == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
+def test_local_model_path_and_pyproject_that_are_fifos(tmp_path: Path) -> None:
+    project = tmp_path / "with_settings"
+    project.mkdir()
+    (project / ".git").mkdir()
+    os.mkfifo(project / "config-pipe.json")
+    (project / "pyproject.toml").write_text(
+        '[tool.llmmem.local_model_paths]\n"my-org/private" = "config-pipe.json"\n'
+    )
+    script = project / "train.py"
+    script.write_text("# llmmem: model=my-org/private batch=1 seq=16\n")
+    out = explain_json(script, project)
+    assert any("named pipe" in problem for problem in out["problems"]), out["problems"]
+
+    piped = tmp_path / "piped_settings"
+    piped.mkdir()
+    (piped / ".git").mkdir()
+    os.mkfifo(piped / "pyproject.toml")
+    (piped / "train.py").write_text("# llmmem: model=my-org/private batch=1 seq=16\n")
+    out = explain_json(piped / "train.py", piped)
+    assert any("pyproject.toml" in p and "named pipe" in p for p in out["problems"]), out
+
+
 # -- 7. GitHub annotations cannot be injected through a file name ---------------------------------
 
 
@@ -224,3 +320,33 @@ def test_github_annotation_escapes_a_hostile_file_name(project: Path) -> None:
     )
     assert decoded == str(project / name)
     assert "no model found" in message
+
+
+# -- 8. no module from the working directory in the verify worker or the language server ----------
+
+
+HOSTILE = "import pathlib\npathlib.Path(__file__).with_name('{marker}').write_text('imported')\n"
+
+
+def test_verify_worker_ignores_a_torch_py_in_the_working_directory(project: Path) -> None:
+    tiny_model(project / "tiny")
+    script = project / "train.py"
+    script.write_text("# llmmem: model=tiny batch=1 seq=16 precision=fp32\n")
+    (project / "torch.py").write_text(
+        HOSTILE.format(marker="torch-imported") + "raise SystemExit(99)\n"
+    )
+    proc = llmmem("verify", "train.py", "--simulate", "--offline", "--format", "json", cwd=project)
+    assert not (project / "torch-imported").exists()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["measurement"]["allocated_peak_bytes"] > 0
+
+
+def test_language_server_ignores_modules_in_the_working_directory(tmp_path: Path) -> None:
+    # `logging` and `argparse` are the first modules the server imports
+    for name in ("logging", "argparse"):
+        (tmp_path / f"{name}.py").write_text(HOSTILE.format(marker=f"{name}-imported"))
+    proc = run("-m", "llmmem_lsp", "--version", cwd=tmp_path, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "llmmem-lsp" in proc.stdout
+    assert sorted(p.name for p in tmp_path.glob("*-imported")) == []

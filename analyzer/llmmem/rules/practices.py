@@ -9,7 +9,7 @@ from llmmem.rules.finding import Finding, Fix, Severity
 from llmmem.rules.fit import anchor
 from llmmem.rules.fixes import candidate_fixes
 from llmmem.rules.registry import Check, Rule, register
-from llmmem.scenario import Analysis
+from llmmem.scenario import Analysis, model_reference
 from llmmem.units import format_bytes
 
 DOMINANT_SHARE = 0.40  # a component over this share of the peak is worth a word
@@ -213,7 +213,8 @@ def check_unresolved_model(analysis: Analysis, text: str) -> list[Finding]:
     if analysis.model_error is None:
         return []
     plan = analysis.plan
-    if plan.model_id is None:
+    model = model_reference(plan)
+    if model is None:
         message = (
             "no model found: add `# llmmem: model=org/name` (or "
             "`model_config=path/to/config.json`) to get a memory estimate"
@@ -221,11 +222,11 @@ def check_unresolved_model(analysis: Analysis, text: str) -> list[Finding]:
         where = plan.trainer_range
     else:
         message = (
-            f"cannot size model '{plan.model_id.value}': add "
+            f"cannot size model '{model.value}': add "
             "`# llmmem: model_config=path/to/config.json` or a known model id "
             f"({analysis.model_error.split(';')[-1].strip()})"
         )
-        where = plan.model_id.range
+        where = model.range
     return [
         Finding(code="LLM010", severity=Severity.INFO, message=message, path=plan.path, range=where)
     ]
