@@ -1,15 +1,20 @@
-"""Text edits that change one setting of a plan in the file it came from.
+"""Text edits that change one setting of a plan in the file it came from, and nothing else.
 
 A setting written explicitly is edited where it stands (its value's range); one that came from a
-default is added: as a keyword of the TrainingArguments/SFTConfig call in Python, as a new
-top-level key in YAML. Values read through a variable are edited at the variable's literal.
-Where no safe place exists (no trainer call, a shell launcher without the flag) there is no edit.
+default is added: as a keyword of the TrainingArguments/SFTConfig call in Python (never into a
+call that already has it or a `**mapping` that may hold it; for `HfArgumentParser((...))` as a
+field of its TrainingArguments dataclass), as a new top-level key in YAML/JSON (`config_edits`).
+A value read through a variable is edited at the variable's literal only when nothing else reads
+the variable; otherwise the keyword gets the literal. A flag's `add_argument(...)` gets a
+`default=`. Where no safe place exists (no trainer call, a shell launcher without the flag)
+there is no edit. Python is read with `ast` (fast enough for every lint), comments kept.
 """
 
 from __future__ import annotations
 
+import ast
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from llmmem.plan import Provenance, Sourced, SourceRange, TrainingPlan
@@ -79,45 +84,282 @@ def insert_keyword(
     text: str, call: SourceRange, keyword: str, value: Any, *, code: str | None = None
 ) -> TextEdit | None:
     """`keyword=value` (or `keyword=<code>`, written as given) added as the last argument of
-    the call spanning `call`."""
-    starts = line_starts(text)
-    begin = offset(text, call.start_line, call.start_col, starts)
-    close = text.rfind(")", 0, offset(text, call.end_line, call.end_col, starts))
-    if close < begin:
+    the call spanning `call`; None where the call already has that keyword or a `**mapping`
+    that may hold it, or where the text around its last argument has an unexpected shape. A
+    comment after the last argument stays where it is, after that argument's line."""
+    tree = python_tree(text)
+    node = call_at(tree, text, call) if tree is not None else None
+    if node is None or any(kw.arg in (keyword, None) for kw in node.keywords):
         return None
-    inside = text[begin:close]
-    stripped = inside.rstrip()
-    last = begin + len(stripped)  # just after the last argument (or its comma)
     argument = f"{keyword}={code if code is not None else python_literal(value)}"
-    if stripped.endswith("("):
-        new_text, at = argument, close
-    elif "\n" in inside[len(stripped) :]:
-        # one argument per line, the closing paren on a line of its own
-        comma = "" if stripped.endswith(",") else ","
-        new_text, at = f"{comma}\n{_argument_indent(inside)}{argument},", last
-    else:
-        new_text, at = (" " if stripped.endswith(",") else ", ") + argument, last
+    starts = line_starts(text)
+    close = node_span(text, node, starts)[1] - 1  # the closing parenthesis
+    arguments: list[ast.expr | ast.keyword] = [*node.args, *node.keywords]
+    if not arguments:
+        return _point_edit(text, close, argument, starts)
+    last = max(node_span(text, a, starts)[1] for a in arguments)
+    tail = _call_tail(text, last, close)
+    if tail is None:
+        return None
+    after, comma = tail
+    between = text[after:close]
+    if "\n" not in between:  # the closing parenthesis on the last argument's line
+        if "#" in between:
+            return None
+        if comma is None:
+            return _point_edit(text, after, f", {argument}", starts)
+        return _point_edit(text, comma + 1, f" {argument}", starts)
+    close_line = text.rfind("\n", 0, close) + 1
+    indent = _argument_indent(text, arguments, starts)
+    if text[close_line:close].strip():  # `value)` closing on the last argument's own line
+        if "#" in between:
+            return None
+        return _point_edit(
+            text,
+            comma + 1 if comma is not None else after,
+            f"{'' if comma is not None else ','}\n{indent}{argument}",
+            starts,
+        )
+    line = f"{indent}{argument},\n"
+    if comma is not None and "#" not in between:
+        return _point_edit(text, comma + 1, f"\n{indent}{argument},", starts)
+    if comma is not None:  # a comment after the comma: the new line goes after it
+        return _point_edit(text, close_line, line, starts)
+    # no comma after the last argument: one goes right after it, before any comment
+    start_line, start_col = position(text, after, starts)
+    end_line, end_col = position(text, close_line, starts)
+    return TextEdit(
+        range=SourceRange(
+            start_line=start_line, start_col=start_col, end_line=end_line, end_col=end_col
+        ),
+        new_text="," + text[after:close_line] + line,
+    )
+
+
+def _point_edit(text: str, at: int, new_text: str, starts: list[int]) -> TextEdit:
     line, col = position(text, at, starts)
     return TextEdit(range=_point(line, col), new_text=new_text)
 
 
-def _argument_indent(call_text: str) -> str:
-    for line in call_text.splitlines()[1:]:
-        if line.strip():
-            return line[: len(line) - len(line.lstrip())]
-    return "    "
+def _call_tail(text: str, last: int, close: int) -> tuple[int, int | None] | None:
+    """Between a call's last argument (ending at `last`) and its closing parenthesis: where
+    the argument really ends (after parentheses around it) and where its comma is, if any.
+    None for anything but parentheses, one comma, comments and blank space."""
+    after, comma, index = last, None, last
+    while index < close:
+        char = text[index]
+        if char == "#":
+            newline = text.find("\n", index, close)
+            index = close if newline < 0 else newline
+            continue
+        if char == ")" and comma is None:
+            after = index + 1
+        elif char == "," and comma is None:
+            comma = index
+        elif char == "\\" and text[index + 1 : index + 2] == "\n":
+            index += 1
+        elif not char.isspace():
+            return None
+        index += 1
+    return after, comma
 
 
-def append_yaml_key(text: str, key: str, value: Any) -> TextEdit:
-    lines = text.splitlines()
-    line = len(lines)
-    prefix = "" if not text or text.endswith("\n") else "\n"
-    if text.endswith("\n"):
-        return TextEdit(range=_point(line, 0), new_text=f"{key}: {yaml_literal(value)}\n")
-    return TextEdit(
-        range=_point(max(line - 1, 0), len(lines[-1]) if lines else 0),
-        new_text=f"{prefix}{key}: {yaml_literal(value)}\n",
+def _argument_indent(text: str, arguments: Sequence[ast.AST], starts: list[int]) -> str:
+    """The indent of the call's last argument written first on its own line, else 4 spaces
+    more than the line the call starts on."""
+    for argument in reversed(arguments):
+        begin = node_span(text, argument, starts)[0]
+        line_start = text.rfind("\n", 0, begin) + 1
+        if not text[line_start:begin].strip():
+            return text[line_start:begin]
+    first = node_span(text, arguments[0], starts)[0]
+    line_start = text.rfind("\n", 0, first) + 1
+    line = text[line_start:first]
+    return line[: len(line) - len(line.lstrip())] + "    "
+
+
+# -- Python structure (ast): which call, which keyword, which variable -----------------------
+
+
+def python_tree(text: str) -> ast.Module | None:
+    try:
+        return ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+
+
+def _char_col(text: str, starts: list[int], line: int, byte_col: int) -> int:
+    if line >= len(starts):
+        return byte_col
+    end = text.find("\n", starts[line])
+    row = text[starts[line] : end if end >= 0 else len(text)]
+    if row.isascii():
+        return byte_col
+    return len(row.encode("utf-8")[:byte_col].decode("utf-8", errors="ignore"))
+
+
+def node_span(text: str, node: ast.AST, starts: list[int] | None = None) -> tuple[int, int]:
+    """A node's start and end as offsets into `text` (ast counts columns in UTF-8 bytes)."""
+    starts = starts or line_starts(text)
+    line = int(getattr(node, "lineno", 1)) - 1
+    end_line = int(getattr(node, "end_lineno", None) or line + 1) - 1
+    col = _char_col(text, starts, line, int(getattr(node, "col_offset", 0)))
+    end_col = _char_col(text, starts, end_line, int(getattr(node, "end_col_offset", None) or 0))
+    return offset(text, line, col, starts), offset(text, end_line, end_col, starts)
+
+
+def _range_span(text: str, where: SourceRange, starts: list[int]) -> tuple[int, int]:
+    return (
+        offset(text, where.start_line, where.start_col, starts),
+        offset(text, where.end_line, where.end_col, starts),
     )
+
+
+def node_at(tree: ast.AST, text: str, where: SourceRange) -> ast.expr | None:
+    """The expression written exactly over `where`."""
+    starts = line_starts(text)
+    wanted = _range_span(text, where, starts)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.expr) and node.lineno - 1 == where.start_line:
+            if node_span(text, node, starts) == wanted:
+                return node
+    return None
+
+
+def call_at(tree: ast.AST, text: str, where: SourceRange) -> ast.Call | None:
+    node = node_at(tree, text, where)
+    return node if isinstance(node, ast.Call) else None
+
+
+def callee_name(call: ast.Call) -> str:
+    func = call.func
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return func.id if isinstance(func, ast.Name) else ""
+
+
+def _range_of_span(text: str, start: int, end: int, starts: list[int]) -> SourceRange:
+    start_line, start_col = position(text, start, starts)
+    end_line, end_col = position(text, end, starts)
+    return SourceRange(
+        start_line=start_line, start_col=start_col, end_line=end_line, end_col=end_col
+    )
+
+
+def _replace_node(text: str, node: ast.AST, new_text: str) -> TextEdit:
+    starts = line_starts(text)
+    return TextEdit(
+        range=_range_of_span(text, *node_span(text, node, starts), starts), new_text=new_text
+    )
+
+
+def _python_value_edit(
+    plan: TrainingPlan, text: str, field: str, where: SourceRange, value: Any
+) -> TextEdit | None:
+    """The edit writing `value` for a setting read from `where` in a Python file:
+    - a flag's `add_argument(...)` call: its `default=` is set there;
+    - a variable's literal (`bs = 8`): edited there only when nothing else reads the variable,
+      else the trainer call's `field=bs` gets the literal instead;
+    - any other value: replaced where it stands."""
+    tree = python_tree(text)
+    if tree is None:
+        return None
+    node = node_at(tree, text, where)
+    if node is None:
+        return None
+    literal = python_literal(value)
+    if isinstance(node, ast.Call):
+        if callee_name(node) != "add_argument":
+            return None
+        default = next((kw for kw in node.keywords if kw.arg == "default"), None)
+        if default is not None:
+            return _replace_node(text, default.value, literal)
+        return insert_keyword(text, where, "default", value)
+    variable = _assigned_name(tree, node)
+    if variable is None:
+        return TextEdit(range=where, new_text=literal)
+    reads = sum(
+        isinstance(n, ast.Name) and n.id == variable and isinstance(n.ctx, ast.Load)
+        for n in ast.walk(tree)
+    )
+    if reads <= 1:
+        return TextEdit(range=where, new_text=literal)
+    call = call_at(tree, text, plan.trainer_range) if plan.trainer_range else None
+    if call is None:
+        return None
+    for kw in call.keywords:
+        if kw.arg == field and isinstance(kw.value, ast.Name) and kw.value.id == variable:
+            return _replace_node(text, kw.value, literal)
+    return None
+
+
+def _assigned_name(tree: ast.AST, value: ast.expr) -> str | None:
+    """`name` when `value` is the whole right side of `name = value`."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is value:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if len(targets) == 1 and isinstance(targets[0], ast.Name):
+                return targets[0].id
+    return None
+
+
+ARGUMENT_CLASSES = ("TrainingArguments", "Config")  # TrainingArguments, SFTConfig, DPOConfig...
+
+
+def _insert_python_setting(
+    plan: TrainingPlan, text: str, field: str, value: Any
+) -> TextEdit | None:
+    """A setting that came from a default, written where the trainer's settings are made:
+    a keyword of the TrainingArguments/SFTConfig call, or, for `HfArgumentParser((...))`, a
+    field of the parser's TrainingArguments dataclass (the parser takes no such keyword)."""
+    if plan.trainer_range is None:
+        return None
+    tree = python_tree(text)
+    if tree is None:
+        return None
+    call = call_at(tree, text, plan.trainer_range)
+    if call is None:
+        return None
+    if callee_name(call) == "HfArgumentParser":
+        return _insert_dataclass_field(tree, text, call, field, value)
+    if not callee_name(call).endswith(ARGUMENT_CLASSES):
+        return None  # not a call known to take the setting as a keyword
+    return insert_keyword(text, plan.trainer_range, field, value)
+
+
+def _insert_dataclass_field(
+    tree: ast.Module, text: str, parser: ast.Call, field: str, value: Any
+) -> TextEdit | None:
+    listed = parser.args[0] if parser.args else None
+    names = [
+        n.id
+        for n in (listed.elts if isinstance(listed, (ast.Tuple, ast.List)) else [listed])
+        if isinstance(n, ast.Name)
+    ]
+    for node in tree.body:
+        if not (isinstance(node, ast.ClassDef) and node.name in names):
+            continue
+        bases = [
+            b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in node.bases
+        ]
+        if not any(base.endswith(ARGUMENT_CLASSES) for base in bases):
+            continue
+        if any(
+            isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name) and s.target.id == field
+            for s in node.body
+        ):
+            return None
+        starts = line_starts(text)
+        first = node_span(text, node.body[0], starts)[0]
+        indent = text[text.rfind("\n", 0, first) + 1 : first]
+        if indent.strip():
+            return None  # a one-line class body
+        line = node.end_lineno or node.lineno  # the line after the class
+        kind = type(value).__name__
+        return TextEdit(
+            range=_point(line, 0), new_text=f"{indent}{field}: {kind} = {python_literal(value)}\n"
+        )
+    return None
 
 
 def keyword_at(text: str, value_range: SourceRange) -> str | None:
@@ -151,24 +393,37 @@ def _sourced_for(plan: TrainingPlan, text: str, field: str) -> Sourced[Any] | No
 def set_setting(plan: TrainingPlan, text: str, field: str, value: Any) -> list[TextEdit] | None:
     """Edits that make the file say `field = value`, or None where no safe edit exists."""
     sourced = _sourced_for(plan, text, field)
-    literal = python_literal(value) if plan.kind in ("python", "notebook") else yaml_literal(value)
-    if (
-        isinstance(sourced, Sourced)
-        and sourced.source in (Provenance.EXPLICIT, Provenance.CLI_DEFAULT, Provenance.CONFIG)
-        and sourced.range is not None
-    ):
-        notebook = plan.path if plan.kind == "notebook" else None
-        edit = replace_value(sourced, literal, notebook)
-        return [edit] if edit else None
-    if plan.kind == "python" and plan.trainer_range is not None:
-        edit = insert_keyword(text, plan.trainer_range, field, value)
-        return [edit] if edit else None
-    if plan.kind == "notebook" and plan.trainer_range is not None:
-        return _insert_in_cell(plan, text, field, value)
-    if plan.kind == "yaml":
+    where = _written_at(sourced)
+    if plan.kind in ("yaml", "json"):
+        from llmmem.rules.config_edits import set_config_value
+
+        if where is not None and where.path is not None:
+            return None  # another file (a referenced config): not edited from here
         key = YAML_KEYS.get(field, {}).get(plan.framework, field)
-        return [append_yaml_key(text, key, value)]
-    return None
+        edit = set_config_value(text, key, value, where, json_file=plan.kind == "json")
+    elif where is not None and plan.kind == "python":
+        edit = _python_value_edit(plan, text, field, where, value)
+    elif where is not None and sourced is not None:
+        literal = python_literal(value) if plan.kind == "notebook" else yaml_literal(value)
+        edit = replace_value(sourced, literal, plan.path if plan.kind == "notebook" else None)
+    elif plan.kind == "python":
+        edit = _insert_python_setting(plan, text, field, value)
+    elif plan.kind == "notebook" and plan.trainer_range is not None:
+        return _insert_in_cell(plan, text, field, value)
+    else:
+        return None
+    return [edit] if edit else None
+
+
+def _written_at(sourced: Sourced[Any] | None) -> SourceRange | None:
+    """Where the value is written, if an edit there can change it."""
+    if sourced is None or sourced.source not in (
+        Provenance.EXPLICIT,
+        Provenance.CLI_DEFAULT,
+        Provenance.CONFIG,
+    ):
+        return None
+    return sourced.range
 
 
 def _insert_in_cell(

@@ -1,0 +1,202 @@
+"""Edits of one top-level setting of a YAML or JSON config that change nothing else.
+
+The reader (`extract/yaml_positions`) reads the first document; so do these edits. A value is
+replaced where it is written unless that text is shared: an anchored value (`common: &bs 16`)
+that an alias reads elsewhere is never edited, nor is its anchor removed; the key being set gets
+the literal in place of its alias (`micro_batch_size: *bs` -> `micro_batch_size: 8`), and where
+the value comes through a merge key (`<<: *base`) there is no edit. A key that is not written is
+added to the first document's top-level mapping: a line at its end for a block mapping, an entry
+before the closing brace for a flow mapping or a JSON object. Values in JSON are JSON-encoded.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from llmmem.plan import SourceRange
+from llmmem.rules.finding import TextEdit
+
+
+@dataclass
+class Entry:
+    """One top-level `key: value` of the first document: the value's text span."""
+
+    start: int
+    end: int
+    alias: bool  # the value is written as `*name`
+    key_start: int
+
+
+@dataclass
+class Document:
+    """The first document's top-level mapping, as far as edits need it."""
+
+    flow: bool  # `{...}` (and every JSON object)
+    end: int  # where the mapping's last entry ends (block: where the next token starts)
+    entries: dict[str, Entry] = field(default_factory=dict)
+    anchored: list[tuple[int, int, str]] = field(default_factory=list)  # spans with anchors
+    aliased: set[str] = field(default_factory=set)  # anchors some alias reads
+
+
+def read_document(text: str) -> Document | None:
+    """The top-level mapping of the first document; None when the text does not parse or the
+    document is not a mapping."""
+    try:
+        events = list(_first_document_events(text))
+    except yaml.YAMLError:
+        return None
+    if len(events) < 2 or not isinstance(events[0], yaml.MappingStartEvent):
+        return None
+    document = Document(flow=bool(events[0].flow_style), end=0)
+    depth, expect_key, key = 0, True, None
+    open_spans: list[tuple[int, str | None, str | None]] = []  # (start, anchor, top-level key)
+    for event in events:
+        start, end = event.start_mark.index, event.end_mark.index
+        if isinstance(event, yaml.AliasEvent):
+            document.aliased.add(event.anchor)
+        anchor = getattr(event, "anchor", None)
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            entry_key = None
+            if depth == 1:
+                entry_key = None if expect_key else key
+                expect_key = not expect_key
+            open_spans.append((start, anchor, entry_key))
+            depth += 1
+            continue
+        if isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+            begin, opened_anchor, entry_key = open_spans.pop()
+            if opened_anchor is not None:
+                document.anchored.append((begin, end, opened_anchor))
+            if depth == 0:
+                document.end = start
+            elif depth == 1 and entry_key is not None:
+                document.entries[entry_key] = Entry(begin, end, False, begin)
+            continue
+        if anchor is not None and isinstance(event, yaml.ScalarEvent):
+            document.anchored.append((start, end, anchor))
+        if depth != 1:
+            continue
+        if expect_key:
+            key = event.value if isinstance(event, yaml.ScalarEvent) else None
+            key_start = start
+        elif key is not None:
+            alias = isinstance(event, yaml.AliasEvent)
+            document.entries[key] = Entry(start, end, alias, key_start)
+        expect_key = not expect_key
+    if document.flow:
+        last = max((e.end for e in document.entries.values()), default=None)
+        document.end = last if last is not None else document.end
+    return document
+
+
+def _first_document_events(text: str) -> list[yaml.Event]:
+    events: list[yaml.Event] = []
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.StreamStartEvent, yaml.DocumentStartEvent)):
+            continue
+        if isinstance(event, yaml.DocumentEndEvent):
+            break
+        events.append(event)
+    return events
+
+
+def config_literal(value: Any, *, json_file: bool) -> str:
+    if json_file:
+        return json.dumps(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        loaded = _plain_scalar(value)
+        return value if loaded == value else json.dumps(value)
+    return str(value)
+
+
+def _plain_scalar(value: str) -> Any:
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError:
+        return None
+
+
+def set_config_value(
+    text: str, key: str, value: Any, where: SourceRange | None, *, json_file: bool
+) -> TextEdit | None:
+    """The edit making the first document say `key: value`: at `where` (the range the value
+    was read from) when it is written, else a new entry; None where no safe edit exists."""
+    document = read_document(text)
+    if document is None:
+        return None
+    literal = config_literal(value, json_file=json_file)
+    entry = document.entries.get(key)
+    if where is not None:
+        start = _offset(text, where.start_line, where.start_col)
+        end = _offset(text, where.end_line, where.end_col)
+        if entry is not None and entry.alias:
+            return _edit(text, entry.start, entry.end, literal)  # the alias, not its anchor
+        shared = any(
+            begin < end and start < finish and (anchor in document.aliased or begin >= start)
+            for begin, finish, anchor in document.anchored
+        )
+        return None if shared else _edit(text, start, end, literal)
+    if entry is not None:
+        return None  # written, though not where the plan read it: editing it is a guess
+    name = json.dumps(key) if json_file else key
+    if document.flow:
+        return _flow_entry(text, document, f"{name}: {literal}")
+    at = document.end
+    indent = _block_indent(text, document)
+    line = f"{indent}{name}: {literal}"
+    if at == 0 or text[at - 1] == "\n":
+        return _edit(text, at, at, line + "\n")
+    return _edit(text, at, at, "\n" + line + ("\n" if at < len(text) else ""))
+
+
+def _flow_entry(text: str, document: Document, entry: str) -> TextEdit:
+    """`, key: value` after a flow mapping's last entry (on a line of its own, at the last
+    entry's indent, when the entries are one per line)."""
+    if not document.entries:
+        return _edit(text, document.end, document.end, entry)
+    last = max(document.entries.values(), key=lambda e: e.end)
+    line_start = text.rfind("\n", 0, last.key_start) + 1
+    before = text[line_start : last.key_start]
+    if "\n" in text[last.end : text.find("}", last.end) + 1] and not before.strip():
+        return _edit(text, last.end, last.end, f",\n{before}{entry}")
+    return _edit(text, last.end, last.end, f", {entry}")
+
+
+def _block_indent(text: str, document: Document) -> str:
+    first = min((e.key_start for e in document.entries.values()), default=None)
+    if first is None:
+        return ""
+    line_start = text.rfind("\n", 0, first) + 1
+    before = text[line_start:first]
+    return before if not before.strip() else ""
+
+
+def _offset(text: str, line: int, col: int) -> int:
+    index = 0
+    for _ in range(line):
+        found = text.find("\n", index)
+        if found < 0:
+            return len(text)
+        index = found + 1
+    return min(index + col, len(text))
+
+
+def _edit(text: str, start: int, end: int, new_text: str) -> TextEdit:
+    return TextEdit(range=_range(text, start, end), new_text=new_text)
+
+
+def _range(text: str, start: int, end: int) -> SourceRange:
+    start_line = text.count("\n", 0, start)
+    end_line = text.count("\n", 0, end)
+    start_col = start - (text.rfind("\n", 0, start) + 1)
+    end_col = end - (text.rfind("\n", 0, end) + 1)
+    return SourceRange(
+        start_line=start_line, start_col=start_col, end_line=end_line, end_col=end_col
+    )
