@@ -3,14 +3,27 @@
 Exit codes: 0 no findings at or above `--fail-on` (default warning: info findings are printed
 but pass), 1 such findings, 2 a usage or read error; `--exit-zero` turns 1 into 0. `--fix`
 applies safe fixes one at a time (one that makes the step fit first, else the one that saves
-most), re-linting after each, and reports what is left.
+most), re-linting after each, and reports what is left. A fixed file is written only when it
+still parses and gives an estimate, in its own encoding and line endings, all at once; symbolic
+links are not written through, and a file that cannot be written is an error (exit 2).
 """
 
 from __future__ import annotations
 
 import argparse
+import codecs
+import contextlib
+import errno
+import io
+import json
+import os
+import re
+import stat
 import sys
+import tempfile
+import tokenize
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from llmmem.errors import UsageError
@@ -113,20 +126,163 @@ def fix_file(
     path: Path, text: str, *, gpu: str | None, hub: bool, select: set[str] | None
 ) -> tuple[str, list]:
     """Apply safe fixes one at a time (each changes the estimate the others were made on),
-    re-linting after each, until no finding has one; returns the text and what is left."""
+    re-linting after each, until no finding has one; returns the text and what is left.
+
+    A fix is kept only when the text after it still parses and still gives an estimate, and
+    that estimate moved; otherwise it is dropped with a warning and no later fix is tried."""
+    from llmmem.check import check_text
     from llmmem.rules.edits import apply_edits
 
-    findings, _ = lint_text(path, text, gpu=gpu, hub=hub, select=select)
+    checked = check_text(path, text, gpu=gpu, hub=hub, select=select)
     for _ in range(MAX_FIX_ROUNDS):
-        fix = best_safe_fix(findings)
+        fix = best_safe_fix(checked.findings)
         if fix is None:
             break
         fixed = apply_edits(text, fix.edits)  # type: ignore[attr-defined]
         if fixed == text:
             break
-        text = fixed
-        findings, _ = lint_text(path, text, gpu=gpu, hub=hub, select=select)
-    return text, findings
+        problem = parse_problem(path, fixed)
+        if problem is None:
+            again = check_text(path, fixed, gpu=gpu, hub=hub, select=select)
+            problem = outcome_problem(checked.analysis, again.analysis)
+        if problem is not None:
+            warn(path, f"{fix.title}: not applied, {problem}")  # type: ignore[attr-defined]
+            break
+        text, checked = fixed, again
+    return text, checked.findings
+
+
+def warn(path: Path, message: str) -> None:
+    print(f"llmmem-lint: warning: {path}: {message}", file=sys.stderr)
+
+
+def parse_problem(path: Path, text: str) -> str | None:
+    """Why `text` is no longer a valid file of its kind, or None."""
+    try:
+        if path.suffix == ".py":
+            compile(text, str(path), "exec", dont_inherit=True)
+        elif path.suffix == ".json":
+            json.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            for _ in yaml.safe_load_all(text):
+                pass
+    except SyntaxError as err:
+        return f"the result would not parse ({err.msg}, line {err.lineno})"
+    except ValueError as err:  # json.JSONDecodeError
+        return f"the result would not parse ({err})"
+    except Exception as err:  # yaml.YAMLError and what a constructor raises
+        return f"the result would not parse ({' '.join(str(err).split())})"
+    return None
+
+
+def outcome_problem(before: object, after: object) -> str | None:
+    """Why an analysis after a fix does not show the fix working, or None."""
+    old, new = getattr(before, "budget", None), getattr(after, "budget", None)
+    if old is not None and new is None:
+        return "the file would no longer give an estimate (is the model still found?)"
+    if old is not None and new is not None:
+        if new.device_total_bytes == old.device_total_bytes:
+            return "the estimate would not change (the setting is not read where it was written)"
+    return None
+
+
+@dataclass(frozen=True)
+class FixableText:
+    """A file's text as the fixes see it (every line break a `\\n`), and how to write it
+    back byte for byte: its encoding (a UTF-8 byte-order mark kept) and its line breaks."""
+
+    text: str
+    encoding: str
+    newline: str
+
+    def encode(self, text: str) -> bytes:
+        if self.newline != "\n":
+            text = text.replace("\n", self.newline)
+        return text.encode(self.encoding)
+
+
+def fixable_text(path: Path, data: bytes) -> FixableText | str:
+    """The text to fix, or why the file is not fixed (it is still linted)."""
+    if path.suffix == ".py":
+        try:
+            encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        except SyntaxError as err:
+            return f"it does not decode with its declared or the default encoding ({err})"
+    else:
+        encoding = "utf-8-sig" if data.startswith(codecs.BOM_UTF8) else "utf-8"
+    try:
+        text = data.decode(encoding)
+    except (UnicodeDecodeError, LookupError):
+        return f"it does not decode as {encoding}"
+    endings = set(re.findall(r"\r\n|\r|\n", text))
+    if len(endings) > 1:
+        return "it mixes line endings"
+    newline = endings.pop() if endings else "\n"
+    if newline != "\n":
+        text = text.replace(newline, "\n")
+    return FixableText(text, encoding, newline)
+
+
+def write_refusal(path: Path, roots: list[Path]) -> str | None:
+    """Why `path` must not be rewritten: a symbolic link, or a file found under a directory
+    being linted that resolves outside it."""
+    if path.is_symlink():
+        return "it is a symbolic link (fix the file it points to)"
+    resolved = path.resolve()
+    for root in roots:
+        if path.is_relative_to(root) and not resolved.is_relative_to(root.resolve()):
+            return f"it resolves to {resolved}, outside {root}"
+    return None
+
+
+def write_in_place(path: Path, data: bytes) -> None:
+    """Replace the file's bytes all at once (a temporary file beside it, then a rename),
+    keeping its permissions; a read-only file is refused."""
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if not mode & 0o222 or not os.access(path, os.W_OK):
+        raise PermissionError(errno.EACCES, "the file is read-only")
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".fix")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(temporary, mode)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def fix_in_place(
+    path: Path,
+    text: str,
+    roots: list[Path],
+    *,
+    gpu: str | None,
+    hub: bool,
+    select: set[str] | None,
+) -> tuple[list, bool]:
+    """`--fix` for one file: the findings left, and False when the fixed file could not be
+    written (then the findings are the unfixed file's)."""
+    refusal = write_refusal(path, roots)
+    source = fixable_text(path, path.read_bytes()) if refusal is None else refusal
+    if isinstance(source, str):
+        warn(path, f"not fixed: {source}")
+        return lint_text(path, text, gpu=gpu, hub=hub, select=select)[0], True
+    fixed, findings = fix_file(path, source.text, gpu=gpu, hub=hub, select=select)
+    if fixed == source.text:
+        return findings, True
+    try:
+        write_in_place(path, source.encode(fixed))
+    except (OSError, UnicodeEncodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        print(f"llmmem-lint: error: {path}: cannot write the fixes ({reason})", file=sys.stderr)
+        return lint_text(path, text, gpu=gpu, hub=hub, select=select)[0], False
+    return findings, True
 
 
 def run_lint(args: argparse.Namespace) -> int:
@@ -148,14 +304,17 @@ def run_lint(args: argparse.Namespace) -> int:
 
     all_findings = []
     failing = False
+    roots = [Path(raw) for raw in args.paths if Path(raw).is_dir()]
+    unwritten = 0
     for path in iter_files(args.paths):
         settings = find_project_settings(path)
         require_known_gpus(args.gpu, settings)
         text = read_text(path)
         if args.fix:
-            fixed, findings = fix_file(path, text, gpu=args.gpu, hub=args.hub, select=select)
-            if fixed != text:
-                path.write_text(fixed, encoding="utf-8")
+            findings, written = fix_in_place(
+                path, text, roots, gpu=args.gpu, hub=args.hub, select=select
+            )
+            unwritten += not written
         else:
             findings, _ = lint_text(path, text, gpu=args.gpu, hub=args.hub, select=select)
         all_findings += findings
@@ -170,6 +329,8 @@ def run_lint(args: argparse.Namespace) -> int:
         sys.stdout.write(render.github(all_findings))
     else:
         sys.stdout.write(render.sarif(all_findings, all_rules()))
+    if unwritten:
+        return EXIT_USAGE  # a file's fixes could not be written
     return EXIT_FINDINGS if failing and not args.exit_zero else EXIT_CLEAN
 
 
