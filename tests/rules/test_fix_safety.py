@@ -5,6 +5,7 @@ where the fix writes, and a second `--fix` changes nothing."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 import re
@@ -477,3 +478,30 @@ def test_hf_argument_parser_settings_go_to_the_dataclass(
     added = [line for line in text.splitlines() if line not in original.splitlines()]
     assert added and all(re.fullmatch(r"    \w+: (int|bool|str) = \S+", a) for a in added)
     parses_its_arguments(script)
+
+
+def test_a_notebook_cell_with_ipython_lines_still_gets_its_keyword(tmp_path: Path) -> None:
+    """The keyword is placed with the cell's syntax tree; `%pip` and `!` lines must not hide
+    the trainer call from it."""
+    from llmmem.check import check_text
+    from llmmem.rules.edits import apply_edits
+    from llmmem.rules.finding import TextEdit
+
+    cell = (
+        "%pip install -q transformers\nimport torch\n"
+        "from transformers import AutoModelForCausalLM, TrainingArguments\n"
+        "model = AutoModelForCausalLM.from_pretrained('meta-llama/Llama-3.1-8B',"
+        " dtype=torch.bfloat16)\n!nvidia-smi\n"
+        "args = TrainingArguments(\n    output_dir='out',\n    bf16=True,\n)"
+    )
+    notebook = {"cells": [{"cell_type": "code", "source": cell}], "metadata": {}, "nbformat": 4}
+    path = tmp_path / "train.ipynb"
+    checked = check_text(path, json.dumps(notebook), gpu=GPU, hub=False)
+    fix = next(
+        f for x in checked.findings for f in x.fixes if f.title.startswith("Enable gradient")
+    )
+    local = [
+        TextEdit(range=dataclasses.replace(edit.range, path=None), new_text=edit.new_text)
+        for edit in fix.edits
+    ]
+    assert apply_edits(cell, local).endswith("    bf16=True,\n    gradient_checkpointing=True,\n)")

@@ -445,7 +445,10 @@ def _insert_in_cell(
         end_line=call.end_line,
         end_col=call.end_col,
     )
-    edit = insert_keyword(cell_text, local, field, value)
+    # IPython lines (`%pip ...`, `!nvidia-smi`) read as comments of the same length, so the
+    # cell parses as Python and every offset stays where it was
+    python_text = re.sub(r"(?m)^(\s*)[%!]", r"\1#", cell_text)
+    edit = insert_keyword(python_text, local, field, value)
     if edit is None:
         return None
     placed = SourceRange(
