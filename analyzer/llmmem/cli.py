@@ -25,12 +25,37 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def _positive_int(text: str) -> int:
+    """A count from 1 to 10**9, in ASCII digits (see `llmmem.extract.numbers`)."""
+    from llmmem.extract.numbers import parse_count
+
     try:
-        value = int(text)
+        return parse_count(text)
+    except ValueError as err:  # the message names the value (cut when long) and the bound
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _bounded_int(text: str) -> int:
+    """A whole number up to 10**9; below 1 is left to the setup's own check and message."""
+    from llmmem.extract.numbers import MAX_COUNT, shown
+
+    try:
+        value = int(text) if len(text) <= 40 else None
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+        value = None
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{shown(text)}'")
+    if value > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_COUNT:,}, got {shown(text)}")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text[:24]}'") from None
+    if not 0 < value <= 10**9:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 10**9, got {text[:24]}")
     return value
 
 
@@ -55,7 +80,7 @@ def _add_estimate_parser(sub: Any) -> None:
         help="bf16 = autocast over fp32 weights; bf16-true = bf16 weights",
     )
     p.add_argument("--lora-r", type=_positive_int, default=None)
-    p.add_argument("--lora-alpha", type=float, default=None)
+    p.add_argument("--lora-alpha", type=_finite_float, default=None)
     p.add_argument("--lora-targets", default=None, help="q_proj,v_proj or all-linear")
     p.add_argument(
         "--lora-modules-to-save",
@@ -93,7 +118,9 @@ def _add_estimate_parser(sub: Any) -> None:
         "gradient checkpointing is off): an unused KV cache lives through forward",
     )
     p.add_argument("--mode", choices=["train", "generate"], default=None)
-    p.add_argument("--new-tokens", type=int, default=None, help="generation: tokens to generate")
+    p.add_argument(
+        "--new-tokens", type=_bounded_int, default=None, help="generation: tokens to generate"
+    )
     p.add_argument(
         "--first-step",
         action="store_true",

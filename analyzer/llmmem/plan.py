@@ -53,6 +53,16 @@ class SourceRange:
         }
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RejectedValue:
+    """A value a file states that llmmem refuses to use (a number past its bound): the
+    estimate goes on without it, and a finding says so where it is written."""
+
+    key: str  # the plan's key: "per_device_train_batch_size"
+    message: str  # one line: what was written and why it is not used
+    range: SourceRange | None = None
+
+
 @dataclass(slots=True, kw_only=True)
 class Sourced(Generic[T]):
     value: T
@@ -142,6 +152,8 @@ class TrainingPlan:
     # only pragmas and assumptions, and an editor keeps its last good analysis instead
     unreadable: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # framework keys kept for rules
+    # numbers past llmmem's bounds (a batch of 10**309): not used, each reported where written
+    rejected: list[RejectedValue] = field(default_factory=list)
 
     def sourced_fields(self) -> dict[str, Sourced[Any]]:
         """Every top-level Sourced value by name (for reports and hovers)."""

@@ -169,6 +169,112 @@ def test_a_gpu_capacity_past_any_gpu_is_unknown_not_a_crash() -> None:
     assert_usage_error(proc, "unknown GPU")
 
 
+# -- 3. numbers: bounded integers, a clear message past the bound, never a traceback ------------
+
+HUGE = "9" * 400  # past float range
+OVER_LIMIT = "9" * 5000  # past Python's int-from-text limit
+
+
+def lint_json(path: Path) -> list[dict]:
+    proc = lint(str(path), "--gpu", "A100-80GB", "--format", "json")
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode in (0, 1), proc.stderr
+    return json.loads(proc.stdout)
+
+
+def out_of_range(findings: list[dict]) -> list[tuple[int, str]]:
+    return [(f["range"]["start_line"], f["message"]) for f in findings if f["code"] == "LLM011"]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "line", "setting"),
+    [
+        (
+            "power.py",
+            "from transformers import AutoModelForCausalLM, TrainingArguments\n"
+            'model = AutoModelForCausalLM.from_pretrained("tiny")\n'
+            'args = TrainingArguments(output_dir="o", per_device_train_batch_size=10**309)\n',
+            2,
+            "per_device_train_batch_size",
+        ),
+        (
+            "literal.py",
+            "from transformers import AutoModelForCausalLM, TrainingArguments\n"
+            'model = AutoModelForCausalLM.from_pretrained("tiny")\n'
+            f'args = TrainingArguments(output_dir="o", per_device_train_batch_size={HUGE})\n',
+            2,
+            "per_device_train_batch_size",
+        ),
+        ("pragma.py", f"# llmmem: model=tiny batch={HUGE}\n", 0, "batch="),
+        ("pragma_limit.py", f"# llmmem: model=tiny seq={OVER_LIMIT}\n", 0, "seq="),
+        (
+            "sft.yaml",
+            f"model_name_or_path: tiny\nper_device_train_batch_size: {HUGE}\n",
+            1,
+            "per_device_train_batch_size",
+        ),
+        (
+            "limit.yaml",
+            f"model_name_or_path: tiny\nmax_seq_length: {OVER_LIMIT}\n",
+            1,
+            "max_seq_length",
+        ),
+    ],
+)
+def test_a_number_past_the_bound_is_a_finding_on_its_line(
+    project: Path, name: str, text: str, line: int, setting: str
+) -> None:
+    tiny_model(project / "tiny")
+    path = project / name
+    path.write_text(text)
+    found = out_of_range(lint_json(path))
+    assert len(found) == 1, found
+    at, message = found[0]
+    assert at == line
+    assert setting in message and "1,000,000,000" in message
+    assert len(message) < 300  # the number is cut, not printed in full
+
+
+def test_the_bound_itself_is_read(project: Path) -> None:
+    tiny_model(project / "tiny")
+    path = project / "train.py"
+    path.write_text("# llmmem: model=tiny batch=1000000000 seq=1000000000\n")
+    proc = llmmem("explain", str(path), "--format", "json", "--gpu", "A100-80GB")
+    out = json.loads(proc.stdout)
+    assert out["plan"]["per_device_train_batch_size"]["value"] == 10**9
+    assert out["plan"]["max_seq_length"]["value"] == 10**9
+    assert out_of_range(out["findings"]) == []
+    assert out["budget"]["fits"] is False
+
+
+def test_a_superscript_digit_in_a_pragma_is_a_problem_not_a_crash(project: Path) -> None:
+    tiny_model(project / "tiny")
+    path = project / "train.py"
+    path.write_text("# llmmem: model=tiny seq=2\u00b2 batch=3\n")
+    proc = llmmem("explain", str(path), "--format", "json", "--gpu", "A100-80GB")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    out = json.loads(proc.stdout)
+    assert any("seq" in p and "2\u00b2" in p for p in out["problems"]), out["problems"]
+    assert out["plan"]["per_device_train_batch_size"]["value"] == 3  # the rest still read
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--batch", HUGE],
+        ["--seq", OVER_LIMIT],
+        ["--batch", "2\u00b2"],
+        ["--grad-accum", "1000000001"],
+        ["--method", "lora", "--lora-alpha", "inf"],
+        ["--mode", "generate", "--new-tokens", OVER_LIMIT],
+    ],
+)
+def test_estimate_flags_past_the_bound_exit_2(flags: list[str]) -> None:
+    proc = llmmem("estimate", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "80GB", *flags)
+    assert_usage_error(proc, flags[-2])
+    assert len(proc.stderr) < 400
+
+
 # -- 4. text from a file is never markup ----------------------------------------------------------
 
 

@@ -41,6 +41,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from llmmem.extract.numbers import (
+    MAX_ELEMENTS,
+    NumberOutOfRange,
+    check_bound,
+    parse_count,
+    shown,
+)
 from llmmem.extract.vocabulary import (
     PRECISIONS,
     TRAINER_CONFIG_CLASSES,
@@ -54,6 +61,7 @@ from llmmem.plan import (
     LoraPlan,
     Provenance,
     QuantizationPlan,
+    RejectedValue,
     Sourced,
     SourceRange,
     TrainingPlan,
@@ -175,15 +183,21 @@ class _Candidate:
 
 
 def _as_positive_int(value: object) -> int:
+    """A count from 1 to MAX_COUNT; NumberOutOfRange past it (see `extract.numbers`)."""
     if isinstance(value, bool):
         raise ValueMismatch("expected a positive integer")
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value.strip())
+    if isinstance(value, str):
+        try:
+            value = parse_count(value)
+        except NumberOutOfRange:
+            raise
+        except ValueError:
+            raise ValueMismatch("expected a positive integer") from None
     if not isinstance(value, int) or value <= 0:
         raise ValueMismatch("expected a positive integer")
-    return value
+    return check_bound(value)
 
 
 def _as_bool(value: object) -> bool:
@@ -290,7 +304,7 @@ def _as_elements(value: object, *, at_least: int, expected: str) -> int:
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < at_least:
         raise ValueMismatch(f"expected {expected}")
-    return value
+    return check_bound(value, MAX_ELEMENTS)
 
 
 def _as_bucket_size(value: object) -> int | str:
@@ -363,6 +377,16 @@ def _converter(key: str) -> Callable[[object], Any] | None:
     return None
 
 
+def _text_of(value: object) -> str:
+    """repr() of a value for a message; an int too long for str() is described instead."""
+    if isinstance(value, int) and value.bit_length() > 13_000:
+        return f"a {int(value.bit_length() * 0.30103) + 1}-digit number"
+    try:
+        return repr(value)
+    except ValueError:
+        return f"a {type(value).__name__}"
+
+
 def _where(range_: SourceRange | None) -> str:
     if range_ is None:
         return ""
@@ -388,6 +412,7 @@ class PlanBuilder:
         self.lora_range: SourceRange | None = None
         self.quantization_range: SourceRange | None = None
         self.problems: list[str] = []
+        self.rejected: list[RejectedValue] = []  # numbers past their bounds, where written
         self.unreadable: str | None = None  # why the file could not be parsed at all
 
     def set(
@@ -423,10 +448,19 @@ class PlanBuilder:
             if convert is not None:
                 try:
                     value = convert(value)
+                except NumberOutOfRange as err:
+                    if report:
+                        message = f"{key}: {err}; not used{_where(candidate.range)}"
+                        self.problems.append(message)
+                        self.rejected.append(
+                            RejectedValue(key=key, message=str(err), range=candidate.range)
+                        )
+                    continue
                 except (ValueMismatch, ValueError, TypeError) as err:
                     if report:
+                        written = shown(_text_of(candidate.value), 40)
                         self.problems.append(
-                            f"{key}: {err}, got {candidate.value!r}{_where(candidate.range)}"
+                            f"{key}: {err}, got {written}{_where(candidate.range)}"
                         )
                     continue
             return Sourced[Any](
@@ -540,6 +574,7 @@ class PlanBuilder:
             extra=self._extra(),
         )
         plan.problems = list(dict.fromkeys(self.problems))
+        plan.rejected = list(dict.fromkeys(self.rejected))
         plan.unreadable = self.unreadable
         return plan
 

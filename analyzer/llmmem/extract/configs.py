@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from llmmem.extract.builder import PlanBuilder
+from llmmem.extract.numbers import is_ascii_digits, shown
 from llmmem.extract.pragmas import ProjectSettings, apply_project_settings, read_pragmas
 from llmmem.extract.vocabulary import normalize_attn_implementation, optim_for_optimizer_class
 from llmmem.extract.yaml_positions import (
@@ -108,6 +109,10 @@ def as_int(value: Any) -> int:
         return int(value)
     if isinstance(value, str):
         text = value.strip()
+        if is_ascii_digits(text) and len(text) > 4000:
+            # past Python's int-from-text limit: a number of the same length stands for it, so
+            # the plan reports it as too large ("a 5000-digit number") where it is written
+            return 10 ** (len(text.lstrip("0")) - 1)
         try:
             return int(text)
         except ValueError:
@@ -117,7 +122,7 @@ def as_int(value: Any) -> int:
                 number = float("nan")
             if number.is_integer():
                 return int(number)
-    raise ValueProblem(f"must be a whole number, got {value!r}")
+    raise ValueProblem(f"must be a whole number, got {shown(repr(value), 40)}")
 
 
 def as_count(value: Any) -> int:
@@ -559,6 +564,12 @@ def apply_file_pragmas(builder: PlanBuilder, text: str, range_path: str | None) 
         builder.set(pragma.key, pragma.value, Provenance.PRAGMA, located)
     prefix = f"{range_path}: " if range_path else ""
     builder.problems.extend(prefix + problem for problem in reading.problems)
+    builder.rejected.extend(
+        replace(
+            rejected, range=replace(rejected.range, path=range_path) if rejected.range else None
+        )
+        for rejected in reading.rejected
+    )
 
 
 # the builder's table of defaults for what a framework leaves unsaid: the HF Trainer's where

@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from llmmem.extract.builder import PlanBuilder
-from llmmem.plan import Provenance, SourceRange
+from llmmem.extract.numbers import NumberOutOfRange, parse_count, shown
+from llmmem.plan import Provenance, RejectedValue, SourceRange
 
 # pragma key -> (builder key, value type)
 PRAGMA_KEYS: dict[str, tuple[str, type]] = {
@@ -80,6 +81,7 @@ class PragmaReading:
     pragmas: list[Pragma]
     suppressions: dict[int, set[str]]  # 0-based line -> codes ("*" for all)
     problems: list[str]
+    rejected: list[RejectedValue] = field(default_factory=list)  # numbers past their bounds
 
 
 def split_lines(text: str) -> list[str]:
@@ -167,12 +169,20 @@ def _read_comment(
         key, kind = PRAGMA_KEYS[written]
         value: str | int = raw
         if kind is int:
-            if not raw.isdigit() or int(raw) <= 0:
-                reading.problems.append(
-                    f"llmmem pragma ({where}): {written} must be a positive integer, got '{raw}'"
+            try:
+                value = parse_count(raw)
+            except NumberOutOfRange as err:
+                reading.problems.append(f"llmmem pragma ({where}): {written}: {err}; not used")
+                reading.rejected.append(
+                    RejectedValue(key=key, message=f"{written}={err}", range=comment_range)
                 )
                 continue
-            value = int(raw)
+            except ValueError:
+                reading.problems.append(
+                    f"llmmem pragma ({where}): {written} must be a positive integer, "
+                    f"got '{shown(raw)}'"
+                )
+                continue
         elif not raw:
             reading.problems.append(f"llmmem pragma ({where}): {written} has no value")
             continue
@@ -198,6 +208,7 @@ def apply_pragmas(builder: PlanBuilder, text: str) -> PragmaReading:
     for pragma in reading.pragmas:
         builder.set(pragma.key, pragma.value, Provenance.PRAGMA, pragma.range, note="")
     builder.problems.extend(reading.problems)
+    builder.rejected.extend(reading.rejected)
     return reading
 
 

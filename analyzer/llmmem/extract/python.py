@@ -61,6 +61,7 @@ MAX_SOURCE_CHARS = 1_000_000  # larger files are not parsed (pragmas are still r
 MAX_CALL_DEPTH = 8  # user functions calling user functions
 MAX_FUNCTION_RUNS = 300  # user function bodies walked per file
 MAX_DEEPSPEED_CONFIG_BYTES = 1_000_000
+MAX_RESULT_BITS = 4096  # integer arithmetic on literals stops here (10**1233)
 MAX_SCRIPT_BYTES = 50_000_000  # a script read from disk (the editor's buffer has no cap here)
 
 _UNSLOTH_LOADERS = frozenset({"FastLanguageModel", "FastModel", "FastVisionModel"})
@@ -505,7 +506,7 @@ def _safe_binary(op: ast.operator, left: object, right: object) -> object:
     elif isinstance(op, ast.Mult):
         if isinstance(left, numbers) and isinstance(right, numbers):
             result = left * right
-            if isinstance(result, int) and result.bit_length() > 256:
+            if isinstance(result, int) and result.bit_length() > MAX_RESULT_BITS:
                 raise OverflowError("too large")
             return result
     elif isinstance(op, ast.Div) and isinstance(left, numbers) and isinstance(right, numbers):
@@ -515,6 +516,12 @@ def _safe_binary(op: ast.operator, left: object, right: object) -> object:
     elif isinstance(op, ast.Mod) and isinstance(left, numbers) and isinstance(right, numbers):
         return left % right
     elif isinstance(op, ast.Pow) and isinstance(left, numbers) and isinstance(right, numbers):
+        if isinstance(left, int) and isinstance(right, int) and right >= 0:
+            # exact, as long as the result stays small enough to compute at once: `10**309`
+            # is a number (one the plan then refuses as too large), `2**10**10` is not computed
+            if abs(left).bit_length() * right > MAX_RESULT_BITS:
+                raise OverflowError("too large")
+            return left**right
         if abs(right) > 64 or abs(left) > 2**32:
             raise OverflowError("too large")
         return left**right

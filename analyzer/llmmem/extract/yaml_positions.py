@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from llmmem.extract.numbers import shown
 from llmmem.plan import SourceRange
 
 KeyPath = tuple[str | int, ...]
@@ -273,7 +274,7 @@ class _NodeWalk:
             return self.scalar_constructor.construct_object(node)
         except (yaml.YAMLError, ValueError, TypeError, OverflowError):
             # an unknown tag (`!include x`) or a value its tag cannot hold (`2020-13-45`)
-            self.problem_at(node, f"'{node.value}' kept as text ({node.tag})")
+            self.problem_at(node, f"'{shown(node.value)}' kept as text ({node.tag})")
             return node.value
 
     def node_range(self, node: yaml.Node) -> SourceRange:
