@@ -8,9 +8,18 @@ configs (the small ones at a real model's proportions, ~100M parameters) are for
 
     python -m llmmem.verify.grid [--size small|medium|real] [--family llama ...]
                                  [--device fake|cpu|cuda] [--fsdp RANKS] [--qlora]
+                                 [--model ID ...] [--method full|lora|qlora ...]
+                                 [--attn sdpa|eager ...] [--shape BxS ...] [--json PATH]
 
-`--device cuda` runs the same grid as real steps on a GPU (`max_memory_allocated` per phase);
+`--device cuda` runs the same grid as real steps on a GPU: per phase `max_memory_allocated`,
+and what NVML (nvidia-smi) shows as the phase ends; the caching allocator's reserved peak over
+the step. Each case starts from an emptied cache, so its reserved and NVML figures are its own.
 `--device cpu` as real CPU steps (small and medium configs).
+
+`--model` takes catalog models at their real size instead of the families (`--model
+Qwen/Qwen2.5-0.5B --model meta-llama/Llama-3.2-1B`), with the methods, attention
+implementations and shapes asked for; `--json` writes every case's predicted and measured
+figures (allocated per phase, reserved, on the device, and the overhead terms).
 
 `--qlora` runs QLoRA instead (NF4 with double quantization, prepared for k-bit training, LoRA,
 bitsandbytes' paged 8-bit AdamW): bitsandbytes kernels do not run on fake tensors, so these are
@@ -21,9 +30,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from llmmem.budget.phases import estimate_budget
@@ -171,14 +182,16 @@ class GridCase:
     seq: int
     precision: str  # "bf16-true" | "bf16"
     fsdp_ranks: int = 1  # > 1: FSDP full_shard over this many ranks (rank 0's memory)
+    attn: str = "sdpa"
+    model: str | None = None  # a catalog model at its real size, instead of the family's config
 
     @property
     def name(self) -> str:
         ckpt = "ckpt" if self.grad_ckpt else "nockpt"
         fsdp = f"-fsdp{self.fsdp_ranks}" if self.fsdp_ranks > 1 else ""
-        return (
-            f"{self.family}-{self.method}-{ckpt}-b{self.batch}-s{self.seq}-{self.precision}{fsdp}"
-        )
+        attn = f"-{self.attn}" if self.attn != "sdpa" else ""
+        who = self.model.split("/")[-1] if self.model else self.family
+        return f"{who}-{self.method}-{ckpt}-b{self.batch}-s{self.seq}-{self.precision}{fsdp}{attn}"
 
 
 @dataclass
@@ -188,6 +201,8 @@ class GridResult:
     simulated: dict[str, int]
     error: str | None = None
     seconds: float = 0.0
+    measurement: dict[str, Any] | None = None  # the step's whole StepMeasurement, as JSON
+    predicted_totals: dict[str, Any] | None = None  # reserved, on the device, overhead terms
 
     @property
     def worst(self) -> float:
@@ -236,7 +251,44 @@ def qlora_cases(families: list[str], shapes: tuple[tuple[int, int], ...]) -> lis
     ]
 
 
-def config_for(family: str, size: str) -> dict[str, Any]:
+def model_cases(
+    models: list[str],
+    methods: list[str],
+    attns: list[str],
+    shapes: tuple[tuple[int, int], ...],
+) -> list[GridCase]:
+    """Catalog models at their real size: LoRA and full fine-tuning in pure bf16, QLoRA under
+    bf16 autocast (as the scripts people write run them), checkpointing off and on."""
+    out = []
+    for model, method, attn, ckpt, (batch, seq) in itertools.product(
+        models, methods, attns, (False, True), shapes
+    ):
+        precision = "bf16" if method == "qlora" else "bf16-true"
+        out.append(GridCase(family_of(model), method, ckpt, batch, seq, precision, 1, attn, model))
+    return out
+
+
+def family_of(model: str) -> str:
+    """The grid family (LoRA targets) of a catalog model, from its config's model_type."""
+    from llmmem.models.catalog import catalog_entry
+
+    entry = catalog_entry(model)
+    if entry is None:
+        raise KeyError(f"{model} is not in the bundled catalog")
+    model_type = str(entry.config.get("model_type"))
+    if model_type not in LORA_TARGETS:
+        raise KeyError(f"{model} ({model_type}) has no LoRA targets in the grid")
+    return model_type
+
+
+def config_for(family: str, size: str, model: str | None = None) -> dict[str, Any]:
+    if model is not None:
+        from llmmem.models.catalog import catalog_entry
+
+        entry = catalog_entry(model)
+        if entry is None:
+            raise KeyError(f"{model} is not in the bundled catalog")
+        return dict(entry.config)
     if size == "small":
         return dict(SMALL_CONFIGS[family])
     if size == "medium":
@@ -255,14 +307,9 @@ def config_for(family: str, size: str) -> dict[str, Any]:
     return dict(entry.config)
 
 
-def run_case(
-    case: GridCase, config: dict[str, Any], model_id: str = "grid", device: str = "fake"
-) -> GridResult:
-    from llmmem.verify.runner import run_step
-
-    spec = spec_from_config(config, model_id=model_id, source=ModelSource.LOCAL)
+def setup_for(case: GridCase) -> TrainingSetup:
     qlora = case.method == "qlora"
-    setup = TrainingSetup(
+    return TrainingSetup(
         method=Method(case.method),
         lora=LoraSetup(r=16, alpha=32, targets=LORA_TARGETS[case.family])
         if case.method != "full"
@@ -276,25 +323,101 @@ def run_case(
         distributed=DistributedSetup(world_size=case.fsdp_ranks, fsdp=FsdpShard.FULL_SHARD)
         if case.fsdp_ranks > 1
         else DistributedSetup(),
+        attn=case.attn,
     )
-    budget = estimate_budget(spec, setup, None, with_first_step=False)
-    predicted = {phase.phase.value: phase.allocated_bytes for phase in budget.phases}
+
+
+def predict_case(case: GridCase, config: dict[str, Any], model_id: str) -> dict[str, Any]:
+    """The core's figures for a case: allocated per phase, and the totals with their terms."""
+    spec = spec_from_config(config, model_id=model_id, source=ModelSource.LOCAL)
+    budget = estimate_budget(spec, setup_for(case), None, with_first_step=False)
+    return {
+        "phases": {phase.phase.value: phase.allocated_bytes for phase in budget.phases},
+        "totals": {
+            "allocated_peak_bytes": budget.allocated_peak_bytes,
+            "reserved_peak_bytes": budget.reserved_peak_bytes,
+            "device_total_bytes": budget.device_total_bytes,
+            "overheads": {
+                name.value: {"bytes": term.bytes, "formula": term.formula}
+                for name, term in budget.overheads.items()
+            },
+        },
+    }
+
+
+def run_case(
+    case: GridCase, config: dict[str, Any], model_id: str = "grid", device: str = "fake"
+) -> GridResult:
+    from llmmem.verify.runner import run_step
+
+    spec = spec_from_config(config, model_id=model_id, source=ModelSource.LOCAL)
+    prediction = predict_case(case, config, model_id)
     started = time.monotonic()
-    measured = run_step(request_for(spec, setup, config, device))
+    if device == "cuda":
+        _empty_cuda_cache()
+    measured = run_step(request_for(spec, setup_for(case), config, device))
+    seconds = round(time.monotonic() - started, 2)
+    if device == "cuda":
+        _empty_cuda_cache()
     simulated = {phase.phase: phase.peak_bytes for phase in measured.phases}
+    error = measured.error
+    if measured.oom is not None:
+        error = f"out of memory in {measured.oom.get('phase')}"
     return GridResult(
-        case, predicted, simulated, measured.error, round(time.monotonic() - started, 2)
+        case,
+        prediction["phases"],
+        simulated,
+        error,
+        seconds,
+        measured.to_json(),
+        prediction["totals"],
     )
+
+
+def _empty_cuda_cache() -> None:
+    """Give the last case's cached segments back, so the next one's reserved peak and NVML
+    figure are its own."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+
+
+def results_json(results: list[GridResult]) -> list[dict[str, Any]]:
+    return [
+        {
+            "case": r.case.name,
+            "model": r.case.model,
+            "family": r.case.family,
+            "method": r.case.method,
+            "grad_ckpt": r.case.grad_ckpt,
+            "batch": r.case.batch,
+            "seq": r.case.seq,
+            "precision": r.case.precision,
+            "attn": r.case.attn,
+            "predicted_allocated_bytes": r.predicted,
+            "measured_allocated_bytes": r.simulated,
+            "predicted": r.predicted_totals,
+            "measurement": r.measurement,
+            "error": r.error,
+            "seconds": r.seconds,
+        }
+        for r in results
+    ]
 
 
 def table(results: list[GridResult]) -> str:
     lines = [
-        f"{'case':<44} {'fwd':>7} {'bwd':>7} {'step':>7} {'peak':>7} {'measured':>10}  s",
-        "-" * 92,
+        f"{'case':<50} {'fwd':>7} {'bwd':>7} {'step':>7} {'peak':>7} {'measured':>10}  s",
+        "-" * 98,
     ]
     for r in results:
         if r.error:
-            lines.append(f"{r.case.name:<44} error: {r.error}")
+            lines.append(f"{r.case.name:<50} error: {r.error}")
             continue
         cells = []
         for phase in ("forward", "backward", "optimizer_step"):
@@ -303,14 +426,14 @@ def table(results: list[GridResult]) -> str:
             cells.append(f"{100 * (want - got) / got:+6.1f}%" if got and want else "      —")
         sim = max(r.simulated.values())
         lines.append(
-            f"{r.case.name:<44} {' '.join(cells)} {100 * r.peak_error:+6.1f}% "
+            f"{r.case.name:<50} {' '.join(cells)} {100 * r.peak_error:+6.1f}% "
             f"{sim / 2**20:8.1f}Mi {r.seconds:4.1f}"
         )
     ok = [r for r in results if not r.error]
     if ok:
         errors = sorted(abs(r.peak_error) for r in ok)
         within = sum(r.worst <= 0.05 for r in ok)
-        lines.append("-" * 92)
+        lines.append("-" * 98)
         lines.append(
             f"{len(ok)} cases: peak |error| median {100 * errors[len(errors) // 2]:.1f}%, "
             f"max {100 * errors[-1]:.1f}%; every phase within 5% in {within}"
@@ -341,19 +464,50 @@ def main(argv: list[str] | None = None) -> int:
         metavar="RANKS",
         help="FSDP full_shard over RANKS ranks (simulated: rank 0 alone in a fake group)",
     )
+    parser.add_argument(
+        "--model", action="append", metavar="ID", help="a catalog model at its real size"
+    )
+    parser.add_argument(
+        "--method", action="append", choices=["full", "lora", "qlora"], help="with --model"
+    )
+    parser.add_argument("--attn", action="append", choices=["sdpa", "eager"], help="with --model")
+    parser.add_argument(
+        "--shape", action="append", metavar="BxS", help="micro-batch x sequence, e.g. 2x2048"
+    )
+    parser.add_argument("--json", metavar="PATH", help="write every case's figures here")
     args = parser.parse_args(argv)
     families = args.family or list(SMALL_CONFIGS)
     shapes = SHAPES[args.size]
-    if args.qlora and args.device == "fake":
+    if args.shape:
+        try:
+            shapes = tuple(
+                (int(b), int(s_)) for b, s_ in (shape.lower().split("x") for shape in args.shape)
+            )
+        except ValueError:
+            parser.error("--shape takes BATCHxSEQUENCE, e.g. 2x2048")
+    methods = args.method or ["lora"]
+    if (args.qlora or "qlora" in methods and args.model) and args.device == "fake":
         parser.error("QLoRA steps run bitsandbytes kernels: use --device cpu (or cuda)")
     ranks = max(1, args.fsdp)
-    grid = qlora_cases(families, shapes) if args.qlora else cases(families, shapes, ranks)
+    if args.model:
+        try:
+            grid = model_cases(args.model, methods, args.attn or ["sdpa"], shapes)
+        except KeyError as err:
+            parser.error(str(err.args[0]))
+    elif args.qlora:
+        grid = qlora_cases(families, shapes)
+    else:
+        grid = cases(families, shapes, ranks)
     results = []
     for case in grid:
-        config = config_for(case.family, args.size)
-        model_id = REAL_MODELS[case.family] if args.size == "real" else case.family
+        config = config_for(case.family, args.size, case.model)
+        model_id = case.model or (REAL_MODELS[case.family] if args.size == "real" else case.family)
         results.append(run_case(case, config, model_id, args.device))
         print(table(results[-1:]).splitlines()[2], flush=True, file=sys.stderr)
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            with open(args.json, "w", encoding="utf-8") as out:
+                json.dump(results_json(results), out, indent=1)
     print(table(results))
     return 0
 

@@ -63,6 +63,11 @@ class PhaseMeasurement:
     phase: str
     peak_bytes: int  # the most allocated at any moment of the phase
     by_category: dict[str, int]  # what was alive at that moment, by category
+    # CUDA: what NVML (nvidia-smi) shows for this process as the phase ends; the caching
+    # allocator returns nothing within a step, so this is the phase's most
+    device_used_bytes: int | None = None
+    # CUDA: the caching allocator's reserved peak within the phase (max_memory_reserved)
+    reserved_bytes: int | None = None
 
 
 @dataclass
@@ -73,6 +78,11 @@ class StepMeasurement:
     phases: list[PhaseMeasurement] = field(default_factory=list)
     allocated_peak_bytes: int = 0
     reserved_peak_bytes: int | None = None  # CUDA only: what the caching allocator held
+    # CUDA only: the most NVML (nvidia-smi) showed for this process over the measured phases,
+    # context included; `device_used_source` says whether it is the process's own line
+    # ("process") or the whole device's use ("device", where the process is not listed)
+    device_used_peak_bytes: int | None = None
+    device_used_source: str | None = None
     free_before_bytes: int | None = None  # CUDA mem_get_info before the model was built
     free_after_bytes: int | None = None
     weights_bytes: int = 0

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Real CUDA numbers for the calibration, in one run on a machine with one NVIDIA GPU.
+#
+#   OUT=gpu-out bash bench/gpu_run.sh            # all of it, about 8 minutes on an H100
+#   OUT=gpu-out bash bench/gpu_run.sh qlora full # some steps: context lora eager qlora full
+#                                                # full-expandable example-full example-qlora
+#
+# What it needs: python3 with a CUDA build of torch and nvidia-ml-py. transformers, peft,
+# bitsandbytes (and regex, which transformers checks) are installed at the versions the tests
+# pin: from wheels in .gpu-wheels/ when that folder exists (a machine that reaches no package
+# registry), else from the registry. flash-attn is not installed: torch's SDPA runs its own
+# flash kernel, which is what `attn_implementation="sdpa"` trains with.
+#
+# In order of value, each step time-boxed so that a slow one leaves the others their time, and
+# each writing JSON under $OUT as it goes (a step cut short keeps the cases it finished):
+#   1. context.json   the CUDA context, cuBLAS and SDPA workspaces alone (bench/gpu_context.py),
+#                     with the machine's driver, CUDA and library versions;
+#   2. grid-lora.json LoRA at real sizes: Qwen2.5-0.5B/1.5B/7B, Llama-3.2-1B/3B, checkpointing
+#                     off and on, two shapes, SDPA (eager too on two of them);
+#   3. grid-qlora.json QLoRA (NF4, double quantization, paged 8-bit AdamW, bf16 autocast);
+#   4. grid-full.json  full fine-tuning, pure bf16, AdamW;
+#   5. verify-full.json / verify-qlora.json  `llmmem verify` on the bundled examples.
+# Every grid case has the prediction beside the measurement: allocated per phase, reserved,
+# and on the device (NVML, as nvidia-smi shows it). `python bench/gpu_report.py DIR` prints
+# the tables.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+LOG="$OUT/run.log"
+log() { echo "== $(date -u +%T) $*" | tee -a "$LOG"; }
+step() { # step SECONDS NAME COMMAND...: run, time-boxed, output into the log
+    local seconds=$1 name=$2
+    shift 2
+    log "$name (at most ${seconds}s)"
+    timeout --signal=INT --kill-after=10 "$seconds" "$@" >>"$LOG" 2>&1
+    log "$name: exit $?"
+}
+
+log "machine"
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv >>"$LOG" 2>&1
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' >>"$LOG"
+
+PINS="transformers==5.24.0 peft==0.21.2 bitsandbytes==0.50.2"
+if [ -d .gpu-wheels ]; then
+    log "installing from .gpu-wheels"
+    python3 -m pip install -q --no-index --no-deps --no-compile .gpu-wheels/*.whl >>"$LOG" 2>&1
+else
+    log "installing $PINS"
+    python3 -m pip install -q $PINS >>"$LOG" 2>&1
+fi
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >>"$LOG" 2>&1 ||
+    export PYTHONPATH="$PWD/analyzer${PYTHONPATH:+:$PYTHONPATH}"
+python3 - >>"$LOG" 2>&1 <<'EOF'
+import importlib.metadata as m
+for name in ("torch", "transformers", "peft", "bitsandbytes", "accelerate", "nvidia-ml-py", "llmmem"):
+    try:
+        print(name, m.version(name))
+    except m.PackageNotFoundError:
+        print(name, "not installed")
+import bitsandbytes, llmmem.verify.runner  # noqa: E401,F401  (both must import)
+EOF
+
+want() { [ -z "$STEPS" ] || [[ " $STEPS " == *" $1 "* ]]; }
+STEPS="$*"
+
+GRID="python3 -m llmmem.verify.grid --device cuda --size real"
+SMALL="--model Qwen/Qwen2.5-0.5B --model meta-llama/Llama-3.2-1B"
+if want context; then
+    log "context"
+    timeout 45 python3 bench/gpu_context.py >"$OUT/context.json" 2>>"$LOG"
+    log "context: exit $?"
+fi
+want lora && step 130 "LoRA grid" $GRID --method lora --shape 1x512 --shape 2x2048 \
+    $SMALL --model Qwen/Qwen2.5-1.5B --model meta-llama/Llama-3.2-3B --model Qwen/Qwen2.5-7B \
+    --json "$OUT/grid-lora.json"
+want eager && step 45 "LoRA grid, eager attention" $GRID --method lora --attn eager \
+    --shape 1x512 --shape 2x2048 --model Qwen/Qwen2.5-0.5B --model meta-llama/Llama-3.2-3B \
+    --json "$OUT/grid-eager.json"
+want qlora && step 100 "QLoRA grid" $GRID --method qlora --shape 1x512 --shape 2x2048 \
+    $SMALL --model Qwen/Qwen2.5-1.5B --model meta-llama/Llama-3.2-3B \
+    --json "$OUT/grid-qlora.json"
+want full && step 45 "full fine-tuning grid" $GRID --method full --shape 1x512 \
+    --shape 2x2048 $SMALL --json "$OUT/grid-full.json"
+# the same with the allocator's expandable segments: what is left of the slack when freed
+# memory no longer has to fit into the segments it was cut from
+want full-expandable && step 45 "full fine-tuning grid, expandable segments" \
+    env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $GRID --method full \
+    --shape 1x512 --shape 2x2048 $SMALL --json "$OUT/grid-full-expandable.json"
+want example-full && step 60 "verify examples/full_finetune.py" python3 -m llmmem verify \
+    examples/full_finetune.py --device cuda --format json --output "$OUT/verify-full.json" \
+    --timeout 50 --offline
+want example-qlora && step 130 "verify examples/qlora_sft.py" python3 -m llmmem verify \
+    examples/qlora_sft.py --device cuda --format json --output "$OUT/verify-qlora.json" \
+    --timeout 120 --offline
+log "done"
+ls -la "$OUT" >>"$LOG"
