@@ -39,6 +39,7 @@ from typing import Any
 
 from llmmem.budget.phases import estimate_budget
 from llmmem.budget.setup import (
+    AttnImpl,
     DistributedSetup,
     FsdpShard,
     LoraSetup,
@@ -323,7 +324,7 @@ def setup_for(case: GridCase) -> TrainingSetup:
         distributed=DistributedSetup(world_size=case.fsdp_ranks, fsdp=FsdpShard.FULL_SHARD)
         if case.fsdp_ranks > 1
         else DistributedSetup(),
-        attn=case.attn,
+        attn=AttnImpl(case.attn),
     )
 
 
