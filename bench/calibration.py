@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from llmmem.budget.result import Budget, GpuTarget
+from llmmem.budget.result import Budget, GpuTarget, Overhead
 from llmmem.budget.setup import (
     AttnImpl,
     Framework,
@@ -64,7 +64,9 @@ class CalibrationCase:
     def predicted_bytes(self, budget: Budget) -> int:
         metric = self.row["metric"]
         if metric == "max_memory_allocated":
-            return budget.allocated_peak_bytes
+            # measured on a GPU, where torch's allocator also holds the cuBLAS workspaces
+            workspaces = budget.overheads.get(Overhead.CUBLAS_WORKSPACES)
+            return budget.allocated_peak_bytes + (workspaces.bytes if workspaces else 0)
         if metric == "max_memory_reserved":
             return budget.reserved_peak_bytes
         if metric == "nvml_used":

@@ -175,15 +175,18 @@ def test_hf_arguments_json_gets_quoted_values_and_valid_new_keys(
         '  "bf16": true\n'
         "}\n"
     )
+    # 8-bit AdamW is not enough for a 7B full fine-tune on 80 GB: the micro-batch is halved
+    # too, and the accumulation that keeps the effective batch is a new key inside the object
     fix_soundly(
         capsys,
         config,
         "{\n"
         '  "model_name_or_path": "Qwen/Qwen2.5-7B",\n'
-        '  "per_device_train_batch_size": 2,\n'
+        '  "per_device_train_batch_size": 1,\n'
         '  "gradient_checkpointing": true,\n'
         '  "optim": "adamw_bnb_8bit",\n'
-        '  "bf16": true\n'
+        '  "bf16": true,\n'
+        '  "gradient_accumulation_steps": 2\n'
         "}\n",
     )
 

@@ -162,3 +162,52 @@ def test_paged_optimizer_states_count_though_the_allocator_does_not_see_them() -
     assert forward.peak_bytes == 12 * GiB + 2**20
     assert meter.size([paged, small]) == 2**20
     assert any("CUDA managed memory" in note for note in result.notes)
+
+
+def test_a_gpu_measurement_is_compared_with_the_workspaces_and_nvidia_smi() -> None:
+    """On a GPU, `max_memory_allocated` holds cuBLAS's workspaces (a CPU step has none), and
+    NVML's figure for the process is compared with the predicted device total."""
+    from llmmem.budget.phases import estimate_budget
+    from llmmem.budget.result import Overhead
+    from llmmem.budget.setup import Method, Precision, TrainingSetup
+    from llmmem.models.catalog import catalog_entry
+    from llmmem.models.spec import ModelSource, spec_from_config
+    from llmmem.verify.compare import compare
+    from llmmem.verify.request import PhaseMeasurement
+
+    entry = catalog_entry("Qwen/Qwen2.5-0.5B")
+    assert entry is not None
+    spec = spec_from_config(dict(entry.config), model_id="q", source=ModelSource.LOCAL)
+    budget = estimate_budget(
+        spec,
+        TrainingSetup(method=Method.FULL, batch=1, seq=512, precision=Precision.BF16_TRUE),
+        None,
+    )
+    workspaces = budget.overheads[Overhead.CUBLAS_WORKSPACES].bytes
+    assert workspaces == 64 * 2**20
+
+    def measured(device: str) -> StepMeasurement:
+        result = StepMeasurement(device=device, device_name=device)
+        for phase in budget.phases:
+            result.phases.append(
+                PhaseMeasurement(phase.phase.value, phase.allocated_bytes + workspaces, {})
+            )
+        result.allocated_peak_bytes = budget.allocated_peak_bytes + workspaces
+        if device == "cuda":
+            result.reserved_peak_bytes = budget.reserved_peak_bytes
+            result.device_used_peak_bytes = budget.device_total_bytes + GiB
+            result.device_used_source = "process"
+        return result
+
+    on_gpu = {row.what: row for row in compare(budget, measured("cuda"))}
+    assert on_gpu["forward peak"].error == 0.0
+    assert on_gpu["allocated peak"].error == 0.0
+    assert on_gpu["reserved peak"].error == 0.0
+    device = on_gpu["on the device (nvidia-smi)"]
+    assert device.predicted_bytes == budget.device_total_bytes
+    assert device.measured_bytes == budget.device_total_bytes + GiB
+    assert "context included" in device.note
+
+    on_cpu = {row.what: row for row in compare(budget, measured("cpu"))}
+    assert on_cpu["forward peak"].predicted_bytes == budget.phases[0].allocated_bytes
+    assert "on the device (nvidia-smi)" not in on_cpu and "reserved peak" not in on_cpu

@@ -7,8 +7,8 @@ a sliding window keep at most `sliding_window` tokens.
 from __future__ import annotations
 
 from llmmem.budget.activations import dtypes_for
-from llmmem.budget.overheads import overhead_terms
-from llmmem.budget.result import Budget, Component, GpuTarget, Overhead, Phase, PhaseBudget, Term
+from llmmem.budget.overheads import overhead_terms, reserved_and_device_total
+from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
 from llmmem.budget.setup import TrainingSetup
 from llmmem.budget.weights import build_inventory
 from llmmem.models.spec import ModelSpec
@@ -65,10 +65,7 @@ def estimate_generation(spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget | 
     overheads = overhead_terms(
         setup, prefill + logits, sum(g.tensors for g in inv.groups if g.numel > 2**19)
     )
-    reserved = phase.allocated_bytes + overheads[Overhead.ALLOCATOR_SLACK].bytes
-    total = reserved + sum(
-        t.bytes for k, t in overheads.items() if k is not Overhead.ALLOCATOR_SLACK
-    )
+    reserved, total = reserved_and_device_total(phase.allocated_bytes, overheads)
     return Budget(
         phases=[phase],
         peak_phase=Phase.GENERATE,

@@ -92,3 +92,13 @@ def logits_moments(spec: ModelSpec, setup: TrainingSetup) -> LogitsMoments:
         f"{backward_per} B × {count}: saved log-softmax + its gradient + the input gradient (fp32)",
         f"{head_per} B × {count}: the logits' gradient in fp32 and in the compute dtype",
     )
+
+
+def logits_hole(spec: ModelSpec, setup: TrainingSetup) -> int:
+    """The 16-bit logits' block, freed at the start of backward and too small for the fp32
+    tensors that follow: the caching allocator keeps it reserved, unused, until the logits'
+    16-bit gradient fits into it. Only the standard loss upcasts whole 16-bit logits."""
+    if not spec.is_causal_lm or setup.loss is not LossImpl.STANDARD:
+        return 0
+    e = dtypes_for(setup).compute
+    return e * logits_count(spec, setup) if e != 4 else 0

@@ -1,11 +1,22 @@
-"""What the device holds beside the tensors torch counts as allocated.
+"""What the device holds beside the tensors a CPU or simulated step counts.
 
-- the caching allocator keeps freed blocks reserved: blocks are rounded up (2 MiB segments for
-  large tensors) and memory freed by transient tensors of one size is not always reusable for the
-  next request of another size; the slack grows with the memory that churns within a step;
-- cuBLAS keeps a workspace per handle (larger on Hopper and newer);
-- the CUDA context: the driver's state and torch's kernel images; with lazy module loading (the
-  default since CUDA 11.7) only the kernels used are loaded;
+Measured on an H100 80GB (torch 2.11.0+cu130, CUDA 13.0, driver 580.159, transformers 5.24, peft
+0.21.2, bitsandbytes 0.50.2; `bench/gpu/`, README "Measured on a GPU"):
+
+- cuBLAS keeps a workspace per handle and stream, allocated through torch's caching allocator
+  (so `max_memory_allocated` counts it): one for the thread that runs forward and the optimizer,
+  one for autograd's device thread that runs backward; 32 MiB each on Hopper and newer
+  (`CUBLAS_WORKSPACE_CONFIG` default `:4096:8`), about 8 MiB on older GPUs. A CUDA step's
+  allocated peak read 64–72 MiB above a CPU step's in every one of 37 cases;
+- the caching allocator keeps freed blocks reserved, and a freed block serves only requests that
+  fit in it. The loss leaves one such hole at the start of backward: the 16-bit logits are
+  freed when their fp32 copy has been made, and the fp32 tensors that follow do not fit in their
+  block (e·N·V bytes, 1.2 GiB for a 152k vocabulary at 4,096 tokens; measured slack 1.2–1.9 GiB
+  at those shapes). Beside it, blocks are rounded up (2 MiB segments for large tensors) and
+  other churn fragments;
+- the CUDA context: the driver's state and the kernels loaded so far (lazy loading, the default
+  since CUDA 11.7): 612 MiB after `torch.cuda.init()`, 676 MiB once cuBLAS is loaded, 742–762
+  MiB after one training step (NVML's line for the process minus torch's reserved memory);
 - NCCL allocates its communication buffers with cudaMalloc, outside torch's allocator.
 """
 
@@ -16,27 +27,45 @@ from llmmem.budget.setup import TrainingSetup
 from llmmem.units import MIB, format_bytes
 
 # Freed blocks that cannot be reused for other sizes, as a share of the memory that is allocated
-# and freed within a step (activations, logits, temporaries).
+# and freed within a step (activations and temporaries; the logits' hole is counted on its own).
 FRAGMENTATION_SHARE = 0.08
 SEGMENT_ROUNDING = 2 * MIB
-CUDA_CONTEXT_LAZY = 512 * MIB
+# after one training step on an H100 with CUDA 13.0 (742–762 MiB measured); the context grows
+# with the number of SMs and the kernels a run loads
+CUDA_CONTEXT_LAZY = 760 * MIB
 CUDA_CONTEXT_EAGER = 1343 * 1000 * 1000  # measured with all of torch's kernels loaded (CUDA 11.2)
-CUBLAS_WORKSPACE = 32 * MIB  # Hopper's default; older GPUs use less
+CUBLAS_WORKSPACE = 32 * MIB  # per handle, Hopper's default; older GPUs use about 8 MiB
+CUBLAS_HANDLES = 2  # the forward/optimizer thread and autograd's backward thread
 NCCL_BUFFERS = 768 * MIB  # NCCL_BUFFSIZE × channels × peers for an 8-GPU node, typical
 
 
-def allocator_slack(transient_bytes: int, live_tensors: int) -> Term:
+def allocator_slack(transient_bytes: int, live_tensors: int, logits_hole_bytes: int = 0) -> Term:
     rounding = live_tensors * SEGMENT_ROUNDING // 2
     fragmentation = round(FRAGMENTATION_SHARE * transient_bytes)
+    hole = (
+        f" + {format_bytes(logits_hole_bytes)} of 16-bit logits freed at the start of "
+        "backward (too small for the fp32 tensors that follow)"
+        if logits_hole_bytes
+        else ""
+    )
     return Term(
-        bytes=rounding + fragmentation + CUBLAS_WORKSPACE,
+        bytes=rounding + fragmentation + logits_hole_bytes,
         formula=(
             f"{FRAGMENTATION_SHARE:.0%} of the {format_bytes(transient_bytes)} that churn in a step"
-            f" + ½ × 2 MiB rounding × {live_tensors} large tensors"
-            f" + {format_bytes(CUBLAS_WORKSPACE)} cuBLAS workspace"
+            f" + ½ × 2 MiB rounding × {live_tensors} large tensors{hole}"
         ),
         note="reserved minus allocated; "
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True shrinks it",
+    )
+
+
+def cublas_workspaces() -> Term:
+    return Term(
+        bytes=CUBLAS_HANDLES * CUBLAS_WORKSPACE,
+        formula=f"{CUBLAS_HANDLES} cuBLAS handles (forward, backward) × "
+        f"{format_bytes(CUBLAS_WORKSPACE)} workspace",
+        note="allocated through torch's caching allocator: max_memory_allocated on a GPU counts "
+        "it, a CPU or simulated step does not",
     )
 
 
@@ -59,13 +88,30 @@ def nccl_buffers(setup: TrainingSetup) -> Term | None:
 
 
 def overhead_terms(
-    setup: TrainingSetup, transient_bytes: int, live_tensors: int
+    setup: TrainingSetup, transient_bytes: int, live_tensors: int, logits_hole_bytes: int = 0
 ) -> dict[Overhead, Term]:
     terms = {
-        Overhead.ALLOCATOR_SLACK: allocator_slack(transient_bytes, live_tensors),
+        Overhead.CUBLAS_WORKSPACES: cublas_workspaces(),
+        Overhead.ALLOCATOR_SLACK: allocator_slack(transient_bytes, live_tensors, logits_hole_bytes),
         Overhead.CUDA_CONTEXT: cuda_context(setup),
     }
     nccl = nccl_buffers(setup)
     if nccl is not None:
         terms[Overhead.NCCL_BUFFERS] = nccl
     return terms
+
+
+# what the caching allocator holds: the allocated peak, the workspaces it allocated for cuBLAS,
+# and its slack; the rest (context, NCCL) is outside it
+IN_THE_ALLOCATOR = (Overhead.CUBLAS_WORKSPACES, Overhead.ALLOCATOR_SLACK)
+
+
+def reserved_and_device_total(
+    allocated_peak_bytes: int, overheads: dict[Overhead, Term]
+) -> tuple[int, int]:
+    """(reserved peak, what nvidia-smi shows) from the allocated peak and the overheads."""
+    reserved = allocated_peak_bytes + sum(
+        term.bytes for name, term in overheads.items() if name in IN_THE_ALLOCATOR
+    )
+    outside = sum(term.bytes for name, term in overheads.items() if name not in IN_THE_ALLOCATOR)
+    return reserved, reserved + outside

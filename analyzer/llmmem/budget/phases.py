@@ -33,10 +33,10 @@ from llmmem.budget.distributed import (
     reduce_bucket_elements,
     sharding_for,
 )
-from llmmem.budget.logits import logits_moments
+from llmmem.budget.logits import logits_hole, logits_moments
 from llmmem.budget.optimizers import OptimizerSpec, find_optimizer
-from llmmem.budget.overheads import overhead_terms
-from llmmem.budget.result import Budget, Component, GpuTarget, Overhead, Phase, PhaseBudget, Term
+from llmmem.budget.overheads import overhead_terms, reserved_and_device_total
+from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
 from llmmem.budget.setup import Method, Mode, Precision, TrainingSetup
 from llmmem.budget.weights import Inventory, ParameterGroup, build_inventory
 from llmmem.models.spec import ModelSpec
@@ -716,17 +716,13 @@ def estimate_budget(
     transient = sum(
         term.bytes
         for comp, term in peak.components.items()
-        if comp
-        in (Component.ACTIVATIONS, Component.LOGITS, Component.TEMPORARIES, Component.WEIGHT_COPIES)
+        if comp in (Component.ACTIVATIONS, Component.TEMPORARIES, Component.WEIGHT_COPIES)
     )
     # the big persistent tensors each waste up to a segment's rounding: parameters, their
     # gradients and states, and the per-block activations
     live_tensors = sum(g.tensors for g in inv.groups if g.numel * g.bytes_per_param > 2**20)
-    overheads = overhead_terms(setup, transient, live_tensors)
-    reserved = peak.allocated_bytes + overheads[Overhead.ALLOCATOR_SLACK].bytes
-    device_total = reserved + sum(
-        t.bytes for k, t in overheads.items() if k is not Overhead.ALLOCATOR_SLACK
-    )
+    overheads = overhead_terms(setup, transient, live_tensors, logits_hole(spec, setup))
+    reserved, device_total = reserved_and_device_total(peak.allocated_bytes, overheads)
     if shard.shard_group > 1:
         notes.append(f"per device, {shard.label}")
     if not spec.supports_sdpa and setup.attn is not None and setup.attn.value != "eager":

@@ -35,6 +35,7 @@ class Component(str, Enum):
 class Overhead(str, Enum):
     """What sits beside allocated memory on the device."""
 
+    CUBLAS_WORKSPACES = "cublas_workspaces"  # allocated by torch's allocator, on a GPU only
     ALLOCATOR_SLACK = "allocator_slack"  # reserved minus allocated (caching allocator)
     CUDA_CONTEXT = "cuda_context"
     NCCL_BUFFERS = "nccl_buffers"
@@ -78,7 +79,7 @@ class Budget:
     peak_phase: Phase
     allocated_peak_bytes: int
     overheads: dict[Overhead, Term]
-    reserved_peak_bytes: int  # allocated peak + allocator slack
+    reserved_peak_bytes: int  # allocated peak + cuBLAS workspaces + allocator slack
     device_total_bytes: int  # what nvidia-smi would show: reserved + context + NCCL
     params: int  # all parameters of the model
     trainable_params: int

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from llmmem.budget.distributed import deepspeed_zero_section
-from llmmem.budget.result import Budget, Component
+from llmmem.budget.result import Budget, Component, Overhead
 from llmmem.budget.setup import TrainingSetup
 from llmmem.models.spec import ModelSpec
 from llmmem.units import format_bytes
@@ -87,19 +87,36 @@ def _sharding(setup: TrainingSetup) -> str:
     return "fsdp" if setup.distributed.fsdp is not None else "ddp"
 
 
+def allocated_on(budget: Budget, measured: StepMeasurement) -> int:
+    """What the allocated figures of a measurement include beyond the tensors of the step: on a
+    GPU, the cuBLAS workspaces torch's allocator holds (a CPU or simulated step has none)."""
+    if measured.device != "cuda":
+        return 0
+    term = budget.overheads.get(Overhead.CUBLAS_WORKSPACES)
+    return term.bytes if term is not None else 0
+
+
 def compare(budget: Budget, measured: StepMeasurement) -> list[Row]:
     rows: list[Row] = []
+    workspaces = allocated_on(budget, measured)
+    note = f"with {format_bytes(workspaces)} of cuBLAS workspaces" if workspaces else ""
     for phase in budget.phases:
         got = measured.phase(phase.phase.value)
         rows.append(
             Row(
                 f"{phase.phase.value.replace('_', ' ')} peak",
-                phase.allocated_bytes,
+                phase.allocated_bytes + workspaces,
                 got.peak_bytes if got else None,
+                note,
             )
         )
     rows.append(
-        Row("allocated peak", budget.allocated_peak_bytes, measured.allocated_peak_bytes or None)
+        Row(
+            "allocated peak",
+            budget.allocated_peak_bytes + workspaces,
+            measured.allocated_peak_bytes or None,
+            note,
+        )
     )
     peak = budget.peak.components
 
@@ -125,6 +142,18 @@ def compare(budget: Budget, measured: StepMeasurement) -> list[Row]:
     )
     if measured.device == "cuda" and measured.reserved_peak_bytes:
         rows.append(Row("reserved peak", budget.reserved_peak_bytes, measured.reserved_peak_bytes))
+    if measured.device == "cuda" and measured.device_used_peak_bytes:
+        whole = measured.device_used_source == "device"
+        rows.append(
+            Row(
+                "on the device (nvidia-smi)",
+                budget.device_total_bytes,
+                measured.device_used_peak_bytes,
+                "the whole GPU's use (this process is not listed by NVML)"
+                if whole
+                else "this process, CUDA context included",
+            )
+        )
     return rows
 
 
@@ -155,13 +184,12 @@ def summary(budget: Budget, measured: StepMeasurement) -> str:
     if measured.error:
         return f"no measurement: {measured.error}"
     peak_phase = max(measured.phases, key=lambda p: p.peak_bytes).phase if measured.phases else "?"
-    error = (budget.allocated_peak_bytes - measured.allocated_peak_bytes) / max(
-        measured.allocated_peak_bytes, 1
-    )
+    predicted = budget.allocated_peak_bytes + allocated_on(budget, measured)
+    error = (predicted - measured.allocated_peak_bytes) / max(measured.allocated_peak_bytes, 1)
     where = "simulated" if measured.device == "fake" else f"measured on {measured.device_name}"
     return (
         f"{where}: {format_bytes(measured.allocated_peak_bytes)} allocated at its peak "
-        f"({peak_phase.replace('_', ' ')}); predicted {format_bytes(budget.allocated_peak_bytes)} "
+        f"({peak_phase.replace('_', ' ')}); predicted {format_bytes(predicted)} "
         f"({100 * error:+.1f}%)"
     )
 
