@@ -3,7 +3,8 @@
 #
 #   OUT=gpu-out bash bench/gpu_run.sh            # all of it, about 8 minutes on an H100
 #   OUT=gpu-out bash bench/gpu_run.sh qlora full # some steps: context lora eager qlora full
-#                                                # full-expandable example-full example-qlora
+#                                                # full-expandable holdout example-full
+#                                                # example-qlora
 #
 # What it needs: python3 with a CUDA build of torch and nvidia-ml-py. transformers, peft,
 # bitsandbytes (and regex, which transformers checks) are installed at the versions the tests
@@ -88,6 +89,10 @@ want full && step 45 "full fine-tuning grid" $GRID --method full --shape 1x512 \
 want full-expandable && step 45 "full fine-tuning grid, expandable segments" \
     env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $GRID --method full \
     --shape 1x512 --shape 2x2048 $SMALL --json "$OUT/grid-full-expandable.json"
+# shapes and a model none of the steps above has, to check the terms those runs set
+want holdout && step 100 "held-out shapes" $GRID --method lora --method qlora --shape 4x1024 \
+    --shape 1x4096 --model Qwen/Qwen2.5-3B --model meta-llama/Llama-3.2-1B \
+    --json "$OUT/grid-holdout.json"
 want example-full && step 60 "verify examples/full_finetune.py" python3 -m llmmem verify \
     examples/full_finetune.py --device cuda --format json --output "$OUT/verify-full.json" \
     --timeout 50 --offline
