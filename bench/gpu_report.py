@@ -38,17 +38,7 @@ def _predict_now(row: dict[str, Any]) -> dict[str, Any]:
     sys.path.insert(0, str(HERE.parent / "analyzer"))
     from llmmem.verify.grid import GridCase, config_for, predict_case
 
-    case = GridCase(
-        row["family"],
-        row["method"],
-        row["grad_ckpt"],
-        row["batch"],
-        row["seq"],
-        row["precision"],
-        1,
-        row["attn"],
-        row["model"],
-    )
+    case = GridCase.from_json(row)
     return predict_case(case, config_for(case.family, "real", case.model), case.model or "grid")
 
 

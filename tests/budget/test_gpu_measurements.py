@@ -27,17 +27,7 @@ def _cases(expandable_segments: bool = False) -> list[dict[str, Any]]:
             measurement = row.get("measurement") or {}
             if row.get("error") or not measurement.get("phases"):
                 continue
-            case = GridCase(
-                row["family"],
-                row["method"],
-                row["grad_ckpt"],
-                row["batch"],
-                row["seq"],
-                row["precision"],
-                1,
-                row["attn"],
-                row["model"],
-            )
+            case = GridCase.from_json(row)
             config = config_for(case.family, "real", case.model)
             out.append(
                 {

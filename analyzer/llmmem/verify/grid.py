@@ -186,6 +186,21 @@ class GridCase:
     attn: str = "sdpa"
     model: str | None = None  # a catalog model at its real size, instead of the family's config
 
+    @classmethod
+    def from_json(cls, row: dict[str, Any]) -> GridCase:
+        """A case as `--json` wrote it."""
+        return cls(
+            row["family"],
+            row["method"],
+            row["grad_ckpt"],
+            row["batch"],
+            row["seq"],
+            row["precision"],
+            1,
+            row.get("attn", "sdpa"),
+            row.get("model"),
+        )
+
     @property
     def name(self) -> str:
         ckpt = "ckpt" if self.grad_ckpt else "nockpt"
