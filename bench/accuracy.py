@@ -2,8 +2,12 @@
 
     python bench/accuracy.py [--verbose]
 
-Prints one line per row (predicted, measured, error against the row's own metric) and the
-median and maximum absolute error. Targets: median |error| <= 5%, max <= 12%.
+Two files under ../shared/calibration/: `measured.jsonl` (21 rows with their full configs) and
+`measured-wide.jsonl` (published tables of other teams: fms-acceleration's HF Trainer + TRL +
+PEFT runs on an A100-80GB and Answer.AI's FSDP-QLoRA runs on two 24 GB GPUs). For each: one
+line per row (predicted, measured, error against the row's own metric), the median and maximum
+absolute error, and for the wide rows the rows within 10%, a table per class (method × metric ×
+sharding) and the rows skipped, each with what the estimate cannot express yet.
 """
 
 from __future__ import annotations
@@ -11,41 +15,77 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from calibration import case_from_row, load_rows  # noqa: E402
+from calibration import (  # noqa: E402
+    CalibrationCase,
+    RowSkipped,
+    case_from_row,
+    load_rows,
+    wide_case_from_row,
+    wide_class,
+    WIDE_CALIBRATION_FILE,
+)
 
 from llmmem.budget.phases import estimate_budget  # noqa: E402
 from llmmem.units import format_bytes  # noqa: E402
 
 
+@dataclass(frozen=True)
+class RowError:
+    row_id: str
+    row_class: str
+    error: float  # predicted / measured - 1
+
+
+@dataclass(frozen=True)
+class WideSummary:
+    errors: list[RowError]
+    skipped: dict[str, str]  # row id -> why
+
+    @property
+    def median(self) -> float:
+        return statistics.median(abs(e.error) for e in self.errors)
+
+    @property
+    def within_10(self) -> int:
+        return sum(1 for e in self.errors if abs(e.error) <= 0.10)
+
+
+def _row_line(case: CalibrationCase, verbose: bool) -> float:
+    budget = estimate_budget(case.spec, case.setup, case.gpu)
+    predicted = case.predicted_bytes(budget)
+    error = predicted / case.measured_bytes - 1
+    print(
+        f"{case.row_id:<44} {case.metric:<21} {format_bytes(predicted):>10} "
+        f"{format_bytes(case.measured_bytes):>10} {100 * error:>+6.1f}%  "
+        f"{budget.peak_phase.value}"
+    )
+    if verbose:
+        for component, term in budget.peak.components.items():
+            print(f"    {component.value:<18} {format_bytes(term.bytes):>10}  {term.formula}")
+        for overhead, term in budget.overheads.items():
+            print(f"    + {overhead.value:<16} {format_bytes(term.bytes):>10}")
+    return error
+
+
+HEADER = f"{'row':<44} {'metric':<21} {'predicted':>10} {'measured':>10} {'error':>7}  peak"
+
+
 def run(verbose: bool = False) -> tuple[float, float]:
-    rows = load_rows()
+    """measured.jsonl: (median, max) |error|."""
     errors: list[float] = []
-    header = f"{'row':<36} {'metric':<21} {'predicted':>10} {'measured':>10} {'error':>7}  peak"
-    print(header)
-    print("-" * len(header))
-    for row in rows:
-        case = case_from_row(row)
-        budget = estimate_budget(case.spec, case.setup, case.gpu)
-        predicted = case.predicted_bytes(budget)
-        error = predicted / case.measured_bytes - 1
-        errors.append(abs(error))
-        print(
-            f"{case.row_id:<36} {row['metric']:<21} {format_bytes(predicted):>10} "
-            f"{format_bytes(case.measured_bytes):>10} {100 * error:>+6.1f}%  "
-            f"{budget.peak_phase.value}"
-        )
-        if verbose:
-            for component, term in budget.peak.components.items():
-                print(f"    {component.value:<18} {format_bytes(term.bytes):>10}  {term.formula}")
-            for overhead, term in budget.overheads.items():
-                print(f"    + {overhead.value:<16} {format_bytes(term.bytes):>10}")
+    print(HEADER)
+    print("-" * len(HEADER))
+    for row in load_rows():
+        errors.append(abs(_row_line(case_from_row(row), verbose)))
     median = statistics.median(errors)
     worst = max(errors)
-    print("-" * len(header))
+    print("-" * len(HEADER))
     print(
         f"rows: {len(errors)}   median |error|: {100 * median:.1f}%   "
         f"max |error|: {100 * worst:.1f}%   (targets: 5% and 12%)"
@@ -53,11 +93,57 @@ def run(verbose: bool = False) -> tuple[float, float]:
     return median, worst
 
 
+def wide_errors(path: Path = WIDE_CALIBRATION_FILE, verbose: bool = False) -> WideSummary:
+    """measured-wide.jsonl: each row's error and class, and the rows skipped with why."""
+    errors: list[RowError] = []
+    skipped: dict[str, str] = {}
+    for row in load_rows(path):
+        try:
+            case = wide_case_from_row(row)
+        except RowSkipped as why:
+            skipped[str(row["id"])] = str(why)
+            continue
+        error = _row_line(case, verbose)
+        errors.append(RowError(case.row_id, wide_class(case), error))
+    return WideSummary(errors, skipped)
+
+
+def run_wide(verbose: bool = False) -> WideSummary:
+    print()
+    print(f"published tables of other teams ({WIDE_CALIBRATION_FILE.name})")
+    print(HEADER)
+    print("-" * len(HEADER))
+    summary = wide_errors(verbose=verbose)
+    print("-" * len(HEADER))
+    for row_id, why in summary.skipped.items():
+        print(f"skipped {row_id}: {why}")
+    answered = len(summary.errors)
+    print(
+        f"rows: {answered} of {answered + len(summary.skipped)}   "
+        f"median |error|: {100 * summary.median:.1f}%   "
+        f"within 10%: {summary.within_10} of {answered}   "
+        f"max |error|: {100 * max(abs(e.error) for e in summary.errors):.1f}%"
+    )
+    by_class: dict[str, list[float]] = defaultdict(list)
+    for e in summary.errors:
+        by_class[e.row_class].append(e.error)
+    print()
+    print(f"{'class (method metric sharding)':<32} {'rows':>4} {'median |err|':>12} {'range':>17}")
+    for name in sorted(by_class):
+        errs = by_class[name]
+        print(
+            f"{name:<32} {len(errs):>4} {100 * statistics.median(map(abs, errs)):>11.1f}% "
+            f"{100 * min(errs):>+7.1f}% .. {100 * max(errs):>+5.1f}%"
+        )
+    return summary
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--verbose", action="store_true", help="show each row's components")
     args = parser.parse_args()
     run(verbose=args.verbose)
+    run_wide(verbose=args.verbose)
     return 0
 
 

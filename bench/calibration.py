@@ -22,7 +22,9 @@ from typing import Any
 from llmmem.budget.result import Budget, GpuTarget, Overhead
 from llmmem.budget.setup import (
     AttnImpl,
+    DistributedSetup,
     Framework,
+    FsdpShard,
     LoraSetup,
     LossImpl,
     Method,
@@ -37,6 +39,7 @@ from llmmem.models.spec import ModelSource, ModelSpec, spec_from_config
 
 REPO = Path(__file__).resolve().parent.parent
 CALIBRATION_FILE = REPO.parent / "shared" / "calibration" / "measured.jsonl"
+WIDE_CALIBRATION_FILE = REPO.parent / "shared" / "calibration" / "measured-wide.jsonl"
 
 OPTIMIZER_NAMES = {
     "torch adamw": "adamw_torch",  # torch's CUDA default: the foreach implementation
@@ -61,8 +64,14 @@ class CalibrationCase:
     def measured_bytes(self) -> int:
         return int(self.row["measured_bytes"])
 
+    @property
+    def metric(self) -> str:
+        """The row's metric in measured.jsonl's words (measured-wide.jsonl says it shorter)."""
+        metric = str(self.row["metric"])
+        return WIDE_METRICS.get(metric, metric)
+
     def predicted_bytes(self, budget: Budget) -> int:
-        metric = self.row["metric"]
+        metric = self.metric
         if metric == "max_memory_allocated":
             # measured on a GPU, where torch's allocator also holds the cuBLAS workspaces
             workspaces = budget.overheads.get(Overhead.CUBLAS_WORKSPACES)
@@ -72,6 +81,14 @@ class CalibrationCase:
         if metric == "nvml_used":
             return budget.device_total_bytes
         raise ValueError(f"row {self.row_id}: unknown metric {metric}")
+
+
+# measured-wide.jsonl's metric names
+WIDE_METRICS = {
+    "allocated": "max_memory_allocated",
+    "reserved": "max_memory_reserved",
+    "nvml": "nvml_used",
+}
 
 
 def load_rows(path: Path = CALIBRATION_FILE) -> list[dict[str, Any]]:
@@ -193,3 +210,102 @@ def case_from_row(row: dict[str, Any]) -> CalibrationCase:
     gpu_spec = find_gpu(row["gpu"])
     gpu = GpuTarget(name=gpu_spec.name, capacity_bytes=gpu_spec.capacity_bytes, bf16=gpu_spec.bf16)
     return CalibrationCase(row=row, spec=spec, setup=setup, gpu=gpu)
+
+
+# --- measured-wide.jsonl ------------------------------------------------------------------------
+#
+# One row per published number, in a flatter schema (see ../shared/calibration/README.md). Each row
+# names its stack in `framework`, `source` and `notes`; those words, not the row's error, select
+# what applies: the releases it ran on, FlashAttention-2, FSDP and its CPU offload, the quantized
+# weights' storage dtype.
+
+
+class RowSkipped(Exception):
+    """A wide row the estimate cannot express yet; the message says what is missing."""
+
+
+def _stated_release(row: dict[str, Any], library: str) -> str | None:
+    """`library`'s "major.minor" where the row's source or notes name it ("torch 2.4.1")."""
+    text = f"{row.get('source', '')} {row.get('notes', '')}"
+    found = re.search(rf"\b{re.escape(library)} (\d+)\.(\d+)", text)
+    return f"{found.group(1)}.{found.group(2)}" if found else None
+
+
+def _wide_stack(row: dict[str, Any]) -> dict[str, str]:
+    """The releases a wide row ran on: as its source states them; for Answer.AI's fsdp_qlora
+    runs of February-March 2024, which state none, the releases FSDP-QLoRA needed then:
+    bitsandbytes 0.43 (the first with a quant_storage dtype FSDP can shard) on torch 2.2."""
+    stack = {"torch": "2.2", "bitsandbytes": "0.43", "transformers": "4.39"}
+    for library in stack:
+        stated = _stated_release(row, library)
+        if stated:
+            stack[library] = stated
+    return stack
+
+
+def wide_case_from_row(row: dict[str, Any]) -> CalibrationCase:
+    """A measured-wide.jsonl row as a scenario; RowSkipped where it cannot be expressed."""
+    if not row.get("metric"):
+        raise RowSkipped("no metric: a slope-only row")
+    entry = catalog_entry(row["model"])
+    if entry is None:
+        raise RowSkipped(f"unknown model {row['model']} (not in the bundled catalog)")
+    try:
+        spec = spec_from_config(entry.config, model_id=entry.model_id, source=ModelSource.CATALOG)
+    except ValueError as error:
+        raise RowSkipped(f"{row['model']}: {error}") from None
+    notes = str(row.get("notes", ""))
+    stack = _wide_stack(row)
+    world = int(row.get("world_size") or 1)
+    sharded = world > 1 and "NO_SHARD" not in notes
+    if world > 1 and not sharded:
+        raise RowSkipped("FSDP NO_SHARD (a replica per GPU, FSDP-wrapped): not expressible yet")
+    cpu_offload = "CPU Offload True" in notes or "offload_params=True" in notes
+    method = Method(row["method"])
+    quant = None
+    if method is Method.QLORA:
+        quant = QuantSetup(
+            quant_type=QuantType(row.get("quant") or "nf4"),
+            double_quant=bool(row.get("double_quant")),
+            bitsandbytes_version=stack["bitsandbytes"],
+        )
+    lora = None
+    if method in (Method.LORA, Method.QLORA):
+        dropout = re.search(r"[Dd]ropout (0\.\d+)", notes)
+        targets = row.get("lora_targets")
+        lora = LoraSetup(
+            r=int(row["lora_r"]),
+            alpha=float(row.get("lora_alpha") or 16),
+            targets=[t.strip() for t in targets.split(",")] if targets else None,
+            dropout=float(dropout.group(1)) if dropout else 0.0,
+        )
+    attn = AttnImpl.FLASH_ATTENTION_2 if "FA2" in notes else AttnImpl.SDPA
+    setup = TrainingSetup(
+        method=method,
+        batch=int(row["batch"]),
+        seq=int(row["seq"]),
+        grad_accum=int(row.get("grad_accum") or 1),
+        grad_ckpt=bool(row.get("grad_ckpt")),
+        precision=Precision(row.get("precision") or "bf16"),
+        optim=str(row.get("optim") or "adamw_torch"),
+        attn=attn,
+        lora=lora,
+        quant=quant,
+        distributed=DistributedSetup(
+            world_size=world,
+            fsdp=FsdpShard.FULL_SHARD if sharded else None,
+            offload_params=cpu_offload,
+            offload_optimizer=cpu_offload,
+        ),
+        torch_version=stack["torch"],
+        framework=Framework.HF,
+    )
+    gpu_spec = find_gpu(row["gpu"])
+    gpu = GpuTarget(name=gpu_spec.name, capacity_bytes=gpu_spec.capacity_bytes, bf16=gpu_spec.bf16)
+    return CalibrationCase(row=row, spec=spec, setup=setup, gpu=gpu)
+
+
+def wide_class(case: CalibrationCase) -> str:
+    """The row's class: method × metric × sharding."""
+    sharding = "FSDP" if case.setup.distributed.world_size > 1 else "1 GPU"
+    return f"{case.setup.method.value} {case.row['metric']} {sharding}"
