@@ -22,13 +22,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from calibration import (  # noqa: E402
+    WIDE_CALIBRATION_FILE,
     CalibrationCase,
     RowSkipped,
     case_from_row,
     load_rows,
     wide_case_from_row,
     wide_class,
-    WIDE_CALIBRATION_FILE,
 )
 
 from llmmem.budget.phases import estimate_budget  # noqa: E402
