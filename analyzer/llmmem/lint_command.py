@@ -22,9 +22,10 @@ import stat
 import sys
 import tempfile
 import tokenize
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from llmmem.errors import UsageError
 
@@ -123,17 +124,32 @@ def best_safe_fix(findings: list) -> object | None:
 
 
 def fix_file(
-    path: Path, text: str, *, gpu: str | None, hub: bool, select: set[str] | None
+    path: Path,
+    text: str,
+    *,
+    gpu: str | None = None,
+    hub: bool = False,
+    select: set[str] | None = None,
+    check: Callable[[str], Any] | None = None,
+    skipped: Callable[[str], None] | None = None,
 ) -> tuple[str, list]:
     """Apply safe fixes one at a time (each changes the estimate the others were made on),
     re-linting after each, until no finding has one; returns the text and what is left.
 
     A fix is kept only when the text after it still parses and still gives an estimate, and
-    that estimate moved; otherwise it is dropped with a warning and no later fix is tried."""
+    that estimate moved; otherwise it is dropped with a warning and no later fix is tried.
+    `check` analyses a text as the caller does (the language server passes its own settings;
+    default: `check_text` with `gpu`, `hub`, `select`); `skipped` receives each warning
+    (default: printed to stderr)."""
     from llmmem.check import check_text
     from llmmem.rules.edits import apply_edits
 
-    checked = check_text(path, text, gpu=gpu, hub=hub, select=select)
+    def analyse(candidate: str) -> Any:
+        if check is not None:
+            return check(candidate)
+        return check_text(path, candidate, gpu=gpu, hub=hub, select=select)
+
+    checked = analyse(text)
     for _ in range(MAX_FIX_ROUNDS):
         fix = best_safe_fix(checked.findings)
         if fix is None:
@@ -143,10 +159,14 @@ def fix_file(
             break
         problem = parse_problem(path, fixed)
         if problem is None:
-            again = check_text(path, fixed, gpu=gpu, hub=hub, select=select)
+            again = analyse(fixed)
             problem = outcome_problem(checked.analysis, again.analysis)
         if problem is not None:
-            warn(path, f"{fix.title}: not applied, {problem}")  # type: ignore[attr-defined]
+            message = f"{fix.title}: not applied, {problem}"  # type: ignore[attr-defined]
+            if skipped is not None:
+                skipped(message)
+            else:
+                warn(path, message)
             break
         text, checked = fixed, again
     return text, checked.findings

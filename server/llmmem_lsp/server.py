@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from llmmem import __version__
 from llmmem.check import Checked
 from llmmem.extract.notebook import cell_index, cell_path
 from llmmem.plan import SourceRange
+from llmmem.rules.finding import TextEdit
 from llmmem_lsp.convert import Lines, code_action, diagnostic, overlaps, workspace_edit
 from llmmem_lsp.documents import Analyzer, DocumentState, Result, document_path
 from llmmem_lsp.settings import read_settings
@@ -505,14 +507,67 @@ async def hover(ls: LlmmemServer, params: types.HoverParams) -> types.Hover | No
 
 # -- code actions ---------------------------------------------------------------------------
 
+FIX_ALL_KIND = "source.fixAll.llmmem"
+FIX_ALL_TITLE = "Apply every safe llmmem fix (as llmmem-lint --fix)"
+
+
+def _kind_wanted(kind: str, only: Sequence[str] | None) -> bool:
+    """Whether a client's `context.only` asks for actions of `kind` (a kind includes the kinds
+    below it: `source` asks for `source.fixAll.llmmem`)."""
+    if not only:
+        return True
+    return any(kind == wanted or kind.startswith(f"{wanted}.") for wanted in only)
+
+
+def _same_diagnostic(a: types.Diagnostic, b: types.Diagnostic) -> bool:
+    return a.code == b.code and a.range == b.range and a.message == b.message
+
+
+def _asked_diagnostics(
+    ours: list[types.Diagnostic], asked: Sequence[types.Diagnostic]
+) -> list[int]:
+    """Indexes of our diagnostics that the client named in `context.diagnostics`; a
+    diagnostic from an older version (moved by an edit) is matched by its code and message."""
+    found: list[int] = []
+    for wanted in asked:
+        if wanted.source not in (None, "llmmem"):
+            continue
+        index = next((i for i, d in enumerate(ours) if _same_diagnostic(d, wanted)), None)
+        if index is None:
+            index = next(
+                (
+                    i
+                    for i, d in enumerate(ours)
+                    if d.code == wanted.code and d.message == wanted.message
+                ),
+                None,
+            )
+        if index is not None and index not in found:
+            found.append(index)
+    return found
+
+
+def _has_safe_fix(checked: Checked) -> bool:
+    return any(
+        fix.safe and all(edit.range.path is None for edit in fix.edits)
+        for finding in checked.findings
+        for fix in finding.fixes
+    )
+
 
 @server.feature(
     types.TEXT_DOCUMENT_CODE_ACTION,
-    types.CodeActionOptions(code_action_kinds=[types.CodeActionKind.QuickFix]),
+    types.CodeActionOptions(
+        code_action_kinds=[types.CodeActionKind.QuickFix, FIX_ALL_KIND],
+        resolve_provider=True,
+    ),
 )
 async def code_actions(
     ls: LlmmemServer, params: types.CodeActionParams
 ) -> list[types.CodeAction] | None:
+    """Quick fixes for the diagnostics the client names in `context.diagnostics` (each fix
+    once, listing every diagnostic it answers), and `source.fixAll.llmmem`, whose edit is made
+    by `codeAction/resolve` when it is chosen; `context.only` picks among these kinds."""
     if ls.cell_of(params.text_document.uri) is not None:
         return await _cell_code_actions(ls, params)
     found = await ls.current(params.text_document.uri, HOVER_WAIT_S)
@@ -521,34 +576,121 @@ async def code_actions(
     state, result = found
     if result.unreadable:
         return None
+    only = params.context.only
+    actions: list[types.CodeAction] = []
+    if _kind_wanted(types.CodeActionKind.QuickFix, only):
+        actions += _quick_fixes(ls, state, result, params.context.diagnostics)
+    if _kind_wanted(FIX_ALL_KIND, only) and _has_safe_fix(result.checked):
+        actions.append(
+            types.CodeAction(
+                title=FIX_ALL_TITLE,
+                kind=FIX_ALL_KIND,
+                data={"uri": state.uri, "version": result.version, "action": "fixAll"},
+            )
+        )
+    return actions
+
+
+def _quick_fixes(
+    ls: LlmmemServer,
+    state: DocumentState,
+    result: Result,
+    asked: Sequence[types.Diagnostic],
+) -> list[types.CodeAction]:
     from llmmem.report.findings import rule_url
     from llmmem.rules.edits import suppression_edit
 
     lines = ls.lines(result.text)
-    actions: list[types.CodeAction] = []
     plan = result.checked.analysis.plan
-    for finding in result.checked.findings:
-        diag = diagnostic(finding, lines, state.uri, rule_url(finding.code))
-        if not overlaps(diag.range, params.range):
-            continue
+    findings = result.checked.findings
+    ours = [diagnostic(f, lines, state.uri, rule_url(f.code)) for f in findings]
+    by_key: dict[tuple[Any, ...], types.CodeAction] = {}
+    for index in _asked_diagnostics(ours, asked):
+        finding, diag = findings[index], ours[index]
         for fix in finding.fixes:
-            actions.append(
-                code_action(fix, state.uri, result.version, lines, [diag], ls.versioned_edits)
+            key: tuple[Any, ...] = (
+                "fix",
+                fix.title,
+                tuple((e.range, e.new_text) for e in fix.edits),
+            )
+            if key in by_key:
+                by_key[key].diagnostics = [*(by_key[key].diagnostics or []), diag]
+                continue
+            by_key[key] = code_action(
+                fix, state.uri, result.version, lines, [diag], ls.versioned_edits
             )
         line = finding.range.start_line if finding.range else 0
         silence = suppression_edit(result.text, line, finding.code, plan.kind)
-        if silence is not None:
-            actions.append(
-                types.CodeAction(
-                    title=f"Silence {finding.code} on this line (# llmmem: ignore[{finding.code}])",
-                    kind=types.CodeActionKind.QuickFix,
-                    diagnostics=[diag],
-                    edit=workspace_edit(
-                        [silence], state.uri, result.version, lines, ls.versioned_edits
-                    ),
-                )
+        key = ("silence", finding.code, line)
+        if silence is not None and key not in by_key:
+            by_key[key] = types.CodeAction(
+                title=f"Silence {finding.code} on this line (# llmmem: ignore[{finding.code}])",
+                kind=types.CodeActionKind.QuickFix,
+                diagnostics=[diag],
+                edit=workspace_edit(
+                    [silence], state.uri, result.version, lines, ls.versioned_edits
+                ),
             )
-    return actions
+    return list(by_key.values())
+
+
+@server.feature(types.CODE_ACTION_RESOLVE)
+async def resolve_code_action(ls: LlmmemServer, action: types.CodeAction) -> types.CodeAction:
+    """The edit of an action offered without one (`source.fixAll.llmmem`), made now: every safe
+    fix applied one at a time with a re-analysis after each, as `llmmem-lint --fix` does, as
+    one edit of the document's current version."""
+    data = action.data if isinstance(action.data, dict) else {}
+    uri = data.get("uri")
+    if data.get("action") != "fixAll" or not isinstance(uri, str):
+        return action
+    found = await ls.current(uri, PULL_WAIT_S)
+    if found is None:
+        return action
+    state, result = found
+    if result.unreadable:
+        return action
+    from llmmem.lint_command import fix_file
+
+    skipped: list[str] = []
+    loop = asyncio.get_running_loop()
+    fixed, _ = await loop.run_in_executor(
+        None,
+        lambda: fix_file(
+            state.path,
+            result.text,
+            check=lambda text: ls.analyzer.analyse_now(state.path, text),
+            skipped=skipped.append,
+        ),
+    )
+    if skipped:
+        log.info("fix all in %s: %s", uri, "; ".join(skipped))
+    edits = [] if fixed == result.text else [_whole_change(result.text, fixed)]
+    action.edit = workspace_edit(
+        edits, state.uri, result.version, ls.lines(result.text), ls.versioned_edits
+    )
+    return action
+
+
+def _whole_change(before: str, after: str) -> TextEdit:
+    """One edit turning `before` into `after`: the span between their common prefix and
+    common suffix."""
+    from llmmem.rules.edits import position
+
+    start = 0
+    limit = min(len(before), len(after))
+    while start < limit and before[start] == after[start]:
+        start += 1
+    end = 0
+    while end < limit - start and before[-1 - end] == after[-1 - end]:
+        end += 1
+    start_line, start_col = position(before, start)
+    end_line, end_col = position(before, len(before) - end)
+    return TextEdit(
+        range=SourceRange(
+            start_line=start_line, start_col=start_col, end_line=end_line, end_col=end_col
+        ),
+        new_text=after[start : len(after) - end],
+    )
 
 
 async def _cell_code_actions(
@@ -564,12 +706,12 @@ async def _cell_code_actions(
     notebook = ls.workspace.get_notebook_document(notebook_uri=state.uri)
     if result is None or result.unreadable or notebook is None:
         return None
+    if not _kind_wanted(types.CodeActionKind.QuickFix, params.context.only):
+        return []
     plan_path = result.checked.analysis.plan.path
-    diagnostics = ls.cell_diagnostics(state).get(params.text_document.uri, [])
-    actions: list[types.CodeAction] = []
-    for diag in diagnostics:
-        if not overlaps(diag.range, params.range):
-            continue
+    ours = ls.cell_diagnostics(state).get(params.text_document.uri, [])
+    by_title: dict[str, types.CodeAction] = {}
+    for diag in (ours[i] for i in _asked_diagnostics(ours, params.context.diagnostics)):
         finding = next(
             (
                 f
@@ -581,19 +723,20 @@ async def _cell_code_actions(
         if finding is None:
             continue
         for fix in finding.fixes:
+            if fix.title in by_title:
+                by_title[fix.title].diagnostics = [*(by_title[fix.title].diagnostics or []), diag]
+                continue
             edit = _cell_edit(ls, notebook, plan_path, fix.edits)
             if edit is None:
                 continue
-            actions.append(
-                types.CodeAction(
-                    title=fix.title,
-                    kind=types.CodeActionKind.QuickFix,
-                    diagnostics=[diag],
-                    edit=edit,
-                    is_preferred=bool(fix.fits),
-                )
+            by_title[fix.title] = types.CodeAction(
+                title=fix.title,
+                kind=types.CodeActionKind.QuickFix,
+                diagnostics=[diag],
+                edit=edit,
+                is_preferred=bool(fix.fits),
             )
-    return actions
+    return list(by_title.values())
 
 
 def _cell_edit(

@@ -1,0 +1,176 @@
+"""Code actions through a real client: which actions a request gets (`context.diagnostics`,
+`context.only`, no duplicates), and `source.fixAll.llmmem` made by `codeAction/resolve`.
+
+Expected texts and numbers come from outside the server: `llmmem-lint --fix` run as a command
+on a copy of the same file, and the analyzer run in this process on the edited text.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from lsp_helpers import NOT_FITTING, SERVER_ENV, open_document, options, published, wait_until
+from lsprotocol import types
+from pytest_lsp import LanguageClient, client_capabilities
+
+from llmmem.check import check_text
+from llmmem.rules.edits import offset
+
+FIX_ALL = "source.fixAll.llmmem"
+
+
+async def begin(client: LanguageClient, gpu: str = "A100-80GB") -> types.InitializeResult:
+    return await client.initialize_session(
+        types.InitializeParams(
+            capabilities=client_capabilities("visual_studio_code"),
+            initialization_options=options(gpu=gpu),
+        )
+    )
+
+
+async def open_and_wait(client: LanguageClient, path: Path, text: str) -> tuple[str, list]:
+    uri = open_document(client, path, text)
+    await wait_until(lambda: any(p.uri == uri and p.version == 1 for p in published(client)))
+    diagnostics = next(p for p in published(client) if p.uri == uri).diagnostics
+    return uri, diagnostics
+
+
+async def ask(
+    client: LanguageClient,
+    uri: str,
+    diagnostics: list[types.Diagnostic],
+    only: list[str] | None = None,
+    where: types.Range | None = None,
+) -> list[types.CodeAction]:
+    start = types.Position(line=0, character=0)
+    answer = await client.text_document_code_action_async(
+        types.CodeActionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            range=where or (diagnostics[0].range if diagnostics else types.Range(start, start)),
+            context=types.CodeActionContext(diagnostics=diagnostics, only=only),
+        )
+    )
+    return [a for a in answer or [] if isinstance(a, types.CodeAction)]
+
+
+def apply_edit(text: str, edit: types.WorkspaceEdit | None, uri: str) -> str:
+    """The client's side of a workspace edit (ASCII texts: columns are characters)."""
+    assert edit is not None
+    if edit.document_changes:
+        (change,) = edit.document_changes
+        assert isinstance(change, types.TextDocumentEdit) and change.text_document.uri == uri
+        edits = [e for e in change.edits if isinstance(e, types.TextEdit)]
+    else:
+        assert edit.changes is not None
+        edits = list(edit.changes[uri])
+    spans = sorted(
+        (
+            (
+                offset(text, e.range.start.line, e.range.start.character),
+                offset(text, e.range.end.line, e.range.end.character),
+                e.new_text,
+            )
+            for e in edits
+        ),
+        reverse=True,
+    )
+    for start_at, end_at, new_text in spans:
+        text = text[:start_at] + new_text + text[end_at:]
+    return text
+
+
+@pytest.mark.asyncio
+async def test_only_the_named_diagnostics_get_actions(
+    client: LanguageClient, workdir: Path
+) -> None:
+    await begin(client)
+    uri, diagnostics = await open_and_wait(client, workdir / "train.py", NOT_FITTING)
+    codes = [d.code for d in diagnostics]
+    # the 8B full fine-tune is over 80 GiB (LLM001) and activations dominate (LLM004), both
+    # reported on the same trainer call
+    assert "LLM001" in codes and "LLM004" in codes
+    activations = next(d for d in diagnostics if d.code == "LLM004")
+    assert any(d.range == activations.range for d in diagnostics if d.code == "LLM001")
+
+    actions = await ask(client, uri, [activations], only=[types.CodeActionKind.QuickFix])
+    assert actions
+    for action in actions:
+        assert [d.code for d in action.diagnostics or []] == ["LLM004"], action.title
+    titles = [a.title for a in actions]
+    assert not any("LLM001" in t for t in titles)
+    # an 8-bit optimizer does nothing for activations: it answers LLM001 only
+    assert not any("8-bit AdamW" in t for t in titles)
+
+    # a range over the trainer call but no diagnostics named: no quick fix at all
+    assert (
+        await ask(client, uri, [], only=[types.CodeActionKind.QuickFix], where=activations.range)
+        == []
+    )
+
+
+@pytest.mark.asyncio
+async def test_a_fix_answering_two_diagnostics_is_listed_once(
+    client: LanguageClient, workdir: Path
+) -> None:
+    await begin(client)
+    uri, diagnostics = await open_and_wait(client, workdir / "train.py", NOT_FITTING)
+    actions = await ask(client, uri, diagnostics, only=[types.CodeActionKind.QuickFix])
+    titles = [a.title for a in actions]
+    assert len(titles) == len(set(titles)), titles
+    checkpointing = [a for a in actions if a.title.startswith("Enable gradient checkpointing")]
+    assert len(checkpointing) == 1
+    assert {d.code for d in checkpointing[0].diagnostics or []} == {"LLM001", "LLM004"}
+
+
+@pytest.mark.asyncio
+async def test_context_only_picks_quick_fixes_or_source_actions(
+    client: LanguageClient, workdir: Path
+) -> None:
+    result = await begin(client)
+    provider = result.capabilities.code_action_provider
+    assert isinstance(provider, types.CodeActionOptions)
+    assert provider.resolve_provider is True
+    assert FIX_ALL in (provider.code_action_kinds or [])
+
+    uri, diagnostics = await open_and_wait(client, workdir / "train.py", NOT_FITTING)
+    quick = await ask(client, uri, diagnostics, only=[types.CodeActionKind.QuickFix])
+    assert quick and {a.kind for a in quick} == {types.CodeActionKind.QuickFix}
+    for only in (["source"], ["source.fixAll"], [FIX_ALL]):
+        source = await ask(client, uri, diagnostics, only=only)
+        assert [a.kind for a in source] == [FIX_ALL], only
+    assert await ask(client, uri, diagnostics, only=["refactor"]) == []
+    everything = await ask(client, uri, diagnostics)
+    assert {a.kind for a in everything} == {types.CodeActionKind.QuickFix, FIX_ALL}
+
+
+@pytest.mark.asyncio
+async def test_fix_all_is_resolved_to_what_llmmem_lint_fix_writes(
+    client: LanguageClient, workdir: Path
+) -> None:
+    await begin(client)
+    uri, diagnostics = await open_and_wait(client, workdir / "train.py", NOT_FITTING)
+    (fix_all,) = await ask(client, uri, diagnostics, only=["source.fixAll"])
+    assert fix_all.edit is None  # made only when chosen
+    resolved = await client.code_action_resolve_async(fix_all)
+    fixed = apply_edit(NOT_FITTING, resolved.edit, uri)
+
+    # the command line, on a copy of the same file
+    copy = workdir / "cli" / "train.py"
+    copy.parent.mkdir()
+    copy.write_text(NOT_FITTING, encoding="utf-8")
+    env = {**SERVER_ENV, "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run(
+        [sys.executable, "-m", "llmmem", "lint", str(copy), "--gpu", "A100-80GB", "--fix"],
+        env=env,
+        capture_output=True,
+        check=False,
+    )
+    expected = copy.read_text(encoding="utf-8")
+    assert expected != NOT_FITTING  # the CLI found something to fix
+    assert fixed == expected
+    after = check_text(workdir / "train.py", fixed, gpu="A100-80GB", hub=False)
+    assert after.analysis.budget is not None and after.analysis.budget.fits
