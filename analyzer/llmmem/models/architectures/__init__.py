@@ -27,6 +27,7 @@ FAMILY_OF_MODEL_TYPE: dict[str, str] = {
     **dict.fromkeys(
         (
             "llama",
+            "granite",
             "mistral",
             "qwen2",
             "qwen3",
@@ -40,7 +41,9 @@ FAMILY_OF_MODEL_TYPE: dict[str, str] = {
     ),
     **dict.fromkeys(("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss"), "mixture_of_experts"),
     **dict.fromkeys(("gemma", "gemma2", "gemma3_text", "gemma3"), "gemma"),
-    **dict.fromkeys(("gpt2", "gpt_neox", "gptj", "opt", "falcon", "bloom", "phi"), "gpt_style"),
+    **dict.fromkeys(
+        ("gpt2", "gpt_bigcode", "gpt_neox", "gptj", "opt", "falcon", "bloom", "phi"), "gpt_style"
+    ),
     **dict.fromkeys(("bert", "roberta"), "masked_lm"),
     **dict.fromkeys(("t5", "mt5"), "t5"),
 }
@@ -91,6 +94,10 @@ def read_architecture(
         raise ModelSpecError(f"a model config must be a JSON object, not {type(config).__name__}")
     model_type = config.get("model_type")
     reader = architecture_reader(model_type) if isinstance(model_type, str) else None
+    if reader is None and isinstance(model_type, str) and model_type:
+        from llmmem.models.architectures.generic import generic_reader
+
+        reader = generic_reader(model_type, config)
     if reader is None:
         what = f"model_type {model_type!r}" if model_type else "a config without 'model_type'"
         raise ModelSpecError(

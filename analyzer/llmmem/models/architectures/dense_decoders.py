@@ -1,5 +1,5 @@
-"""Dense RoPE decoders named the Llama way (self_attn.q_proj ... mlp.down_proj): Llama, Mistral,
-Qwen2, Qwen3, OLMo, OLMo 2, Phi-3, StarCoder2 and StableLM.
+"""Dense RoPE decoders named the Llama way (self_attn.q_proj ... mlp.down_proj): Llama, Granite,
+Mistral, Qwen2, Qwen3, OLMo, OLMo 2, Phi-3, StarCoder2 and StableLM.
 
 The Llama layout around the blocks (`rmsnorm_decoder_spec`), its block (`llama_block_linears`) and
 the Qwen sliding-window rule are shared with the Gemma and mixture-of-experts readers.
@@ -117,6 +117,35 @@ def read_llama(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
         view,
         origin,
         architecture="LlamaForCausalLM",
+        dims=dims,
+        groups=[decoder_group(linears, layers=dims.layers, norm_params=2 * dims.hidden)],
+    )
+
+
+# --- Granite (IBM Granite 3.x, PowerLM) ---------------------------------------------------------
+
+GRANITE_DEFAULTS = {
+    "num_key_value_heads": None,
+    "hidden_act": "silu",
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "mlp_bias": False,
+}
+
+
+def read_granite(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
+    """Llama's modules and shapes; Granite only scales the embeddings, attention, residuals and
+    logits by constants (embedding_multiplier, logits_scaling, ...), which hold no parameters."""
+    dims = read_rope_decoder_dims(view)
+    bias = view.flag("attention_bias")
+    linears = llama_block_linears(
+        dims, qkv_bias=bias, output_bias=bias, mlp_bias=view.flag("mlp_bias")
+    )
+    return rmsnorm_decoder_spec(
+        view,
+        origin,
+        architecture="GraniteForCausalLM",
         dims=dims,
         groups=[decoder_group(linears, layers=dims.layers, norm_params=2 * dims.hidden)],
     )
@@ -361,6 +390,7 @@ def read_stablelm(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
 
 READERS = [
     ArchitectureReader("llama", "LlamaConfig", LLAMA_DEFAULTS, read_llama),
+    ArchitectureReader("granite", "GraniteConfig", GRANITE_DEFAULTS, read_granite),
     ArchitectureReader("mistral", "MistralConfig", MISTRAL_DEFAULTS, read_mistral),
     ArchitectureReader("qwen2", "Qwen2Config", QWEN2_DEFAULTS, read_qwen2),
     ArchitectureReader("qwen3", "Qwen3Config", QWEN3_DEFAULTS, read_qwen3),

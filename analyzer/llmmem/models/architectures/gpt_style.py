@@ -1,5 +1,5 @@
-"""GPT-style decoders with LayerNorm and a plain MLP: GPT-2, GPT-NeoX (Pythia, StableLM-alpha),
-GPT-J, OPT, Falcon, BLOOM and Phi-1/1.5/2."""
+"""GPT-style decoders with LayerNorm and a plain MLP: GPT-2, GPT-BigCode (SantaCoder, StarCoder),
+GPT-NeoX (Pythia, StableLM-alpha), GPT-J, OPT, Falcon, BLOOM and Phi-1/1.5/2."""
 
 from __future__ import annotations
 
@@ -135,6 +135,48 @@ def read_gpt2(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
         learned_positions=dims.max_positions or 0,
         activation=view.text("activation_function") or "gelu_new",
         notes=notes,
+    )
+
+
+# --- GPT-BigCode (SantaCoder, StarCoder 1) ----------------------------------------------------
+
+GPT_BIGCODE_DEFAULTS = {
+    "n_positions": 1024,
+    "n_inner": None,
+    "activation_function": "gelu_pytorch_tanh",
+    "multi_query": True,
+    "tie_word_embeddings": True,
+}
+
+
+def read_gpt_bigcode(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
+    """GPT-2's layout in nn.Linear modules, with multi-query attention: c_attn projects to the
+    queries and one shared key and value head (hidden + 2·head_dim) when `multi_query` is set."""
+    dims = _read_gpt2_named_dims(view, positions_when_null=1024)
+    hidden = dims.hidden
+    multi_query = view.flag("multi_query")
+    if multi_query:
+        dims = replace(dims, kv_heads=1)
+    qkv_width = hidden + 2 * dims.head_dim if multi_query else 3 * hidden
+    linears = [
+        linear("attn.c_attn", hidden, qkv_width, bias=True, role="attention"),
+        linear("attn.c_proj", hidden, hidden, bias=True, role="attention"),
+        *plain_mlp(
+            "mlp.c_fc", "mlp.c_proj", hidden=hidden, intermediate=dims.intermediate, bias=True
+        ),
+    ]
+    return _layer_norm_decoder_spec(
+        view,
+        origin,
+        architecture="GPTBigCodeForCausalLM",
+        dims=dims,
+        linears=linears,
+        block_norms=2 * layer_norm_params(hidden),
+        learned_positions=dims.max_positions or 0,
+        activation=view.text("activation_function") or "gelu_pytorch_tanh",
+        notes=["multi-query attention: one key/value head shared by all query heads"]
+        if multi_query
+        else [],
     )
 
 
@@ -407,6 +449,7 @@ def read_phi(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
 
 READERS = [
     ArchitectureReader("gpt2", "GPT2Config", GPT2_DEFAULTS, read_gpt2),
+    ArchitectureReader("gpt_bigcode", "GPTBigCodeConfig", GPT_BIGCODE_DEFAULTS, read_gpt_bigcode),
     ArchitectureReader("gpt_neox", "GPTNeoXConfig", GPT_NEOX_DEFAULTS, read_gpt_neox),
     ArchitectureReader("gptj", "GPTJConfig", GPTJ_DEFAULTS, read_gptj),
     ArchitectureReader("opt", "OPTConfig", OPT_DEFAULTS, read_opt),
