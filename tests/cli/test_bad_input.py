@@ -456,3 +456,85 @@ def test_language_server_ignores_modules_in_the_working_directory(tmp_path: Path
     assert proc.returncode == 0, proc.stderr
     assert "llmmem-lsp" in proc.stdout
     assert sorted(p.name for p in tmp_path.glob("*-imported")) == []
+
+
+# -- 9. the script reader has bounds: values stop growing, reading stops after a number of steps --
+
+TRAINING_TAIL = (
+    'model = AutoModelForCausalLM.from_pretrained("tiny")\n'
+    'args = TrainingArguments(output_dir="out", per_device_train_batch_size=2)\n'
+    "Trainer(model=model, args=args).train()\n"
+)
+IMPORTS = "from transformers import AutoModelForCausalLM, Trainer, TrainingArguments\n"
+
+BOMBS = {
+    # each doubles a value forty times: 2**40 characters, items or paths if nothing stops it
+    "string": ('s = "ab"\n' + "s = s + s\n" * 40, "a string of more than"),
+    "f-string": ('s = "ab"\n' + 's = f"{s}{s}"\n' * 40, "a string of more than"),
+    "list": ('xs = ["a", "b"]\n' + "xs = xs + xs\n" * 40, "a list of more than"),
+    "starred list": ("xs = [1]\n" + "xs = [*xs, *xs]\n" * 40, "a list of more than"),
+    "shared dict": (
+        'd = {"a": 1}\n'
+        + 'd = {"x": d, "y": d}\n'
+        + "d = {'x': d, 'y': d}\n" * 39
+        + "label = str(d)\n",
+        "a value of more than",
+    ),
+    "huge range loop": (
+        'xs = ["a"]\nfor step in range(10**12):\n    xs = xs + xs\n    n = 10 ** step\n',
+        "",
+    ),
+}
+
+
+def run_limited(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Run the CLI with 1 GB of address space; returns the process and its wall time."""
+    import resource
+    import time
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmmem", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=ENV,
+        cwd=cwd,
+        preexec_fn=limit,
+    )
+    return proc, time.monotonic() - started
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS is enforced on Linux")
+@pytest.mark.parametrize("name", sorted(BOMBS))
+def test_a_value_that_doubles_forty_times_is_given_up_on(project: Path, name: str) -> None:
+    bomb, note = BOMBS[name]
+    tiny_model(project / "tiny")
+    script = project / "train.py"
+    script.write_text(IMPORTS + bomb + TRAINING_TAIL)
+    proc, seconds = run_limited(["explain", "train.py", "--format", "json"], project)
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert seconds < 5, seconds
+    out = json.loads(proc.stdout)
+    assert out["budget"] is not None, out["problems"]  # the rest of the script still counts
+    assert out["plan"]["per_device_train_batch_size"]["value"] == 2
+    if note:
+        assert any(note in problem for problem in out["problems"]), out["problems"]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS is enforced on Linux")
+def test_reading_stops_after_a_bounded_number_of_steps(project: Path) -> None:
+    tiny_model(project / "tiny")
+    body = "def grow(a, b=2):\n" + "    a = a * b + 1\n" * 3000 + "    return a\n"
+    script = project / "train.py"
+    script.write_text(IMPORTS + TRAINING_TAIL + body + "grow(1)\n" * 300)
+    proc, seconds = run_limited(["explain", "train.py", "--format", "json"], project)
+    assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, proc.stderr
+    assert seconds < 5, seconds
+    out = json.loads(proc.stdout)
+    assert out["budget"] is not None
+    assert any("stopped reading at line" in problem for problem in out["problems"]), out

@@ -29,6 +29,7 @@ import json
 import re
 import warnings
 from collections.abc import Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
@@ -63,6 +64,11 @@ MAX_FUNCTION_RUNS = 300  # user function bodies walked per file
 MAX_DEEPSPEED_CONFIG_BYTES = 1_000_000
 MAX_RESULT_BITS = 4096  # integer arithmetic on literals stops here (10**1233)
 MAX_SCRIPT_BYTES = 50_000_000  # a script read from disk (the editor's buffer has no cap here)
+# bounds on what the reader builds: past one, the value is unknown (with a note), never grown
+MAX_STRING_CHARS = 100_000  # a string built by `+`, an f-string or str()
+MAX_ITEMS = 10_000  # items of a list, tuple or dict built by the script
+MAX_VALUE_UNITS = 200_000  # a nested value read whole: one per item, one per character
+MAX_STEPS = 300_000  # statements and expressions evaluated per file (about 1.5 s)
 
 _UNSLOTH_LOADERS = frozenset({"FastLanguageModel", "FastModel", "FastVisionModel"})
 _MODEL_CLASS_ENDINGS = (
@@ -442,36 +448,101 @@ def _weakest(values: Iterable[Known]) -> Provenance:
     return min(sources, key=lambda source: PRECEDENCE[source])
 
 
-def settle(value: Value | None) -> Known | None:
+# where `settle` tells the reader that it gave up on a value too large to read whole
+_OVERSIZED_NOTES: ContextVar[list[str] | None] = ContextVar("_OVERSIZED_NOTES", default=None)
+
+
+class _ReadingStopped(Exception):
+    """The reader took MAX_STEPS steps; what it found so far is the plan."""
+
+
+class _SettleBudget:
+    """What reading one nested value whole may cost: a list that holds itself, or forty lists
+    each holding the one before twice, is not read (it would never end)."""
+
+    def __init__(self) -> None:
+        self.units = MAX_VALUE_UNITS
+        self.open: set[int] = set()  # containers being read, to see a cycle
+
+
+def settle(value: Value | None, budget: _SettleBudget | None = None) -> Known | None:
     """A plain Known for a value whose parts are all known (lists and dicts included), else
-    None. Symbols become their dotted name (`torch.bfloat16`)."""
+    None. Symbols become their dotted name (`torch.bfloat16`). A value larger than
+    MAX_VALUE_UNITS, or one that contains itself, is not known."""
     if isinstance(value, Known):
         return value
     if isinstance(value, Symbol):
         return Known(value.name, value.node)
+    if not isinstance(value, (ListValue, DictValue)):
+        return None
+    if budget is None:
+        budget = _SettleBudget()
+        settled = settle(value, budget)
+        notes = _OVERSIZED_NOTES.get()
+        if budget.units < 0 and notes is not None:
+            notes.append(f"a value of more than {MAX_VALUE_UNITS:,} items and characters")
+        return settled
+    if id(value) in budget.open:
+        return None
+    budget.open.add(id(value))
+    try:
+        return _settle_container(value, budget)
+    finally:
+        budget.open.discard(id(value))
+
+
+def _settle_part(value: Value, budget: _SettleBudget) -> Known | None:
+    budget.units -= 1
+    if isinstance(value, Known) and isinstance(value.value, (str, bytes)):
+        budget.units -= len(value.value)
+    if budget.units < 0:
+        return None
+    return settle(value, budget)
+
+
+def _settle_container(value: ListValue | DictValue, budget: _SettleBudget) -> Known | None:
     if isinstance(value, ListValue):
-        items = [settle(item) for item in value.items]
-        if any(item is None for item in items):
-            return None
-        known = [item for item in items if item is not None]
+        known: list[Known] = []
+        for item in value.items:
+            known_item = _settle_part(item, budget)
+            if known_item is None:
+                return None
+            known.append(known_item)
         return Known(
             [item.value for item in known],
             value.node,
             _weakest(known),
             _combine_notes(*(item.note for item in known)),
         )
-    if isinstance(value, DictValue):
-        if value.unread:
+    if value.unread:
+        return None
+    known_items: dict[str, Known] = {}
+    for key, entry in value.entries.items():
+        known_entry = _settle_part(entry, budget)
+        if known_entry is None:
             return None
-        settled = {key: settle(item) for key, item in value.entries.items()}
-        if any(item is None for item in settled.values()):
-            return None
-        known_items = {key: item for key, item in settled.items() if item is not None}
-        return Known(
-            {key: item.value for key, item in known_items.items()},
-            value.node,
-            _weakest(known_items.values()),
-        )
+        known_items[key] = known_entry
+    return Known(
+        {key: item.value for key, item in known_items.items()},
+        value.node,
+        _weakest(known_items.values()),
+    )
+
+
+def _too_large(value: Value) -> str | None:
+    """What is too large about a value the reader built (see the MAX_ bounds), or None."""
+    if isinstance(value, Known):
+        plain = value.value
+        if isinstance(plain, (str, bytes)) and len(plain) > MAX_STRING_CHARS:
+            return f"a string of more than {MAX_STRING_CHARS:,} characters"
+        if isinstance(plain, int) and plain.bit_length() > MAX_RESULT_BITS:
+            return f"an integer of more than {MAX_RESULT_BITS:,} bits"
+        if isinstance(plain, (list, tuple, dict, set)) and len(plain) > MAX_ITEMS:
+            return f"a collection of more than {MAX_ITEMS:,} items"
+    elif isinstance(value, ListValue) and len(value.items) > MAX_ITEMS:
+        return f"a list of more than {MAX_ITEMS:,} items"
+    elif isinstance(value, DictValue) and len(value.entries) > MAX_ITEMS:
+        return f"a dict of more than {MAX_ITEMS:,} items"
     return None
 
 
@@ -618,6 +689,8 @@ class ScriptReader:
         self.call_stack: list[FunctionValue] = []
         self.return_values: list[Value | None] = []
         self.function_runs = 0
+        self.steps = 0  # statements and expressions evaluated, up to MAX_STEPS
+        self.oversized: list[str] = []  # values given up on, for one note each
         self.functions: list[FunctionValue] = []
         # what the script builds, in order
         self.models: list[ModelObject] = []
@@ -650,12 +723,33 @@ class ScriptReader:
 
     def run_module(self, module: ast.Module) -> None:
         self.module_scope.bind("__name__", Known("__main__", None))
-        self.exec_block(module.body, self.module_scope)
-        # functions nothing in the file calls (entry points for fire/typer/click, callbacks
-        # handed to `dataset.map`, helpers of a library module) still describe the run
-        for function in list(self.functions):
-            if function.runs == 0:
-                self.call_function(function, None, None)
+        try:
+            self.exec_block(module.body, self.module_scope)
+            # functions nothing in the file calls (entry points for fire/typer/click, callbacks
+            # handed to `dataset.map`, helpers of a library module) still describe the run
+            for function in list(self.functions):
+                if function.runs == 0:
+                    self.call_function(function, None, None)
+        except _ReadingStopped as stopped:
+            self.problems.append(str(stopped))
+
+    def step(self, node: ast.AST) -> None:
+        """Count one statement or expression; past MAX_STEPS the reading stops."""
+        self.steps += 1
+        if self.steps > MAX_STEPS:
+            where = self.source.range_of(node)
+            line = f" at line {where.start_line + 1}" if where is not None else ""
+            raise _ReadingStopped(
+                f"stopped reading{line} after {MAX_STEPS:,} steps (statements and expressions, "
+                "function bodies once per call): the rest of the script was not read"
+            )
+
+    def give_up(self, node: ast.AST | None, what: str) -> Unknown:
+        """The unknown that stands for a value past a bound, noted once per kind."""
+        if what not in self.oversized:
+            self.oversized.append(what)
+            self.problem(node, f"{what} was built; llmmem does not read it (treated as unknown)")
+        return Unknown(what, node)
 
     def exec_block(self, body: list[ast.stmt], scope: Scope) -> Flow:
         for statement in body:
@@ -669,6 +763,7 @@ class ScriptReader:
         return Flow.NORMAL
 
     def exec_statement(self, node: ast.stmt, scope: Scope) -> Flow:
+        self.step(node)
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             self.exec_import(node, scope)
         elif isinstance(node, ast.Assign):
@@ -886,9 +981,16 @@ class ScriptReader:
     # -- expressions -------------------------------------------------------------------------
 
     def eval(self, node: ast.expr | None, scope: Scope) -> Value:
+        if node is not None:
+            self.step(node)
         value = self._eval(node, scope)
-        if isinstance(value, Unknown) and value.node is None and node is not None:
-            return Unknown(value.reason, node)
+        if isinstance(value, Unknown):
+            if value.node is None and node is not None:
+                return Unknown(value.reason, node)
+            return value
+        too_large = _too_large(value)
+        if too_large is not None:
+            return self.give_up(node, too_large)
         return value
 
     def _eval(self, node: ast.expr | None, scope: Scope) -> Value:
@@ -2337,8 +2439,15 @@ def _read_into(
         builder.unreadable = problem or "could not parse the file"
         return "hf", "none"
     reader = ScriptReader(SourceMap(text), path)
+    oversized: list[str] = []
+    token = _OVERSIZED_NOTES.set(oversized)
     try:
         reader.run_module(module)
         return PlanEmitter(reader, builder).emit()
     finally:
+        _OVERSIZED_NOTES.reset(token)
         builder.problems.extend(reader.problems)
+        for what in dict.fromkeys(oversized):
+            builder.problems.append(
+                f"{what} was built; llmmem does not read it (treated as unknown)"
+            )
