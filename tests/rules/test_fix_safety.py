@@ -97,14 +97,17 @@ def test_a_comment_after_the_last_argument_with_a_comma(
     script = tmp_path / "train.py"
     script.write_text(
         HEAD + 'args = TrainingArguments(\n    output_dir="out",\n    optim="adamw_bnb_8bit",\n'
-        "    bf16=True,\n    gradient_checkpointing=False,  # slow\n)\n"
+        "    bf16=True,\n    gradient_accumulation_steps=2,\n"
+        "    gradient_checkpointing=False,  # slow\n)\n"
     )
+    # checkpointing, then the micro-batch halved three times (8 x 2 -> 1 x 16: the same
+    # effective batch); the new keyword goes after the commented line, the comment stays
     fix_soundly(
         capsys,
         script,
         HEAD + 'args = TrainingArguments(\n    output_dir="out",\n    optim="adamw_bnb_8bit",\n'
-        "    bf16=True,\n    gradient_checkpointing=True,  # slow\n"
-        "    gradient_accumulation_steps=8,\n    per_device_train_batch_size=1,\n)\n",
+        "    bf16=True,\n    gradient_accumulation_steps=16,\n"
+        "    gradient_checkpointing=True,  # slow\n    per_device_train_batch_size=1,\n)\n",
         gpu="A100-40GB",
     )
 
@@ -170,25 +173,17 @@ def test_hf_arguments_json_gets_quoted_values_and_valid_new_keys(
         "{\n"
         '  "model_name_or_path": "Qwen/Qwen2.5-7B",\n'
         '  "per_device_train_batch_size": 2,\n'
-        '  "gradient_checkpointing": true,\n'
         '  "optim": "adamw_torch",\n'
         '  "bf16": true\n'
         "}\n"
     )
-    # 8-bit AdamW is not enough for a 7B full fine-tune on 80 GB: the micro-batch is halved
-    # too, and the accumulation that keeps the effective batch is a new key inside the object
-    fix_soundly(
-        capsys,
-        config,
-        "{\n"
-        '  "model_name_or_path": "Qwen/Qwen2.5-7B",\n'
-        '  "per_device_train_batch_size": 1,\n'
-        '  "gradient_checkpointing": true,\n'
-        '  "optim": "adamw_bnb_8bit",\n'
-        '  "bf16": true,\n'
-        '  "gradient_accumulation_steps": 2\n'
-        "}\n",
-    )
+    # a 7B full fine-tune on 80 GB: checkpointing (a new key inside the object), then the
+    # 8-bit AdamW (a quoted string)
+    fixed = fix_soundly(capsys, config, None)
+    assert json.loads(fixed)["gradient_checkpointing"] is True
+    assert json.loads(fixed)["optim"] == "adamw_bnb_8bit"
+    assert '"optim": "adamw_bnb_8bit"' in fixed
+    assert fixed.startswith("{\n") and fixed.endswith("\n}\n")
 
 
 # 4. YAML anchors, aliases and merge keys ---------------------------------------------------
@@ -275,13 +270,14 @@ def test_a_shared_variable_keeps_its_value_and_the_keyword_gets_the_literal(
     )
     script.write_text(
         HEAD + 'bs = 8\nargs = TrainingArguments(\n    output_dir="out",\n'
-        "    per_device_train_batch_size=bs,\n" + body + ")\n"
+        "    per_device_train_batch_size=bs,\n" + body + "    gradient_accumulation_steps=2,\n)\n"
     )
+    # the micro-batch halved three times (8 x 2 -> 1 x 16): `bs` still sizes the eval batch
     fix_soundly(
         capsys,
         script,
         HEAD + 'bs = 8\nargs = TrainingArguments(\n    output_dir="out",\n'
-        "    per_device_train_batch_size=1,\n" + body + "    gradient_accumulation_steps=8,\n)\n",
+        "    per_device_train_batch_size=1,\n" + body + "    gradient_accumulation_steps=16,\n)\n",
         gpu="A100-40GB",
     )
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from llmmem.check import check_text
 from llmmem.plan import (
     DistributedPlan,
     LoraPlan,
@@ -120,18 +122,19 @@ def test_fix_edits_produce_valid_python_with_the_setting() -> None:
 
 
 def test_the_fix_titles_predict_what_the_estimate_says_after_the_change() -> None:
-    analysis = analyze(plan_for(SCRIPT), gpu="A100-80GB")
+    # the file as the reader sees it (a hand-built plan need not be what its text gives)
+    before = check_text(Path("train.py"), SCRIPT, gpu="A100-80GB", hub=False)
     fix = next(
         fix
-        for f in run_rules(analysis, SCRIPT)
+        for f in before.findings
         for fix in f.fixes
         if fix.title.startswith("Enable gradient checkpointing")
     )
-    after = analyze(
-        plan_for(SCRIPT, gradient_checkpointing=src(True, Provenance.EXPLICIT)), gpu="A100-80GB"
-    )
-    assert after.budget is not None
-    assert fix.predicted_device_bytes == after.budget.device_total_bytes
+    fixed = apply_edits(SCRIPT, fix.edits)
+    assert "gradient_checkpointing=True" in fixed
+    after = check_text(Path("train.py"), fixed, gpu="A100-80GB", hub=False).analysis.budget
+    assert after is not None
+    assert fix.predicted_device_bytes == after.device_total_bytes
 
 
 def test_a_small_lora_run_on_an_h100_is_clean() -> None:

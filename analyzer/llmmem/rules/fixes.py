@@ -1,16 +1,18 @@
 """The changes that bring a step's memory down, each as edits plus the predicted result.
 
-A candidate changes the setup (to predict its effect with the accounting core) and the text (to
-apply it). Its title states the predicted total after it, e.g.
+A candidate says whether it applies to the setup, and edits the text; it is offered only when the
+edited text, analysed again, gives a lower total, and its title states that total, e.g.
 `Enable gradient checkpointing → 31.2 GiB (fits A100-80GB)`.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
-from llmmem.budget.phases import estimate_budget
+from llmmem.budget.result import Budget, Component
 from llmmem.budget.setup import (
     LossImpl,
     Method,
@@ -20,7 +22,14 @@ from llmmem.budget.setup import (
     SetupError,
     TrainingSetup,
 )
-from llmmem.rules.edits import ensure_import, insert_keyword, insert_line_after, set_setting
+from llmmem.plan import Provenance
+from llmmem.rules.edits import (
+    apply_edits,
+    ensure_import,
+    insert_keyword,
+    insert_line_after,
+    set_setting,
+)
 from llmmem.rules.finding import Fix, TextEdit
 from llmmem.scenario import Analysis
 from llmmem.units import format_bytes
@@ -193,25 +202,38 @@ CANDIDATES = [
 
 
 def candidate_fixes(
-    analysis: Analysis, text: str, keys: tuple[str, ...] | None = None
+    analysis: Analysis,
+    text: str,
+    keys: tuple[str, ...] | None = None,
+    target: Component | None = None,
 ) -> list[Fix]:
-    """Every candidate that applies, with its edits and predicted total; best first."""
-    if analysis.spec is None or analysis.setup is None:
+    """Every candidate that applies, with its edits and the total after it; best first.
+
+    A candidate is offered only when the file with its edits, analysed again as `check_text`
+    analyses it, gives a lower total (and, with `target`, a smaller `target` component at the
+    peak, the part of the step the finding is about); that analysis' total is the title's."""
+    if analysis.spec is None or analysis.setup is None or analysis.budget is None:
         return []
+    before = analysis.budget
     fixes: list[Fix] = []
     for candidate in CANDIDATES:
         if keys is not None and candidate.key not in keys:
             continue
         try:
-            changed = candidate.change(analysis.setup)
-            if changed is None:
+            if candidate.change(analysis.setup) is None:
                 continue
-            budget = estimate_budget(analysis.spec, changed, analysis.gpu)
         except (SetupError, ValueError):
             continue
         edits = candidate.edit(analysis, text)
         if not edits:
             continue
+        budget = reanalysed_budget(analysis, text, edits)
+        if budget is None or budget.device_total_bytes >= before.device_total_bytes:
+            continue  # the edit is not read where it was written, or it does not help
+        if target is not None and _component_bytes(budget, target) >= _component_bytes(
+            before, target
+        ):
+            continue  # it does not move what the finding is about
         total = budget.device_total_bytes
         verdict = ""
         if analysis.gpu is not None:
@@ -228,3 +250,80 @@ def candidate_fixes(
         )
     fixes.sort(key=lambda fix: (not fix.fits, fix.predicted_device_bytes or 0))
     return fixes
+
+
+def _component_bytes(budget: Budget, component: Component) -> int:
+    term = budget.peak.components.get(component)
+    return term.bytes if term is not None else 0
+
+
+# one analysis' re-analyses, per edited text: the rules of one file ask for the same fixes
+_recent = threading.local()
+
+
+def reanalysed_budget(analysis: Analysis, text: str, edits: list[TextEdit]) -> Budget | None:
+    """The budget of the file after `edits`, read and analysed again as `check_text` does
+    for it (same project settings, GPU and editor world size; no hub lookup), or None when
+    the edited file gives none."""
+    edited = edited_text(analysis, text, edits)
+    if edited is None:
+        return None
+    cache: tuple[Analysis, dict[str, Budget | None]] | None = getattr(_recent, "cache", None)
+    if cache is None or cache[0] is not analysis:
+        cache = (analysis, {})
+        _recent.cache = cache
+    budgets = cache[1]
+    if edited not in budgets:
+        budgets[edited] = _analyse_again(analysis, edited)
+    return budgets[edited]
+
+
+def _analyse_again(analysis: Analysis, edited: str) -> Budget | None:
+    from llmmem.extract import extract_plan, find_project_settings
+    from llmmem.scenario import analyze
+
+    path = Path(analysis.plan.path)
+    settings = find_project_settings(path)
+    plan = extract_plan(path, edited, settings=settings)
+    if plan.unreadable:
+        return None
+    unset = (Provenance.DEFAULT, Provenance.ASSUMED)
+    world_size = analysis.plan.distributed.world_size
+    if plan.distributed.world_size.source in unset and world_size.source not in unset:
+        plan.distributed.world_size = world_size  # set by the caller, not by the file
+    again = analyze(
+        plan,
+        gpu=analysis.gpu.name if analysis.gpu is not None else None,
+        hub=False,
+        local_model_paths=settings.local_model_paths,
+    )
+    return again.budget
+
+
+def edited_text(analysis: Analysis, text: str, edits: list[TextEdit]) -> str | None:
+    """The file's text with `edits` applied; in a notebook, edits of a cell (a range naming
+    the cell) are applied to that cell's source inside the notebook's JSON."""
+    if all(edit.range.path is None for edit in edits):
+        return apply_edits(text, edits)
+    import json
+
+    from llmmem.extract.notebook import cell_index, cell_source
+
+    notebook = analysis.plan.path
+    by_cell: dict[int, list[TextEdit]] = {}
+    for edit in edits:
+        index = cell_index(edit.range, notebook)
+        if index is None:
+            return None
+        by_cell.setdefault(index, []).append(replace(edit, range=replace(edit.range, path=None)))
+    try:
+        document = json.loads(text)
+        cells = document["cells"]
+        for index, cell_edits in by_cell.items():
+            source = cell_source(cells[index])
+            if source is None:
+                return None
+            cells[index]["source"] = apply_edits(source, cell_edits)
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+    return json.dumps(document, ensure_ascii=False)

@@ -42,7 +42,7 @@ def _dominates(
         return []
     budget = analysis.budget
     assert budget is not None
-    fixes = candidate_fixes(analysis, text, fix_keys)
+    fixes = candidate_fixes(analysis, text, fix_keys, component)
     if not fixes:
         return []  # already done what would help
     severity = Severity.WARNING if budget.fits is False else Severity.INFO
