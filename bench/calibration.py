@@ -262,12 +262,20 @@ def wide_case_from_row(row: dict[str, Any]) -> CalibrationCase:
         raise RowSkipped("FSDP NO_SHARD (a replica per GPU, FSDP-wrapped): not expressible yet")
     cpu_offload = "CPU Offload True" in notes or "offload_params=True" in notes
     method = Method(row["method"])
+    # FSDP-QLoRA: bnb_4bit_quant_storage in a float dtype, which FSDP shards like the others
+    storage = "bfloat16" if re.search(r"quant_storage[ =]+(bfloat16|bf16)", notes) else "uint8"
+    # a model FSDP flattens must hold one dtype per unit (FSDP1, accelerate 1.0): the stacks
+    # that shard a QLoRA model leave it in bf16 — TRL 0.13 skips prepare_model_for_kbit_training
+    # and asks peft for bf16 adapters (autocast_adapter_dtype=False); fsdp_qlora loads it so
+    sharded_kbit = sharded and storage != "uint8"
     quant = None
     if method is Method.QLORA:
         quant = QuantSetup(
             quant_type=QuantType(row.get("quant") or "nf4"),
             double_quant=bool(row.get("double_quant")),
             bitsandbytes_version=stack["bitsandbytes"],
+            quant_storage=storage,
+            prepare_for_kbit_training=not sharded_kbit,
         )
     lora = None
     if method in (Method.LORA, Method.QLORA):
@@ -278,6 +286,7 @@ def wide_case_from_row(row: dict[str, Any]) -> CalibrationCase:
             alpha=float(row.get("lora_alpha") or 16),
             targets=[t.strip() for t in targets.split(",")] if targets else None,
             dropout=float(dropout.group(1)) if dropout else 0.0,
+            adapter_bytes=2 if sharded_kbit else 4,
         )
     attn = AttnImpl.FLASH_ATTENTION_2 if "FA2" in notes else AttnImpl.SDPA
     setup = TrainingSetup(
@@ -298,6 +307,7 @@ def wide_case_from_row(row: dict[str, Any]) -> CalibrationCase:
             offload_optimizer=cpu_offload,
         ),
         torch_version=stack["torch"],
+        transformers_version=stack["transformers"],
         framework=Framework.HF,
     )
     gpu_spec = find_gpu(row["gpu"])

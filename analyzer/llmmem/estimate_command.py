@@ -15,6 +15,7 @@ from llmmem.budget.optimizers import find_optimizer
 from llmmem.budget.phases import estimate_budget
 from llmmem.budget.result import Budget, GpuTarget
 from llmmem.budget.setup import (
+    TESTED_TRANSFORMERS,
     AttnImpl,
     DistributedSetup,
     FsdpShard,
@@ -27,6 +28,7 @@ from llmmem.budget.setup import (
     QuantType,
     SetupError,
     TrainingSetup,
+    release,
 )
 from llmmem.budget.weights import default_lora_targets
 from llmmem.errors import UsageError
@@ -51,6 +53,52 @@ DEFAULTS: dict[str, Any] = {
     "mode": "train",
     "new_tokens": 256,
 }
+
+
+# the libraries whose release changes what a step holds, as `--versions` names them
+VERSIONED_LIBRARIES = ("transformers",)
+
+
+def parse_versions(text: str | list[str] | None) -> dict[str, str]:
+    """`--versions transformers=4.48.1[,...]` as {library: "major.minor"}; UsageError for a
+    library llmmem has no rule for or a release it cannot read."""
+    if not text:
+        return {}
+    items = text if isinstance(text, list) else [text]
+    found: dict[str, str] = {}
+    for item in (part.strip() for entry in items for part in entry.split(",")):
+        if not item:
+            continue
+        library, _, version = item.partition("=")
+        library = library.strip().lower()
+        if library not in VERSIONED_LIBRARIES:
+            raise UsageError(
+                f"--versions: no rule depends on {library!r}; name one of "
+                f"{', '.join(VERSIONED_LIBRARIES)} (e.g. transformers=4.48.1)"
+            )
+        try:
+            major, minor = release(version.strip())
+        except ValueError:
+            raise UsageError(f"--versions: {item!r} is not LIBRARY=X.Y[.Z]") from None
+        found[library] = f"{major}.{minor}"
+    return found
+
+
+def add_plan_flags(parser: argparse.ArgumentParser) -> None:
+    """The estimate flags of the plan's quantized storage and library releases."""
+    parser.add_argument(
+        "--quant-storage",
+        choices=["uint8", "bfloat16", "float16", "float32"],
+        default=None,
+        help="bnb_4bit_quant_storage: a float dtype lets FSDP shard the 4-bit weights",
+    )
+    parser.add_argument(
+        "--versions",
+        action="append",
+        default=None,
+        help="library releases the run uses, e.g. transformers=4.48.1 (MoE experts are "
+        "quantized one nn.Linear each before transformers 5)",
+    )
 
 
 def _pick(args: argparse.Namespace, name: str, provenance: dict[str, str]) -> Any:
@@ -174,7 +222,14 @@ def build_setup(
             )
         if method is Method.QLORA and quant_type is QuantType.INT8:
             method = Method.LORA  # LoRA over an 8-bit base
-        quant = QuantSetup(quant_type=quant_type, double_quant=double_quant)
+        storage = getattr(args, "quant_storage", None)
+        try:
+            quant = QuantSetup(
+                quant_type=quant_type, double_quant=double_quant, quant_storage=storage or "uint8"
+            )
+        except SetupError as err:
+            raise UsageError(str(err)) from None
+        prov["quant_storage"] = "flag" if storage else "default (uint8)"
         prov["quant"] = (
             "flag"
             if args.quant
@@ -184,6 +239,10 @@ def build_setup(
         )
     elif getattr(args, "double_quant", None):
         raise UsageError("--double-quant needs --quant nf4 or fp4 (or --method qlora)")
+    elif getattr(args, "quant_storage", None):
+        raise UsageError("--quant-storage needs --quant nf4 or fp4 (or --method qlora)")
+    versions = parse_versions(getattr(args, "versions", None))
+    prov["transformers_version"] = "flag" if "transformers" in versions else "default"
     optim = _pick(args, "optim", prov)
     try:
         find_optimizer(optim)
@@ -218,6 +277,7 @@ def build_setup(
             new_tokens=_pick(args, "new_tokens", prov),
             first_step=bool(getattr(args, "first_step", False)),
             use_cache=bool(getattr(args, "use_cache", False)),
+            transformers_version=versions.get("transformers", TESTED_TRANSFORMERS),
         )
     except SetupError as err:
         raise UsageError(str(err)) from None
@@ -254,10 +314,16 @@ def setup_lines(
             (
                 "quantization",
                 setup.quant.quant_type.value
-                + (" + double quant" if setup.quant.double_quant else ""),
+                + (" + double quant" if setup.quant.double_quant else "")
+                + (
+                    f", stored as {setup.quant.quant_storage}"
+                    if setup.quant.quant_storage != "uint8"
+                    else ""
+                ),
                 prov.get("quant", ""),
             )
         )
+    lines.append(("transformers", setup.transformers_version, prov.get("transformers_version", "")))
     if setup.distributed.world_size > 1 or setup.distributed.zero_stage:
         lines.append(("devices", f"{setup.distributed.world_size}", prov.get("world_size", "")))
     lines.append(("GPU", gpu.name if gpu else "none given, none detected", gpu_prov))

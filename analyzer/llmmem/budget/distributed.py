@@ -35,11 +35,24 @@ class Sharding:
     offload_states: bool = False
     offload_params: bool = False
     pads_each_parameter: bool = False  # FSDP2: dim 0 of each parameter, padded per rank
+    # FSDP and k-bit weights: the bytes of one quantized weight that FSDP shards (the packed
+    # values, where bnb_4bit_quant_storage is a float dtype), out of all it costs; the rest,
+    # bitsandbytes' quant state (absmax and its constants), is not a parameter and stays whole
+    # on every rank. 0: uint8 storage, which FSDP cannot flatten with the float parameters: the
+    # quantized weights stay whole on every rank (the run keeps them out of FSDP's units)
+    kbit_sharded_bytes: float = 0.0
+    kbit_blocks: bool = False  # the blocks' linears are k-bit (QLoRA / LoRA over a k-bit base)
+    kbit_experts: bool = False  # routed experts are k-bit too (transformers 4's nn.Linear ones)
+    fused_experts: bool = True  # routed experts are 3-D tensors (transformers 5), not Linears
 
     def share(self, group: ParameterGroup, fraction: float) -> float:
         """The fraction of `group` one rank holds, where the states it belongs to are
         `fraction` of the whole: FSDP2 gives every rank ceil(rows / ranks) rows of each
-        parameter (rows: its first dimension), the rest divide evenly."""
+        parameter (rows: its first dimension), the rest divide evenly; of a quantized weight
+        FSDP shards only the packed values."""
+        if group.quantized and fraction < 1:
+            packed = min(self.kbit_sharded_bytes / group.bytes_per_param, 1.0)
+            return packed * fraction + (1 - packed)
         if fraction >= 1 or not self.pads_each_parameter:
             return fraction
         rows = group.shard_rows or group.rows
@@ -72,6 +85,8 @@ def sharding_for(setup: TrainingSetup) -> Sharding:
     if d.fsdp is not None:
         group = min(world, d.gpus_per_node) if d.fsdp is FsdpShard.HYBRID_SHARD else world
         params_sharded = d.fsdp is not FsdpShard.SHARD_GRAD_OP
+        quant = setup.quant
+        packed = quant.bits / 8 if quant is not None and quant.storage_shardable else 0.0
         return Sharding(
             weights=1 / group if params_sharded else 1,
             gradients=1 / group,
@@ -83,6 +98,10 @@ def sharding_for(setup: TrainingSetup) -> Sharding:
             offload_states=d.offload_optimizer or d.offload_params,
             offload_params=d.offload_params,
             pads_each_parameter=True,
+            kbit_sharded_bytes=packed,
+            kbit_blocks=quant is not None,
+            kbit_experts=quant is not None and setup.experts_are_linears,
+            fused_experts=not setup.experts_are_linears,
         )
     return Sharding(1, 1, 1, 1, f"DDP over {world} devices", gradient_buckets=True)
 
@@ -146,12 +165,20 @@ def deepspeed_zero_section(setup: TrainingSetup, hidden_size: int) -> dict[str, 
 
 
 def gathered_block_params(block: BlockGroup, shard: Sharding) -> int:
-    """The elements one gathered block takes on a rank: with FSDP2's padding each routed
-    expert tensor gathers ceil(experts ÷ ranks) × ranks experts' rows, and the parameters
-    copied out of the all-gather keep that padded storage (simulated: 4 experts over 8 ranks
-    gather as 8). Other first dimensions are large; their padding is a few rows."""
+    """The elements one gathered block takes on a rank, counted in the compute dtype: with
+    FSDP2's padding each routed expert tensor gathers ceil(experts ÷ ranks) × ranks experts'
+    rows, and the parameters copied out of the all-gather keep that padded storage (simulated:
+    4 experts over 8 ranks gather as 8). Other first dimensions are large; their padding is a
+    few rows. k-bit linears gather as their packed storage (a quarter of a 16-bit weight for
+    4 bits), or not at all where FSDP does not shard them."""
     params = block.params_per_block
-    if not shard.pads_each_parameter or shard.shard_group <= 1:
+    for lin in block.linears:
+        moe_part = lin.role in ("expert", "router")
+        if shard.kbit_blocks and (not moe_part or shard.kbit_experts):
+            # the packed values in a 16-bit storage dtype: bits/16 of a 16-bit weight
+            gathered = round(lin.params * shard.kbit_sharded_bytes / 2)
+            params -= lin.params - gathered
+    if not shard.pads_each_parameter or shard.shard_group <= 1 or not shard.fused_experts:
         return params
     for lin in block.linears:
         if lin.role == "expert" and lin.count:

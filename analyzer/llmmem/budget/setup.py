@@ -13,6 +13,9 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, TypeVar
 
+# the transformers release the tests run against: a plan that names none gets its behaviour
+TESTED_TRANSFORMERS = "5.24"
+
 
 class SetupError(ValueError):
     """An impossible or contradictory setup; the message says what to change."""
@@ -159,6 +162,20 @@ def _check_release(version: str, name: str, example: str) -> None:
         raise SetupError(f"{name} must look like '{example}', got '{version}'") from None
 
 
+# bnb_4bit_quant_storage spellings -> the dtype's name
+QUANT_STORAGE_NAMES = {
+    "uint8": "uint8",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class QuantSetup:
     quant_type: QuantType = QuantType.NF4
@@ -167,10 +184,25 @@ class QuantSetup:
     prepare_for_kbit_training: bool = True  # peft's prepare_model_for_kbit_training was called
     # the bitsandbytes release, "major.minor": what its matmuls keep for backward changed
     bitsandbytes_version: str = "0.50"
+    # bnb_4bit_quant_storage: the dtype the packed 4-bit values are stored in. uint8 (the
+    # default) or a float dtype (bfloat16, float16, float32) that FSDP can flatten and shard with
+    # the model's other parameters (bitsandbytes >= 0.43, transformers >= 4.39, peft >= 0.10)
+    quant_storage: str = "uint8"
 
     def __post_init__(self) -> None:
         _set(self, "quant_type", _as_enum(QuantType, self.quant_type, "quant_type"))
         _check_release(self.bitsandbytes_version, "bitsandbytes_version", "0.45")
+        storage = QUANT_STORAGE_NAMES.get(str(self.quant_storage).lower().removeprefix("torch."))
+        if storage is None:
+            choices = ", ".join(sorted(set(QUANT_STORAGE_NAMES.values())))
+            raise SetupError(f"quant_storage must be one of {choices}, got {self.quant_storage!r}")
+        _set(self, "quant_storage", storage)
+
+    @property
+    def storage_shardable(self) -> bool:
+        """Whether FSDP can shard the packed weights: they are stored in a float dtype, like the
+        parameters around them (a uint8 Params4bit cannot be flattened with them)."""
+        return self.quant_type is not QuantType.INT8 and self.quant_storage != "uint8"
 
     @property
     def bitsandbytes_release(self) -> tuple[int, int]:
@@ -270,6 +302,8 @@ class TrainingSetup:
     torch_version: str = "2.13"
     # the training code around the model: "hf" (transformers + PEFT) or "litgpt"
     framework: Framework = Framework.HF
+    # the transformers release, "major.minor": how it stores a MoE layer's experts changed
+    transformers_version: str = TESTED_TRANSFORMERS
 
     def __post_init__(self) -> None:
         _set(self, "mode", _as_enum(Mode, self.mode, "mode"))
@@ -283,6 +317,7 @@ class TrainingSetup:
         _set(self, "grad_accum", _whole(self.grad_accum, "grad_accum", at_least=1))
         _set(self, "new_tokens", _whole(self.new_tokens, "new_tokens", at_least=0))
         _check_release(self.torch_version, "torch_version", "2.4")
+        _check_release(self.transformers_version, "transformers_version", "4.48")
         if self.method is Method.FULL and self.quant is not None and self.mode is Mode.TRAIN:
             raise SetupError(
                 "full fine-tuning of a quantized model is not possible: use --method qlora "
@@ -302,6 +337,17 @@ class TrainingSetup:
         """torch >= 2.0 `zero_grad()` sets gradients to None; before, it zeroed them in place,
         so gradients stayed allocated through every forward and backward."""
         return self.torch_release >= (2, 0)
+
+    @property
+    def transformers_release(self) -> tuple[int, int]:
+        return release(self.transformers_version)
+
+    @property
+    def experts_are_linears(self) -> bool:
+        """Whether a MoE layer's routed experts are one nn.Linear per expert and projection (as
+        in transformers 4: Mixtral's experts.{i}.w1/w2/w3), which bitsandbytes replaces by k-bit
+        layers; transformers 5 stores them as 3-D parameters, which it leaves unquantized."""
+        return self.transformers_release < (5, 0)
 
     @property
     def softmax_keeps_input(self) -> bool:

@@ -157,14 +157,21 @@ def build_inventory(spec: ModelSpec, setup: TrainingSetup) -> Inventory:
         *_vector_groups("other", "other", p.other, p.other, unquantized_bytes, full),
     ]
 
+    # transformers 4 builds each routed expert from nn.Linear modules, which bitsandbytes
+    # quantizes like any other; transformers 5's 3-D expert parameters stay unquantized
+    experts_quantized = setup.experts_are_linears  # and, in FSDP, sharded one by one
     for block in spec.blocks:
         for lin in block.linears:
             tensors = lin.count * block.count
-            quantized = quant is not None and lin.role != "expert"
+            # transformers 5's router is a bare parameter too, not an nn.Linear
+            moe_part = lin.role in ("expert", "router")
+            # FSDP2 shards a 3-D expert tensor along its experts
+            expert_rows = lin.count if lin.role == "expert" and not experts_quantized else 0
+            quantized = quant is not None and (not moe_part or experts_quantized)
             weight_bytes = (
                 kbit_bytes_per_param(quant, lin.in_features) if quantized and quant else base
             )
-            if quant is not None and lin.role == "expert":
+            if quant is not None and not quantized:
                 weight_bytes = unquantized_bytes
             groups.append(
                 ParameterGroup(
@@ -176,7 +183,7 @@ def build_inventory(spec: ModelSpec, setup: TrainingSetup) -> Inventory:
                     bytes_per_param=weight_bytes,
                     trainable=full,
                     quantized=quantized,
-                    shard_rows=lin.count if lin.role == "expert" else 0,
+                    shard_rows=expert_rows,
                 )
             )
             if lin.bias:
@@ -189,13 +196,22 @@ def build_inventory(spec: ModelSpec, setup: TrainingSetup) -> Inventory:
                         cols=1,
                         bytes_per_param=unquantized_bytes if quant else base,
                         trainable=full,
-                        shard_rows=lin.count if lin.role == "expert" else 0,
+                        shard_rows=lin.count
+                        if lin.role == "expert" and not experts_quantized
+                        else 0,
                     )
                 )
-        if quant is not None and any(lin.role == "expert" for lin in block.linears):
+        has_experts = any(lin.role == "expert" for lin in block.linears)
+        if quant is not None and has_experts and not experts_quantized:
             notes.append(
-                "expert weights stored as 3-D tensors are not replaced by bitsandbytes layers; "
-                "they stay in the compute dtype"
+                f"transformers {setup.transformers_version} stores the experts as 3-D tensors, "
+                "which bitsandbytes does not replace: they stay unquantized (transformers 4 "
+                "quantized its one nn.Linear per expert)"
+            )
+        elif quant is not None and has_experts:
+            notes.append(
+                f"transformers {setup.transformers_version} builds each expert from nn.Linear "
+                "modules: bitsandbytes quantizes them"
             )
 
     if setup.method in (Method.LORA, Method.QLORA) and setup.lora is not None:
