@@ -3,6 +3,10 @@
 Each open document has a `DocumentState`. An edit cancels the pending analysis and schedules a
 new one after the debounce; the analysis runs in a worker thread on a snapshot of the text and
 its version; when it finishes, the result is kept only if the document is still at that version.
+One analysis runs at a time. An analysis that takes longer than `analysis_timeout_s` is abandoned:
+its thread is told to stop (the script reader stops within a few milliseconds) and is left to end
+on its own as a daemon thread, the next document's analysis starts at once, and the document
+keeps its last result (or, with none, a diagnostic that says the analysis was stopped).
 A file that cannot be parsed (a syntax error mid-typing) leaves the last good result in place.
 Model lookups on the Hugging Face Hub never run inside an analysis: an analysis uses what is on
 disk (catalog, HF cache, earlier lookups) and, when the model is unknown, a separate background
@@ -13,12 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from llmmem.check import Checked, check_text
+from llmmem.extract.python import stop_when
 from llmmem_lsp.settings import ServerSettings
 
 log = logging.getLogger("llmmem_lsp")
@@ -58,6 +64,7 @@ class DocumentState:
     latest: Result | None = None  # the newest analysis, good or not
     done: asyncio.Event = field(default_factory=asyncio.Event)  # set: nothing pending
     measured: str | None = None  # the last `llmmem.verify` result, as Markdown
+    abandoned: float | None = None  # seconds, when the last analysis was abandoned
     dependencies: set[str] = field(default_factory=set)  # other files the plan read
 
 
@@ -105,13 +112,17 @@ class Analyzer:
         self,
         get_text: Callable[[str], tuple[str, int | None] | None],
         on_result: Callable[[DocumentState, Result], Awaitable[None]],
+        on_abandoned: Callable[[DocumentState], Awaitable[None]] | None = None,
     ) -> None:
         self.get_text = get_text  # uri -> (text, version) of the open document, or None
         self.on_result = on_result  # called on the event loop for each result that stands
+        self.on_abandoned = on_abandoned  # called when an analysis ran past its timeout
         self.settings = ServerSettings()
         self.detected_gpu: str | None = None
         self.documents: dict[str, DocumentState] = {}
-        self._analysis_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmmem")
+        self._analysis_slot: asyncio.Lock | None = None  # one analysis at a time
+        self._running: set[threading.Event] = set()  # stop signals of analyses in flight
+        self.closed = False  # after `shutdown`: nothing more is published
         self._hub_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="llmmem-hub")
         self._hub_tried: set[str] = set()
         # lookups in flight, by model id (held so that they are not collected mid-flight)
@@ -198,17 +209,29 @@ class Analyzer:
                 state.done.set()
                 return
             text, version = snapshot
-            loop = asyncio.get_running_loop()
-            try:
-                checked = await loop.run_in_executor(
-                    self._analysis_pool, self.analyse_now, state.path, text
-                )
-            except Exception:  # a gap in the analyzer must not take the editor down
-                log.exception("analysis of %s failed", state.uri)
-                state.done.set()
-                return
+            if self._analysis_slot is None:
+                self._analysis_slot = asyncio.Lock()
+            timeout = self.settings.analysis_timeout_s
+            async with self._analysis_slot:
+                try:
+                    checked = await self._analyse_in_thread(state.path, text, timeout)
+                except asyncio.TimeoutError:
+                    log.warning("analysis of %s abandoned after %.1f s", state.uri, timeout)
+                    if state.version == version and self.documents.get(state.uri) is state:
+                        state.abandoned = timeout
+                        state.done.set()
+                        if self.on_abandoned is not None:
+                            await self.on_abandoned(state)
+                    return
+                except Exception:  # a gap in the analyzer must not take the editor down
+                    log.exception("analysis of %s failed", state.uri)
+                    state.done.set()
+                    return
             if state.version != version or self.documents.get(state.uri) is not state:
                 return  # a newer version is scheduled; this result is never shown
+            if self.closed:
+                return  # stopped by `shutdown`: what it read is not the whole file
+            state.abandoned = None
             result = Result(version=version, text=text, checked=checked)
             state.latest = result
             if result.unreadable is None or state.result is None:
@@ -222,6 +245,43 @@ class Analyzer:
         except Exception:
             log.exception("publishing the analysis of %s failed", state.uri)
             state.done.set()
+
+    async def _analyse_in_thread(self, path: Path, text: str, timeout: float) -> Checked:
+        """`analyse_now` in a daemon thread of its own; past `timeout` (asyncio.TimeoutError) or
+        when the caller is cancelled, the thread is told to stop and left to end on its own."""
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Future[Checked] = loop.create_future()
+        stop = threading.Event()
+
+        def deliver(outcome: Checked | BaseException) -> None:
+            if finished.done():
+                return
+            if isinstance(outcome, BaseException):
+                finished.set_exception(outcome)
+            else:
+                finished.set_result(outcome)
+
+        def work() -> None:
+            outcome: Checked | BaseException
+            try:
+                with stop_when(stop.is_set):
+                    outcome = self.analyse_now(path, text)
+            except Exception as err:
+                outcome = err
+            try:
+                loop.call_soon_threadsafe(deliver, outcome)
+            except RuntimeError:  # the event loop is gone: the server is exiting
+                pass
+            finally:
+                self._running.discard(stop)
+
+        self._running.add(stop)
+        threading.Thread(target=work, name="llmmem-analysis", daemon=True).start()
+        try:
+            return await asyncio.wait_for(asyncio.shield(finished), timeout)
+        except BaseException:  # the timeout, or a newer version cancelled this one
+            stop.set()
+            raise
 
     # -- background hub lookups -------------------------------------------------------------
 
@@ -277,5 +337,7 @@ class Analyzer:
         self._hub_tried.clear()
 
     def shutdown(self) -> None:
-        self._analysis_pool.shutdown(wait=False, cancel_futures=True)
+        self.closed = True
+        for stop in list(self._running):
+            stop.set()
         self._hub_pool.shutdown(wait=False, cancel_futures=True)

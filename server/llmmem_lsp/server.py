@@ -51,6 +51,15 @@ def unreadable_diagnostic(what: str, reason: str) -> types.Diagnostic:
     )
 
 
+def abandoned_diagnostic(timeout_s: float) -> types.Diagnostic:
+    """An information diagnostic at the top: the analysis ran past its timeout."""
+    return unreadable_diagnostic(
+        "file",
+        f"its analysis took longer than {timeout_s:g} s and was stopped "
+        "(the setting llmmem.analysisTimeoutSeconds)",
+    )
+
+
 class LlmmemServer(LanguageServer):
     def __init__(self) -> None:
         super().__init__(
@@ -66,7 +75,7 @@ class LlmmemServer(LanguageServer):
                 ]
             ),
         )
-        self.analyzer = Analyzer(self._text_of, self._publish)
+        self.analyzer = Analyzer(self._text_of, self._publish, self._publish_abandoned)
         self.pull_diagnostics = False
         self.versioned_edits = True
         self.refresh_lenses = False
@@ -170,7 +179,7 @@ class LlmmemServer(LanguageServer):
     def diagnostics_for(self, state: DocumentState) -> list[types.Diagnostic]:
         result = state.result
         if result is None:
-            return []
+            return [abandoned_diagnostic(state.abandoned)] if state.abandoned else []
         from llmmem.report.findings import rule_url
 
         lines = self.lines(result.text)
@@ -204,6 +213,21 @@ class LlmmemServer(LanguageServer):
             self.workspace_code_lens_refresh(None)
         if self.refresh_hints:
             self.workspace_inlay_hint_refresh(None)
+
+    async def _publish_abandoned(self, state: DocumentState) -> None:
+        """An analysis ran past its timeout: a document with an earlier result keeps it; one
+        without says why it has no estimate."""
+        if state.result is not None or state.uri in self.notebooks:
+            return
+        if self.pull_diagnostics:
+            if self.refresh_diagnostics:
+                self.workspace_diagnostic_refresh(None)
+            return
+        self.text_document_publish_diagnostics(
+            types.PublishDiagnosticsParams(
+                uri=state.uri, version=state.version, diagnostics=self.diagnostics_for(state)
+            )
+        )
 
     async def current(self, uri: str, wait_s: float) -> tuple[DocumentState, Result] | None:
         state = self.analyzer.documents.get(uri)

@@ -22,6 +22,7 @@ class ServerSettings:
     severity: dict[str, str] = field(default_factory=dict)  # rule code -> error|warning|info|off
     debounce_ms: int = 300  # quiet time after the last edit before analysing
     detect_gpu: bool = True  # look for a local GPU when no GPU is set anywhere
+    analysis_timeout_s: float = 10.0  # one document's analysis is abandoned after this
 
 
 def read_settings(raw: Any, base: ServerSettings | None = None) -> tuple[ServerSettings, list[str]]:
@@ -68,6 +69,15 @@ def read_settings(raw: Any, base: ServerSettings | None = None) -> tuple[ServerS
             changes["hub_timeout_s"] = float(value)
         else:
             problems.append(f"llmmem.hubTimeoutSeconds must be between 0 and 60, got {value!r}")
+
+    if "analysisTimeoutSeconds" in raw:
+        value = raw["analysisTimeoutSeconds"]
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 600:
+            changes["analysis_timeout_s"] = float(value)
+        else:
+            problems.append(
+                f"llmmem.analysisTimeoutSeconds must be between 0 and 600, got {value!r}"
+            )
 
     if "debounceMs" in raw:
         value = raw["debounceMs"]

@@ -310,3 +310,50 @@ async def test_a_shell_launcher_gets_hovers_on_its_flags(
     assert hover is not None and "on T4" in str(hover.contents)
     diagnostics = [p for p in published(client) if p.uri == uri][-1].diagnostics
     assert any(d.code == "LLM001" for d in diagnostics)
+
+
+# -- one slow document does not hold up the others ---------------------------------------------
+
+# about four million steps of the script reader: many seconds, unless the analysis is abandoned
+SLOW_SCRIPT = (
+    "from transformers import AutoModelForCausalLM\n"
+    'model = AutoModelForCausalLM.from_pretrained("Qwen/Qwen2.5-0.5B")\n'
+    "def grow(a, b=2):\n" + "    a = a * b + 1\n" * 6000 + "    return a\n" + "grow(1)\n" * 300
+)
+QUICK_SCRIPT = (
+    "from transformers import AutoModelForCausalLM, TrainingArguments\n"
+    'model = AutoModelForCausalLM.from_pretrained("Qwen/Qwen2.5-0.5B")\n'
+    'args = TrainingArguments(output_dir="out", per_device_train_batch_size=2)\n'
+)
+
+
+@pytest.mark.asyncio
+async def test_an_analysis_past_its_timeout_is_abandoned_and_shutdown_answers(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / ".git").mkdir()
+    # the reader's step bound raised far past what the slow script needs: only the timeout
+    # per analysis can stop it
+    client = await server_with({"LLMMEM_MAX_STEPS": "1000000000"})
+    shut_down = False
+    try:
+        await start(client, "visual_studio_code", options(gpu="RTX-4090", analysisTimeoutSeconds=1))
+        slow = open_document(client, tmp_path / "slow.py", SLOW_SCRIPT)
+        quick = open_document(client, tmp_path / "quick.py", QUICK_SCRIPT)
+        await wait_until(lambda: quick in client.diagnostics, timeout=8)
+        await wait_until(lambda: slow in client.diagnostics, timeout=8)
+        (stopped,) = client.diagnostics[slow]
+        assert "took longer than 1 s and was stopped" in stopped.message
+        assert "analysisTimeoutSeconds" in stopped.message
+
+        # an edit starts another long analysis; shutdown is answered meanwhile, exit ends it
+        slow_again = open_document(client, tmp_path / "slow_again.py", SLOW_SCRIPT + "\n")
+        await asyncio.sleep(0.3)
+        started = time.monotonic()
+        await asyncio.wait_for(client.shutdown_session(), 5)
+        shut_down = True
+        assert time.monotonic() - started < 5
+        assert slow_again not in client.diagnostics
+    finally:
+        if not shut_down:
+            await client.shutdown_session()

@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -69,6 +71,7 @@ MAX_STRING_CHARS = 100_000  # a string built by `+`, an f-string or str()
 MAX_ITEMS = 10_000  # items of a list, tuple or dict built by the script
 MAX_VALUE_UNITS = 200_000  # a nested value read whole: one per item, one per character
 MAX_STEPS = 300_000  # statements and expressions evaluated per file (about 1.5 s)
+MAX_STEPS_VARIABLE = "LLMMEM_MAX_STEPS"  # an environment variable that changes MAX_STEPS
 
 _UNSLOTH_LOADERS = frozenset({"FastLanguageModel", "FastModel", "FastVisionModel"})
 _MODEL_CLASS_ENDINGS = (
@@ -453,7 +456,30 @@ _OVERSIZED_NOTES: ContextVar[list[str] | None] = ContextVar("_OVERSIZED_NOTES", 
 
 
 class _ReadingStopped(Exception):
-    """The reader took MAX_STEPS steps; what it found so far is the plan."""
+    """The reader took MAX_STEPS steps, or was told to stop; what it found so far is the plan."""
+
+
+# asked every 1,024 steps: whether whoever runs the reading no longer wants it (see stop_when)
+_STOP_WHEN: ContextVar[Callable[[], bool] | None] = ContextVar("_STOP_WHEN", default=None)
+
+
+@contextmanager
+def stop_when(abandoned: Callable[[], bool]) -> Iterator[None]:
+    """Scripts read in this context stop soon after `abandoned()` turns true (the language
+    server's timeout per analysis): the plan is what was read so far, with a note."""
+    token = _STOP_WHEN.set(abandoned)
+    try:
+        yield
+    finally:
+        _STOP_WHEN.reset(token)
+
+
+def max_steps() -> int:
+    """MAX_STEPS, or the positive integer in the LLMMEM_MAX_STEPS environment variable."""
+    written = os.environ.get(MAX_STEPS_VARIABLE, "").strip()
+    if written.isascii() and written.isdigit() and 0 < len(written) <= 12 and int(written) > 0:
+        return int(written)
+    return MAX_STEPS
 
 
 class _SettleBudget:
@@ -689,7 +715,9 @@ class ScriptReader:
         self.call_stack: list[FunctionValue] = []
         self.return_values: list[Value | None] = []
         self.function_runs = 0
-        self.steps = 0  # statements and expressions evaluated, up to MAX_STEPS
+        self.steps = 0  # statements and expressions evaluated, up to max_steps()
+        self.max_steps = max_steps()
+        self.abandoned = _STOP_WHEN.get()
         self.oversized: list[str] = []  # values given up on, for one note each
         self.functions: list[FunctionValue] = []
         # what the script builds, in order
@@ -736,13 +764,17 @@ class ScriptReader:
     def step(self, node: ast.AST) -> None:
         """Count one statement or expression; past MAX_STEPS the reading stops."""
         self.steps += 1
-        if self.steps > MAX_STEPS:
-            where = self.source.range_of(node)
-            line = f" at line {where.start_line + 1}" if where is not None else ""
+        if self.steps > self.max_steps:
             raise _ReadingStopped(
-                f"stopped reading{line} after {MAX_STEPS:,} steps (statements and expressions, "
-                "function bodies once per call): the rest of the script was not read"
+                f"stopped reading{self._at(node)} after {self.max_steps:,} steps (statements and "
+                "expressions, function bodies once per call): the rest of the script was not read"
             )
+        if self.steps % 1024 == 0 and self.abandoned is not None and self.abandoned():
+            raise _ReadingStopped(f"stopped reading{self._at(node)}: the analysis was abandoned")
+
+    def _at(self, node: ast.AST) -> str:
+        where = self.source.range_of(node)
+        return f" at line {where.start_line + 1}" if where is not None else ""
 
     def give_up(self, node: ast.AST | None, what: str) -> Unknown:
         """The unknown that stands for a value past a bound, noted once per kind."""
