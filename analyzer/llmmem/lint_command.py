@@ -48,6 +48,12 @@ def add_lint_arguments(p: argparse.ArgumentParser) -> None:
         "--format", default="concise", choices=["concise", "full", "json", "github", "sarif"]
     )
     p.add_argument("--fix", action="store_true", help="apply safe fixes in place")
+    p.add_argument(
+        "--fit",
+        action="store_true",
+        help="with --fix: where no single fix makes the step fit, first apply the fewest "
+        "changes that together do (the 'Make it fit' fix)",
+    )
     p.add_argument("--explain", metavar="CODE", help="print a rule's documentation and exit")
     p.add_argument("--hub", action="store_true", help="allow hub lookups for unknown models")
     p.add_argument("--select", default=None, help="only these codes, e.g. LLM001,LLM002")
@@ -110,8 +116,13 @@ def lint_text(
 MAX_FIX_ROUNDS = 5
 
 
-def best_safe_fix(findings: list) -> object | None:
-    """The safe fix to apply next: one that makes the step fit, else the one that saves most."""
+def best_safe_fix(findings: list, fit: bool = False) -> object | None:
+    """The safe fix to apply next: one that makes the step fit, else the one that saves most;
+    with `fit`, a "make it fit" combination first where a finding has one."""
+    if fit:
+        combined = [fix for finding in findings for fix in finding.fixes if fix.levers]
+        if combined:
+            return min(combined, key=lambda fix: fix.predicted_device_bytes or 0)
     fixes = [
         fix
         for finding in findings
@@ -132,6 +143,7 @@ def fix_file(
     select: set[str] | None = None,
     check: Callable[[str], Any] | None = None,
     skipped: Callable[[str], None] | None = None,
+    fit: bool = False,
 ) -> tuple[str, list]:
     """Apply safe fixes one at a time (each changes the estimate the others were made on),
     re-linting after each, until no finding has one; returns the text and what is left.
@@ -140,7 +152,7 @@ def fix_file(
     that estimate moved; otherwise it is dropped with a warning and no later fix is tried.
     `check` analyses a text as the caller does (the language server passes its own settings;
     default: `check_text` with `gpu`, `hub`, `select`); `skipped` receives each warning
-    (default: printed to stderr)."""
+    (default: printed to stderr); with `fit`, a "make it fit" combination is applied first."""
     from llmmem.check import check_text
     from llmmem.rules.edits import apply_edits
 
@@ -151,7 +163,7 @@ def fix_file(
 
     checked = analyse(text)
     for _ in range(MAX_FIX_ROUNDS):
-        fix = best_safe_fix(checked.findings)
+        fix = best_safe_fix(checked.findings, fit)
         if fix is None:
             break
         fixed = apply_edits(text, fix.edits)  # type: ignore[attr-defined]
@@ -285,6 +297,7 @@ def fix_in_place(
     gpu: str | None,
     hub: bool,
     select: set[str] | None,
+    fit: bool = False,
 ) -> tuple[list, bool]:
     """`--fix` for one file: the findings left, and False when the fixed file could not be
     written (then the findings are the unfixed file's)."""
@@ -293,7 +306,7 @@ def fix_in_place(
     if isinstance(source, str):
         warn(path, f"not fixed: {source}")
         return lint_text(path, text, gpu=gpu, hub=hub, select=select)[0], True
-    fixed, findings = fix_file(path, source.text, gpu=gpu, hub=hub, select=select)
+    fixed, findings = fix_file(path, source.text, gpu=gpu, hub=hub, select=select, fit=fit)
     if fixed == source.text:
         return findings, True
     try:
@@ -318,6 +331,8 @@ def run_lint(args: argparse.Namespace) -> int:
         return EXIT_CLEAN
     if not args.paths:
         raise UsageError("nothing to lint: give one or more files or directories")
+    if args.fit and not args.fix:
+        raise UsageError("--fit goes with --fix")
     select = {c.strip().upper() for c in args.select.split(",")} if args.select else None
     from llmmem.check import require_known_gpus
     from llmmem.extract import find_project_settings
@@ -332,7 +347,7 @@ def run_lint(args: argparse.Namespace) -> int:
         text = read_text(path)
         if args.fix:
             findings, written = fix_in_place(
-                path, text, roots, gpu=args.gpu, hub=args.hub, select=select
+                path, text, roots, gpu=args.gpu, hub=args.hub, select=select, fit=args.fit
             )
             unwritten += not written
         else:

@@ -27,7 +27,6 @@ from llmmem import __version__
 from llmmem.check import Checked
 from llmmem.extract.notebook import cell_index, cell_path
 from llmmem.plan import SourceRange
-from llmmem.rules.finding import TextEdit
 from llmmem_lsp.convert import Lines, code_action, diagnostic, overlaps, workspace_edit
 from llmmem_lsp.documents import Analyzer, DocumentState, Result, document_path
 from llmmem_lsp.settings import read_settings
@@ -674,6 +673,7 @@ async def resolve_code_action(ls: LlmmemServer, action: types.CodeAction) -> typ
     if result.unreadable:
         return action
     from llmmem.lint_command import fix_file
+    from llmmem.rules.edits import whole_change
 
     skipped: list[str] = []
     loop = asyncio.get_running_loop()
@@ -688,33 +688,11 @@ async def resolve_code_action(ls: LlmmemServer, action: types.CodeAction) -> typ
     )
     if skipped:
         log.info("fix all in %s: %s", uri, "; ".join(skipped))
-    edits = [] if fixed == result.text else [_whole_change(result.text, fixed)]
+    edits = [] if fixed == result.text else [whole_change(result.text, fixed)]
     action.edit = workspace_edit(
         edits, state.uri, result.version, ls.lines(result.text), ls.versioned_edits
     )
     return action
-
-
-def _whole_change(before: str, after: str) -> TextEdit:
-    """One edit turning `before` into `after`: the span between their common prefix and
-    common suffix."""
-    from llmmem.rules.edits import position
-
-    start = 0
-    limit = min(len(before), len(after))
-    while start < limit and before[start] == after[start]:
-        start += 1
-    end = 0
-    while end < limit - start and before[-1 - end] == after[-1 - end]:
-        end += 1
-    start_line, start_col = position(before, start)
-    end_line, end_col = position(before, len(before) - end)
-    return TextEdit(
-        range=SourceRange(
-            start_line=start_line, start_col=start_col, end_line=end_line, end_col=end_col
-        ),
-        new_text=after[start : len(after) - end],
-    )
 
 
 async def _cell_code_actions(

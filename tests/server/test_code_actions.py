@@ -32,11 +32,13 @@ async def begin(client: LanguageClient, gpu: str = "A100-80GB") -> types.Initial
     )
 
 
-async def open_and_wait(client: LanguageClient, path: Path, text: str) -> tuple[str, list]:
+async def open_and_wait(
+    client: LanguageClient, path: Path, text: str
+) -> tuple[str, list[types.Diagnostic]]:
     uri = open_document(client, path, text)
     await wait_until(lambda: any(p.uri == uri and p.version == 1 for p in published(client)))
     diagnostics = next(p for p in published(client) if p.uri == uri).diagnostics
-    return uri, diagnostics
+    return uri, list(diagnostics)
 
 
 async def ask(
@@ -174,3 +176,34 @@ async def test_fix_all_is_resolved_to_what_llmmem_lint_fix_writes(
     assert fixed == expected
     after = check_text(workdir / "train.py", fixed, gpu="A100-80GB", hub=False)
     assert after.analysis.budget is not None and after.analysis.budget.fits
+
+
+@pytest.mark.asyncio
+async def test_make_it_fit_applied_through_the_client_brings_the_example_under_the_gpu(
+    client: LanguageClient, workdir: Path
+) -> None:
+    await begin(client)
+    example = Path(__file__).resolve().parents[2] / "examples" / "full_finetune.py"
+    text = example.read_text(encoding="utf-8")
+    uri, diagnostics = await open_and_wait(client, workdir / "full_finetune.py", text)
+    will_not_fit = next(d for d in diagnostics if d.code == "LLM001")
+    actions = await ask(client, uri, [will_not_fit], only=[types.CodeActionKind.QuickFix])
+    (fit,) = [a for a in actions if a.title.startswith("Make it fit: ")]
+    assert fit.title.endswith("(fits A100-80GB)")
+    promised = fit.title.rsplit("→ ", 1)[1].removesuffix(" (fits A100-80GB)")
+
+    fixed = apply_edit(text, fit.edit, uri)
+    client.text_document_did_change(
+        types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+            content_changes=[types.TextDocumentContentChangeWholeDocument(text=fixed)],
+        )
+    )
+    await wait_until(lambda: any(p.uri == uri and p.version == 2 for p in published(client)))
+    after = next(p for p in published(client) if p.uri == uri and p.version == 2)
+    assert "LLM001" not in [d.code for d in after.diagnostics]
+    lenses = await client.text_document_code_lens_async(
+        types.CodeLensParams(text_document=types.TextDocumentIdentifier(uri=uri))
+    )
+    assert lenses and lenses[0].command is not None
+    assert lenses[0].command.title.startswith(f"≈ {promised} of 80.0 GiB on A100-80GB")

@@ -483,6 +483,26 @@ def apply_edits(text: str, edits: list[TextEdit]) -> str:
     return text
 
 
+def whole_change(before: str, after: str) -> TextEdit:
+    """One edit turning `before` into `after`: the span between their common prefix and
+    suffix."""
+    start = 0
+    limit = min(len(before), len(after))
+    while start < limit and before[start] == after[start]:
+        start += 1
+    end = 0
+    while end < limit - start and before[-1 - end] == after[-1 - end]:
+        end += 1
+    start_line, start_col = position(before, start)
+    end_line, end_col = position(before, len(before) - end)
+    return TextEdit(
+        range=SourceRange(
+            start_line=start_line, start_col=start_col, end_line=end_line, end_col=end_col
+        ),
+        new_text=after[start : len(after) - end],
+    )
+
+
 # -- statements and imports (Python) ----------------------------------------------------------
 
 _ASSIGNED = re.compile(r"^(\s*)([A-Za-z_]\w*)\s*(?::[^=]*)?=[^=]")

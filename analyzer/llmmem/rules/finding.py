@@ -35,6 +35,7 @@ class Fix:
     predicted_device_bytes: int | None = None  # the nvidia-smi total after the fix
     fits: bool | None = None
     safe: bool = True  # applied by `llmmem-lint --fix`
+    levers: tuple[str, ...] = ()  # a "make it fit" combination: its changes (`--fix --fit`)
 
     def to_json(self) -> dict[str, Any]:
         return {

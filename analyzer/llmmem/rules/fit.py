@@ -61,6 +61,15 @@ def check_will_not_fit(analysis: Analysis, text: str) -> list[Finding]:
         f"{format_bytes(gpu.capacity_bytes)} ({format_bytes(over)} over) at "
         f"{budget.peak.moment}; largest: {largest_parts(analysis)}"
     )
+    fixes = candidate_fixes(analysis, text)
+    if not any(fix.fits for fix in fixes):
+        from llmmem.rules.make_fit import make_it_fit
+
+        search = make_it_fit(analysis, text)
+        if search.fix is not None:
+            fixes.insert(0, search.fix)
+        elif search.closest:
+            message += f". {search.closest[0].upper()}{search.closest[1:]}"
     return [
         Finding(
             code="LLM001",
@@ -68,7 +77,7 @@ def check_will_not_fit(analysis: Analysis, text: str) -> list[Finding]:
             message=message,
             path=analysis.plan.path,
             range=anchor(analysis),
-            fixes=candidate_fixes(analysis, text),
+            fixes=fixes,
             related=driving_values(analysis),
         )
     ]

@@ -268,17 +268,23 @@ def reanalysed_budget(analysis: Analysis, text: str, edits: list[TextEdit]) -> B
     edited = edited_text(analysis, text, edits)
     if edited is None:
         return None
-    cache: tuple[Analysis, dict[str, Budget | None]] | None = getattr(_recent, "cache", None)
+    again = reanalysed(analysis, edited)
+    return again.budget if again is not None else None
+
+
+def reanalysed(analysis: Analysis, edited: str) -> Analysis | None:
+    """The analysis of an edited version of `analysis`' file (None: it no longer reads)."""
+    cache: tuple[Analysis, dict[str, Analysis | None]] | None = getattr(_recent, "cache", None)
     if cache is None or cache[0] is not analysis:
         cache = (analysis, {})
         _recent.cache = cache
-    budgets = cache[1]
-    if edited not in budgets:
-        budgets[edited] = _analyse_again(analysis, edited)
-    return budgets[edited]
+    analyses = cache[1]
+    if edited not in analyses:
+        analyses[edited] = _analyse_again(analysis, edited)
+    return analyses[edited]
 
 
-def _analyse_again(analysis: Analysis, edited: str) -> Budget | None:
+def _analyse_again(analysis: Analysis, edited: str) -> Analysis | None:
     from llmmem.extract import extract_plan, find_project_settings
     from llmmem.scenario import analyze
 
@@ -291,13 +297,12 @@ def _analyse_again(analysis: Analysis, edited: str) -> Budget | None:
     world_size = analysis.plan.distributed.world_size
     if plan.distributed.world_size.source in unset and world_size.source not in unset:
         plan.distributed.world_size = world_size  # set by the caller, not by the file
-    again = analyze(
+    return analyze(
         plan,
         gpu=analysis.gpu.name if analysis.gpu is not None else None,
         hub=False,
         local_model_paths=settings.local_model_paths,
     )
-    return again.budget
 
 
 def edited_text(analysis: Analysis, text: str, edits: list[TextEdit]) -> str | None:
