@@ -538,3 +538,114 @@ def test_reading_stops_after_a_bounded_number_of_steps(project: Path) -> None:
     out = json.loads(proc.stdout)
     assert out["budget"] is not None
     assert any("stopped reading at line" in problem for problem in out["problems"]), out
+
+
+# -- 10. no silent passes: unknown names are findings; files that are not training say nothing ----
+
+FULL_8B = (
+    "from transformers import AutoModelForCausalLM, Trainer, TrainingArguments\n"
+    'model = AutoModelForCausalLM.from_pretrained("meta-llama/Llama-3.1-8B")\n'
+    'args = TrainingArguments(output_dir="out", per_device_train_batch_size=8, optim="{optim}")\n'
+    "Trainer(model=model, args=args).train()\n"
+)
+
+
+def test_an_unknown_optimizer_is_an_error_with_close_matches(project: Path) -> None:
+    script = project / "train.py"
+    script.write_text(FULL_8B.format(optim="adamw_bnb_8bt"))
+    proc = lint(str(script), "--gpu", "H100")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (line,) = proc.stdout.splitlines()
+    assert line.startswith(f"{script}:3:81: LLM012 [error] unknown optimizer 'adamw_bnb_8bt'")
+    assert "did you mean adamw_bnb_8bit" in line
+    (finding,) = lint_json(script)
+    titles = [fix["title"] for fix in finding["fixes"]]
+    assert titles[0] == "Use optim=adamw_bnb_8bit"
+    assert finding["fixes"][0]["edits"][0]["new_text"] == '"adamw_bnb_8bit"'
+    # spelled right, the same file is estimated (and does not fit an H100)
+    script.write_text(FULL_8B.format(optim="adamw_bnb_8bit"))
+    assert "LLM012" not in lint(str(script), "--gpu", "H100").stdout
+
+
+def test_lora_targets_that_match_no_module_are_a_warning_with_the_models_names(
+    project: Path,
+) -> None:
+    script = project / "train.py"
+    script.write_text(
+        "from peft import LoraConfig, get_peft_model\n"
+        "from transformers import AutoModelForCausalLM, Trainer, TrainingArguments\n"
+        'model = AutoModelForCausalLM.from_pretrained("Qwen/Qwen2.5-0.5B")\n'
+        'model = get_peft_model(model, LoraConfig(r=16, target_modules=["q_prj", "v_prj"]))\n'
+        'args = TrainingArguments(output_dir="out", per_device_train_batch_size=2, bf16=True)\n'
+        "Trainer(model=model, args=args).train()\n"
+    )
+    proc = lint(str(script), "--gpu", "H100")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (line,) = proc.stdout.splitlines()
+    assert f"{script}:4:" in line and "LLM013 [warning]" in line
+    assert "did you mean q_proj for q_prj, v_proj for v_prj?" in line
+    assert "down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj" in line
+    (finding,) = lint_json(script)
+    assert finding["fixes"][0]["edits"][0]["new_text"] == '["q_proj", "v_proj"]'
+
+
+def test_files_without_any_training_signal_get_no_finding(project: Path) -> None:
+    files = {
+        "util.py": "import os\n\nprint(os.getcwd())\n",
+        "ci.yaml": "name: ci\non: push\njobs: {}\n",
+        "data.json": '{"rows": [1, 2, 3]}\n',
+        "run.sh": "#!/bin/sh\nls -la\n",
+    }
+    for name, text in files.items():
+        (project / name).write_text(text)
+    proc = lint(*(str(project / name) for name in files), "--gpu", "H100", "--fail-on", "info")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+    # a file that does say something about training, without a model, still asks for one
+    (project / "args_only.py").write_text(
+        "from transformers import TrainingArguments\n"
+        'args = TrainingArguments(output_dir="out", per_device_train_batch_size=4)\n'
+    )
+    proc = lint(str(project / "args_only.py"), "--gpu", "H100")
+    assert (
+        "LLM010 [info] line" not in proc.stdout and ": LLM010 [info] no model found" in proc.stdout
+    )
+
+
+def test_pre_commit_passes_a_fitting_qlora_script_printing_its_info_finding(
+    project: Path,
+) -> None:
+    pre_commit = shutil.which("pre-commit") or str(Path(sys.executable).parent / "pre-commit")
+    (project / ".git").rmdir()
+    (project / "fits_qlora.py").write_text(
+        "import torch\n"
+        "from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training\n"
+        "from transformers import AutoModelForCausalLM, BitsAndBytesConfig, Trainer\n"
+        "from transformers import TrainingArguments\n"
+        'quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",\n'
+        "                           bnb_4bit_compute_dtype=torch.bfloat16)\n"
+        'model = AutoModelForCausalLM.from_pretrained("Qwen/Qwen2.5-0.5B",\n'
+        "                                             quantization_config=quant)\n"
+        "model = prepare_model_for_kbit_training(model)\n"
+        'model = get_peft_model(model, LoraConfig(r=16, target_modules=["q_proj", "v_proj"]))\n'
+        'args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, bf16=True,\n'
+        '                         optim="paged_adamw_8bit")\n'
+        "Trainer(model=model, args=args).train()\n"
+    )
+    (project / "util.py").write_text("import os\n\nprint(os.getcwd())\n")
+    (project / "settings.yaml").write_text("name: ci\n")
+    (project / "pyproject.toml").write_text('[tool.llmmem]\ngpu = "H200"\n')
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    subprocess.run(["git", "add", "."], cwd=project, check=True)
+    env = {**ENV, "PRE_COMMIT_HOME": str(project / ".pre-commit-cache"), "PIP_NO_INPUT": "1"}
+    proc = subprocess.run(
+        [pre_commit, "try-repo", str(REPO), "llmmem-lint", "--all-files", "--verbose"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert "fits_qlora.py:" in output and "LLM003 [info]" in output
+    assert "util.py" not in output and "settings.yaml" not in output and "LLM010" not in output

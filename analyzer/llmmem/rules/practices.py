@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from llmmem.budget.result import Component
 from llmmem.budget.setup import LossImpl
-from llmmem.plan import Provenance, Sourced
+from llmmem.plan import Provenance, Sourced, TrainingPlan
 from llmmem.rules.finding import Finding, Fix, Severity
 from llmmem.rules.fit import anchor
 from llmmem.rules.fixes import candidate_fixes
@@ -209,10 +211,34 @@ def check_effective_batch(analysis: Analysis, text: str) -> list[Finding]:
     ]
 
 
+_FILE_SOURCES = (Provenance.EXPLICIT, Provenance.CLI_DEFAULT, Provenance.CONFIG, Provenance.PRAGMA)
+
+
+def has_training_signal(plan: TrainingPlan) -> bool:
+    """Whether the file says anything about training: a model, a trainer or training config,
+    an adapter or quantization, a `# llmmem:` pragma or a training value written in it (not
+    only `[tool.llmmem]` or the framework's defaults). A file without any is not a training
+    file, and gets no finding at all."""
+    if plan.model_id is not None or plan.model_range is not None or plan.trainer_range:
+        return True
+    if plan.lora is not None or plan.quantization is not None or plan.rejected:
+        return True
+    values = [value for name, value in plan.sourced_fields().items() if name not in ("path", "gpu")]
+    values.extend(getattr(plan.distributed, item.name) for item in fields(plan.distributed))
+    return any(
+        isinstance(value, Sourced)
+        and value.source in _FILE_SOURCES
+        and not value.note.startswith("[tool.llmmem]")
+        for value in values
+    )
+
+
 def check_unresolved_model(analysis: Analysis, text: str) -> list[Finding]:
     if analysis.model_error is None:
         return []
     plan = analysis.plan
+    if not has_training_signal(plan):
+        return []
     model = model_reference(plan)
     if model is None:
         message = (

@@ -44,7 +44,7 @@ def register(rule: Rule) -> Rule:
 
 
 def _load_rule_modules() -> None:
-    from llmmem.rules import fit, practices, values  # noqa: F401 - registration on import
+    from llmmem.rules import fit, names, practices, values  # noqa: F401 - registration on import
 
 
 def all_rules() -> list[Rule]:
