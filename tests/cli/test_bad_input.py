@@ -88,9 +88,9 @@ def project(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def info_only(project: Path) -> Path:
-    """A script whose only finding is LLM010 (info): no model named."""
+    """A script whose only finding is LLM010 (info): a batch size, and no model named."""
     script = project / "no_model.py"
-    script.write_text('print("training starts")\n')
+    script.write_text('# llmmem: batch=4\nprint("training starts")\n')
     return script
 
 
@@ -405,7 +405,7 @@ def test_local_model_path_and_pyproject_that_are_fifos(tmp_path: Path) -> None:
 
 def test_github_annotation_escapes_a_hostile_file_name(project: Path) -> None:
     name = "x,title=LLM999:\n::error file=evil.py::pwned%0A.py"
-    (project / name).write_text('print("hi")\n')
+    (project / name).write_text('# llmmem: batch=4\nprint("hi")\n')
     proc = lint(str(project / name), "--gpu", "A100-80GB", "--format", "github")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()

@@ -70,7 +70,7 @@ MAX_SCRIPT_BYTES = 50_000_000  # a script read from disk (the editor's buffer ha
 MAX_STRING_CHARS = 100_000  # a string built by `+`, an f-string or str()
 MAX_ITEMS = 10_000  # items of a list, tuple or dict built by the script
 MAX_VALUE_UNITS = 200_000  # a nested value read whole: one per item, one per character
-MAX_STEPS = 300_000  # statements and expressions evaluated per file (about 1.5 s)
+MAX_STEPS = 200_000  # statements and expressions evaluated per file (about a second)
 MAX_STEPS_VARIABLE = "LLMMEM_MAX_STEPS"  # an environment variable that changes MAX_STEPS
 
 _UNSLOTH_LOADERS = frozenset({"FastLanguageModel", "FastModel", "FastVisionModel"})
