@@ -547,10 +547,13 @@ def _same_diagnostic(a: types.Diagnostic, b: types.Diagnostic) -> bool:
 
 
 def _asked_diagnostics(
-    ours: list[types.Diagnostic], asked: Sequence[types.Diagnostic]
+    ours: list[types.Diagnostic], asked: Sequence[types.Diagnostic], where: types.Range
 ) -> list[int]:
     """Indexes of our diagnostics that the client named in `context.diagnostics`; a
-    diagnostic from an older version (moved by an edit) is matched by its code and message."""
+    diagnostic from an older version (moved by an edit) is matched by its code and message.
+    A client that names none (some send an empty list) gets those overlapping the range."""
+    if not asked:
+        return [i for i, d in enumerate(ours) if overlaps(d.range, where)]
     found: list[int] = []
     for wanted in asked:
         if wanted.source not in (None, "llmmem"):
@@ -589,8 +592,9 @@ async def code_actions(
     ls: LlmmemServer, params: types.CodeActionParams
 ) -> list[types.CodeAction] | None:
     """Quick fixes for the diagnostics the client names in `context.diagnostics` (each fix
-    once, listing every diagnostic it answers), and `source.fixAll.llmmem`, whose edit is made
-    by `codeAction/resolve` when it is chosen; `context.only` picks among these kinds."""
+    once, listing every diagnostic it answers; where it names none, those over the range),
+    and `source.fixAll.llmmem`, whose edit is made by `codeAction/resolve` when it is chosen;
+    `context.only` picks among these kinds."""
     if ls.cell_of(params.text_document.uri) is not None:
         return await _cell_code_actions(ls, params)
     found = await ls.current(params.text_document.uri, HOVER_WAIT_S)
@@ -602,7 +606,7 @@ async def code_actions(
     only = params.context.only
     actions: list[types.CodeAction] = []
     if _kind_wanted(types.CodeActionKind.QuickFix, only):
-        actions += _quick_fixes(ls, state, result, params.context.diagnostics)
+        actions += _quick_fixes(ls, state, result, params.context.diagnostics, params.range)
     if _kind_wanted(FIX_ALL_KIND, only) and _has_safe_fix(result.checked):
         actions.append(
             types.CodeAction(
@@ -619,6 +623,7 @@ def _quick_fixes(
     state: DocumentState,
     result: Result,
     asked: Sequence[types.Diagnostic],
+    where: types.Range,
 ) -> list[types.CodeAction]:
     from llmmem.report.findings import rule_url
     from llmmem.rules.edits import suppression_edit
@@ -628,7 +633,7 @@ def _quick_fixes(
     findings = result.checked.findings
     ours = [diagnostic(f, lines, state.uri, rule_url(f.code)) for f in findings]
     by_key: dict[tuple[Any, ...], types.CodeAction] = {}
-    for index in _asked_diagnostics(ours, asked):
+    for index in _asked_diagnostics(ours, asked, where):
         finding, diag = findings[index], ours[index]
         for fix in finding.fixes:
             key: tuple[Any, ...] = (
@@ -713,7 +718,8 @@ async def _cell_code_actions(
     plan_path = result.checked.analysis.plan.path
     ours = ls.cell_diagnostics(state).get(params.text_document.uri, [])
     by_title: dict[str, types.CodeAction] = {}
-    for diag in (ours[i] for i in _asked_diagnostics(ours, params.context.diagnostics)):
+    asked = _asked_diagnostics(ours, params.context.diagnostics, params.range)
+    for diag in (ours[i] for i in asked):
         finding = next(
             (
                 f

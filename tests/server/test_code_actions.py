@@ -107,11 +107,17 @@ async def test_only_the_named_diagnostics_get_actions(
     # an 8-bit optimizer does nothing for activations: it answers LLM001 only
     assert not any("8-bit AdamW" in t for t in titles)
 
-    # a range over the trainer call but no diagnostics named: no quick fix at all
-    assert (
-        await ask(client, uri, [], only=[types.CodeActionKind.QuickFix], where=activations.range)
-        == []
+    # a client that names no diagnostic gets those over the range, each fix once
+    over_call = await ask(
+        client, uri, [], only=[types.CodeActionKind.QuickFix], where=activations.range
     )
+    assert {d.code for a in over_call for d in a.diagnostics or []} >= {"LLM001", "LLM004"}
+    assert len({a.title for a in over_call}) == len(over_call)
+    # and a range away from every diagnostic gets none
+    first_line = types.Range(
+        start=types.Position(line=0, character=0), end=types.Position(line=0, character=1)
+    )
+    assert await ask(client, uri, [], only=[types.CodeActionKind.QuickFix], where=first_line) == []
 
 
 @pytest.mark.asyncio
