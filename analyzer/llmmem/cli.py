@@ -133,6 +133,9 @@ def _add_estimate_parser(sub: Any) -> None:
     p.add_argument("--max-seq", action="store_true", help="find the longest sequence that fits")
     p.add_argument("--offline", action="store_true", help="never ask the hub")
     p.add_argument("--format", choices=["text", "json"], default="text")
+    from llmmem.estimate_command import add_plan_flags
+
+    add_plan_flags(p)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,7 +8,6 @@ is not explained yet, and a row that comes within bounds must leave the list.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -220,16 +219,9 @@ def test_fsdp_shards_the_packed_weights_only_with_a_float_storage() -> None:
 def test_estimate_reads_versions_and_quant_storage_flags() -> None:
     from llmmem.cli import build_parser
     from llmmem.errors import UsageError
-    from llmmem.estimate_command import add_plan_flags, build_setup, parse_versions
+    from llmmem.estimate_command import build_setup, parse_versions
 
     parser = build_parser()
-    estimate = next(
-        action.choices["estimate"]
-        for action in parser._actions
-        if isinstance(action, argparse._SubParsersAction)
-    )
-    if not any(a.dest == "versions" for a in estimate._actions):
-        add_plan_flags(estimate)
     args = parser.parse_args(
         [
             "estimate",
