@@ -16,6 +16,7 @@ export interface ServerSettings {
   hubTimeoutSeconds: number;
   severity: Record<string, SeverityLevel>;
   debounceMs: number;
+  analysisTimeoutSeconds: number;
   detectGpu: boolean;
 }
 
@@ -31,6 +32,7 @@ export const DEFAULT_SERVER_SETTINGS: Readonly<ServerSettings> = Object.freeze({
   hubTimeoutSeconds: 3,
   severity: {},
   debounceMs: 300,
+  analysisTimeoutSeconds: 10,
   detectGpu: true,
 });
 
@@ -67,6 +69,10 @@ export function serverSettings(read: SettingReader): ServerSettings {
     hubTimeoutSeconds: number(read('hubTimeoutSeconds'), DEFAULT_SERVER_SETTINGS.hubTimeoutSeconds),
     severity: severities(read('severity')),
     debounceMs: number(read('debounceMs'), DEFAULT_SERVER_SETTINGS.debounceMs),
+    analysisTimeoutSeconds: number(
+      read('analysisTimeoutSeconds'),
+      DEFAULT_SERVER_SETTINGS.analysisTimeoutSeconds,
+    ),
     detectGpu: flag(read('detectGpu'), DEFAULT_SERVER_SETTINGS.detectGpu),
   };
 }

@@ -62,7 +62,7 @@ describe('the middleware', () => {
     const answer = await middleware.workspace.configuration(params, token, next);
     assert.equal(next.calls.length, 0);
     assert.deepEqual(answer, [
-      { gpu: 'RTX-4090', worldSize: 2, hub: true, hubTimeoutSeconds: 3, severity: {}, debounceMs: 300, detectGpu: true },
+      { gpu: 'RTX-4090', worldSize: 2, hub: true, hubTimeoutSeconds: 3, severity: {}, debounceMs: 300, analysisTimeoutSeconds: 10, detectGpu: true },
     ]);
   });
 

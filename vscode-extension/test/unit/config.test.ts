@@ -12,6 +12,7 @@ describe('settings → initializationOptions', () => {
       hubTimeoutSeconds: 3,
       severity: {},
       debounceMs: 300,
+      analysisTimeoutSeconds: 10,
       detectGpu: true,
     });
   });
@@ -26,6 +27,7 @@ describe('settings → initializationOptions', () => {
           hubTimeoutSeconds: 1.5,
           severity: { LLM002: 'info', LLM005: 'off' },
           debounceMs: 0,
+          analysisTimeoutSeconds: 30,
           detectGpu: false,
           interpreter: '/opt/venv/bin/python',
         }),
@@ -38,6 +40,7 @@ describe('settings → initializationOptions', () => {
       hubTimeoutSeconds: 1.5,
       severity: { LLM002: 'info', LLM005: 'off' },
       debounceMs: 0,
+      analysisTimeoutSeconds: 30,
       detectGpu: false,
     });
   });
@@ -51,7 +54,14 @@ describe('settings → initializationOptions', () => {
 
   it('falls back to the defaults for values of the wrong type', () => {
     const options = serverSettings(
-      readerOf({ gpu: 24, worldSize: 1.5, hub: 'yes', severity: ['LLM001'], debounceMs: 'x' }),
+      readerOf({
+        gpu: 24,
+        worldSize: 1.5,
+        hub: 'yes',
+        severity: ['LLM001'],
+        debounceMs: 'x',
+        analysisTimeoutSeconds: 'long',
+      }),
     );
     assert.deepEqual(options, { ...DEFAULT_SERVER_SETTINGS });
   });

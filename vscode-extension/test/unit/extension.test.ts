@@ -55,6 +55,7 @@ describe('activate', () => {
       hubTimeoutSeconds: 3,
       severity: {},
       debounceMs: 300,
+      analysisTimeoutSeconds: 10,
       detectGpu: true,
     });
     assert.ok(
