@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from llmmem.errors import UsageError
 from llmmem.extract import ProjectSettings, extract_plan, find_project_settings
 from llmmem.plan import Provenance, Sourced
 from llmmem.rules.finding import Finding, Severity
@@ -27,8 +28,12 @@ class Checked:
 
 def require_known_gpus(gpu: str | None, settings: ProjectSettings) -> None:
     """A command's `--gpu`, else `[tool.llmmem] gpu`, must name a GPU: an unknown one is a
-    usage error (exit 2, one line with the close matches), not a problem line in a report."""
+    usage error (exit 2, one line with the close matches), not a problem line in a report. So is
+    a `[tool.llmmem]` value of the wrong type (`settings.errors`: the key and the type)."""
     from llmmem.gpus import gpu_from_flag
+
+    if settings.errors:
+        raise UsageError("; ".join(settings.errors))
 
     if gpu:
         gpu_from_flag(gpu)

@@ -159,6 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_verify_arguments(verify)
     gpus = sub.add_parser("gpus", help="list the GPU catalog and the GPUs of this machine")
     gpus.add_argument("--format", choices=["text", "json"], default="text")
+    schema = sub.add_parser(
+        "schema",
+        help="print the JSON Schema of a --format json report",
+        description="Print the JSON Schema (draft 2020-12) of `llmmem explain --format json` "
+        "(the default) or of `llmmem-lint --format json`.",
+    )
+    schema.add_argument("report", nargs="?", choices=["explain", "lint"], default="explain")
     return parser
 
 
@@ -190,6 +197,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_verify(args)
         if args.command == "gpus":
             return _run_gpus(args)
+        if args.command == "schema":
+            from llmmem.schema import report_schema_text
+
+            sys.stdout.write(report_schema_text(args.report))
+            return EXIT_OK
         parser.print_help()
         return EXIT_USAGE
     except UsageError as err:

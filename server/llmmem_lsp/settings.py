@@ -2,13 +2,16 @@
 
 Both carry the same object (camelCase, as editors write settings); unknown keys are ignored and a
 wrong value is reported once and replaced by its default, so a typo in a settings file never
-stops the server.
+stops the server. The types are declared in `settings_model.ServerSettingsModel`, which words
+the message when a value is refused here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from llmmem.extract.numbers import MAX_COUNT
 
 SEVERITY_LEVELS = ("error", "warning", "info", "off")
 
@@ -51,7 +54,11 @@ def read_settings(raw: Any, base: ServerSettings | None = None) -> tuple[ServerS
         world_size = raw["worldSize"]
         if world_size is None or world_size == 0:
             changes["world_size"] = None
-        elif isinstance(world_size, int) and not isinstance(world_size, bool) and world_size > 0:
+        elif (
+            isinstance(world_size, int)
+            and not isinstance(world_size, bool)
+            and 0 < world_size <= MAX_COUNT
+        ):
             changes["world_size"] = world_size
         else:
             problems.append(f"llmmem.worldSize must be a positive integer, got {world_size!r}")
@@ -102,4 +109,8 @@ def read_settings(raw: Any, base: ServerSettings | None = None) -> tuple[ServerS
         else:
             problems.append("llmmem.severity must map rule codes to error/warning/info/off")
 
+    if problems:  # worded by the declared types; the hand lines only if the model disagrees
+        from llmmem_lsp.settings_model import settings_messages
+
+        problems = settings_messages(raw) or problems
     return replace(settings, **changes), problems

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from llmmem.extract.builder import PlanBuilder
-from llmmem.extract.numbers import NumberOutOfRange, parse_count, shown
+from llmmem.extract.numbers import MAX_COUNT, NumberOutOfRange, parse_count, shown
 from llmmem.plan import Provenance, RejectedValue, SourceRange
 
 # pragma key -> (builder key, value type)
@@ -163,7 +163,7 @@ def _read_comment(
         if written not in PRAGMA_KEYS:
             known = ", ".join(PRAGMA_KEYS)
             reading.problems.append(
-                f"llmmem pragma ({where}): unknown key '{written}' (known: {known})"
+                _pragma_problem(written, raw, where, f"unknown key '{written}' (known: {known})")
             )
             continue
         key, kind = PRAGMA_KEYS[written]
@@ -179,14 +179,29 @@ def _read_comment(
                 continue
             except ValueError:
                 reading.problems.append(
-                    f"llmmem pragma ({where}): {written} must be a positive integer, "
-                    f"got '{shown(raw)}'"
+                    _pragma_problem(
+                        written,
+                        raw,
+                        where,
+                        f"{written} must be a positive integer, got '{shown(raw)}'",
+                    )
                 )
                 continue
         elif not raw:
-            reading.problems.append(f"llmmem pragma ({where}): {written} has no value")
+            reading.problems.append(_pragma_problem(written, raw, where, f"{written} has no value"))
             continue
         reading.pragmas.append(Pragma(key=key, value=value, range=comment_range, written=written))
+
+
+def _pragma_problem(written: str, raw: str, where: str, fallback: str) -> str:
+    """The line for a pragma value the reader refused, worded by `PragmaValuesModel` (the key
+    and the expected type); `fallback` if the model, which reads numbers less strictly than
+    `parse_count` (no superscripts, no other scripts' digits), accepts it."""
+    from llmmem.schema import PragmaValuesModel, invalid_messages
+
+    prefix = f"llmmem pragma ({where}): "
+    messages = invalid_messages(PragmaValuesModel, {written: raw}, prefix)
+    return messages[0] if messages else prefix + fallback
 
 
 def parse_suppressions(text: str) -> dict[int, set[str]]:
@@ -219,7 +234,8 @@ def apply_pragmas(builder: PlanBuilder, text: str) -> PragmaReading:
 class ProjectSettings:
     """`[tool.llmmem]` from the nearest pyproject.toml that has one (all optional). What the
     table says is checked in `_settings_from_table`, which turns a bad value into a line of
-    `problems`; building one with a non-positive world_size raises ValueError."""
+    `errors` worded by `llmmem.schema.ProjectSettingsModel`; building one with a non-positive
+    world_size raises ValueError."""
 
     gpu: str | None = None
     world_size: int | None = None  # positive
@@ -230,6 +246,8 @@ class ProjectSettings:
     path: str | None = None  # the pyproject.toml read, None when none was found
     ranges: dict[str, SourceRange] = field(default_factory=dict)  # key -> where it is written
     problems: list[str] = field(default_factory=list)
+    # the table's values that are refused, one line each (also in `problems`): a command exits 2
+    errors: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.world_size is not None and (
@@ -305,42 +323,46 @@ def read_project_settings(pyproject: Path) -> ProjectSettings | None:
 def _settings_from_table(
     table: dict[str, Any], path: str, ranges: dict[str, SourceRange]
 ) -> ProjectSettings:
+    """The table's good values; each refused one is a line of `errors`. The check here is by
+    hand (pydantic is not imported on a run whose settings are good, see `llmmem.schema`); the
+    messages come from `ProjectSettingsModel`, the declared types of the table."""
     settings = ProjectSettings(path=path, ranges=ranges)
-    where = f"{path} [tool.llmmem]"
+    where = f"{path} [tool.llmmem]: "
+    refused: list[str] = []  # hand-worded, used only if the model accepted what was refused
     for key, value in table.items():
         if key == "gpu" and isinstance(value, str) and value.strip():
             settings.gpu = value.strip()
-        elif key == "world_size" and isinstance(value, int) and not isinstance(value, bool):
-            if value > 0:
-                settings.world_size = value
-            else:
-                settings.problems.append(f"{where}: world_size must be positive, got {value}")
+        elif (
+            key == "world_size"
+            and isinstance(value, int)
+            and not isinstance(value, bool)
+            and 0 < value <= MAX_COUNT
+        ):
+            settings.world_size = value
         elif key == "hub" and isinstance(value, bool):
             settings.hub = value
-        elif key == "local_model_paths" and isinstance(value, dict):
-            settings.local_model_paths = {
-                str(model): str(local) for model, local in value.items() if isinstance(local, str)
-            }
+        elif (
+            key == "local_model_paths"
+            and isinstance(value, dict)
+            and all(isinstance(local, str) for local in value.values())
+        ):
+            settings.local_model_paths = {str(model): local for model, local in value.items()}
         elif key == "severity" and isinstance(value, dict):
             for code, level in value.items():
                 if isinstance(level, str) and level.lower() in SEVERITY_LEVELS:
                     settings.severity[str(code).upper()] = level.lower()
                 else:
-                    settings.problems.append(
-                        f"{where}: severity of {code} must be one of "
-                        f"{', '.join(SEVERITY_LEVELS)}, got {level!r}"
-                    )
-        elif key == "fail_on" and isinstance(value, str):
-            if value.lower() in FAIL_ON_LEVELS:
-                settings.fail_on = value.lower()
-            else:
-                settings.problems.append(
-                    f"{where}: fail_on must be one of {', '.join(FAIL_ON_LEVELS)}, got {value!r}"
-                )
-        elif key in ("gpu", "world_size", "hub", "local_model_paths", "severity", "fail_on"):
-            settings.problems.append(f"{where}: {key} has the wrong type ({value!r})")
+                    refused.append(f"{where}severity.{code} is {level!r}")
+        elif key == "fail_on" and isinstance(value, str) and value.lower() in FAIL_ON_LEVELS:
+            settings.fail_on = value.lower()
         else:
-            settings.problems.append(f"{where}: unknown key '{key}'")
+            refused.append(f"{where}{key} is {value!r}")
+    if refused:
+        from llmmem.schema import ProjectSettingsModel, invalid_messages
+
+        table = ProjectSettingsModel.normalised(table)
+        settings.errors = invalid_messages(ProjectSettingsModel, table, where) or refused
+        settings.problems.extend(settings.errors)
     return settings
 
 

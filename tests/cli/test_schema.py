@@ -1,0 +1,146 @@
+"""`llmmem schema`: the JSON Schemas of the `--format json` reports, generated from the report
+models and shipped in the package, validate what real runs print; settings of the wrong type
+are refused with the key and the expected type."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+FIXTURES = ROOT / "tests" / "fixtures"
+SHIPPED = ROOT / "analyzer" / "llmmem" / "schemas"
+
+LINTED = [
+    EXAMPLES / "qlora_sft.py",
+    EXAMPLES / "full_finetune.py",
+    FIXTURES / "python" / "trl_sft_lora.py",
+    FIXTURES / "python" / "hf_trainer_full.py",
+    FIXTURES / "python" / "pragma_script.py",
+    FIXTURES / "configs" / "axolotl_qlora.yml",
+    FIXTURES / "configs" / "ds_zero3.json",
+    FIXTURES / "configs" / "broken_tabs.yaml",
+    FIXTURES / "shell" / "launch_deepspeed.sh",
+    FIXTURES / "notebooks" / "qlora_finetune.ipynb",
+]
+
+
+def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=60
+    )
+
+
+def schema_of(report: str) -> dict[str, Any]:
+    proc = run("-m", "llmmem", "schema", report)
+    assert proc.returncode == 0, proc.stderr
+    schema: dict[str, Any] = json.loads(proc.stdout)
+    jsonschema.Draft202012Validator.check_schema(schema)  # a valid JSON Schema
+    return schema
+
+
+@pytest.mark.parametrize("report", ["explain", "lint"])
+def test_schema_is_a_json_schema_and_the_shipped_file(report: str) -> None:
+    schema = schema_of(report)
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    shipped = json.loads((SHIPPED / f"{report}.schema.json").read_text(encoding="utf-8"))
+    assert shipped == schema, f"regenerate: llmmem schema {report} > {SHIPPED}/{report}.schema.json"
+
+
+def test_explain_json_validates() -> None:
+    schema = schema_of("explain")
+    for path in (EXAMPLES / "qlora_sft.py", FIXTURES / "configs" / "axolotl_qlora.yml"):
+        proc = run("-m", "llmmem", "explain", str(path), "--format", "json", "--gpu", "A100-80GB")
+        assert proc.returncode == 0, proc.stderr
+        report = json.loads(proc.stdout)
+        assert report["budget"] is not None
+        jsonschema.validate(report, schema)
+    # an unknown model: no budget, still the schema's shape
+    proc = run(
+        "-m", "llmmem", "explain", str(FIXTURES / "python" / "torch_loop.py"), "--format", "json"
+    )
+    jsonschema.validate(json.loads(proc.stdout), schema)
+
+
+def test_lint_json_validates_and_the_schema_catches_a_change() -> None:
+    schema = schema_of("lint")
+    lint = str(Path(sys.executable).parent / "llmmem-lint")  # the installed command
+    proc = subprocess.run(
+        [lint, *map(str, LINTED), "--gpu", "24GB", "--format", "json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        timeout=60,
+    )
+    assert proc.returncode in (0, 1), proc.stderr
+    findings = json.loads(proc.stdout)
+    assert {f["severity"] for f in findings} >= {"error", "info"}
+    assert any(f["fixes"] for f in findings)
+    jsonschema.validate(findings, schema)
+    findings[0]["severity"] = "fatal"  # what a consumer must not be given
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(findings, schema)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    (tmp_path / ".git").mkdir()  # no pyproject.toml above it is read
+    (tmp_path / "train.py").write_text((EXAMPLES / "qlora_sft.py").read_text())
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("table", "words"),
+    [
+        ('world_size = "eight"', ["world_size", "integer", "'eight'"]),
+        ("world_size = 0", ["world_size", "integer from 1"]),
+        ("hub = 1", ["hub", "true or false"]),
+        ('fail_on = "never"', ["fail_on", "one of error, warning, info"]),
+        ("gpu = 80", ["gpu", "GPU name", "string"]),
+        ('[tool.llmmem.severity]\nLLM001 = "loud"', ["severity.LLM001", "one of error"]),
+        ('[tool.llmmem.local_model_paths]\n"org/m" = 3', ["local_model_paths.org/m", "path"]),
+        ('gpus = "A100"', ["unknown key 'gpus'", "known: gpu"]),
+    ],
+)
+@pytest.mark.parametrize("command", ["lint", "explain"])
+def test_a_wrong_type_in_tool_llmmem_exits_2_naming_key_and_type(
+    project: Path, table: str, words: list[str], command: str
+) -> None:
+    (project / "pyproject.toml").write_text(f"[tool.llmmem]\n{table}\n")
+    proc = run("-m", "llmmem", command, "train.py", "--gpu", "A100-80GB", cwd=project)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "pyproject.toml [tool.llmmem]" in lines[0]
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+def test_good_settings_in_any_case_are_read(project: Path) -> None:
+    (project / "pyproject.toml").write_text(
+        '[tool.llmmem]\nworld_size = 2\nfail_on = "Info"\nhub = false\n'
+        '[tool.llmmem.severity]\nLLM003 = "Warning"\n'
+    )
+    proc = run("-m", "llmmem", "lint", "train.py", "--gpu", "A100-80GB", cwd=project)
+    assert "LLM003 [warning]" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 1
+
+
+def test_a_bad_pragma_value_names_the_key_and_the_type(project: Path) -> None:
+    script = project / "train.py"
+    script.write_text("# llmmem: seq=2² gpu=''\n" + script.read_text())
+    proc = run("-m", "llmmem", "explain", "train.py", "--format", "json", cwd=project)
+    problems = json.loads(proc.stdout)["problems"]
+    assert any("seq must be an integer from 1" in p and "2²" in p for p in problems), problems
+    assert any("gpu must be a GPU name" in p for p in problems), problems
