@@ -163,6 +163,7 @@ def render_explanation(analysis: Any, findings: list[Any]) -> None:
         rows += [
             ("quant type", plan.quantization.quant_type),
             ("double quant", plan.quantization.double_quant),
+            ("quant storage", plan.quantization.quant_storage),
         ]
     d = plan.distributed
     rows += [("world size", d.world_size), ("ZeRO stage", d.zero_stage)]

@@ -89,6 +89,12 @@ class QuantizationPlan:
     double_quant: Sourced[bool]
     compute_dtype: Sourced[str]  # "bfloat16", "float16", "float32"
     prepare_for_kbit_training: Sourced[bool]
+    # bnb_4bit_quant_storage: "uint8" (bitsandbytes' default) or a float dtype FSDP can shard
+    quant_storage: Sourced[str] = field(
+        default_factory=lambda: Sourced(
+            value="uint8", source=Provenance.DEFAULT, note="bitsandbytes default"
+        )
+    )
     range: SourceRange | None = None  # the BitsAndBytesConfig(...) call or the keyword
 
 

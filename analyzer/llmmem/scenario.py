@@ -86,6 +86,7 @@ def setup_from_plan(plan: TrainingPlan, spec: ModelSpec) -> TrainingSetup:
             double_quant=bool(q.double_quant.value),
             compute_dtype_bytes=DTYPE_BYTES.get(str(q.compute_dtype.value).lower(), 2),
             prepare_for_kbit_training=bool(q.prepare_for_kbit_training.value),
+            quant_storage=str(q.quant_storage.value),
         )
     lora = None
     if plan.lora is not None:

@@ -22,7 +22,8 @@ dtype: "bfloat16", "float16", "float32" or "auto"), `max_prompt_length` and
 `max_completion_length` (GRPO/DPO), and dotted keys for the nested plans: `lora.enabled`,
 `lora.r`, `lora.alpha`, `lora.target_modules`, `lora.modules_to_save`, `lora.dora`,
 `lora.dropout`; `quantization.bits`, `quantization.quant_type`, `quantization.double_quant`,
-`quantization.compute_dtype`, `quantization.prepare_for_kbit_training`;
+`quantization.compute_dtype`, `quantization.quant_storage`,
+`quantization.prepare_for_kbit_training`;
 `distributed.world_size`, `distributed.zero_stage`, `distributed.offload_optimizer`,
 `distributed.offload_params`, `distributed.fsdp`, `distributed.deepspeed_config`. Any other key
 is kept, as a Sourced value, in `TrainingPlan.extra`.
@@ -54,6 +55,7 @@ from llmmem.extract.vocabulary import (
     normalize_attn_implementation,
     normalize_dtype,
     normalize_fsdp,
+    normalize_quant_storage,
     split_module_names,
 )
 from llmmem.plan import (
@@ -155,6 +157,7 @@ _KNOWN_KEYS = (
         "lora.modules_to_save",
         "quantization.quant_type",
         "quantization.compute_dtype",
+        "quantization.quant_storage",
         "distributed.zero_stage",
         "distributed.fsdp",
         "distributed.reduce_bucket_size",
@@ -256,6 +259,13 @@ def _as_dtype(value: object) -> str:
     return dtype
 
 
+def _as_quant_storage(value: object) -> str:
+    storage = normalize_quant_storage(value)
+    if storage is None:
+        raise ValueMismatch("expected uint8, bfloat16, float16 or float32")
+    return storage
+
+
 def _as_attention(value: object) -> str:
     attention = normalize_attn_implementation(value)
     if attention is None:
@@ -348,6 +358,7 @@ _CONVERTERS: dict[str, Callable[[object], Any]] = {
     "precision": _as_precision,
     "torch_dtype": _as_dtype,
     "quantization.compute_dtype": _as_dtype,
+    "quantization.quant_storage": _as_quant_storage,
     "attn_implementation": _as_attention,
     "lora.alpha": _as_float,
     "lora.dropout": _as_dropout,
@@ -722,6 +733,9 @@ class PlanBuilder:
             ),
             compute_dtype=self._value(
                 "quantization.compute_dtype", "float32", Provenance.DEFAULT, where, bnb_default
+            ),
+            quant_storage=self._value(
+                "quantization.quant_storage", "uint8", Provenance.DEFAULT, where, bnb_default
             ),
             prepare_for_kbit_training=self._value(
                 "quantization.prepare_for_kbit_training",

@@ -36,7 +36,11 @@ from typing import Any
 from llmmem.extract.builder import PlanBuilder
 from llmmem.extract.numbers import is_ascii_digits, shown
 from llmmem.extract.pragmas import ProjectSettings, apply_project_settings, read_pragmas
-from llmmem.extract.vocabulary import normalize_attn_implementation, optim_for_optimizer_class
+from llmmem.extract.vocabulary import (
+    normalize_attn_implementation,
+    normalize_quant_storage,
+    optim_for_optimizer_class,
+)
 from llmmem.extract.yaml_positions import (
     KeyPath,
     PositionedYaml,
@@ -229,6 +233,13 @@ def as_dtype(value: Any) -> str:
     if text in DTYPE_NAMES:
         return DTYPE_NAMES[text]
     raise ValueProblem(f"must be a dtype (bfloat16, float16, float32), got {value!r}")
+
+
+def as_quant_storage(value: Any) -> str:
+    storage = normalize_quant_storage(as_text(value))
+    if storage is None:
+        raise ValueProblem(f"must be uint8, bfloat16, float16 or float32, got {value!r}")
+    return storage
 
 
 def as_attention(value: Any) -> str:
@@ -686,6 +697,7 @@ def read_hf_quantization(reader: DocumentReader) -> None:
         return
     reader.take(("bnb_4bit_quant_type",), "quantization.quant_type", as_text)
     reader.take(("use_bnb_nested_quant",), "quantization.double_quant", as_bool)
+    reader.take(("bnb_4bit_quant_storage",), "quantization.quant_storage", as_quant_storage)
     reader.default("quantization.quant_type", "nf4", "TRL ModelConfig bnb_4bit_quant_type default")
     for dtype_path in (("bnb_4bit_compute_dtype",), ("torch_dtype",), ("dtype",)):
         if reader.take(dtype_path, "quantization.compute_dtype", as_dtype) is not None:
@@ -1237,6 +1249,16 @@ def read_axolotl_adapter(reader: DocumentReader) -> None:
             path,
             "axolotl computes in the model's dtype",
         )
+        # axolotl's QLoRA loader stores the packed 4-bit weights in bf16 (FSDP can shard them)
+        # unless bnb_config_kwargs says otherwise
+        storage_path = ("bnb_config_kwargs", "bnb_4bit_quant_storage")
+        if reader.take(storage_path, "quantization.quant_storage", as_quant_storage) is None:
+            reader.put(
+                "quantization.quant_storage",
+                "bfloat16",
+                path,
+                "axolotl QLoRA: bnb_4bit_quant_storage bfloat16",
+            )
     elif load_in_8bit:
         reader.put("quantization.bits", 8, ("load_in_8bit",))
         reader.put("quantization.quant_type", "int8", ("load_in_8bit",))
@@ -1388,6 +1410,16 @@ def read_llamafactory(reader: DocumentReader) -> None:
                 "LLaMA-Factory computes in the model's dtype",
             )
         )
+        if bits == 4:
+            reader.reading.settings.append(
+                Setting(
+                    "quantization.quant_storage",
+                    "float16" if precision in ("fp16", "fp16-true") else "bfloat16",
+                    Provenance.DEFAULT,
+                    None,
+                    "LLaMA-Factory stores the 4-bit weights in the compute dtype",
+                )
+            )
     read_deepspeed_reference(reader, ("deepspeed",))
     read_hf_fsdp(reader, ("fsdp",), ("fsdp_config",))
     for key, value, note in LLAMAFACTORY_DEFAULTS:

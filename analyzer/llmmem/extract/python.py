@@ -54,6 +54,7 @@ from llmmem.extract.vocabulary import (
     lora_key,
     normalize_dtype,
     normalize_fsdp,
+    normalize_quant_storage,
     optim_for_optimizer_class,
     sequence_length_names,
 )
@@ -2363,6 +2364,12 @@ class PlanEmitter:
                 if dtype is None:
                     continue
                 known = replace(known, value=dtype)
+            if key == "quantization.quant_storage":
+                storage = normalize_quant_storage(known.value)
+                if storage is None:
+                    self.unread(name, value)
+                    continue
+                known = replace(known, value=storage)
             self.set_known(key, known, note)
         if model is not None and model.loader == "unsloth" and builder.has("quantization.bits"):
             where = builder.quantization_range

@@ -78,6 +78,7 @@ KEY_SYNONYMS: dict[str, str] = {
     "bnb_4bit_use_double_quant": "quantization.double_quant",
     "double_quantization": "quantization.double_quant",
     "bnb_4bit_compute_dtype": "quantization.compute_dtype",
+    "bnb_4bit_quant_storage": "quantization.quant_storage",
     "quantization_bit": "quantization.bits",
     # sharding
     "deepspeed": "distributed.deepspeed_config",
@@ -276,6 +277,16 @@ def normalize_dtype(value: object) -> str | None:
         return None
     leaf = value.strip().lower().rsplit(".", 1)[-1]
     return _DTYPES.get(leaf)
+
+
+def normalize_quant_storage(value: object) -> str | None:
+    """`bnb_4bit_quant_storage`: `torch.bfloat16`, `"bf16"` -> `"bfloat16"`, likewise float16
+    and float32; `torch.uint8`/`"uint8"` (bitsandbytes' default) -> `"uint8"`. None for anything
+    else."""
+    if isinstance(value, str) and value.strip().lower().rsplit(".", 1)[-1] == "uint8":
+        return "uint8"
+    dtype = normalize_dtype(value)
+    return None if dtype == "auto" else dtype
 
 
 def normalize_attn_implementation(value: object) -> str | None:
