@@ -99,7 +99,10 @@ def run_explain(args: argparse.Namespace) -> int:
     text = read_text(path)
     settings = find_project_settings(path)
     require_known_gpus(args.gpu, settings)
-    checked = check_text(path, text, settings=settings, gpu=args.gpu, hub=args.hub)
+    from llmmem.lint_command import hub_run_deadline
+
+    with hub_run_deadline(args.hub):
+        checked = check_text(path, text, settings=settings, gpu=args.gpu, hub=args.hub)
     analysis, findings, plan = checked.analysis, checked.findings, checked.analysis.plan
     if args.format == "json":
         from llmmem.report.json_report import budget_dict

@@ -341,19 +341,22 @@ def run_lint(args: argparse.Namespace) -> int:
     failing = False
     roots = [Path(raw) for raw in args.paths if Path(raw).is_dir()]
     unwritten = 0
-    for path in iter_files(args.paths):
-        settings = find_project_settings(path)
-        require_known_gpus(args.gpu, settings)
-        text = read_text(path)
-        if args.fix:
-            findings, written = fix_in_place(
-                path, text, roots, gpu=args.gpu, hub=args.hub, select=select, fit=args.fit
+    with hub_run_deadline(args.hub):
+        for path in iter_files(args.paths):
+            settings = find_project_settings(path)
+            require_known_gpus(args.gpu, settings)
+            text = read_text(path)
+            if args.fix:
+                findings, written = fix_in_place(
+                    path, text, roots, gpu=args.gpu, hub=args.hub, select=select, fit=args.fit
+                )
+                unwritten += not written
+            else:
+                findings, _ = lint_text(path, text, gpu=args.gpu, hub=args.hub, select=select)
+            all_findings += findings
+            failing = failing or fails(
+                findings, args.fail_on or settings.fail_on or DEFAULT_FAIL_ON
             )
-            unwritten += not written
-        else:
-            findings, _ = lint_text(path, text, gpu=args.gpu, hub=args.hub, select=select)
-        all_findings += findings
-        failing = failing or fails(findings, args.fail_on or settings.fail_on or DEFAULT_FAIL_ON)
     if args.format == "concise":
         sys.stdout.write(render.concise(all_findings))
     elif args.format == "full":
@@ -367,6 +370,16 @@ def run_lint(args: argparse.Namespace) -> int:
     if unwritten:
         return EXIT_USAGE  # a file's fixes could not be written
     return EXIT_FINDINGS if failing and not args.exit_zero else EXIT_CLEAN
+
+
+def hub_run_deadline(hub: bool) -> contextlib.AbstractContextManager[None]:
+    """With --hub, one deadline for all the run's hub lookups (`hub.run_deadline`); the hub
+    client is not imported otherwise."""
+    if not hub:
+        return contextlib.nullcontext()
+    from llmmem.models.hub import run_deadline
+
+    return run_deadline()
 
 
 def fails(findings: list, fail_on: str) -> bool:

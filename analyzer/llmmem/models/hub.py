@@ -20,6 +20,8 @@ where the endpoint key is the endpoint without its scheme (`huggingface.co`, `12
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import json
 import os
@@ -32,6 +34,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, cast
 
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
 from llmmem.files import open_regular_file
 from llmmem.models.hub_names import hf_home
 
@@ -43,6 +48,8 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 POSITIVE_TTL_S = 7 * 24 * 3600.0  # a config fetched from the hub is trusted this long
 NEGATIVE_TTL_S = 10 * 60.0  # a failed lookup is not retried before this
 BACKGROUND_BUDGET_S = 30.0  # a lookup the caller stopped waiting for may finish this late
+RUN_DEADLINE_S = 10.0  # all the lookups of one command-line run together (`run_deadline`)
+RUN_DEADLINE_ENV = "LLMMEM_HUB_DEADLINE_S"  # changes RUN_DEADLINE_S
 MAX_SHARDS = 256  # more shards than this and the checkpoint bytes are not read
 SHARD_READERS = 8  # shard headers read at the same time
 HEADER_PREFIX_BYTES = 64 * 1024  # first Range request; most headers fit, larger ones take two
@@ -754,6 +761,35 @@ def _start_lookup(
     return lookup
 
 
+# (monotonic time it ends, its length in seconds) of the run in progress, if one set it
+_run_deadline: contextvars.ContextVar[tuple[float, float] | None] = contextvars.ContextVar(
+    "llmmem_hub_run_deadline", default=None
+)
+
+
+def run_deadline_seconds() -> float:
+    """RUN_DEADLINE_S, or `$LLMMEM_HUB_DEADLINE_S` when it holds a number above 0."""
+    try:
+        seconds = float(os.environ.get(RUN_DEADLINE_ENV, ""))
+    except ValueError:
+        return RUN_DEADLINE_S
+    return seconds if 0 < seconds <= 3600 else RUN_DEADLINE_S
+
+
+@contextlib.contextmanager
+def run_deadline(seconds: float | None = None) -> Iterator[None]:
+    """One deadline for every hub lookup made inside the block (a command-line run): each
+    lookup still waits at most its own timeout, and none waits past the run's deadline; once it
+    has passed, a model not on disk is not looked up. The language server sets none: its lookups
+    run in the background, each under its own timeout."""
+    length = run_deadline_seconds() if seconds is None else seconds
+    token = _run_deadline.set((time.monotonic() + length, length))
+    try:
+        yield
+    finally:
+        _run_deadline.reset(token)
+
+
 def hub_model_files(
     repo_id: str,
     *,
@@ -789,6 +825,15 @@ def hub_model_files(
             f"{failure.reason}, {minutes_ago} min ago; retried after {NEGATIVE_TTL_S / 60:g} min"
         )
 
+    wait_s = timeout_s
+    run = _run_deadline.get()
+    if run is not None:
+        run_left = run[0] - time.monotonic()
+        if run_left <= 0:
+            if stored is not None:
+                return stored
+            raise HubLookupError(f"not looked up: the run's {run[1]:g} s for hub lookups are spent")
+        wait_s = min(timeout_s, run_left)
     lookup = _start_lookup(
         repo_id,
         endpoint=endpoint,
@@ -796,15 +841,18 @@ def hub_model_files(
         cache=cache,
         budget_s=max(timeout_s, BACKGROUND_BUDGET_S),
     )
-    if not lookup.done.wait(max(0.0, timeout_s)):
+    if not lookup.done.wait(max(0.0, wait_s)):
         if lookup.config_only is not None:
             return lookup.config_only
-        reason = f"no answer within {timeout_s:g} s"
-        cache.write_failure(
-            HubLookupFailure(
-                repo_id=repo_id, endpoint=endpoint, reason=reason, failed_at=time.time()
+        if wait_s < timeout_s:  # cut short by the run: not a failure of this model to remember
+            reason = f"no answer before the run's {run[1] if run else wait_s:g} s hub deadline"
+        else:
+            reason = f"no answer within {timeout_s:g} s"
+            cache.write_failure(
+                HubLookupFailure(
+                    repo_id=repo_id, endpoint=endpoint, reason=reason, failed_at=time.time()
+                )
             )
-        )
         if stored is not None:
             return stored
         raise HubLookupError(reason)
