@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -144,3 +145,18 @@ def test_a_bad_pragma_value_names_the_key_and_the_type(project: Path) -> None:
     problems = json.loads(proc.stdout)["problems"]
     assert any("seq must be an integer from 1" in p and "2²" in p for p in problems), problems
     assert any("gpu must be a GPU name" in p for p in problems), problems
+
+
+def test_a_5_mb_yaml_is_refused_quickly_with_a_message(tmp_path: Path) -> None:
+    lines = ["# llmmem: gpu=A100-80GB", "model_name_or_path: meta-llama/Llama-3.1-8B", "datasets:"]
+    lines += [f"  - path: org/dataset-{i}\n    type: alpaca" for i in range(112_000)]
+    config = tmp_path / "big.yaml"
+    config.write_text("\n".join(lines) + "\n")
+    assert 5_000_000 < config.stat().st_size < 5 * 2**20  # the CLI refuses more than 5 MiB
+    start = time.monotonic()
+    proc = run("-m", "llmmem", "explain", str(config), "--format", "json", cwd=tmp_path)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr
+    problems = json.loads(proc.stdout)["problems"]
+    assert any("MB llmmem parses" in problem for problem in problems), problems
+    assert elapsed < 10, f"{elapsed:.1f} s"  # about 0.2 s unloaded; 2 minutes when parsed

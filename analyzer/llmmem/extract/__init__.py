@@ -21,6 +21,9 @@ from llmmem.plan import TrainingPlan
 __all__ = ["ProjectSettings", "extract_plan", "file_kind", "find_project_settings"]
 
 MAX_FILE_BYTES = 50_000_000  # beyond this the file is not even read
+# a YAML or JSON config past this is not parsed (its `# llmmem:` comments are read): the YAML
+# reader with positions takes seconds per megabyte, and each fix offered reads the file again
+MAX_CONFIG_CHARS = 1_000_000
 
 _KINDS: dict[str, str] = {
     ".py": "python",
@@ -96,6 +99,12 @@ def extract_plan(
             from llmmem.extract.python import extract_python_plan
 
             return extract_python_plan(path, text, settings=settings)
+        if kind in ("yaml", "json") and len(text) > MAX_CONFIG_CHARS:
+            problem = (
+                f"the config is {len(text) / 1e6:.1f} MB, over the {MAX_CONFIG_CHARS / 1e6:.0f} "
+                "MB llmmem parses (only `# llmmem:` comments were read)"
+            )
+            return _plan_without_reader(path, kind, text, settings, problem)
         if kind in ("yaml", "json"):
             from llmmem.extract.configs import extract_config_plan
 
