@@ -29,6 +29,7 @@ from llmmem.extract.notebook import cell_index, cell_path
 from llmmem.plan import SourceRange
 from llmmem_lsp.convert import Lines, code_action, diagnostic, overlaps, workspace_edit
 from llmmem_lsp.documents import Analyzer, DocumentState, Result, document_path
+from llmmem_lsp.placement import narrowed, problem_diagnostics
 from llmmem_lsp.settings import read_settings
 
 log = logging.getLogger("llmmem_lsp")
@@ -107,6 +108,13 @@ class LlmmemServer(LanguageServer):
         settings, problems = read_settings(raw, self.analyzer.settings)
         old = self.analyzer.settings
         self.analyzer.settings = settings
+        if settings.gpu and settings.gpu != old.gpu:
+            from llmmem.gpus import UnknownGpuError, find_gpu
+
+            try:
+                find_gpu(settings.gpu)
+            except UnknownGpuError as err:
+                problems.append(f"llmmem.gpu: {str(err).split(';')[0]}")
         if settings.hub and not old.hub:
             self.analyzer.forget_hub_lookups()
         for problem in problems:
@@ -169,7 +177,9 @@ class LlmmemServer(LanguageServer):
             index = found if found is not None and found in texts else next(iter(texts), 0)
             cell_uri = notebook.cells[index].document
             lines = texts.get(index) or self.lines("")
-            located = replace(finding, range=where, related=[])
+            located = narrowed(
+                replace(finding, range=where, related=[]), result.checked.analysis.plan, lines
+            )
             out.setdefault(cell_uri, []).append(
                 diagnostic(located, lines, cell_uri, rule_url(finding.code))
             )
@@ -185,10 +195,11 @@ class LlmmemServer(LanguageServer):
         if result.unreadable:
             # rules over a plan of nothing would only say "no model found": say why instead
             return [unreadable_diagnostic("file", result.unreadable)]
+        plan = result.checked.analysis.plan
         return [
-            diagnostic(finding, lines, state.uri, rule_url(finding.code))
+            diagnostic(narrowed(finding, plan, lines), lines, state.uri, rule_url(finding.code))
             for finding in result.checked.findings
-        ]
+        ] + problem_diagnostics(result.checked, lines, self.analyzer.settings.gpu)
 
     async def _publish(self, state: DocumentState, result: Result) -> None:
         """A new analysis stands: push its diagnostics (or ask a pulling client to pull)."""
@@ -631,7 +642,9 @@ def _quick_fixes(
     lines = ls.lines(result.text)
     plan = result.checked.analysis.plan
     findings = result.checked.findings
-    ours = [diagnostic(f, lines, state.uri, rule_url(f.code)) for f in findings]
+    ours = [
+        diagnostic(narrowed(f, plan, lines), lines, state.uri, rule_url(f.code)) for f in findings
+    ]
     by_key: dict[tuple[Any, ...], types.CodeAction] = {}
     for index in _asked_diagnostics(ours, asked, where):
         finding, diag = findings[index], ours[index]
@@ -815,7 +828,9 @@ async def code_lens(ls: LlmmemServer, params: types.CodeLensParams) -> list[type
             f"≈ {total} of {format_bytes(analysis.gpu.capacity_bytes)} on {analysis.gpu.name}{mark}"
         )
     else:
-        title = f"≈ {total} peak (no GPU set)"
+        unknown = next((p for p in analysis.problems if p.startswith("unknown GPU ")), None)
+        why = unknown.split(" (", 1)[0] if unknown else "no GPU set"
+        title = f"≈ {total} peak ({why})"
     return [
         types.CodeLens(
             range=where,

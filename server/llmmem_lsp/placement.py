@@ -1,0 +1,173 @@
+"""Where a diagnostic points on the text.
+
+A finding about the whole step is anchored by the rules on the whole trainer call, which can
+span a dozen lines; in an editor that underlines everything and buries the hover. Here such a
+finding is narrowed to the setting that drives it (`max_length=` for the logits, `optim=` for
+the optimizer states, ...) when the file writes it, else to the call's name on its first line.
+
+What the analysis could not use (an unknown GPU, a file read only up to a bad line, a model
+sized from its name) is reported by the analyzer as a line of text; here each becomes a
+diagnostic on the line it is about, or at the top of the file where it names no line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+from lsprotocol import types
+
+from llmmem.check import Checked
+from llmmem.plan import Provenance, Sourced, SourceRange, TrainingPlan
+from llmmem.rules.finding import Finding
+from llmmem_lsp.convert import Lines
+
+# the plan settings a finding is about, most telling first
+DRIVING_SETTINGS: dict[str, tuple[str, ...]] = {
+    "LLM003": ("max_seq_length", "per_device_train_batch_size"),
+    "LLM004": ("gradient_checkpointing", "per_device_train_batch_size", "max_seq_length"),
+    "LLM005": ("optim",),
+}
+
+_CALLEE = re.compile(r"[A-Za-z_][\w.]*(?=\s*\()")
+_KEYWORD_BEFORE = re.compile(r"(?:--[\w.-]+[ =]\s*|[A-Za-z_][\w.]*\s*[=:]\s*)[\"']?$")
+_LOCATED = re.compile(r"^(?:llmmem pragma \()?line (\d+)(?:, column \d+)?\)?:\s*")
+_UNKNOWN_GPU = re.compile(r"^unknown GPU '([^']*)'")
+
+
+def _setting_span(
+    sourced: Sourced[object] | None, lines: Lines, path: str | None
+) -> SourceRange | None:
+    """`name=value` (or `name: value`, `--name value`) around a setting written in this file."""
+    if sourced is None or sourced.source in (Provenance.DEFAULT, Provenance.ASSUMED):
+        return None  # not written: a default's range is where it would be added
+    where = sourced.range
+    if where is None or where.path != path or where.start_line != where.end_line:
+        return None
+    if where.start_line >= len(lines.lines):
+        return None
+    before = lines.lines[where.start_line][: where.start_col]
+    match = _KEYWORD_BEFORE.search(before)
+    start_col = where.start_col
+    if match is not None:
+        start_col = match.start()
+    return replace(where, start_col=start_col)
+
+
+def narrowed(finding: Finding, plan: TrainingPlan, lines: Lines) -> Finding:
+    """The finding with the range a diagnostic shows: unchanged on one line; over several
+    lines, the setting that drives it, else the callee's name (or the first line's text)."""
+    where = finding.range
+    if where is None or where.start_line == where.end_line:
+        return finding
+    for name in DRIVING_SETTINGS.get(finding.code, ()):
+        span = _setting_span(getattr(plan, name, None), lines, where.path)
+        if span is not None:
+            return replace(finding, range=span)
+    if where.start_line >= len(lines.lines):
+        return finding
+    first = lines.lines[where.start_line]
+    callee = _CALLEE.match(first, where.start_col)
+    end_col = callee.end() if callee is not None else len(first.rstrip())
+    if end_col <= where.start_col:
+        return finding
+    return replace(
+        finding,
+        range=replace(where, end_line=where.start_line, end_col=end_col),
+    )
+
+
+def _line_range(lines: Lines, line: int) -> types.Range:
+    """A line's text, without its indentation."""
+    text = lines.lines[line] if 0 <= line < len(lines.lines) else ""
+    start_col = len(text) - len(text.lstrip())
+    end_col = max(len(text.rstrip()), start_col)
+    return types.Range(start=lines.position(line, start_col), end=lines.position(line, end_col))
+
+
+def _top() -> types.Range:
+    start = types.Position(line=0, character=0)
+    return types.Range(start=start, end=start)
+
+
+def _problem(where: types.Range, message: str, warning: bool = False) -> types.Diagnostic:
+    return types.Diagnostic(
+        range=where,
+        severity=types.DiagnosticSeverity.Warning
+        if warning
+        else types.DiagnosticSeverity.Information,
+        source="llmmem",
+        message=message,
+    )
+
+
+def _gpu_problem(
+    checked: Checked, lines: Lines, name: str, setting_gpu: str | None
+) -> types.Diagnostic:
+    from llmmem.gpus import UnknownGpuError, find_gpu
+
+    try:
+        find_gpu(name)
+        suggestions: list[str] = []
+    except UnknownGpuError as err:
+        suggestions = err.suggestions
+    matches = (
+        f"did you mean {', '.join(suggestions)}?"
+        if suggestions
+        else "no close match in the catalog"
+    )
+    tail = (
+        f"{matches} A capacity such as 24GiB or 80GB also works; until then there is no fit check"
+    )
+    plan = checked.analysis.plan
+    pragma = plan.gpu
+    if pragma is not None and str(pragma.value) == name:
+        where = pragma.range
+        if where is not None and where.path is None:
+            return _problem(
+                lines.range(where), f"Unknown GPU '{name}' in the pragma: {tail}", warning=True
+            )
+        origin = checked.settings.path or "pyproject.toml"
+        return _problem(_top(), f"Unknown GPU '{name}' in {origin} [tool.llmmem] gpu: {tail}", True)
+    if setting_gpu is not None and setting_gpu == name:
+        return _problem(_top(), f"Unknown GPU '{name}' in the llmmem.gpu setting: {tail}", True)
+    return _problem(_top(), f"Unknown GPU '{name}': {tail}", warning=True)
+
+
+def problem_diagnostics(
+    checked: Checked, lines: Lines, setting_gpu: str | None = None
+) -> list[types.Diagnostic]:
+    """The analysis problems as diagnostics on the lines they name (the top of the file for the
+    rest), and a model sized by a guess from its name on the model id."""
+    analysis = checked.analysis
+    taken = {f.range.start_line for f in checked.findings if f.code == "LLM011" and f.range}
+    out: list[types.Diagnostic] = []
+    for problem in analysis.problems:
+        unknown = _UNKNOWN_GPU.match(problem)
+        if unknown is not None:
+            out.append(_gpu_problem(checked, lines, unknown.group(1), setting_gpu))
+            continue
+        located = _LOCATED.match(problem)
+        if located is None:
+            out.append(_problem(_top(), problem))
+            continue
+        line = int(located.group(1)) - 1
+        if line in taken:
+            continue  # already a finding (LLM011) on that line
+        out.append(_problem(_line_range(lines, line), problem[located.end() :]))
+    spec = analysis.spec
+    if spec is not None and spec.is_guess:
+        from llmmem.scenario import model_reference
+
+        model = model_reference(analysis.plan)
+        where = model.range if model is not None else None
+        place = lines.range(where) if where is not None and where.path is None else _top()
+        detail = f" ({spec.source_detail})" if spec.source_detail else ""
+        out.append(
+            _problem(
+                place,
+                f"The shapes of {spec.model_id} are a guess from its name{detail}: for exact "
+                "numbers add `# llmmem: model_config=path/to/config.json` or use a local path",
+            )
+        )
+    return out

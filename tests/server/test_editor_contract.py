@@ -1,0 +1,158 @@
+"""What a user meets first in an editor, through a real client over stdio: the analysis's
+problems on the text they are about, squiggles on one name or setting rather than a whole call,
+and a server that answers every request (malformed ones with an error)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from lsp_helpers import NOT_FITTING, open_document, options, published, start, wait_until
+from lsprotocol import types
+from pytest_lsp import LanguageClient
+
+VSCODE = "visual_studio_code"
+
+QLORA_SFT = Path(__file__).resolve().parents[2] / "examples" / "qlora_sft.py"
+
+GUESSED_MODEL = """from transformers import AutoModelForCausalLM, TrainingArguments
+
+model = AutoModelForCausalLM.from_pretrained("acme/SuperLlama-7B")
+args = TrainingArguments(output_dir="out", per_device_train_batch_size=2)
+"""
+
+BROKEN_YAML = """base_model: meta-llama/Llama-3.1-8B
+micro_batch_size: 2
+sequence_len: 2048
+  bad: [unclosed
+adapter: lora
+"""
+
+
+async def diagnostics_of(client: LanguageClient, uri: str) -> list[types.Diagnostic]:
+    await wait_until(lambda: any(p.uri == uri for p in published(client)))
+    return list(next(p for p in reversed(published(client)) if p.uri == uri).diagnostics)
+
+
+def on_line(text: str, where: types.Range) -> str:
+    """The text a one-line range covers (ASCII texts: columns are characters)."""
+    assert where.start.line == where.end.line
+    return text.splitlines()[where.start.line][where.start.character : where.end.character]
+
+
+async def lens_titles(client: LanguageClient, uri: str) -> list[str]:
+    lenses = await client.text_document_code_lens_async(
+        types.CodeLensParams(text_document=types.TextDocumentIdentifier(uri=uri))
+    )
+    return [lens.command.title for lens in lenses or [] if lens.command]
+
+
+# -- analysis problems on the text ----------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_gpu_typo_in_the_pragma_is_a_warning_on_the_pragma_naming_close_matches(
+    client: LanguageClient, workdir: Path
+) -> None:
+    await start(client, VSCODE, options())
+    text = "# llmmem: gpu=A100-80B\n" + NOT_FITTING
+    uri = open_document(client, workdir / "train.py", text)
+    diagnostics = await diagnostics_of(client, uri)
+    gpu = [d for d in diagnostics if "A100-80B" in d.message]
+    assert len(gpu) == 1, [d.message for d in diagnostics]
+    assert gpu[0].severity == types.DiagnosticSeverity.Warning
+    assert gpu[0].range.start.line == 0
+    assert on_line(text, gpu[0].range) == "# llmmem: gpu=A100-80B"
+    assert "A100-80GB" in gpu[0].message  # the close match
+    # no fit check without a GPU: the lens says why
+    assert any("unknown GPU 'A100-80B'" in title for title in await lens_titles(client, uri))
+
+
+@pytest.mark.asyncio
+async def test_a_gpu_typo_in_the_settings_is_said_at_the_top_and_in_a_message(
+    client: LanguageClient, workdir: Path
+) -> None:
+    await start(client, VSCODE, options(gpu="A10O-80GB"))
+    uri = open_document(client, workdir / "train.py", NOT_FITTING)
+    diagnostics = await diagnostics_of(client, uri)
+    gpu = [d for d in diagnostics if "A10O-80GB" in d.message]
+    assert len(gpu) == 1, [d.message for d in diagnostics]
+    assert gpu[0].range.start == types.Position(line=0, character=0)
+    assert "llmmem.gpu setting" in gpu[0].message and "A100-80GB" in gpu[0].message
+    await wait_until(lambda: any("A10O-80GB" in m.message for m in client.messages))
+    shown = next(m for m in client.messages if "A10O-80GB" in m.message)
+    assert shown.type == types.MessageType.Warning and "A100-80GB" in shown.message
+
+
+@pytest.mark.asyncio
+async def test_a_model_sized_from_its_name_says_so_on_the_model_id(
+    client: LanguageClient, workdir: Path
+) -> None:
+    await start(client, VSCODE)
+    uri = open_document(client, workdir / "train.py", GUESSED_MODEL)
+    diagnostics = await diagnostics_of(client, uri)
+    guess = [d for d in diagnostics if "guess" in d.message]
+    assert len(guess) == 1, [d.message for d in diagnostics]
+    assert guess[0].severity == types.DiagnosticSeverity.Information
+    assert on_line(GUESSED_MODEL, guess[0].range) == '"acme/SuperLlama-7B"'
+    assert "model_config=" in guess[0].message
+
+
+@pytest.mark.asyncio
+async def test_a_yaml_file_read_up_to_a_bad_line_says_so_on_that_line(
+    client: LanguageClient, workdir: Path
+) -> None:
+    await start(client, VSCODE)
+    uri = open_document(client, workdir / "sft.yaml", BROKEN_YAML, language="yaml")
+    diagnostics = await diagnostics_of(client, uri)
+    partial = [d for d in diagnostics if "kept the 3 line(s) above it" in d.message]
+    assert len(partial) == 1, [d.message for d in diagnostics]
+    assert partial[0].range.start.line == 3
+    assert on_line(BROKEN_YAML, partial[0].range).startswith("bad")
+    assert not partial[0].message.startswith("line ")  # the range says where
+
+
+# -- narrow squiggles -----------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_findings_underline_the_call_name_or_the_setting_not_the_whole_call(
+    client: LanguageClient, workdir: Path
+) -> None:
+    await start(client, VSCODE)
+    text = QLORA_SFT.read_text(encoding="utf-8")
+    uri = open_document(client, workdir / "qlora_sft.py", text)
+    diagnostics = await diagnostics_of(client, uri)
+    by_code = {d.code: d for d in diagnostics if d.code}
+    assert {"LLM001", "LLM003"} <= set(by_code)
+    # the step does not fit: on the configuration's name, related values still listed
+    will_not_fit = by_code["LLM001"]
+    assert on_line(text, will_not_fit.range) == "SFTConfig"
+    related = {r.message.split(" = ")[0] for r in will_not_fit.related_information or []}
+    assert {"model_id", "per_device_train_batch_size"} <= related
+    # the logits: on the sequence length that drives them
+    assert on_line(text, by_code["LLM003"].range) == "max_length=2048"
+
+    # the hover on the call's other lines is unchanged: the breakdown
+    call_line = will_not_fit.range.start.line + 1
+    hover = await client.text_document_hover_async(
+        types.HoverParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            position=types.Position(line=call_line, character=4),
+        )
+    )
+    assert hover is not None and isinstance(hover.contents, types.MarkupContent)
+    assert "| weights |" in hover.contents.value
+
+
+@pytest.mark.asyncio
+async def test_activations_underline_the_micro_batch_when_checkpointing_is_not_written(
+    client: LanguageClient, workdir: Path
+) -> None:
+    await start(client, VSCODE)
+    uri = open_document(client, workdir / "train.py", NOT_FITTING)
+    diagnostics = await diagnostics_of(client, uri)
+    activations = next(d for d in diagnostics if d.code == "LLM004")
+    assert on_line(NOT_FITTING, activations.range) == "per_device_train_batch_size=8"
+    will_not_fit = next(d for d in diagnostics if d.code == "LLM001")
+    assert on_line(NOT_FITTING, will_not_fit.range) == "TrainingArguments"
