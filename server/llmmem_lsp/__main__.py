@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         server.start_tcp("127.0.0.1", args.tcp)
     else:
         server.start_io()
-    return 0
+    # the protocol's rule: 0 after `shutdown`, 1 when `exit` (or the end of input) came first
+    return 0 if server.shutdown_received else 1
 
 
 if __name__ == "__main__":

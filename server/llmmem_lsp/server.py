@@ -30,6 +30,7 @@ from llmmem.plan import SourceRange
 from llmmem_lsp.convert import Lines, code_action, diagnostic, overlaps, workspace_edit
 from llmmem_lsp.documents import Analyzer, DocumentState, Result, document_path
 from llmmem_lsp.placement import narrowed, problem_diagnostics
+from llmmem_lsp.protocol import LlmmemProtocol
 from llmmem_lsp.settings import read_settings
 
 log = logging.getLogger("llmmem_lsp")
@@ -74,7 +75,9 @@ class LlmmemServer(LanguageServer):
                     )
                 ]
             ),
+            protocol_cls=LlmmemProtocol,
         )
+        self.shutdown_received = False  # `exit` before `shutdown` exits with code 1
         self.analyzer = Analyzer(self._text_of, self._publish, self._publish_abandoned)
         self.pull_diagnostics = False
         self.versioned_edits = True
@@ -361,6 +364,7 @@ def did_change_watched_files(ls: LlmmemServer, params: types.DidChangeWatchedFil
 
 @server.feature(types.SHUTDOWN)
 def shutdown(ls: LlmmemServer, params: None) -> None:
+    ls.shutdown_received = True
     ls.analyzer.shutdown()
 
 

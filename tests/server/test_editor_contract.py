@@ -4,10 +4,26 @@ and a server that answers every request (malformed ones with an error)."""
 
 from __future__ import annotations
 
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from lsp_helpers import NOT_FITTING, open_document, options, published, start, wait_until
+from lsp_helpers import (
+    NOT_FITTING,
+    SERVER_ENV,
+    open_document,
+    options,
+    published,
+    start,
+    wait_until,
+)
 from lsprotocol import types
 from pytest_lsp import LanguageClient
 
@@ -156,3 +172,131 @@ async def test_activations_underline_the_micro_batch_when_checkpointing_is_not_w
     assert on_line(NOT_FITTING, activations.range) == "per_device_train_batch_size=8"
     will_not_fit = next(d for d in diagnostics if d.code == "LLM001")
     assert on_line(NOT_FITTING, will_not_fit.range) == "TrainingArguments"
+
+
+# -- a server that answers every request ----------------------------------------------------
+
+
+class RawClient:
+    """`python -m llmmem_lsp` over stdio with Content-Length framed JSON-RPC written by hand,
+    for requests a typed client refuses to send."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "llmmem_lsp", "--log-level", "INFO"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=SERVER_ENV,
+        )
+        self.buffer = b""
+
+    def send(self, message: dict[str, Any]) -> None:
+        body = json.dumps({"jsonrpc": "2.0", **message}).encode()
+        assert self.process.stdin is not None
+        self.process.stdin.write(b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        self.process.stdin.flush()
+
+    def _next(self, deadline: float) -> dict[str, Any] | None:
+        assert self.process.stdout is not None
+        while True:
+            head, found, rest = self.buffer.partition(b"\r\n\r\n")
+            if found:
+                length = int(head.split(b"Content-Length:")[1].split(b"\r\n")[0])
+                if len(rest) >= length:
+                    self.buffer = rest[length:]
+                    parsed: dict[str, Any] = json.loads(rest[:length])
+                    return parsed
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.process.stdout], [], [], left)[0]:
+                return None
+            chunk = os.read(self.process.stdout.fileno(), 65536)
+            if not chunk:
+                return None
+            self.buffer += chunk
+
+    def request(self, ident: int, method: str, params: Any = None, timeout: float = 5.0) -> Any:
+        """The answer to one request (None when none came within `timeout`)."""
+        message: dict[str, Any] = {"id": ident, "method": method}
+        if params is not None:
+            message["params"] = params
+        self.send(message)
+        deadline = time.monotonic() + timeout
+        while (answer := self._next(deadline)) is not None:
+            if answer.get("id") == ident and "method" not in answer:
+                return answer
+        return None
+
+    def initialize(self) -> None:
+        options = {"detectGpu": False, "hub": False}
+        init = {"capabilities": {}, "initializationOptions": options}
+        assert self.request(1, "initialize", init, timeout=30) is not None
+        self.send({"method": "initialized", "params": {}})
+
+    def close(self) -> str:
+        """Ends the process if still running; returns what it logged."""
+        if self.process.poll() is None:
+            self.process.kill()
+        _, err = self.process.communicate(timeout=10)
+        return err.decode(errors="replace")
+
+
+@pytest.fixture
+def raw() -> Iterator[RawClient]:
+    client = RawClient()
+    yield client
+    client.close()
+
+
+def test_malformed_requests_get_invalid_params(raw: RawClient, workdir: Path) -> None:
+    raw.initialize()
+    uri = (workdir / "train.py").as_uri()
+    document = {"uri": uri, "languageId": "python", "version": 1, "text": NOT_FITTING}
+    raw.send({"method": "textDocument/didOpen", "params": {"textDocument": document}})
+    here = {"textDocument": {"uri": uri}}
+    malformed = [
+        ("textDocument/hover", here),  # no position
+        ("textDocument/hover", {**here, "position": {"line": -1, "character": 0}}),
+        ("textDocument/codeAction", {**here, "context": {"diagnostics": []}}),  # no range
+        ("textDocument/inlayHint", here),  # no range
+        ("workspace/executeCommand", {"arguments": [uri]}),  # no command
+        ("textDocument/hover", None),  # no params at all
+    ]
+    for ident, (method, params) in enumerate(malformed, start=10):
+        answer = raw.request(ident, method, params)
+        assert answer is not None, f"no answer to {method} {params}"
+        assert answer["error"]["code"] == types.ErrorCodes.InvalidParams, answer
+    # the server is still up and answers a well-formed request
+    position = {"line": 8, "character": 4}
+    good = raw.request(30, "textDocument/hover", {**here, "position": position}, timeout=30)
+    assert good is not None and "error" not in good
+
+
+def test_an_unknown_command_is_an_error_without_a_traceback(raw: RawClient) -> None:
+    raw.initialize()
+    answer = raw.request(2, "workspace/executeCommand", {"command": "llmmem.nope"})
+    assert answer is not None
+    assert answer["error"]["code"] == types.ErrorCodes.InvalidParams
+    assert "llmmem.explain" in answer["error"]["message"]  # says which commands exist
+    assert raw.request(3, "shutdown") is not None
+    raw.send({"method": "exit"})
+    assert raw.process.wait(timeout=10) == 0
+    log = raw.close()
+    assert "Traceback" not in log and "ERROR" not in log, log
+
+
+def test_after_shutdown_requests_are_refused_and_exit_says_how_it_ended(raw: RawClient) -> None:
+    raw.initialize()
+    assert raw.request(2, "shutdown") is not None
+    refused = raw.request(3, "workspace/executeCommand", {"command": "llmmem.gpus"})
+    assert refused is not None and refused["error"]["code"] == types.ErrorCodes.InvalidRequest
+    raw.send({"method": "exit"})
+    assert raw.process.wait(timeout=10) == 0
+
+    unclean = RawClient()
+    try:
+        unclean.initialize()
+        unclean.send({"method": "exit"})  # no shutdown first
+        assert unclean.process.wait(timeout=10) == 1
+    finally:
+        unclean.close()
