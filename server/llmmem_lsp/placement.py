@@ -141,11 +141,13 @@ def problem_diagnostics(
     rest), and a model sized by a guess from its name on the model id."""
     analysis = checked.analysis
     taken = {f.range.start_line for f in checked.findings if f.code == "LLM011" and f.range}
+    gpu_finding = any(f.code == "LLM014" for f in checked.findings)
     out: list[types.Diagnostic] = []
     for problem in analysis.problems:
         unknown = _UNKNOWN_GPU.match(problem)
         if unknown is not None:
-            out.append(_gpu_problem(checked, lines, unknown.group(1), setting_gpu))
+            if not gpu_finding:  # the file's own GPU is already a finding (LLM014)
+                out.append(_gpu_problem(checked, lines, unknown.group(1), setting_gpu))
             continue
         located = _LOCATED.match(problem)
         if located is None:

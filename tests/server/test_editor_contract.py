@@ -67,16 +67,18 @@ async def lens_titles(client: LanguageClient, uri: str) -> list[str]:
 
 
 @pytest.mark.asyncio
-async def test_a_gpu_typo_in_the_pragma_is_a_warning_on_the_pragma_naming_close_matches(
+async def test_a_gpu_typo_in_the_pragma_is_an_error_on_the_pragma_naming_close_matches(
     client: LanguageClient, workdir: Path
 ) -> None:
+    """LLM014, as llmmem-lint reports it, once (not also as an analysis problem)."""
     await start(client, VSCODE, options())
     text = "# llmmem: gpu=A100-80B\n" + NOT_FITTING
     uri = open_document(client, workdir / "train.py", text)
     diagnostics = await diagnostics_of(client, uri)
     gpu = [d for d in diagnostics if "A100-80B" in d.message]
     assert len(gpu) == 1, [d.message for d in diagnostics]
-    assert gpu[0].severity == types.DiagnosticSeverity.Warning
+    assert gpu[0].severity == types.DiagnosticSeverity.Error
+    assert gpu[0].code == "LLM014"
     assert gpu[0].range.start.line == 0
     assert on_line(text, gpu[0].range) == "# llmmem: gpu=A100-80B"
     assert "A100-80GB" in gpu[0].message  # the close match

@@ -181,3 +181,60 @@ register(
         check=check_unmatched_lora_targets,
     )
 )
+
+
+# -- LLM014 unknown GPU in the file ------------------------------------------------------------
+
+
+def check_unknown_gpu(analysis: Analysis, text: str) -> list[Finding]:
+    """A GPU named by the file (a pragma, the project's settings) that no GPU is: without it
+    nothing is checked against a capacity, so a typo would turn the check off in CI."""
+    plan = analysis.plan
+    if plan.gpu is None or analysis.gpu is not None:
+        return []  # none named, or it resolved (or a --gpu flag won over it)
+    from llmmem.gpus import UnknownGpuError, find_gpu
+
+    name = str(plan.gpu.value)
+    try:
+        find_gpu(name)
+        return []
+    except UnknownGpuError as err:
+        close = err.suggestions
+    hint = f" (close matches: {', '.join(close)})" if close else " (no close match)"
+    where = plan.gpu.range
+    fixes = [
+        fix
+        for match in close[:3]
+        for fix in _renaming_fix(text, where, {name: match}, f"Use gpu={match}")
+    ]
+    message = f"unknown GPU '{name}'{hint}: nothing is checked against a GPU's memory"
+    if where is not None and where.path is not None:
+        message += f" (in {where.path})"
+        where = anchor(analysis)
+    return [
+        Finding(
+            code="LLM014",
+            severity=Severity.ERROR,
+            message=message,
+            path=plan.path,
+            range=where or anchor(analysis),
+            fixes=fixes,
+        )
+    ]
+
+
+register(
+    Rule(
+        code="LLM014",
+        name="unknown-gpu",
+        severity=Severity.ERROR,
+        summary="The GPU a pragma (`# llmmem: gpu=`) names is not one llmmem knows.",
+        why="The fit check (LLM001, LLM002) needs the GPU's memory; with a name that matches "
+        "no GPU there is nothing to check against, and a CI run would pass whatever the step "
+        "needs.",
+        example="# llmmem: gpu=A100-80B",
+        fix="Write one of the close matches the finding names (`gpu=A100-80GB`), or a "
+        "capacity such as `gpu=80GB`; `llmmem gpus` lists the catalog.",
+        check=check_unknown_gpu,
+    )
+)
