@@ -7,6 +7,7 @@ a sliding window keep at most `sliding_window` tokens.
 from __future__ import annotations
 
 from llmmem.budget.activations import dtypes_for
+from llmmem.budget.bands import band_class
 from llmmem.budget.overheads import overhead_terms, reserved_and_device_total
 from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
 from llmmem.budget.setup import TrainingSetup
@@ -77,4 +78,5 @@ def estimate_generation(spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget | 
         params=inv.params,
         trainable_params=0,
         notes=list(spec.notes),
+        band_class=band_class(setup),
     )

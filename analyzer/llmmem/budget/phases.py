@@ -24,6 +24,7 @@ from llmmem.budget.activations import (
     dtypes_for,
     estimate_activations,
 )
+from llmmem.budget.bands import band_class
 from llmmem.budget.distributed import (
     Sharding,
     gathered_block_params,
@@ -742,6 +743,7 @@ def estimate_budget(
         params=inv.params,
         trainable_params=inv.trainable_params,
         notes=notes,
+        band_class=band_class(setup),
     )
 
 

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from llmmem.units import format_bytes
+
+if TYPE_CHECKING:
+    from llmmem.budget.bands import Band
 
 
 class Phase(str, Enum):
@@ -86,6 +90,8 @@ class Budget:
     first_step_allocated_peak_bytes: int | None = None  # the first step, before optimizer states
     gpu: GpuTarget | None = None
     notes: list[str] = field(default_factory=list)  # assumptions and caveats, one line each
+    # the class whose measured residuals give the device total its band (budget/bands.py)
+    band_class: str = ""
 
     def phase(self, phase: Phase) -> PhaseBudget:
         for item in self.phases:
@@ -102,6 +108,25 @@ class Budget:
         if self.gpu is None:
             return None
         return self.device_total_bytes <= self.gpu.capacity_bytes
+
+    @property
+    def band(self) -> Band:
+        """Where the device total of this step was measured to fall, for setups of its class."""
+        from llmmem.budget.bands import band_for
+
+        return band_for(self.band_class, self.device_total_bytes)
+
+    @property
+    def verdict(self) -> str | None:
+        """fits, tight (the band crosses the capacity) or does not fit; None without a GPU."""
+        if self.gpu is None:
+            return None
+        band = self.band
+        if band.high_bytes <= self.gpu.capacity_bytes:
+            return "fits"
+        if band.low_bytes > self.gpu.capacity_bytes:
+            return "does not fit"
+        return "tight"
 
     @property
     def headroom_bytes(self) -> int | None:

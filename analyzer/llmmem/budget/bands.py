@@ -1,0 +1,111 @@
+"""The error band of a prediction: how far measured peaks of its class fell from the core's.
+
+A class is framework × method × metric × sharding (`hf/lora/device/1 GPU`). For each class with
+measured rows, `bands.json` holds the spread of measured / predicted over its rows (a central
+share of them, by order statistics); `bench/bands.py --write` computes it from the GPU runs under
+`bench/gpu/` and the published calibration rows, and records how many rows and which evidence.
+A class with fewer than `min_rows` rows gets the file's wide default band and says so.
+
+The band reports the residuals; it never changes a prediction. The file is read once, when a
+band is first asked for.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from llmmem.budget.setup import TrainingSetup
+
+BANDS_FILE = Path(__file__).with_name("bands.json")
+
+# the metrics a class can be about, in the words of the bands file
+ALLOCATED = "allocated"  # torch.cuda.max_memory_allocated
+RESERVED = "reserved"  # torch.cuda.max_memory_reserved
+DEVICE = "device"  # what nvidia-smi shows for the process
+
+
+@dataclass(frozen=True)
+class Band:
+    low_bytes: int
+    high_bytes: int
+    basis: str  # which class, how many measured rows (or why the default)
+    rows: int  # measured rows behind the band; 0 for the default
+
+
+def sharding_label(setup: TrainingSetup) -> str:
+    distributed = setup.distributed
+    if distributed.world_size <= 1:
+        return "1 GPU"
+    if distributed.fsdp is not None:
+        return "FSDP"
+    if distributed.zero_stage:
+        return f"ZeRO-{distributed.zero_stage}"
+    return "DDP"
+
+
+def band_class(setup: TrainingSetup, metric: str = DEVICE) -> str:
+    """The class of a prediction for `metric`: framework/method/metric/sharding."""
+    method = "generate" if setup.mode.value == "generate" else setup.method.value
+    return f"{setup.framework.value}/{method}/{metric}/{sharding_label(setup)}"
+
+
+@cache
+def _table() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(BANDS_FILE.read_text(encoding="utf-8"))
+    return data
+
+
+def _describe(name: str) -> str:
+    if name.count("/") != 3:
+        return "an unclassified setup"
+    framework, method, metric, sharding = name.split("/")
+    where = "on the device" if metric == DEVICE else metric
+    return f"{framework} {method}, {where}, {sharding}"
+
+
+def band_for(name: str, predicted_bytes: int) -> Band:
+    """The band around `predicted_bytes` for class `name` (see band_class)."""
+    table = _table()
+    entry = table["classes"].get(name)
+    rows = int(entry["rows"]) if entry else 0
+    if entry is None or rows < int(table["min_rows"]):
+        default = table["default"]
+        low, high = default["ratio_low"], default["ratio_high"]
+        basis = (
+            f"{_describe(name)}: {rows} measured row{'s' * (rows != 1)}, fewer than "
+            f"{table['min_rows']}: the wide default band "
+            f"({100 * (low - 1):+.0f}%..{100 * (high - 1):+.0f}%)"
+        )
+        return Band(round(predicted_bytes * low), round(predicted_bytes * high), basis, 0)
+    low, high = entry["ratio_low"], entry["ratio_high"]
+    basis = (
+        f"{_describe(name)}: {rows} measured rows, {table['share_label']} of them within "
+        f"{100 * (low - 1):+.1f}%..{100 * (high - 1):+.1f}% of the estimate"
+    )
+    return Band(round(predicted_bytes * low), round(predicted_bytes * high), basis, rows)
+
+
+def band_range(total_bytes: int, band: Band) -> tuple[str, str]:
+    """`("26.9–28.9", "GiB")`: the band's ends in the unit `format_bytes` gives the estimate."""
+    from llmmem.units import format_bytes
+
+    unit = format_bytes(total_bytes).rsplit(" ", 1)[-1]
+    size = {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10}.get(unit, 1)
+
+    def number(n: int) -> str:
+        value = n / size
+        return f"{value:.1f}" if value < 100 else f"{value:.0f}"
+
+    return f"{number(band.low_bytes)}–{number(band.high_bytes)}", unit
+
+
+def format_with_band(total_bytes: int, band: Band) -> str:
+    """`27.8 GiB (26.9–28.9)`: the estimate, then its band in the estimate's unit."""
+    from llmmem.units import format_bytes
+
+    return f"{format_bytes(total_bytes)} ({band_range(total_bytes, band)[0]})"
