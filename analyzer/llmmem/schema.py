@@ -277,6 +277,15 @@ class BudgetModel(_Report):
     allocated_peak_bytes: int
     reserved_peak_bytes: int
     device_total_bytes: int
+    band_low_bytes: int = Field(
+        description="the low end of the device total's band: where measured peaks of the "
+        "prediction's class fell (bench/bands.py)"
+    )
+    band_high_bytes: int = Field(description="the high end of the device total's band")
+    band_basis: str = Field(
+        description="the band's class (framework, method, metric, sharding) and how many "
+        "measured rows it rests on, or why it is the wide default"
+    )
     first_step_allocated_peak_bytes: int | None
     peak_phase: str
     peak_moment: str
@@ -285,7 +294,11 @@ class BudgetModel(_Report):
     overheads: dict[str, TermModel]
     phases: dict[str, PhaseModel]
     gpu: GpuModel | None
-    fits: bool | None
+    fits: bool | None = Field(description="the prediction itself within the capacity")
+    verdict: Literal["fits", "tight", "does not fit"] | None = Field(
+        description="fits: the whole band within the capacity; tight: the band crosses it; "
+        "null without a GPU"
+    )
     headroom_bytes: int | None
     notes: list[str]
 

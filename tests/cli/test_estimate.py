@@ -237,3 +237,47 @@ def test_prequantized_checkpoint_is_qlora(capsys: pytest.CaptureFixture[str]) ->
     assert quantized["setup"]["values"]["quant"]["double_quant"] is True
     assert quantized["setup"]["provenance"]["quant"] == "the checkpoint's own quantization"
     assert quantized["components"]["weights"] == original["components"]["weights"]
+
+
+QLORA_8B = [
+    "--model",
+    "meta-llama/Llama-3.1-8B",
+    "--method",
+    "qlora",
+    "--batch",
+    "4",
+    "--seq",
+    "2048",
+    "--grad-ckpt",
+]
+
+
+def test_the_device_total_carries_its_band_in_json_and_text(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = estimate_json(capsys, *QLORA_8B, "--gpu", "A100-80GB")
+    assert out["band_low_bytes"] < out["device_total_bytes"] < out["band_high_bytes"]
+    assert out["band_basis"].startswith("hf qlora, on the device, 1 GPU: ")
+    assert "measured rows" in out["band_basis"]
+    assert out["verdict"] == "fits"
+    proc = run_cli("estimate", *QLORA_8B, "--gpu", "A100-80GB")
+    gib = 2**30
+    shown = (
+        f"{out['device_total_bytes'] / gib:.1f} GiB "
+        f"({out['band_low_bytes'] / gib:.1f}–{out['band_high_bytes'] / gib:.1f})"
+    )
+    assert shown in proc.stdout, proc.stdout
+    assert "band: hf qlora, on the device, 1 GPU" in proc.stdout
+
+
+def test_a_gpu_inside_the_band_is_tight(capsys: pytest.CaptureFixture[str]) -> None:
+    out = estimate_json(capsys, *QLORA_8B)
+    # a capacity a little above the estimate, below the band's high end
+    capacity = f"{(out['device_total_bytes'] + out['band_high_bytes']) / 2 / 2**30:.2f}GiB"
+    tight = estimate_json(capsys, *QLORA_8B, "--gpu", capacity)
+    assert tight["fits"] is True and tight["verdict"] == "tight"
+    proc = run_cli("estimate", *QLORA_8B, "--gpu", capacity)
+    assert "tight: the band crosses the capacity" in " ".join(proc.stdout.split())
+    below = f"{out['band_low_bytes'] / 2**30 - 0.05:.2f}GiB"
+    low = estimate_json(capsys, *QLORA_8B, "--gpu", below)
+    assert low["verdict"] == "does not fit"

@@ -72,6 +72,26 @@ def test_explain_json_validates() -> None:
     jsonschema.validate(json.loads(proc.stdout), schema)
 
 
+def test_estimate_json_budget_fields_validate_and_carry_the_band() -> None:
+    """`llmmem estimate --format json` prints the explain report's budget, with the band and the
+    verdict, plus its setup and limits."""
+    schema = schema_of("explain")
+    budget_schema = {**schema["$defs"]["BudgetModel"], "$defs": schema["$defs"]}
+    proc = run(
+        "-m", "llmmem", "estimate", "--model", "meta-llama/Llama-3.1-8B", "--method", "qlora",
+        "--batch", "1", "--seq", "1024", "--gpu", "A100-80GB", "--offline", "--format", "json",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    budget = {key: out[key] for key in budget_schema["properties"]}
+    jsonschema.validate(budget, budget_schema)
+    assert out["band_low_bytes"] < out["device_total_bytes"] < out["band_high_bytes"]
+    assert out["verdict"] == "fits"
+    broken = {**budget, "verdict": "maybe"}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, budget_schema)
+
+
 def test_lint_json_validates_and_the_schema_catches_a_change() -> None:
     schema = schema_of("lint")
     lint = str(Path(sys.executable).parent / "llmmem-lint")  # the installed command

@@ -22,12 +22,16 @@ def model_dict(spec: ModelSpec) -> dict[str, Any]:
 
 def budget_dict(budget: Budget, spec: ModelSpec) -> dict[str, Any]:
     peak = budget.peak
+    band = budget.band
     return {
         "model": model_dict(spec),
         "trainable_params": budget.trainable_params,
         "allocated_peak_bytes": budget.allocated_peak_bytes,
         "reserved_peak_bytes": budget.reserved_peak_bytes,
         "device_total_bytes": budget.device_total_bytes,
+        "band_low_bytes": band.low_bytes,
+        "band_high_bytes": band.high_bytes,
+        "band_basis": band.basis,
         "first_step_allocated_peak_bytes": budget.first_step_allocated_peak_bytes,
         "peak_phase": budget.peak_phase.value,
         "peak_moment": peak.moment,
@@ -50,6 +54,7 @@ def budget_dict(budget: Budget, spec: ModelSpec) -> dict[str, Any]:
             else None
         ),
         "fits": budget.fits,
+        "verdict": budget.verdict,
         "headroom_bytes": budget.headroom_bytes,
         "notes": budget.notes,
     }

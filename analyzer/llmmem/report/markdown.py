@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from llmmem.budget.bands import band_range
 from llmmem.budget.result import Budget, Component
 from llmmem.plan import Provenance, Sourced
 from llmmem.scenario import Analysis
@@ -45,15 +46,25 @@ def bar(used: int, capacity: int, width: int = BAR_WIDTH) -> str:
 
 
 def verdict_line(analysis: Analysis) -> str:
-    """`**≈ 21.3 GiB of 24.0 GiB on RTX-4090** · fits, 2.7 GiB to spare`."""
+    """`**≈ 21.3 GiB of 24.0 GiB on RTX-4090** (band 20.6–22.3 GiB) · fits, 2.7 GiB to spare`;
+    tight where the band crosses the capacity."""
     budget, gpu = analysis.budget, analysis.gpu
     if budget is None:
         return ""
     total = format_bytes(budget.device_total_bytes)
+    ends, unit = band_range(budget.device_total_bytes, budget.band)
+    within = f"(band {ends} {unit})"
     if gpu is None:
-        return f"**≈ {total}** peak (no GPU chosen: set one to check the fit)"
-    head = f"**≈ {total} of {format_bytes(gpu.capacity_bytes)} on {gpu.name}**"
+        return f"**≈ {total}** {within} peak (no GPU chosen: set one to check the fit)"
+    head = f"**≈ {total} of {format_bytes(gpu.capacity_bytes)} on {gpu.name}** {within}"
     headroom = budget.headroom_bytes or 0
+    if budget.verdict == "tight":
+        at = (
+            f"{format_bytes(headroom)} to spare"
+            if headroom >= 0
+            else f"{format_bytes(-headroom)} over"
+        )
+        return f"{head} · **tight**: the band crosses the capacity ({at} at the estimate)"
     if budget.fits:
         share = 100 * headroom / gpu.capacity_bytes if gpu.capacity_bytes else 0
         return f"{head} · fits, {format_bytes(headroom)} ({share:.0f}%) to spare"

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmmem.budget.bands import format_with_band
 from llmmem.budget.result import Budget
 from llmmem.models.spec import ModelSpec
 from llmmem.units import format_bytes
 
 BAR_WIDTH = 40
+VERDICT_MARKUP = {
+    "fits": "[green]fits[/green]",
+    "tight": "[yellow]tight[/yellow]: the band crosses the capacity",
+    "does not fit": "[red]does not fit[/red]",
+}
 
 
 def usage_bar(used: int, capacity: int, width: int = BAR_WIDTH) -> str:
@@ -66,13 +72,15 @@ def render_budget(
         table.add_row(
             f"[dim]+ {overhead.value}[/dim]", format_bytes(term.bytes), "", escape(term.formula)
         )
+    band = budget.band
     table.add_row(
         "[bold]device total[/bold]",
-        f"[bold]{format_bytes(budget.device_total_bytes)}[/bold]",
+        f"[bold]{format_with_band(budget.device_total_bytes, band)}[/bold]",
         "",
-        "what nvidia-smi shows",
+        "what nvidia-smi shows (band in brackets)",
     )
     console.print(table)
+    console.print(f"[dim]band: {escape(band.basis)}[/dim]")
 
     phases = Table(title="phases", title_justify="left", box=None)
     phases.add_column("phase")
@@ -90,10 +98,10 @@ def render_budget(
     if budget.gpu is not None:
         cap = budget.gpu.capacity_bytes
         headroom = budget.headroom_bytes or 0
-        verdict = "[green]fits[/green]" if budget.fits else "[red]does not fit[/red]"
+        verdict = VERDICT_MARKUP[budget.verdict or "fits"]
         console.print(
             f"{usage_bar(budget.device_total_bytes, cap)} "
-            f"{format_bytes(budget.device_total_bytes)} of {format_bytes(cap)} on "
+            f"{format_with_band(budget.device_total_bytes, band)} of {format_bytes(cap)} on "
             f"{escape(budget.gpu.name)}: {verdict} "
             f"({'headroom' if headroom >= 0 else 'short by'} {format_bytes(abs(headroom))})"
         )
