@@ -1492,6 +1492,7 @@ def read_llamafactory_v1(reader: DocumentReader) -> None:
             "global_batch_size / micro_batch_size on one GPU; divided again by the GPU count",
         )
     reader.take(("cutoff_len",), "max_seq_length", as_int)
+    reader.take(("enable_activation_checkpointing",), "gradient_checkpointing", as_bool)
     bf16 = reader.converted(("bf16",), as_bool)
     if bf16 is not None:
         reader.put(
@@ -1545,6 +1546,8 @@ LLAMAFACTORY_V1_DEFAULTS: tuple[tuple[str, Any, str], ...] = (
     ("per_device_train_batch_size", 1, "LLaMA-Factory v1 micro_batch_size default"),
     ("gradient_accumulation_steps", 1, "LLaMA-Factory v1 global_batch_size default (1)"),
     ("max_seq_length", 2048, "LLaMA-Factory v1 cutoff_len default"),
+    # llamafactory/v1/config/training_args.py (0.9.5): enable_activation_checkpointing=True
+    ("gradient_checkpointing", True, "LLaMA-Factory v1 enable_activation_checkpointing default"),
     ("precision", "fp32", "LLaMA-Factory v1 bf16 default: false"),
     ("attn_implementation", "sdpa", "LLaMA-Factory v1 flash_attn default"),
 )
