@@ -17,8 +17,10 @@ from typing import Any
 
 import yaml
 
+from llmmem.budget.setup import TrainingSetup
 from llmmem.plan import SourceRange
 from llmmem.rules.finding import TextEdit
+from llmmem.rules.spellings import KeyWrite
 
 
 @dataclass
@@ -110,6 +112,8 @@ def config_literal(value: Any, *, json_file: bool) -> str:
         return json.dumps(value)
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(config_literal(item, json_file=False) for item in value) + "]"
     if isinstance(value, str):
         loaded = _plain_scalar(value)
         return value if loaded == value else json.dumps(value)
@@ -200,3 +204,34 @@ def _range(text: str, start: int, end: int) -> SourceRange:
     return SourceRange(
         start_line=start_line, start_col=start_col, end_line=end_line, end_col=end_col
     )
+
+
+def spelled_edits(
+    text: str, writes: tuple[KeyWrite, ...], setup: TrainingSetup, *, json_file: bool
+) -> list[TextEdit] | None:
+    """One edit writing every key of a framework's spelling of a lever (`rules/spellings`),
+    each where it is written or, at the top level, as a new key; None where any of them has no
+    safe edit (a nested key not written, a value the spelling cannot give for this file)."""
+    from llmmem.extract.yaml_positions import read_positioned_yaml
+    from llmmem.rules.edits import apply_edits, whole_change
+
+    edited = text
+    for write in writes:
+        document = read_positioned_yaml(edited, is_json=json_file)
+        found, current = document.lookup(write.path)
+        value = write.value(setup, current) if callable(write.value) else write.value
+        if value is None:
+            return None
+        if found and current == value and type(current) is type(value):
+            continue
+        where = document.range_of(write.path) if found else None
+        if where is None and (write.only_if_written or len(write.path) > 1):
+            return None
+        key = str(write.path[0]) if len(write.path) == 1 else ""
+        edit = set_config_value(edited, key, value, where, json_file=json_file)
+        if edit is None:
+            return None
+        edited = apply_edits(edited, [edit])
+    if edited == text:
+        return None
+    return [whole_change(text, edited)]

@@ -22,7 +22,8 @@ from llmmem.budget.setup import (
     SetupError,
     TrainingSetup,
 )
-from llmmem.plan import Provenance
+from llmmem.plan import Provenance, TrainingPlan
+from llmmem.rules.config_edits import spelled_edits
 from llmmem.rules.edits import (
     apply_edits,
     ensure_import,
@@ -31,6 +32,7 @@ from llmmem.rules.edits import (
     set_setting,
 )
 from llmmem.rules.finding import Fix, TextEdit
+from llmmem.rules.spellings import spelling
 from llmmem.scenario import Analysis
 from llmmem.units import format_bytes
 
@@ -158,44 +160,72 @@ def _bf16_edit(analysis: Analysis, text: str) -> list[TextEdit] | None:
     return set_setting(analysis.plan, text, "bf16", True)
 
 
+def config_dialect(plan: TrainingPlan) -> str:
+    """The name of the spelling table (`rules/spellings`) for a YAML/JSON plan."""
+    schema = plan.extra.get("llamafactory_schema")
+    if plan.framework == "llamafactory" and getattr(schema, "value", None) == "v1":
+        return "llamafactory-v1"
+    return plan.framework
+
+
+def _in_dialect(
+    lever: str, python_edit: Callable[[Analysis, str], list[TextEdit] | None]
+) -> Callable[[Analysis, str], list[TextEdit] | None]:
+    """The lever's edit in the file's own dialect: a YAML/JSON config gets its framework's keys
+    and values (none where the framework has no such setting); other files `python_edit`."""
+
+    def edit(analysis: Analysis, text: str) -> list[TextEdit] | None:
+        plan = analysis.plan
+        if plan.kind not in ("yaml", "json"):
+            return python_edit(analysis, text)
+        if lever == "bf16" and analysis.gpu is not None and not analysis.gpu.bf16:
+            return None
+        writes = spelling(config_dialect(plan), lever)
+        if writes is None or analysis.setup is None:
+            return None
+        return spelled_edits(text, writes, analysis.setup, json_file=plan.kind == "json")
+
+    return edit
+
+
 CANDIDATES = [
     Candidate(
         "grad-ckpt",
         "Enable gradient checkpointing",
         _grad_ckpt,
-        _grad_ckpt_edit,
+        _in_dialect("grad-ckpt", _grad_ckpt_edit),
     ),
     Candidate(
         "optim-8bit",
         "Use the 8-bit AdamW (adamw_bnb_8bit)",
         _optim("adamw_bnb_8bit"),
-        _setting("optim", "adamw_bnb_8bit"),
+        _in_dialect("optim-8bit", _setting("optim", "adamw_bnb_8bit")),
     ),
     Candidate(
         "optim-paged-8bit",
         "Use the paged 8-bit AdamW (paged_adamw_8bit)",
         _optim("paged_adamw_8bit"),
-        _setting("optim", "paged_adamw_8bit"),
+        _in_dialect("optim-paged-8bit", _setting("optim", "paged_adamw_8bit")),
     ),
     Candidate(
         "halve-batch",
         "Halve the micro-batch, double the accumulation",
         _halve_batch,
-        _halve_batch_edit,
+        _in_dialect("halve-batch", _halve_batch_edit),
     ),
-    Candidate("bf16", "Train in bf16 mixed precision", _bf16, _bf16_edit),
+    Candidate("bf16", "Train in bf16 mixed precision", _bf16, _in_dialect("bf16", _bf16_edit)),
     Candidate(
         "qlora",
         "Switch to QLoRA (4-bit NF4 base weights)",
         _qlora,
-        _qlora_edit,
+        _in_dialect("qlora", _qlora_edit),
         safe=False,  # changes the numerics of training: the user decides
     ),
     Candidate(
         "liger",
-        "Use Liger's fused linear cross-entropy (use_liger_kernel=True)",
+        "Use Liger's fused linear cross-entropy",
         _liger,
-        _setting("use_liger_kernel", True),
+        _in_dialect("liger", _setting("use_liger_kernel", True)),
         safe=False,
     ),
 ]

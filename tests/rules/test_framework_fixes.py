@@ -1,0 +1,168 @@
+"""Fixes of a framework's config write that framework's own keys.
+
+For each framework's fixture, on a GPU where it does not fit: the offered fixes write the key
+path and value spelling that framework's config reader takes (never HF `TrainingArguments`
+names it ignores), the edited file still parses, and `check_text` on it gives the title's total.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from llmmem.check import check_text
+from llmmem.rules.edits import apply_edits
+from llmmem.rules.finding import Fix
+from llmmem.units import format_bytes
+
+CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "configs"
+
+
+def fixes_of(path: Path, text: str, gpu: str) -> dict[str, Fix]:
+    checked = check_text(path, text, gpu=gpu, hub=False)
+    return {fix.title.split(" → ")[0]: fix for finding in checked.findings for fix in finding.fixes}
+
+
+def applied(path: Path, text: str, fix: Fix, gpu: str) -> dict[str, Any]:
+    """The edited document, after checking that it parses and gives the title's total."""
+    fixed = apply_edits(text, fix.edits)
+    document = yaml.safe_load(fixed)
+    assert isinstance(document, dict)
+    after = check_text(path, fixed, gpu=gpu, hub=False).analysis.budget
+    assert after is not None, fix.title
+    assert f"→ {format_bytes(after.device_total_bytes)}" in fix.title
+    return document
+
+
+def offered(path: Path, gpu: str, title: str, text: str | None = None) -> dict[str, Any]:
+    text = path.read_text(encoding="utf-8") if text is None else text
+    fixes = fixes_of(path, text, gpu)
+    assert title in fixes, sorted(fixes)
+    return applied(path, text, fixes[title], gpu)
+
+
+LIGER = "Use Liger's fused linear cross-entropy"
+HALVE = "Halve the micro-batch, double the accumulation"
+CHECKPOINTING = "Enable gradient checkpointing"
+
+
+def test_axolotl_liger_writes_its_plugin_and_key() -> None:
+    document = offered(CONFIGS / "axolotl_qlora.yml", "RTX-4090", LIGER)
+    assert document["liger_fused_linear_cross_entropy"] is True
+    assert document["plugins"] == ["axolotl.integrations.liger.LigerPlugin"]
+    assert "use_liger_kernel" not in document
+
+
+def test_axolotl_halves_micro_batch_size() -> None:
+    document = offered(CONFIGS / "axolotl_qlora.yml", "RTX-4090", HALVE)
+    assert document["micro_batch_size"] == 2
+    assert document["gradient_accumulation_steps"] == 4
+    assert "per_device_train_batch_size" not in document
+
+
+def test_axolotl_checkpointing_and_8bit_optimizer(tmp_path: Path) -> None:
+    text = (CONFIGS / "axolotl_qlora.yml").read_text(encoding="utf-8")
+    text = text.replace("gradient_checkpointing: true", "gradient_checkpointing: false")
+    text = text.replace("optimizer: paged_adamw_8bit", "optimizer: adamw_torch")
+    path = tmp_path / "axolotl.yml"
+    path.write_text(text, encoding="utf-8")
+    document = offered(path, "RTX-4090", CHECKPOINTING, text)
+    assert document["gradient_checkpointing"] is True
+    document = offered(path, "RTX-4090", "Use the 8-bit AdamW (adamw_bnb_8bit)", text)
+    assert document["optimizer"] == "adamw_bnb_8bit"
+    assert "optim" not in document
+
+
+def test_llamafactory_liger_is_enable_liger_kernel() -> None:
+    document = offered(CONFIGS / "llamafactory_lora_sft.yaml", "RTX-4090", LIGER)
+    assert document["enable_liger_kernel"] is True
+    assert "use_liger_kernel" not in document
+
+
+def test_llamafactory_checkpointing_clears_disable_flag(tmp_path: Path) -> None:
+    text = (CONFIGS / "llamafactory_lora_sft.yaml").read_text(encoding="utf-8")
+    text += "disable_gradient_checkpointing: true\n"
+    path = tmp_path / "lf.yaml"
+    path.write_text(text, encoding="utf-8")
+    document = offered(path, "T4", CHECKPOINTING, text)
+    assert document["disable_gradient_checkpointing"] is False
+    assert "gradient_checkpointing" not in document
+
+
+def test_llamafactory_v1_halves_micro_batch_keeping_global_batch() -> None:
+    document = offered(CONFIGS / "llamafactory_v1_lora.yaml", "T4", HALVE)
+    assert document["micro_batch_size"] == 1
+    assert document["global_batch_size"] == 16
+    assert "per_device_train_batch_size" not in document
+    assert "gradient_accumulation_steps" not in document
+
+
+def test_llamafactory_v1_checkpointing_is_enable_activation_checkpointing(
+    tmp_path: Path,
+) -> None:
+    text = (CONFIGS / "llamafactory_v1_lora.yaml").read_text(encoding="utf-8")
+    text += "enable_activation_checkpointing: false\n"
+    path = tmp_path / "v1.yaml"
+    path.write_text(text, encoding="utf-8")
+    document = offered(path, "RTX-4090", CHECKPOINTING, text)
+    assert document["enable_activation_checkpointing"] is True
+    assert "gradient_checkpointing" not in document
+
+
+def test_litgpt_halves_train_micro_batch_size_and_has_no_checkpointing_key() -> None:
+    path = CONFIGS / "litgpt_lora.yaml"
+    document = offered(path, "T4", HALVE)
+    assert document["train"]["micro_batch_size"] == 1
+    assert document["train"]["global_batch_size"] == 16
+    assert "gradient_checkpointing" not in document
+    text = path.read_text(encoding="utf-8")
+    assert CHECKPOINTING not in fixes_of(path, text, "T4")
+
+
+def test_torchtune_halves_batch_size() -> None:
+    document = offered(CONFIGS / "torchtune_qlora.yaml", "T4", HALVE)
+    assert document["batch_size"] == 2
+    assert document["gradient_accumulation_steps"] == 8
+
+
+def test_torchtune_checkpointing_and_optimizer_component(tmp_path: Path) -> None:
+    text = (CONFIGS / "torchtune_qlora.yaml").read_text(encoding="utf-8")
+    text = text.replace(
+        "enable_activation_checkpointing: True", "enable_activation_checkpointing: False"
+    )
+    text = text.replace("bitsandbytes.optim.PagedAdamW8bit", "torch.optim.AdamW")
+    path = tmp_path / "tune.yaml"
+    path.write_text(text, encoding="utf-8")
+    document = offered(path, "T4", CHECKPOINTING, text)
+    assert document["enable_activation_checkpointing"] is True
+    assert "gradient_checkpointing" not in document
+    document = offered(path, "T4", "Use the 8-bit AdamW (adamw_bnb_8bit)", text)
+    assert document["optimizer"]["_component_"] == "bitsandbytes.optim.AdamW8bit"
+
+
+def test_trl_liger_and_qlora_use_trl_keys() -> None:
+    path = CONFIGS / "trl_sft.yaml"
+    document = offered(path, "RTX-4090", LIGER)
+    assert document["use_liger_kernel"] is True
+    document = offered(path, "RTX-4090", "Switch to QLoRA (4-bit NF4 base weights)")
+    assert document["load_in_4bit"] is True
+
+
+@pytest.mark.parametrize(
+    ("name", "foreign"),
+    [
+        ("axolotl_qlora.yml", ("use_liger_kernel", "per_device_train_batch_size", "optim:")),
+        ("llamafactory_v1_lora.yaml", ("per_device_train_batch_size", "gradient_accumulation")),
+        ("litgpt_lora.yaml", ("gradient_checkpointing", "per_device_train_batch_size")),
+    ],
+)
+def test_no_hf_trainer_names_in_other_frameworks(name: str, foreign: tuple[str, ...]) -> None:
+    path = CONFIGS / name
+    text = path.read_text(encoding="utf-8")
+    for gpu in ("T4", "RTX-4090"):
+        for fix in fixes_of(path, text, gpu).values():
+            written = "".join(edit.new_text for edit in fix.edits)
+            assert not any(key in written for key in foreign), (fix.title, written)
