@@ -139,7 +139,14 @@ def test_torchtune_checkpointing_and_optimizer_component(tmp_path: Path) -> None
     document = offered(path, "T4", CHECKPOINTING, text)
     assert document["enable_activation_checkpointing"] is True
     assert "gradient_checkpointing" not in document
-    document = offered(path, "T4", "Use the 8-bit AdamW (adamw_bnb_8bit)", text)
+    # the adapters' AdamW states are a few MiB: 8-bit AdamW is not worth a change to the file
+    assert "Use the 8-bit AdamW (adamw_bnb_8bit)" not in fixes_of(path, text, "T4")
+    # a full fine-tune of the same model, where the states are 8 bytes a parameter
+    full = text.replace(
+        "torchtune.models.llama3_1.qlora_llama3_1_8b", "torchtune.models.llama3_1.llama3_1_8b"
+    )
+    path.write_text(full, encoding="utf-8")
+    document = offered(path, "A100-80GB", "Use the 8-bit AdamW (adamw_bnb_8bit)", full)
     assert document["optimizer"]["_component_"] == "bitsandbytes.optim.AdamW8bit"
 
 

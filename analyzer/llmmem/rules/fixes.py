@@ -258,8 +258,10 @@ def candidate_fixes(
         if not edits:
             continue
         budget = reanalysed_budget(analysis, text, edits)
-        if budget is None or budget.device_total_bytes >= before.device_total_bytes:
-            continue  # the edit is not read where it was written, or it does not help
+        if budget is None or (
+            before.device_total_bytes - budget.device_total_bytes < worth_a_change(before)
+        ):
+            continue  # the edit is not read where it was written, or it does not help enough
         if target is not None and _component_bytes(budget, target) >= _component_bytes(
             before, target
         ):
@@ -280,6 +282,13 @@ def candidate_fixes(
         )
     fixes.sort(key=lambda fix: (not fix.fits, fix.predicted_device_bytes or 0))
     return fixes
+
+
+def worth_a_change(before: Budget) -> int:
+    """The least a fix must save to be offered: 1% of the total, at most 256 MiB. Less than
+    that does not show in a total printed to 0.1 GiB (8-bit AdamW on a LoRA plan saves a few
+    MiB of adapter states), and a change to the user's file must be worth making."""
+    return min(256 * 2**20, before.device_total_bytes // 100)
 
 
 def _component_bytes(budget: Budget, component: Component) -> int:
