@@ -183,13 +183,14 @@ class RawClient:
     """`python -m llmmem_lsp` over stdio with Content-Length framed JSON-RPC written by hand,
     for requests a typed client refuses to send."""
 
-    def __init__(self) -> None:
+    def __init__(self, cwd: Path | None = None) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "llmmem_lsp", "--log-level", "INFO"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=SERVER_ENV,
+            cwd=cwd,
         )
         self.buffer = b""
 
@@ -227,6 +228,14 @@ class RawClient:
         while (answer := self._next(deadline)) is not None:
             if answer.get("id") == ident and "method" not in answer:
                 return answer
+        return None
+
+    def notification(self, method: str, timeout: float) -> dict[str, Any] | None:
+        """The next notification `method` the server sends (None when none came in time)."""
+        deadline = time.monotonic() + timeout
+        while (message := self._next(deadline)) is not None:
+            if message.get("method") == method:
+                return message
         return None
 
     def initialize(self) -> None:
@@ -302,3 +311,37 @@ def test_after_shutdown_requests_are_refused_and_exit_says_how_it_ended(raw: Raw
         assert unclean.process.wait(timeout=10) == 1
     finally:
         unclean.close()
+
+
+def test_a_server_started_in_the_workspace_imports_nothing_from_it(tmp_path: Path) -> None:
+    """An editor may start `python -m llmmem_lsp` with the workspace as its working directory:
+    a `yaml.py` there (the YAML reader's module name) is not imported when a YAML file is
+    analysed, and the file still gets its findings from the real YAML reader."""
+    marker = tmp_path / "yaml-imported"
+    (tmp_path / "yaml.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\nraise SystemExit(99)\n", encoding="utf-8"
+    )
+    configs = Path(__file__).resolve().parents[1] / "fixtures" / "configs"
+    config = "# llmmem: gpu=T4\n" + (configs / "trl_sft.yaml").read_text(encoding="utf-8")
+    client = RawClient(cwd=tmp_path)
+    try:
+        client.initialize()
+        uri = (tmp_path / "sft.yaml").as_uri()
+        client.send(
+            {
+                "method": "textDocument/didOpen",
+                "params": {
+                    "textDocument": {"uri": uri, "languageId": "yaml", "version": 1, "text": config}
+                },
+            }
+        )
+        published = client.notification("textDocument/publishDiagnostics", timeout=60)
+        assert published is not None
+        assert published["params"]["uri"] == uri
+        assert any(d.get("code") for d in published["params"]["diagnostics"])
+        assert client.request(2, "shutdown", timeout=10) is not None
+        client.send({"method": "exit"})
+        assert client.process.wait(timeout=10) == 0
+    finally:
+        client.close()
+    assert not marker.exists()
