@@ -53,6 +53,31 @@ def _renaming_fix(
     return [Fix(title=title, edits=[TextEdit(range=where, new_text=edited)], safe=False)]
 
 
+def _name_finding(
+    analysis: Analysis,
+    code: str,
+    severity: Severity,
+    message: str,
+    where: SourceRange | None,
+    fixes: list[Fix],
+) -> list[Finding]:
+    """One finding on the name's range; a name written in another file (a config the script
+    points to) is said at this file's anchor, with that file's name and line."""
+    if where is not None and where.path is not None:
+        message += f" (in {where.path}, line {where.start_line + 1})"
+        where = anchor(analysis)
+    return [
+        Finding(
+            code=code,
+            severity=severity,
+            message=message,
+            path=analysis.plan.path,
+            range=where or anchor(analysis),
+            fixes=fixes,
+        )
+    ]
+
+
 # -- LLM012 unknown optimizer ---------------------------------------------------------------
 
 
@@ -78,19 +103,7 @@ def check_unknown_optimizer(analysis: Analysis, text: str) -> list[Finding]:
         for fix in _renaming_fix(text, where, {name: match}, f"Use optim={match}")
     ]
     message = f"unknown optimizer '{name}'{hint}: the trainer stops on it; no estimate without it"
-    if where is not None and where.path is not None:
-        message += f" (in {where.path}, line {where.start_line + 1})"
-        where = anchor(analysis)
-    return [
-        Finding(
-            code="LLM012",
-            severity=Severity.ERROR,
-            message=message,
-            path=plan.path,
-            range=where or anchor(analysis),
-            fixes=fixes,
-        )
-    ]
+    return _name_finding(analysis, "LLM012", Severity.ERROR, message, where, fixes)
 
 
 register(
@@ -151,19 +164,7 @@ def check_unmatched_lora_targets(analysis: Analysis, text: str) -> list[Finding]
     fixes = _renaming_fix(
         text, where, renames, "Target " + ", ".join(dict.fromkeys(renames.values()))
     )
-    if where is not None and where.path is not None:
-        message += f" (in {where.path}, line {where.start_line + 1})"
-        where = anchor(analysis)
-    return [
-        Finding(
-            code="LLM013",
-            severity=Severity.WARNING,
-            message=message,
-            path=plan.path,
-            range=where or anchor(analysis),
-            fixes=fixes,
-        )
-    ]
+    return _name_finding(analysis, "LLM013", Severity.WARNING, message, where, fixes)
 
 
 register(
@@ -208,19 +209,7 @@ def check_unknown_gpu(analysis: Analysis, text: str) -> list[Finding]:
         for fix in _renaming_fix(text, where, {name: match}, f"Use gpu={match}")
     ]
     message = f"unknown GPU '{name}'{hint}: nothing is checked against a GPU's memory"
-    if where is not None and where.path is not None:
-        message += f" (in {where.path})"
-        where = anchor(analysis)
-    return [
-        Finding(
-            code="LLM014",
-            severity=Severity.ERROR,
-            message=message,
-            path=plan.path,
-            range=where or anchor(analysis),
-            fixes=fixes,
-        )
-    ]
+    return _name_finding(analysis, "LLM014", Severity.ERROR, message, where, fixes)
 
 
 register(
