@@ -43,7 +43,7 @@ from calibration import (  # noqa: E402
 
 from llmmem.budget.bands import ALLOCATED, BANDS_FILE, DEVICE, RESERVED, band_class  # noqa: E402
 from llmmem.budget.phases import estimate_budget  # noqa: E402
-from llmmem.verify.grid import GridCase, config_for, predict_case, setup_for  # noqa: E402
+from llmmem.verify.grid import measured_cases, predict_case, setup_for  # noqa: E402
 
 GPU_RUNS = HERE / "gpu"
 SHARE = 0.8
@@ -71,31 +71,24 @@ class Residual:
 
 def gpu_residuals() -> list[Residual]:
     out = []
-    for path in sorted(GPU_RUNS.glob("*/grid-*.json")):
-        if "expandable" in path.stem:  # another allocator setting: not the default user's
-            continue
-        for row in json.loads(path.read_text(encoding="utf-8")):
-            measurement = row.get("measurement") or {}
-            if row.get("error") or not measurement.get("phases"):
-                continue
-            case = GridCase.from_json(row)
-            setup = setup_for(case)
-            totals = predict_case(
-                case, config_for(case.family, "real", case.model), case.model or case.family
-            )["totals"]
-            workspaces = totals["overheads"].get("cublas_workspaces", {}).get("bytes", 0)
-            row_id = f"{path.parent.name}/{case.name}"
-            for metric, predicted, measured in (
-                (
-                    ALLOCATED,
-                    totals["allocated_peak_bytes"] + workspaces,
-                    measurement["allocated_peak_bytes"],
-                ),
-                (RESERVED, totals["reserved_peak_bytes"], measurement.get("reserved_peak_bytes")),
-                (DEVICE, totals["device_total_bytes"], measurement.get("device_used_peak_bytes")),
-            ):
-                if measured:
-                    out.append(Residual(band_class(setup, metric), row_id, predicted, measured))
+    # expandable segments are another allocator setting: not the default user's
+    paths = [p for p in sorted(GPU_RUNS.glob("*/grid-*.json")) if "expandable" not in p.stem]
+    for path, case, config, measurement in measured_cases(paths):
+        setup = setup_for(case)
+        totals = predict_case(case, config, case.model or case.family)["totals"]
+        workspaces = totals["overheads"].get("cublas_workspaces", {}).get("bytes", 0)
+        row_id = f"{path.parent.name}/{case.name}"
+        for metric, predicted, measured in (
+            (
+                ALLOCATED,
+                totals["allocated_peak_bytes"] + workspaces,
+                measurement["allocated_peak_bytes"],
+            ),
+            (RESERVED, totals["reserved_peak_bytes"], measurement.get("reserved_peak_bytes")),
+            (DEVICE, totals["device_total_bytes"], measurement.get("device_used_peak_bytes")),
+        ):
+            if measured:
+                out.append(Residual(band_class(setup, metric), row_id, predicted, measured))
     return out
 
 

@@ -4,14 +4,13 @@ torch 2.11.0+cu130, transformers 5.24.0, peft 0.21.2, bitsandbytes 0.50.2; made 
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from llmmem.verify.grid import GridCase, config_for, predict_case
+from llmmem.verify.grid import measured_cases, predict_case
 
 RUNS = Path(__file__).resolve().parents[2] / "bench" / "gpu"
 MIB = 2**20
@@ -19,24 +18,21 @@ MIB = 2**20
 
 def _cases(expandable_segments: bool = False) -> list[dict[str, Any]]:
     """The cases run with the default allocator settings, or those with expandable segments."""
+    paths = [
+        path
+        for path in sorted(RUNS.glob("*/grid-*.json"))
+        if ("expandable" in path.stem) == expandable_segments
+    ]
     out = []
-    for path in sorted(RUNS.glob("*/grid-*.json")):
-        if ("expandable" in path.stem) != expandable_segments:
-            continue
-        for row in json.loads(path.read_text(encoding="utf-8")):
-            measurement = row.get("measurement") or {}
-            if row.get("error") or not measurement.get("phases"):
-                continue
-            case = GridCase.from_json(row)
-            config = config_for(case.family, "real", case.model)
-            out.append(
-                {
-                    "case": case,
-                    "config": config,
-                    "measured": measurement,
-                    "predicted": predict_case(case, config, case.model or case.family),
-                }
-            )
+    for _, case, config, measurement in measured_cases(paths):
+        out.append(
+            {
+                "case": case,
+                "config": config,
+                "measured": measurement,
+                "predicted": predict_case(case, config, case.model or case.family),
+            }
+        )
     return out
 
 

@@ -33,6 +33,7 @@ import itertools
 import json
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -388,6 +389,20 @@ def run_case(
         measured.to_json(),
         prediction["totals"],
     )
+
+
+def measured_cases(
+    paths: list[Path],
+) -> Iterator[tuple[Path, GridCase, dict[str, Any], dict[str, Any]]]:
+    """(file, case, the model's config, the measurement) for each case of `--json` files whose
+    phases were measured (a case that failed or ran out of memory is left out)."""
+    for path in paths:
+        for row in json.loads(path.read_text(encoding="utf-8")):
+            measurement = row.get("measurement") or {}
+            if row.get("error") or not measurement.get("phases"):
+                continue
+            case = GridCase.from_json(row)
+            yield path, case, config_for(case.family, "real", case.model), measurement
 
 
 def _empty_cuda_cache() -> None:
