@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+import yaml
 from lsp_helpers import (
     SERVER_ENV,
     make_client,
@@ -27,6 +28,8 @@ from lsp_helpers import (
 )
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, LanguageClient
+
+from llmmem.rules.edits import offset
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMA_3B_CONFIG = (REPO / "tests" / "models" / "configs" / "llama-3.2-3b.json").read_bytes()
@@ -224,7 +227,18 @@ async def test_axolotl_yaml_gets_diagnostics_and_hovers_on_its_keys(
     assert isinstance(change, types.TextDocumentEdit)
     edited_lines = {edit.range.start.line for edit in change.edits}
     assert line in edited_lines
-    assert "8" in {edit.new_text for edit in change.edits}
+    edited = config
+    for edit in sorted(
+        change.edits, key=lambda e: (e.range.start.line, e.range.start.character), reverse=True
+    ):
+        start_at = offset(edited, edit.range.start.line, edit.range.start.character)
+        end_at = offset(edited, edit.range.end.line, edit.range.end.character)
+        edited = edited[:start_at] + edit.new_text + edited[end_at:]
+    document = yaml.safe_load(edited)
+    # axolotl's own keys: half the micro-batch, twice the accumulation (2 in the file)
+    assert document["micro_batch_size"] == 8
+    assert document["gradient_accumulation_steps"] == 4
+    assert edited.count("gradient_accumulation_steps") == 1
 
 
 TINY_SCRIPT = """import torch
