@@ -6,11 +6,12 @@
 #                                                # full-expandable holdout example-full
 #                                                # example-qlora
 #
-# What it needs: python3 with a CUDA build of torch and nvidia-ml-py. transformers, peft,
-# bitsandbytes (and regex, which transformers checks) are installed at the versions the tests
-# pin: from wheels in .gpu-wheels/ when that folder exists (a machine that reaches no package
-# registry), else from the registry. flash-attn is not installed: torch's SDPA runs its own
-# flash kernel, which is what `attn_implementation="sdpa"` trains with.
+# What it needs: python3 with pip. transformers, peft, bitsandbytes (and regex, which
+# transformers checks) are installed at the versions the tests pin: from wheels in .gpu-wheels/
+# when that folder exists (a machine that reaches no package registry; its torch and
+# nvidia-ml-py are used as they are), else from the registry, with a CUDA torch if none is
+# there and flash-attn where a wheel exists. The grid trains with attn_implementation="sdpa",
+# whose flash kernel is torch's own either way.
 #
 # In order of value, each step time-boxed so that a slow one leaves the others their time, and
 # each writing JSON under $OUT as it goes (a step cut short keeps the cases it finished):
@@ -43,13 +44,17 @@ log "machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv >>"$LOG" 2>&1
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' >>"$LOG"
 
-PINS="transformers==5.24.0 peft==0.21.2 bitsandbytes==0.50.2"
+PINS="transformers==5.24.0 peft==0.21.2 bitsandbytes==0.50.2 nvidia-ml-py"
 if [ -d .gpu-wheels ]; then
     log "installing from .gpu-wheels"
     python3 -m pip install -q --no-index --no-deps --no-compile .gpu-wheels/*.whl >>"$LOG" 2>&1
 else
+    # an unpinned torch from the registry is a CUDA build; flash-attn only where a wheel exists
+    python3 -c 'import torch' 2>/dev/null || { log "installing torch"; python3 -m pip install -q torch >>"$LOG" 2>&1; }
     log "installing $PINS"
     python3 -m pip install -q $PINS >>"$LOG" 2>&1
+    python3 -m pip install -q --only-binary=:all: flash-attn >>"$LOG" 2>&1 ||
+        log "no flash-attn wheel for this torch: SDPA's own flash kernel is measured"
 fi
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >>"$LOG" 2>&1 ||
     export PYTHONPATH="$PWD/analyzer${PYTHONPATH:+:$PYTHONPATH}"
