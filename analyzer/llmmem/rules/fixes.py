@@ -231,6 +231,17 @@ CANDIDATES = [
 ]
 
 
+# Each fix is checked by reading the edited file again, and the YAML reader that keeps positions
+# takes about 0.2 s per 100 kB: past this size a config gets its findings without fixes (a
+# training config is a few kB; a larger one is data or generated).
+LARGEST_CONFIG_FIXED = 64_000
+
+
+def fixes_left_out(plan: TrainingPlan, text: str) -> bool:
+    """Whether the file is a config too large for its fixes to be checked."""
+    return plan.kind in ("yaml", "json") and len(text) > LARGEST_CONFIG_FIXED
+
+
 def candidate_fixes(
     analysis: Analysis,
     text: str,
@@ -243,6 +254,8 @@ def candidate_fixes(
     analyses it, gives a lower total (and, with `target`, a smaller `target` component at the
     peak, the part of the step the finding is about); that analysis' total is the title's."""
     if analysis.spec is None or analysis.setup is None or analysis.budget is None:
+        return []
+    if fixes_left_out(analysis.plan, text):
         return []
     before = analysis.budget
     fixes: list[Fix] = []

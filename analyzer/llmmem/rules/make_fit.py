@@ -17,7 +17,14 @@ from llmmem.budget.phases import estimate_budget
 from llmmem.budget.setup import SetupError, TrainingSetup
 from llmmem.rules.edits import whole_change
 from llmmem.rules.finding import Fix
-from llmmem.rules.fixes import CANDIDATES, Candidate, edited_text, reanalysed
+from llmmem.rules.fixes import (
+    CANDIDATES,
+    LARGEST_CONFIG_FIXED,
+    Candidate,
+    edited_text,
+    fixes_left_out,
+    reanalysed,
+)
 from llmmem.scenario import Analysis
 from llmmem.units import format_bytes
 
@@ -151,6 +158,13 @@ def make_it_fit(analysis: Analysis, text: str) -> FitSearch:
     gpu, setup = analysis.gpu, analysis.setup
     if gpu is None or setup is None:
         return FitSearch(None, None)
+    if fitting and fixes_left_out(analysis.plan, text):
+        best = fitting[0]  # too large a config to check what is written: say what would fit
+        return FitSearch(
+            None,
+            f"{best.describe(setup)} would fit (about {format_bytes(best.device_bytes)}); "
+            f"fixes are not written in a config over {LARGEST_CONFIG_FIXED // 1000} kB",
+        )
     for combination in fitting[:MAX_WRITTEN]:
         written = _written(analysis, text, combination)
         if written is None:
