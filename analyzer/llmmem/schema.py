@@ -190,7 +190,7 @@ class SourcedModel(_Report):
     """A setting and where it came from."""
 
     value: JsonValue
-    source: Literal["explicit", "default", "pragma", "cli", "assumed"]
+    source: Literal["explicit", "default", "cli-default", "pragma", "config", "cli", "assumed"]
     range: RangeModel | None
     note: str | None = None
 

@@ -180,3 +180,41 @@ def test_a_5_mb_yaml_is_refused_quickly_with_a_message(tmp_path: Path) -> None:
     problems = json.loads(proc.stdout)["problems"]
     assert any("MB llmmem parses" in problem for problem in problems), problems
     assert elapsed < 10, f"{elapsed:.1f} s"  # about 0.2 s unloaded; 2 minutes when parsed
+
+
+EVERY_FILE = sorted(
+    path
+    for folder in (EXAMPLES, FIXTURES)
+    for path in folder.rglob("*")
+    if path.suffix in (".py", ".yaml", ".yml", ".json", ".sh", ".ipynb") and path.is_file()
+)
+
+
+@pytest.fixture(scope="module")
+def schemas() -> dict[str, dict[str, Any]]:
+    return {report: schema_of(report) for report in ("explain", "lint")}
+
+
+@pytest.mark.parametrize("path", EVERY_FILE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_fixture_and_example_reports_json_that_validates(
+    path: Path,
+    schemas: dict[str, dict[str, Any]],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every file the suite reads, through `explain` and `lint` with `--format json` (on two
+    GPUs, so that fitting and not-fitting reports are both checked)."""
+    from llmmem.cli import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for gpu in ("T4", "H100"):
+        code = main(["explain", str(path), "--format", "json", "--gpu", gpu])
+        out = capsys.readouterr().out
+        assert code in (0, 1, 2)
+        if out.strip():
+            jsonschema.validate(json.loads(out), schemas["explain"])
+        code = main(["lint", str(path), "--format", "json", "--gpu", gpu])
+        out = capsys.readouterr().out
+        assert code in (0, 1, 2)
+        if code != 2:
+            jsonschema.validate(json.loads(out), schemas["lint"])
