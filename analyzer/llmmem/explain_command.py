@@ -95,7 +95,9 @@ def run_explain(args: argparse.Namespace) -> int:
 
     path = Path(args.file)
     if not path.is_file():
-        raise UsageError(f"{args.file}: no such file")
+        from llmmem.files import why_not_a_file
+
+        raise UsageError(f"{args.file}: {why_not_a_file(path)}")
     text = read_text(path)
     settings = find_project_settings(path)
     require_known_gpus(args.gpu, settings)

@@ -94,3 +94,12 @@ def read_file_bytes(path: Path | str, max_bytes: int) -> bytes:
     if len(data) > max_bytes:
         raise UnreadableFile(path, f"larger than {_size(max_bytes)}, not read")
     return data
+
+
+def why_not_a_file(path: Path | str) -> str:
+    """Why a path named on the command line cannot be read as a file, in words."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return "no such file"
+    return _kind(info.st_mode) or "not a regular file"

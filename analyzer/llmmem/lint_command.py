@@ -87,6 +87,10 @@ def iter_files(paths: list[str]) -> list[Path]:
             )
         elif path.is_file():
             files.append(path)
+        elif path.exists():
+            from llmmem.files import why_not_a_file
+
+            raise UsageError(f"{raw}: {why_not_a_file(path)}")
         else:
             raise UsageError(f"{raw}: no such file or directory")
     return files

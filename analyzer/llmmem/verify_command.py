@@ -26,6 +26,20 @@ EXIT_COULD_NOT_RUN = 3
 DEFAULT_TIMEOUT_S = 900
 
 
+def _timeout(text: str) -> float:
+    """--timeout: seconds, more than 0 and at most a day (nan or inf would never end)."""
+    import argparse
+    import math
+
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(seconds) or not 0 < seconds <= 86_400:
+        raise argparse.ArgumentTypeError(f"{text!r}: seconds from more than 0 to 86400")
+    return seconds
+
+
 def add_verify_arguments(p: argparse.ArgumentParser) -> None:
     p.description = (
         "Run one training step of FILE's plan and compare the memory with the prediction: "
@@ -45,7 +59,9 @@ def add_verify_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--snapshot", metavar="SNAPSHOT.pickle", help="CUDA: save a memory snapshot (memory_viz)"
     )
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds (900)")
+    p.add_argument(
+        "--timeout", type=_timeout, default=DEFAULT_TIMEOUT_S, help="seconds (900; at most a day)"
+    )
     p.add_argument(
         "--trust-remote-code",
         action="store_true",
@@ -129,7 +145,9 @@ def run_verify(args: argparse.Namespace) -> int:
 
     path = Path(args.file)
     if not path.is_file():
-        raise UsageError(f"{args.file}: no such file")
+        from llmmem.files import why_not_a_file
+
+        raise UsageError(f"{args.file}: {why_not_a_file(path)}")
     _check_output_path(args.output)
     text = read_text(path)
     settings = find_project_settings(path)

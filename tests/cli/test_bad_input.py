@@ -649,3 +649,23 @@ def test_pre_commit_passes_a_fitting_qlora_script_printing_its_info_finding(
     assert proc.returncode == 0, output
     assert "fits_qlora.py:" in output and "LLM003 [info]" in output
     assert "util.py" not in output and "settings.yaml" not in output and "LLM010" not in output
+
+
+# -- paths and durations named on the command line ---------------------------------------------
+
+
+def test_a_fifo_named_on_the_command_line_is_called_what_it_is(tmp_path: Path) -> None:
+    fifo = tmp_path / "train.py"
+    os.mkfifo(fifo)
+    assert_usage_error(lint(str(fifo), timeout=10), "named pipe (FIFO), not a file")
+    for command in ("explain", "verify"):
+        assert_usage_error(llmmem(command, str(fifo), timeout=10), "named pipe (FIFO)")
+    assert_usage_error(lint(str(tmp_path / "missing.py"), timeout=10), "no such file")
+
+
+@pytest.mark.parametrize("seconds", ["nan", "inf", "-5", "0", "soon"])
+def test_verify_timeout_is_a_finite_number_of_seconds(seconds: str) -> None:
+    proc = llmmem("verify", str(EXAMPLES / "qlora_sft.py"), "--simulate", "--timeout", seconds)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "--timeout" in proc.stderr
