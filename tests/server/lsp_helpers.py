@@ -150,3 +150,23 @@ def make_client() -> LanguageClient:
     }
     register_lsp_features(client, features)
     return client
+
+
+def apply_lsp_edits(text: str, edits: list[types.TextEdit]) -> str:
+    """The client's side of text edits (ASCII texts: columns are characters)."""
+    from llmmem.rules.edits import offset
+
+    spans = sorted(
+        (
+            (
+                offset(text, e.range.start.line, e.range.start.character),
+                offset(text, e.range.end.line, e.range.end.character),
+                e.new_text,
+            )
+            for e in edits
+        ),
+        reverse=True,
+    )
+    for start_at, end_at, new_text in spans:
+        text = text[:start_at] + new_text + text[end_at:]
+    return text

@@ -13,12 +13,19 @@ import sys
 from pathlib import Path
 
 import pytest
-from lsp_helpers import NOT_FITTING, SERVER_ENV, open_document, options, published, wait_until
+from lsp_helpers import (
+    NOT_FITTING,
+    SERVER_ENV,
+    apply_lsp_edits,
+    open_document,
+    options,
+    published,
+    wait_until,
+)
 from lsprotocol import types
 from pytest_lsp import LanguageClient, client_capabilities
 
 from llmmem.check import check_text
-from llmmem.rules.edits import offset
 
 FIX_ALL = "source.fixAll.llmmem"
 
@@ -69,20 +76,7 @@ def apply_edit(text: str, edit: types.WorkspaceEdit | None, uri: str) -> str:
     else:
         assert edit.changes is not None
         edits = list(edit.changes[uri])
-    spans = sorted(
-        (
-            (
-                offset(text, e.range.start.line, e.range.start.character),
-                offset(text, e.range.end.line, e.range.end.character),
-                e.new_text,
-            )
-            for e in edits
-        ),
-        reverse=True,
-    )
-    for start_at, end_at, new_text in spans:
-        text = text[:start_at] + new_text + text[end_at:]
-    return text
+    return apply_lsp_edits(text, edits)
 
 
 @pytest.mark.asyncio

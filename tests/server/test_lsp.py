@@ -20,6 +20,7 @@ from lsp_helpers import (
     FITTING_LORA,
     NOT_FITTING,
     SERVER_ENV,
+    apply_lsp_edits,
     open_document,
     options,
     published,
@@ -31,7 +32,6 @@ from lsprotocol import types
 from pytest_lsp import LanguageClient
 
 from llmmem.check import check_text
-from llmmem.rules.edits import offset
 from llmmem.units import format_bytes
 
 VSCODE = "visual_studio_code"
@@ -50,24 +50,6 @@ async def diagnostics_for(client: LanguageClient, uri: str, version: int) -> lis
     found = latest(client, uri)
     assert found is not None
     return found.diagnostics
-
-
-def apply_lsp_edits(text: str, edits: list[types.TextEdit]) -> str:
-    """The client's side of a workspace edit (ASCII texts: columns are characters)."""
-    spans = sorted(
-        (
-            (
-                offset(text, e.range.start.line, e.range.start.character),
-                offset(text, e.range.end.line, e.range.end.character),
-                e.new_text,
-            )
-            for e in edits
-        ),
-        reverse=True,
-    )
-    for start_at, end_at, new_text in spans:
-        text = text[:start_at] + new_text + text[end_at:]
-    return text
 
 
 def edits_of(action: types.CodeAction, uri: str) -> list[types.TextEdit]:

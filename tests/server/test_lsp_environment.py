@@ -19,6 +19,7 @@ import pytest_asyncio
 import yaml
 from lsp_helpers import (
     SERVER_ENV,
+    apply_lsp_edits,
     make_client,
     open_document,
     options,
@@ -28,8 +29,6 @@ from lsp_helpers import (
 )
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, LanguageClient
-
-from llmmem.rules.edits import offset
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMA_3B_CONFIG = (REPO / "tests" / "models" / "configs" / "llama-3.2-3b.json").read_bytes()
@@ -227,13 +226,7 @@ async def test_axolotl_yaml_gets_diagnostics_and_hovers_on_its_keys(
     assert isinstance(change, types.TextDocumentEdit)
     edited_lines = {edit.range.start.line for edit in change.edits}
     assert line in edited_lines
-    edited = config
-    for edit in sorted(
-        change.edits, key=lambda e: (e.range.start.line, e.range.start.character), reverse=True
-    ):
-        start_at = offset(edited, edit.range.start.line, edit.range.start.character)
-        end_at = offset(edited, edit.range.end.line, edit.range.end.character)
-        edited = edited[:start_at] + edit.new_text + edited[end_at:]
+    edited = apply_lsp_edits(config, [e for e in change.edits if isinstance(e, types.TextEdit)])
     document = yaml.safe_load(edited)
     # axolotl's own keys: half the micro-batch, twice the accumulation (2 in the file)
     assert document["micro_batch_size"] == 8

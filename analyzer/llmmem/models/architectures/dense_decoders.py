@@ -108,6 +108,11 @@ LLAMA_DEFAULTS = {
 
 
 def read_llama(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
+    return _llama_shaped(view, origin, "LlamaForCausalLM")
+
+
+def _llama_shaped(view: ConfigView, origin: SpecOrigin, architecture: str) -> ModelSpec:
+    """Llama's blocks: GQA attention and a SwiGLU MLP, biases as the config says."""
     dims = read_rope_decoder_dims(view)
     bias = view.flag("attention_bias")
     linears = llama_block_linears(
@@ -116,7 +121,7 @@ def read_llama(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
     return rmsnorm_decoder_spec(
         view,
         origin,
-        architecture="LlamaForCausalLM",
+        architecture=architecture,
         dims=dims,
         groups=[decoder_group(linears, layers=dims.layers, norm_params=2 * dims.hidden)],
     )
@@ -137,18 +142,7 @@ GRANITE_DEFAULTS = {
 def read_granite(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
     """Llama's modules and shapes; Granite only scales the embeddings, attention, residuals and
     logits by constants (embedding_multiplier, logits_scaling, ...), which hold no parameters."""
-    dims = read_rope_decoder_dims(view)
-    bias = view.flag("attention_bias")
-    linears = llama_block_linears(
-        dims, qkv_bias=bias, output_bias=bias, mlp_bias=view.flag("mlp_bias")
-    )
-    return rmsnorm_decoder_spec(
-        view,
-        origin,
-        architecture="GraniteForCausalLM",
-        dims=dims,
-        groups=[decoder_group(linears, layers=dims.layers, norm_params=2 * dims.hidden)],
-    )
+    return _llama_shaped(view, origin, "GraniteForCausalLM")
 
 
 # --- Mistral -----------------------------------------------------------------------------------
