@@ -669,3 +669,22 @@ def test_verify_timeout_is_a_finite_number_of_seconds(seconds: str) -> None:
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     assert "--timeout" in proc.stderr
+
+
+@pytest.mark.parametrize("written", ["0", "-1", '"abc"'])
+def test_an_invalid_batch_is_a_finding_on_its_line_not_a_silent_default(
+    tmp_path: Path, written: str
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        IMPORTS
+        + 'model = AutoModelForCausalLM.from_pretrained("Qwen/Qwen2.5-0.5B")\n'
+        + f'args = TrainingArguments(output_dir="out", per_device_train_batch_size={written})\n'
+    )
+    proc = lint(str(script), "--gpu", "A100-80GB", "--format", "json")
+    assert "Traceback" not in proc.stderr
+    found = [f for f in json.loads(proc.stdout) if f["code"] == "LLM011"]
+    assert len(found) == 1, proc.stdout
+    assert found[0]["range"]["start_line"] == 2
+    assert "per_device_train_batch_size" in found[0]["message"]
+    assert proc.returncode == 1  # a warning fails the default --fail-on warning

@@ -473,6 +473,14 @@ class PlanBuilder:
                         self.problems.append(
                             f"{key}: {err}, got {written}{_where(candidate.range)}"
                         )
+                        if candidate.range is not None and isinstance(
+                            candidate.value, (int, float, str)
+                        ):  # a value written in the file (0, -1, "abc"), not one unknown
+                            self.rejected.append(
+                                RejectedValue(
+                                    key=key, message=f"{err}, got {written}", range=candidate.range
+                                )
+                            )
                     continue
             return Sourced[Any](
                 value=value, source=candidate.source, range=candidate.range, note=candidate.note

@@ -34,8 +34,8 @@ register(
         code="LLM011",
         name="value-out-of-range",
         severity=Severity.WARNING,
-        summary="A number is past what llmmem reads (a count above 10**9, a DeepSpeed size "
-        "above 10**15), so the estimate goes on without it.",
+        summary="A value the file writes cannot be used (a count of 0, below 0, not a number, "
+        "above 10**9, a DeepSpeed size above 10**15), so the estimate goes on without it.",
         why="A micro-batch or a sequence length that large is a typo or a placeholder: no GPU "
         "holds it, and numbers past float range would make every figure meaningless. llmmem "
         "never swaps such a value for a default silently: the estimate uses the framework's "
