@@ -688,3 +688,11 @@ def test_an_invalid_batch_is_a_finding_on_its_line_not_a_silent_default(
     assert found[0]["range"]["start_line"] == 2
     assert "per_device_train_batch_size" in found[0]["message"]
     assert proc.returncode == 1  # a warning fails the default --fail-on warning
+
+
+def test_a_broken_pyproject_is_a_usage_error_not_a_dropped_setting(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text('[tool.llmmem\ngpu = "T4"\n')
+    script = tmp_path / "train.py"
+    shutil.copy(EXAMPLES / "qlora_sft.py", script)
+    for proc in (lint(str(script), cwd=tmp_path), llmmem("explain", str(script), cwd=tmp_path)):
+        assert_usage_error(proc, "pyproject.toml is not valid TOML", "[tool.llmmem]")

@@ -311,8 +311,9 @@ def read_project_settings(pyproject: Path) -> ProjectSettings | None:
             path=str(pyproject),
             problems=["reading pyproject.toml needs Python 3.11 or the tomli package"],
         )
-    except Exception as err:
-        return ProjectSettings(path=str(pyproject), problems=[f"{pyproject}: {err}"])
+    except Exception as err:  # it names llmmem: a settings table that cannot be read is an error
+        message = f"{pyproject} is not valid TOML ({err}): its [tool.llmmem] cannot be read"
+        return ProjectSettings(path=str(pyproject), problems=[message], errors=[message])
     tool = document.get("tool")
     table = tool.get("llmmem") if isinstance(tool, dict) else None
     if not isinstance(table, dict):
