@@ -4,16 +4,19 @@ to diagnostics, fixes to code actions."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from lsprotocol import types
 
-from llmmem.plan import SourceRange
-from llmmem.rules.finding import Finding, Fix, Severity, TextEdit
+if TYPE_CHECKING:  # not imported at start: the server answers `initialize` before the analyzer
+    from llmmem.plan import SourceRange
+    from llmmem.rules.finding import Finding, Fix, TextEdit
 
-SEVERITY = {
-    Severity.ERROR: types.DiagnosticSeverity.Error,
-    Severity.WARNING: types.DiagnosticSeverity.Warning,
-    Severity.INFO: types.DiagnosticSeverity.Information,
+SEVERITY = {  # by the value of llmmem.rules.finding.Severity
+    "error": types.DiagnosticSeverity.Error,
+    "warning": types.DiagnosticSeverity.Warning,
+    "info": types.DiagnosticSeverity.Information,
 }
 
 
@@ -24,6 +27,24 @@ class Lines:
     def __init__(self, text: str, encoding: str = "utf-16") -> None:
         self.lines = text.split("\n")
         self.encoding = encoding
+        self._starts: list[int] | None = None
+
+    @staticmethod
+    @lru_cache(maxsize=64)
+    def of(text: str, encoding: str = "utf-16") -> Lines:
+        """The index of one text, built once: a document's text is one string object per
+        version, so every request after the first finds it here without reading the text."""
+        return Lines(text, encoding)
+
+    @property
+    def starts(self) -> list[int]:
+        """The offset of each line's first character (`llmmem.rules.edits.line_starts`)."""
+        if self._starts is None:
+            starts = [0]
+            for line in self.lines[:-1]:
+                starts.append(starts[-1] + len(line) + 1)
+            self._starts = starts
+        return self._starts
 
     def _line(self, number: int) -> str:
         return self.lines[number] if 0 <= number < len(self.lines) else ""
@@ -87,7 +108,7 @@ def diagnostic(
     ]
     return types.Diagnostic(
         range=lines.range(finding.range),
-        severity=SEVERITY[finding.severity],
+        severity=SEVERITY[finding.severity.value],
         code=finding.code,
         code_description=types.CodeDescription(href=rule_url) if rule_url else None,
         source="llmmem",

@@ -22,10 +22,12 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from llmmem.check import Checked, check_text
-from llmmem.extract.python import stop_when
 from llmmem_lsp.settings import ServerSettings
+
+if TYPE_CHECKING:  # imported by the first analysis, not at start
+    from llmmem.check import Checked
 
 log = logging.getLogger("llmmem_lsp")
 
@@ -190,6 +192,8 @@ class Analyzer:
 
     def analyse_now(self, path: Path, text: str) -> Checked:
         """The analysis itself (runs in the worker thread); never touches the network."""
+        from llmmem.check import check_text
+
         settings = self.settings
         return check_text(
             path,
@@ -264,6 +268,8 @@ class Analyzer:
         def work() -> None:
             outcome: Checked | BaseException
             try:
+                from llmmem.extract.python import stop_when
+
                 with stop_when(stop.is_set):
                     outcome = self.analyse_now(path, text)
             except Exception as err:

@@ -17,21 +17,21 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 
 from llmmem import __version__
-from llmmem.check import Checked
-from llmmem.extract.notebook import cell_index, cell_path
-from llmmem.plan import SourceRange
 from llmmem_lsp.convert import Lines, code_action, diagnostic, overlaps, workspace_edit
 from llmmem_lsp.documents import Analyzer, DocumentState, Result, document_path
-from llmmem_lsp.placement import narrowed, problem_diagnostics
 from llmmem_lsp.protocol import LlmmemProtocol
 from llmmem_lsp.settings import read_settings
+
+if TYPE_CHECKING:  # the analyzer is imported on first use: the server answers `initialize` first
+    from llmmem.check import Checked
+    from llmmem.plan import SourceRange
 
 log = logging.getLogger("llmmem_lsp")
 
@@ -95,7 +95,8 @@ class LlmmemServer(LanguageServer):
         return str(getattr(encoding, "value", encoding) or "utf-16")
 
     def lines(self, text: str) -> Lines:
-        return Lines(text, self.encoding)
+        """The line index of a text, built once per text (per document version)."""
+        return Lines.of(text, self.encoding)
 
     def _text_of(self, uri: str) -> tuple[str, int | None] | None:
         notebook = self.workspace.get_notebook_document(notebook_uri=uri)
@@ -107,19 +108,32 @@ class LlmmemServer(LanguageServer):
             return None
         return document.source, document.version
 
-    def apply_settings(self, raw: Any) -> None:
+    def apply_settings(self, raw: Any, check_gpu: bool = True) -> None:
+        """Take the editor's settings; a problem with one is shown once. `check_gpu=False`
+        (in `initialize`, answered before the GPU catalog is loaded) leaves the GPU name to
+        `check_gpu_setting`."""
         settings, problems = read_settings(raw, self.analyzer.settings)
         old = self.analyzer.settings
         self.analyzer.settings = settings
-        if settings.gpu and settings.gpu != old.gpu:
-            from llmmem.gpus import UnknownGpuError, find_gpu
-
-            try:
-                find_gpu(settings.gpu)
-            except UnknownGpuError as err:
-                problems.append(f"llmmem.gpu: {str(err).split(';')[0]}")
+        if check_gpu and settings.gpu and settings.gpu != old.gpu:
+            problems += self.gpu_setting_problems()
         if settings.hub and not old.hub:
             self.analyzer.forget_hub_lookups()
+        self.show_settings_problems(problems)
+
+    def gpu_setting_problems(self) -> list[str]:
+        gpu = self.analyzer.settings.gpu
+        if not gpu:
+            return []
+        from llmmem.gpus import UnknownGpuError, find_gpu
+
+        try:
+            find_gpu(gpu)
+        except UnknownGpuError as err:
+            return [f"llmmem.gpu: {str(err).split(';')[0]}"]
+        return []
+
+    def show_settings_problems(self, problems: list[str]) -> None:
         for problem in problems:
             if problem not in self.settings_problems_shown:
                 self.settings_problems_shown.add(problem)
@@ -159,7 +173,9 @@ class LlmmemServer(LanguageServer):
         result = state.result
         if notebook is None or result is None:
             return {}
+        from llmmem.extract.notebook import cell_index
         from llmmem.report.findings import rule_url
+        from llmmem_lsp.placement import narrowed
 
         plan_path = result.checked.analysis.plan.path
         out: dict[str, list[types.Diagnostic]] = {}
@@ -193,6 +209,7 @@ class LlmmemServer(LanguageServer):
         if result is None:
             return [abandoned_diagnostic(state.abandoned)] if state.abandoned else []
         from llmmem.report.findings import rule_url
+        from llmmem_lsp.placement import narrowed, problem_diagnostics
 
         lines = self.lines(result.text)
         if result.unreadable:
@@ -276,11 +293,12 @@ def initialize(ls: LlmmemServer, params: types.InitializeParams) -> None:
     ls.versioned_edits = bool(
         workspace and workspace.workspace_edit and workspace.workspace_edit.document_changes
     )
-    ls.apply_settings(params.initialization_options)
+    ls.apply_settings(params.initialization_options, check_gpu=False)
 
 
 @server.feature(types.INITIALIZED)
 async def initialized(ls: LlmmemServer, params: types.InitializedParams) -> None:
+    ls.show_settings_problems(ls.gpu_setting_problems())
     caps = ls.client_capabilities
     workspace = caps.workspace
     if workspace and workspace.configuration:
@@ -457,10 +475,11 @@ async def pull_diagnostics(
 
 
 def _hover_target(
-    checked: Checked, text: str, line: int, col: int, in_path: str | None = None
+    checked: Checked, lines: Lines, text: str, line: int, col: int, in_path: str | None = None
 ) -> tuple[str, SourceRange] | None:
     """What the cursor is on: ("model" | "budget" | "lora" | "quant", the range), the smallest
-    range that contains it winning; a setting's range covers its keyword too."""
+    range that contains it winning; a setting's range covers its keyword too. Reads only the
+    text around each setting (`lines` has the line starts), whatever the file's size."""
     from llmmem.rules.edits import keyword_span
 
     plan = checked.analysis.plan
@@ -473,11 +492,11 @@ def _hover_target(
     ]
     for name, sourced in plan.sourced_fields().items():
         if name != "model_id" and sourced.range is not None and sourced.range.path == in_path:
-            candidates.append(("budget", keyword_span(text, sourced.range)))
+            candidates.append(("budget", keyword_span(text, sourced.range, lines.starts)))
     if plan.lora is not None:
         for sourced in (plan.lora.r, plan.lora.alpha, plan.lora.target_modules):
             if sourced.range is not None and sourced.range.path == in_path:
-                candidates.append(("lora", keyword_span(text, sourced.range)))
+                candidates.append(("lora", keyword_span(text, sourced.range, lines.starts)))
     best: tuple[str, SourceRange] | None = None
     for kind, where in candidates:
         if where is None or where.path != in_path:
@@ -507,6 +526,8 @@ async def hover(ls: LlmmemServer, params: types.HoverParams) -> types.Hover | No
         if state.result is None:
             return None
         result = state.result
+        from llmmem.extract.notebook import cell_path
+
         in_path: str | None = cell_path(result.checked.analysis.plan.path, index)
     else:
         found = await ls.current(uri, HOVER_WAIT_S)
@@ -516,7 +537,7 @@ async def hover(ls: LlmmemServer, params: types.HoverParams) -> types.Hover | No
         text, in_path = result.text, None
     lines = ls.lines(text)
     line, col = lines.server_position(params.position)
-    target = _hover_target(result.checked, text, line, col, in_path)
+    target = _hover_target(result.checked, lines, text, line, col, in_path)
     if target is None:
         return None
     kind, where = target
@@ -642,6 +663,7 @@ def _quick_fixes(
 ) -> list[types.CodeAction]:
     from llmmem.report.findings import rule_url
     from llmmem.rules.edits import suppression_edit
+    from llmmem_lsp.placement import narrowed
 
     lines = ls.lines(result.text)
     plan = result.checked.analysis.plan
@@ -732,6 +754,8 @@ async def _cell_code_actions(
         return None
     if not _kind_wanted(types.CodeActionKind.QuickFix, params.context.only):
         return []
+    from llmmem.extract.notebook import cell_index
+
     plan_path = result.checked.analysis.plan.path
     ours = ls.cell_diagnostics(state).get(params.text_document.uri, [])
     by_title: dict[str, types.CodeAction] = {}
@@ -768,6 +792,8 @@ def _cell_edit(
     ls: LlmmemServer, notebook: types.NotebookDocument, plan_path: str, edits: Any
 ) -> types.WorkspaceEdit | None:
     """A workspace edit over the notebook's cells, or None when an edit lies elsewhere."""
+    from llmmem.extract.notebook import cell_index
+
     by_cell: dict[str, list[types.TextEdit]] = {}
     for edit in edits:
         index = cell_index(edit.range, plan_path)

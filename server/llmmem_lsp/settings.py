@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from llmmem.extract.numbers import MAX_COUNT
-
 SEVERITY_LEVELS = ("error", "warning", "info", "off")
 
 
@@ -51,6 +49,8 @@ def read_settings(raw: Any, base: ServerSettings | None = None) -> tuple[ServerS
             problems.append(f"llmmem.gpu must be a GPU name such as A100-80GB, got {gpu!r}")
 
     if "worldSize" in raw:
+        from llmmem.extract.numbers import MAX_COUNT  # not at start: it loads the extractors
+
         world_size = raw["worldSize"]
         if world_size is None or world_size == 0:
             changes["world_size"] = None

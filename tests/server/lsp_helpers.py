@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import select
+import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -170,3 +175,76 @@ def apply_lsp_edits(text: str, edits: list[types.TextEdit]) -> str:
     for start_at, end_at, new_text in spans:
         text = text[:start_at] + new_text + text[end_at:]
     return text
+
+
+class RawClient:
+    """`python -m llmmem_lsp` over stdio with Content-Length framed JSON-RPC written by hand,
+    for requests a typed client refuses to send."""
+
+    def __init__(self, cwd: Path | None = None) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "llmmem_lsp", "--log-level", "INFO"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=SERVER_ENV,
+            cwd=cwd,
+        )
+        self.buffer = b""
+
+    def send(self, message: dict[str, Any]) -> None:
+        body = json.dumps({"jsonrpc": "2.0", **message}).encode()
+        assert self.process.stdin is not None
+        self.process.stdin.write(b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        self.process.stdin.flush()
+
+    def _next(self, deadline: float) -> dict[str, Any] | None:
+        assert self.process.stdout is not None
+        while True:
+            head, found, rest = self.buffer.partition(b"\r\n\r\n")
+            if found:
+                length = int(head.split(b"Content-Length:")[1].split(b"\r\n")[0])
+                if len(rest) >= length:
+                    self.buffer = rest[length:]
+                    parsed: dict[str, Any] = json.loads(rest[:length])
+                    return parsed
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.process.stdout], [], [], left)[0]:
+                return None
+            chunk = os.read(self.process.stdout.fileno(), 65536)
+            if not chunk:
+                return None
+            self.buffer += chunk
+
+    def request(self, ident: int, method: str, params: Any = None, timeout: float = 5.0) -> Any:
+        """The answer to one request (None when none came within `timeout`)."""
+        message: dict[str, Any] = {"id": ident, "method": method}
+        if params is not None:
+            message["params"] = params
+        self.send(message)
+        deadline = time.monotonic() + timeout
+        while (answer := self._next(deadline)) is not None:
+            if answer.get("id") == ident and "method" not in answer:
+                return answer
+        return None
+
+    def notification(self, method: str, timeout: float) -> dict[str, Any] | None:
+        """The next notification `method` the server sends (None when none came in time)."""
+        deadline = time.monotonic() + timeout
+        while (message := self._next(deadline)) is not None:
+            if message.get("method") == method:
+                return message
+        return None
+
+    def initialize(self) -> None:
+        options = {"detectGpu": False, "hub": False}
+        init = {"capabilities": {}, "initializationOptions": options}
+        assert self.request(1, "initialize", init, timeout=30) is not None
+        self.send({"method": "initialized", "params": {}})
+
+    def close(self) -> str:
+        """Ends the process if still running; returns what it logged."""
+        if self.process.poll() is None:
+            self.process.kill()
+        _, err = self.process.communicate(timeout=10)
+        return err.decode(errors="replace")

@@ -577,20 +577,30 @@ def suppression_edit(text: str, line: int, code: str, kind: str) -> TextEdit | N
     return TextEdit(range=_point(line, len(current)), new_text=f"  # llmmem: ignore[{code}]")
 
 
-def keyword_span(text: str, value_range: SourceRange) -> SourceRange:
+def keyword_span(
+    text: str, value_range: SourceRange, starts: list[int] | None = None
+) -> SourceRange:
     """The range of `name=value` / `name: value` around a value's range (the value's own range
-    when no keyword is written right before it), so a hover on the keyword finds the value."""
-    name = keyword_at(text, value_range)
-    if name is None or value_range.start_line >= len(lines := text.splitlines()):
+    when no keyword is written right before it), so a hover on the keyword finds the value.
+    `starts` is `line_starts(text)`, computed once by a caller that asks about many ranges of
+    one text: with it, this reads only the text just before the value."""
+    starts = starts if starts is not None else line_starts(text)
+    if not 0 <= value_range.start_line < len(starts):
         return value_range
-    line = lines[value_range.start_line][: value_range.start_col]
-    start = line.rfind(name)
+    line_start = starts[value_range.start_line]
+    at = min(line_start + value_range.start_col, len(text))
+    before = text[max(0, at - 200) : at]
+    here = SourceRange(start_line=0, start_col=len(before), end_line=0, end_col=len(before))
+    name = keyword_at(before, here)  # the 200 characters before are all it reads
+    if name is None:
+        return value_range
+    start = text.rfind(name, line_start, at)
     if start < 0:
         return value_range
     return SourceRange(
         path=value_range.path,
         start_line=value_range.start_line,
-        start_col=start,
+        start_col=start - line_start,
         end_line=value_range.end_line,
         end_col=value_range.end_col,
     )

@@ -1,0 +1,89 @@
+"""A server that starts without the analyzer and answers hovers on a long script from the index
+of its text (how fast is measured in bench/lsp_latency.py, not here)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from lsp_helpers import NOT_FITTING, SERVER_ENV, open_document, published, start, wait_until
+from lsprotocol import types
+from pytest_lsp import LanguageClient
+
+HEAVY = ("llmmem.check", "llmmem.budget", "llmmem.rules", "llmmem.extract.python", "llmmem.gpus")
+
+
+def test_the_server_module_loads_no_analyzer_before_the_first_analysis() -> None:
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, llmmem_lsp.server; print('\\n'.join(sorted(sys.modules)))",
+        ],
+        capture_output=True,
+        text=True,
+        env=SERVER_ENV,
+        check=True,
+        timeout=60,
+    ).stdout.split()
+    assert not [name for name in loaded if name.startswith(HEAVY)]
+
+
+def long_script(filler_lines: int) -> tuple[str, int]:
+    """NOT_FITTING after `filler_lines` lines of helpers; returns the text and the line of
+    `per_device_train_batch_size=8`."""
+    filler = []
+    for index in range(filler_lines // 3):
+        filler += [f"def helper_{index}(value):", f"    return value + {index}", ""]
+    text = "\n".join(filler) + "\n" + NOT_FITTING
+    line = text.splitlines().index("    per_device_train_batch_size=8,")
+    return text, line
+
+
+async def hover_at(client: LanguageClient, uri: str, line: int, col: int) -> types.Hover | None:
+    return await client.text_document_hover_async(
+        types.HoverParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            position=types.Position(line=line, character=col),
+        )
+    )
+
+
+@pytest.mark.asyncio
+async def test_hovers_at_the_end_of_a_10000_line_script_find_their_setting(
+    client: LanguageClient, workdir: Path
+) -> None:
+    await start(client, "visual_studio_code")
+    text, line = long_script(9_990)
+    assert len(text.splitlines()) > 10_000
+    uri = open_document(client, workdir / "train.py", text)
+    await wait_until(lambda: any(p.uri == uri for p in published(client)), timeout=60)
+    # on the keyword (not the value): the setting's range covers `name=value`
+    on_keyword = await hover_at(client, uri, line, 6)
+    assert on_keyword is not None and on_keyword.range is not None
+    assert on_keyword.range.start == types.Position(line=line, character=4)
+    assert "on RTX-4090" in str(on_keyword.contents)
+    # the same text asked again (its index reused) gives the same answer; a helper gives none
+    assert await hover_at(client, uri, line, 6) == on_keyword
+    assert await hover_at(client, uri, 1, 4) is None
+    # after an edit above it, the index is the new version's: the setting moved down a line
+    client.text_document_did_change(
+        types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+            content_changes=[
+                types.TextDocumentContentChangePartial(
+                    range=types.Range(
+                        start=types.Position(line=0, character=0),
+                        end=types.Position(line=0, character=0),
+                    ),
+                    text="# a comment\n",
+                )
+            ],
+        )
+    )
+    await wait_until(lambda: any(p.version == 2 for p in published(client)), timeout=60)
+    moved = await hover_at(client, uri, line + 1, 6)
+    assert moved is not None and moved.range is not None
+    assert moved.range.start == types.Position(line=line + 1, character=4)
