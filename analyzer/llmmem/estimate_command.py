@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from typing import Any
 
 from llmmem.budget.limits import largest_batch, largest_seq
@@ -56,7 +57,7 @@ DEFAULTS: dict[str, Any] = {
 
 
 # the libraries whose release changes what a step holds, as `--versions` names them
-VERSIONED_LIBRARIES = ("transformers",)
+VERSIONED_LIBRARIES = ("transformers", "torch", "bitsandbytes")
 
 
 def parse_versions(text: str | list[str] | None) -> dict[str, str]:
@@ -84,6 +85,43 @@ def parse_versions(text: str | list[str] | None) -> dict[str, str]:
     return found
 
 
+def found_versions(args: argparse.Namespace) -> dict[str, Any]:
+    """The releases found for the current folder (llmmem.versions), looked up once per run."""
+    cached = getattr(args, "_found_versions", None)
+    if cached is None:
+        from pathlib import Path
+
+        from llmmem.versions import find_versions
+
+        cached = find_versions(Path.cwd())
+        args._found_versions = cached
+    return dict(cached)
+
+
+def _bitsandbytes_release(args: argparse.Namespace) -> str | None:
+    """QuantSetup's bitsandbytes_version: the flag's, else the found release, else None."""
+    flagged = parse_versions(getattr(args, "versions", None)).get("bitsandbytes")
+    if flagged:
+        return flagged
+    found = found_versions(args).get("bitsandbytes")
+    return str(found.release) if found is not None else None
+
+
+def versions_dict(args: argparse.Namespace) -> dict[str, Any]:
+    """Each library's release and its source, the --versions flags over what was found."""
+    out = {library: v.to_dict() for library, v in found_versions(args).items()}
+    for library, release_ in parse_versions(getattr(args, "versions", None)).items():
+        out[library] = {
+            "version": release_,
+            "source": "flag (--versions)",
+            "kind": "flag",
+            "path": None,
+            "line": None,
+            "label": f"{library} {release_} (flag)",
+        }
+    return out
+
+
 def add_plan_flags(parser: argparse.ArgumentParser) -> None:
     """The estimate flags of the plan's quantized storage and library releases."""
     parser.add_argument(
@@ -97,7 +135,10 @@ def add_plan_flags(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         help="library releases the run uses, e.g. transformers=4.48.1 (MoE experts are "
-        "quantized one nn.Linear each before transformers 5)",
+        "quantized one nn.Linear each before transformers 5), torch=2.4, bitsandbytes=0.42; "
+        "without it they are read from the environment and the requirement/lock files of the "
+        "current folder (a .venv, requirements*.txt, pyproject.toml, uv.lock, poetry.lock, "
+        "environment.yml), else the releases the tests pin",
     )
 
 
@@ -227,6 +268,9 @@ def build_setup(
             quant = QuantSetup(
                 quant_type=quant_type, double_quant=double_quant, quant_storage=storage or "uint8"
             )
+            bnb_release = _bitsandbytes_release(args)
+            if bnb_release:
+                quant = replace(quant, bitsandbytes_version=bnb_release)
         except SetupError as err:
             raise UsageError(str(err)) from None
         prov["quant_storage"] = "flag" if storage else "default (uint8)"
@@ -242,7 +286,17 @@ def build_setup(
     elif getattr(args, "quant_storage", None):
         raise UsageError("--quant-storage needs --quant nf4 or fp4 (or --method qlora)")
     versions = parse_versions(getattr(args, "versions", None))
-    prov["transformers_version"] = "flag" if "transformers" in versions else "default"
+    found = found_versions(args)
+    for library, field_name in (
+        ("transformers", "transformers_version"),
+        ("torch", "torch_version"),
+        ("bitsandbytes", "bitsandbytes_version"),
+    ):
+        if library in versions:
+            prov[field_name] = "flag"
+        elif library in found:
+            prov[field_name] = found[library].source
+            versions[library] = found[library].release
     optim = _pick(args, "optim", prov)
     try:
         find_optimizer(optim)
@@ -279,13 +333,19 @@ def build_setup(
             use_cache=bool(getattr(args, "use_cache", False)),
             transformers_version=versions.get("transformers", TESTED_TRANSFORMERS),
         )
+        if "torch" in versions:
+            setup = replace(setup, torch_version=versions["torch"])
     except SetupError as err:
         raise UsageError(str(err)) from None
     return setup, prov
 
 
 def setup_lines(
-    setup: TrainingSetup, prov: dict[str, str], gpu_prov: str, gpu: GpuTarget | None
+    setup: TrainingSetup,
+    prov: dict[str, str],
+    gpu_prov: str,
+    gpu: GpuTarget | None,
+    versions: dict[str, Any] | None = None,
 ) -> list[tuple[str, str, str]]:
     lines = [
         ("method", setup.method.value, prov.get("method", "")),
@@ -323,7 +383,13 @@ def setup_lines(
                 prov.get("quant", ""),
             )
         )
-    lines.append(("transformers", setup.transformers_version, prov.get("transformers_version", "")))
+    if versions:
+        for library, item in versions.items():
+            lines.append((library, str(item["version"]), str(item["source"])))
+    else:
+        lines.append(
+            ("transformers", setup.transformers_version, prov.get("transformers_version", ""))
+        )
     if setup.distributed.world_size > 1 or setup.distributed.zero_stage:
         lines.append(("devices", f"{setup.distributed.world_size}", prov.get("world_size", "")))
     lines.append(("GPU", gpu.name if gpu else "none given, none detected", gpu_prov))
@@ -356,6 +422,7 @@ def run_estimate(args: argparse.Namespace) -> int:
         out["setup"] = {
             "values": setup.to_dict(),
             "provenance": prov | {"gpu": gpu_prov},
+            "versions": versions_dict(args),
         }
         out.update(limits)
         json.dump(out, sys.stdout, indent=2)
@@ -375,7 +442,10 @@ def run_estimate(args: argparse.Namespace) -> int:
             else:
                 extra.append(f"{label} that fits: none — even 1 does not fit")
     render_budget(
-        budget, spec, setup_lines=setup_lines(setup, prov, gpu_prov, gpu), extra_lines=extra
+        budget,
+        spec,
+        setup_lines=setup_lines(setup, prov, gpu_prov, gpu, versions_dict(args)),
+        extra_lines=extra,
     )
     return 0
 

@@ -119,6 +119,7 @@ def run_explain(args: argparse.Namespace) -> int:
                 "findings": [f.to_json() for f in findings],
                 "problems": analysis.problems
                 + ([analysis.model_error] if analysis.model_error else []),
+                "versions": {lib: v.to_dict() for lib, v in analysis.versions.items()},
             },
             sys.stdout,
             indent=2,
@@ -187,6 +188,10 @@ def render_explanation(analysis: Any, findings: list[Any]) -> None:
             continue
         table.add_row(name, *(escape(cell) for cell in _describe(sourced)))
     console.print(table)
+    if analysis.versions:
+        from llmmem.versions import describe
+
+        console.print(escape(f"versions: {describe(analysis.versions)}"))
     for problem in analysis.problems:
         console.print(f"[yellow]problem:[/yellow] {escape(problem)}")
     if analysis.budget is None or analysis.spec is None:

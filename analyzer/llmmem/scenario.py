@@ -60,6 +60,8 @@ class Analysis:
     budget: Budget | None = None
     problems: list[str] = field(default_factory=list)
     model_error: str | None = None  # why the model could not be resolved
+    # the releases of the stack the file runs with, each with its source (llmmem.versions)
+    versions: dict[str, Any] = field(default_factory=dict)
 
     @property
     def path(self) -> Path:
@@ -215,6 +217,12 @@ def analyze(
     from llmmem.models.resolve import ModelResolutionError, resolve_model
 
     analysis = Analysis(plan=plan, problems=list(plan.problems))
+    from llmmem.versions import apply_to_setup, find_versions
+
+    try:
+        analysis.versions = find_versions(Path(plan.path))
+    except OSError:
+        analysis.versions = {}
     gpu_name = gpu or (str(plan.gpu.value) if plan.gpu is not None else None)
     analysis.gpu, gpu_error = resolve_gpu_target(gpu_name)
     analysis.gpu_source = ("flag" if gpu else "plan") if analysis.gpu else "none"
@@ -237,6 +245,7 @@ def analyze(
         return analysis
     try:
         analysis.setup = setup_from_plan(plan, analysis.spec)
+        analysis.setup = apply_to_setup(analysis.setup, analysis.versions)
         note = loaded_dtype_note(plan, analysis.spec)
         if note:
             precision = (

@@ -303,6 +303,21 @@ class BudgetModel(_Report):
     notes: list[str]
 
 
+class VersionModel(_Report):
+    """One library's release for the run, and where it was read (llmmem.versions)."""
+
+    version: str
+    source: str = Field(
+        description="where it was read: an environment folder (.venv), a requirement or lock "
+        "file (requirements.txt, uv.lock, ...), or the tests' pin"
+    )
+    kind: Literal["environment", "workspace", "default"]
+    path: str | None = Field(description="the file or site-packages folder it was read from")
+    line: int | None = Field(description="0-based line in path, where known")
+    label: str = Field(description="e.g. 'transformers 4.44.0 (requirements.txt)'")
+    note: str | None = None
+
+
 class ExplainReport(_Report):
     """`llmmem explain FILE --format json`."""
 
@@ -312,6 +327,11 @@ class ExplainReport(_Report):
     budget: BudgetModel | None = Field(description="null when the model is unknown")
     findings: list[FindingModel]
     problems: list[str]
+    versions: dict[str, VersionModel] = Field(
+        default_factory=dict,
+        description="library -> its release for the run (torch, transformers, peft, trl, "
+        "bitsandbytes, deepspeed, accelerate, torchtune; those no source names are left out)",
+    )
 
 
 REPORTS: dict[str, type[BaseModel]] = {"explain": ExplainReport, "lint": LintReport}
