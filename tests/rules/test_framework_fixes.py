@@ -173,3 +173,92 @@ def test_no_hf_trainer_names_in_other_frameworks(name: str, foreign: tuple[str, 
         for fix in fixes_of(path, text, gpu).values():
             written = "".join(edit.new_text for edit in fix.edits)
             assert not any(key in written for key in foreign), (fix.title, written)
+
+
+QLORA = "Switch to QLoRA (4-bit NF4 base weights)"
+
+
+def edited_text(path: Path, text: str, title: str, gpu: str) -> str:
+    fixes = fixes_of(path, text, gpu)
+    assert title in fixes, sorted(fixes)
+    applied(path, text, fixes[title], gpu)
+    return apply_edits(text, fixes[title].edits)
+
+
+def test_torchtune_qlora_swaps_the_lora_builder_for_its_qlora_twin(tmp_path: Path) -> None:
+    text = (CONFIGS / "torchtune_qlora.yaml").read_text(encoding="utf-8")
+    text = text.replace("qlora_llama3_1_8b", "lora_llama3_1_8b")
+    path = tmp_path / "lora.yaml"
+    path.write_text(text, encoding="utf-8")
+    after = edited_text(path, text, QLORA, "RTX-4090")
+    assert after == text.replace(
+        "_component_: torchtune.models.llama3_1.lora_llama3_1_8b",
+        "_component_: torchtune.models.llama3_1.qlora_llama3_1_8b",
+    )
+    checked = check_text(path, after, gpu="RTX-4090", hub=False)
+    assert checked.analysis.plan.quantization is not None
+    # applied, the file is QLoRA: the fix is not offered again
+    assert QLORA not in fixes_of(path, after, "RTX-4090")
+
+
+def test_torchtune_qlora_is_not_offered_where_torchtune_has_no_qlora_builder(
+    tmp_path: Path,
+) -> None:
+    text = (CONFIGS / "torchtune_qlora.yaml").read_text(encoding="utf-8")
+    text = text.replace(
+        "torchtune.models.llama3_1.qlora_llama3_1_8b",
+        "torchtune.models.qwen2_5.lora_qwen2_5_7b_base",
+    )
+    path = tmp_path / "qwen.yaml"
+    path.write_text(text, encoding="utf-8")
+    for gpu in ("T4", "RTX-4090"):
+        assert QLORA not in fixes_of(path, text, gpu)
+
+
+def test_llamafactory_v1_qlora_writes_its_quant_config() -> None:
+    path = CONFIGS / "llamafactory_v1_lora.yaml"
+    text = path.read_text(encoding="utf-8")
+    after = edited_text(path, text, QLORA, "RTX-4090")
+    assert after == text + "quant_config: {name: bnb, quantization_bit: 4}\n"
+    document = yaml.safe_load(after)
+    assert document["quant_config"] == {"name": "bnb", "quantization_bit": 4}
+    assert "quantization_bit" not in document  # the 0.9 key, which v1 does not read
+    assert QLORA not in fixes_of(path, after, "RTX-4090")
+
+
+AXOLOTL_LIGER = "axolotl.integrations.liger.LigerPlugin"
+CCE = "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"
+
+
+def axolotl_with(tmp_path: Path, plugins: str) -> tuple[Path, str]:
+    text = (CONFIGS / "axolotl_qlora.yml").read_text(encoding="utf-8")
+    text = text.replace("adapter: qlora\n", plugins + "adapter: qlora\n")
+    path = tmp_path / "axolotl.yml"
+    path.write_text(text, encoding="utf-8")
+    return path, text
+
+
+def test_axolotl_liger_appends_to_a_block_plugins_list(tmp_path: Path) -> None:
+    block = f"plugins:\n  - {CCE}  # kept\n\n"
+    path, text = axolotl_with(tmp_path, block)
+    after = edited_text(path, text, LIGER, "RTX-4090")
+    expected = text.replace(block, f"plugins:\n  - {CCE}  # kept\n  - {AXOLOTL_LIGER}\n\n")
+    assert after == expected + "liger_fused_linear_cross_entropy: true\n"
+    assert LIGER not in fixes_of(path, after, "RTX-4090")
+
+
+def test_axolotl_liger_appends_to_a_flow_plugins_list(tmp_path: Path) -> None:
+    path, text = axolotl_with(tmp_path, "plugins: [my_org.plugins.Logging]\n")
+    after = edited_text(path, text, LIGER, "RTX-4090")
+    expected = text.replace(
+        "plugins: [my_org.plugins.Logging]\n",
+        f"plugins: [my_org.plugins.Logging, {AXOLOTL_LIGER}]\n",
+    )
+    assert after == expected + "liger_fused_linear_cross_entropy: true\n"
+
+
+def test_axolotl_liger_with_the_plugin_listed_only_adds_the_key(tmp_path: Path) -> None:
+    path, text = axolotl_with(tmp_path, f"plugins:\n- {AXOLOTL_LIGER}\n")
+    after = edited_text(path, text, LIGER, "RTX-4090")
+    assert after == text + "liger_fused_linear_cross_entropy: true\n"
+    assert after.count(AXOLOTL_LIGER) == 1

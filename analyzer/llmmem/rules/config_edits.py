@@ -114,6 +114,12 @@ def config_literal(value: Any, *, json_file: bool) -> str:
         return "true" if value else "false"
     if isinstance(value, list):
         return "[" + ", ".join(config_literal(item, json_file=False) for item in value) + "]"
+    if isinstance(value, dict):
+        entries = (
+            f"{config_literal(key, json_file=False)}: {config_literal(item, json_file=False)}"
+            for key, item in value.items()
+        )
+        return "{" + ", ".join(entries) + "}"
     if isinstance(value, str):
         loaded = _plain_scalar(value)
         return value if loaded == value else json.dumps(value)
@@ -224,6 +230,12 @@ def spelled_edits(
             return None
         if found and current == value and type(current) is type(value):
             continue
+        if _appends(current, value) and len(write.path) == 1:
+            edit = append_to_sequence(edited, str(write.path[0]), value[len(current) :])
+            if edit is None:
+                return None
+            edited = apply_edits(edited, [edit])
+            continue
         where = document.range_of(write.path) if found else None
         if where is None and (write.only_if_written or len(write.path) > 1):
             return None
@@ -235,3 +247,88 @@ def spelled_edits(
     if edited == text:
         return None
     return [whole_change(text, edited)]
+
+
+def _appends(current: Any, value: Any) -> bool:
+    """`value` is the list `current` with items added at its end."""
+    return (
+        isinstance(current, list)
+        and isinstance(value, list)
+        and len(value) > len(current)
+        and value[: len(current)] == current
+    )
+
+
+def append_to_sequence(text: str, key: str, items: list[Any]) -> TextEdit | None:
+    """The edit adding `items` at the end of the list that the first document's top-level `key`
+    holds, in that list's own style: `, item` before a flow list's `]`, a `- item` line after a
+    block list's last item, at its indent. None for a list shared through an anchor or an
+    alias, or a key that holds no list."""
+    try:
+        events = _first_document_events(text)
+    except yaml.YAMLError:
+        return None
+    if not events or not isinstance(events[0], yaml.MappingStartEvent):
+        return None
+    depth, expect_key, index = 0, True, 0
+    start: yaml.SequenceStartEvent | None = None
+    for index, event in enumerate(events):
+        if depth == 1 and expect_key and isinstance(event, yaml.ScalarEvent):
+            if event.value == key:
+                following = events[index + 1] if index + 1 < len(events) else None
+                if isinstance(following, yaml.SequenceStartEvent):
+                    start = following
+                break
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            if depth == 1:
+                expect_key = not expect_key
+            depth += 1
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+        elif depth == 1:
+            expect_key = not expect_key
+    if start is None or start.anchor is not None:
+        return None
+    item_starts: list[int] = []
+    last_end: int | None = None
+    nesting = 0
+    for event in events[index + 2 :]:
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            if nesting == 0:
+                item_starts.append(event.start_mark.index)
+            nesting += 1
+            continue
+        if isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            if nesting == 0:
+                end_event = event
+                break
+            nesting -= 1
+            if nesting == 0:
+                last_end = event.end_mark.index
+            continue
+        if isinstance(event, yaml.AliasEvent) and nesting == 0:
+            return None  # an item read through an alias: the list is not this key's alone
+        if nesting == 0:
+            item_starts.append(event.start_mark.index)
+            last_end = event.end_mark.index
+    else:
+        return None
+    literals = [config_literal(item, json_file=False) for item in items]
+    if start.flow_style:
+        if last_end is None:
+            close = end_event.start_mark.index
+            return _edit(text, close, close, ", ".join(literals))
+        return _edit(text, last_end, last_end, "".join(f", {item}" for item in literals))
+    if last_end is None or not item_starts:
+        return None
+    first_line = text.rfind("\n", 0, item_starts[0]) + 1
+    prefix = text[first_line : item_starts[0]]
+    if not prefix.strip(" \t").startswith("-") or prefix.strip(" \t-"):
+        return None
+    line_end = text.find("\n", last_end)
+    if line_end < 0:
+        eol = "\r\n" if "\r\n" in text else "\n"
+        return _edit(text, len(text), len(text), "".join(eol + prefix + item for item in literals))
+    eol = "\r\n" if text[line_end - 1 : line_end] == "\r" else "\n"
+    at = line_end + 1
+    return _edit(text, at, at, "".join(prefix + item + eol for item in literals))

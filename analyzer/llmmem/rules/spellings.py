@@ -93,12 +93,15 @@ AXOLOTL_LIGER_PLUGIN = "axolotl.integrations.liger.LigerPlugin"
 
 def _with_liger_plugin(current: Any) -> Any:
     """`plugins` with the Liger plugin: a new one-item list; a list that has it, unchanged;
-    any other list is not edited (no fix: appending to a block list is left to the user)."""
+    any other list with the plugin appended (written at its end, in its own block or flow
+    style); a `plugins` that is not a list of names is not edited (no fix)."""
     if current is None:
         return [AXOLOTL_LIGER_PLUGIN]
-    if isinstance(current, list) and AXOLOTL_LIGER_PLUGIN in current:
+    if not isinstance(current, list) or not all(isinstance(item, str) for item in current):
+        return None
+    if AXOLOTL_LIGER_PLUGIN in current:
         return current
-    return None
+    return [*current, AXOLOTL_LIGER_PLUGIN]
 
 
 # LLaMA-Factory 0.9 (flat keys): llamafactory/hparams/model_args.py (disable_gradient_checkpointing,
@@ -118,16 +121,75 @@ LLAMAFACTORY: dict[str, Spelling] = {
 # optimizer plugin (v1/plugins/trainer_plugins/optimizer.py is empty), and its liger_kernel
 # kernel_config keeps the logits while training (v1/core/model_engine.py: require_logits), so
 # no optimizer or fused-loss entry.
+#
+# QLoRA in v1 is the model's `quant_config` plugin: `name: bnb` with `quantization_bit: 4`
+# loads the base weights as bitsandbytes NF4 with double quantization (LLaMA-Factory
+# src/llamafactory/v1/config/model_args.py `quant_config`, v1/plugins/model_plugins/
+# quantization.py BnbParams, at commit 1bc8a836); only with a LoRA `peft_config` (the lever's
+# own condition) and never over a `quant_config` already written.
 LLAMAFACTORY_V1: dict[str, Spelling] = {
     "grad-ckpt": (KeyWrite(("enable_activation_checkpointing",), True),),
     "bf16": (KeyWrite(("bf16",), True),),
     "halve-batch": _halve_keeping_global(("micro_batch_size",), ("global_batch_size",)),
+    "qlora": (
+        KeyWrite(
+            ("quant_config",),
+            lambda _s, current: {"name": "bnb", "quantization_bit": 4} if current is None else None,
+        ),
+    ),
 }
+
+# torchtune 0.6.1's QLoRA builders: `qlora_<name>` is `partial(lora_<name>, quantize_base=True)`
+# (NF4 base weights, torchtune/models/*/_model_builders.py); a LoRA builder without a QLoRA twin
+# (Qwen, for one) has no QLoRA fix.
+TORCHTUNE_QLORA_BUILDERS = frozenset(
+    {
+        "qlora_code_llama2_7b",
+        "qlora_code_llama2_13b",
+        "qlora_code_llama2_70b",
+        "qlora_gemma_2b",
+        "qlora_gemma_7b",
+        "qlora_gemma2_2b",
+        "qlora_gemma2_9b",
+        "qlora_gemma2_27b",
+        "qlora_llama2_7b",
+        "qlora_llama2_13b",
+        "qlora_llama2_70b",
+        "qlora_llama2_reward_7b",
+        "qlora_llama3_8b",
+        "qlora_llama3_70b",
+        "qlora_llama3_1_8b",
+        "qlora_llama3_1_70b",
+        "qlora_llama3_1_405b",
+        "qlora_llama3_2_1b",
+        "qlora_llama3_2_3b",
+        "qlora_llama3_2_vision_11b",
+        "qlora_llama3_2_vision_90b",
+        "qlora_mistral_7b",
+        "qlora_mistral_reward_7b",
+        "qlora_phi3_mini",
+        "qlora_phi4_14b",
+    }
+)
+
+
+def torchtune_qlora_builder(_setup: TrainingSetup, current: Any) -> Any:
+    """`torchtune.models.llama3_1.lora_llama3_1_8b` -> `...qlora_llama3_1_8b`, where torchtune
+    has that builder; None for any other component."""
+    if not isinstance(current, str):
+        return None
+    module, _, builder = current.rpartition(".")
+    if not builder.startswith("lora_") or f"q{builder}" not in TORCHTUNE_QLORA_BUILDERS:
+        return None
+    return f"{module}.q{builder}" if module else f"q{builder}"
+
 
 # torchtune 0.6: recipes/lora_finetune_single_device.py, full_finetune_*.py
 # (enable_activation_checkpointing, dtype, batch_size, gradient_accumulation_steps, optimizer
 # instantiated from `_component_`). torchtune 0.6 has no fused linear cross-entropy loss.
+# QLoRA: the model's `_component_` becomes the builder's QLoRA twin (above).
 TORCHTUNE: dict[str, Spelling] = {
+    "qlora": (KeyWrite(("model", "_component_"), torchtune_qlora_builder, True),),
     "grad-ckpt": (KeyWrite(("enable_activation_checkpointing",), True),),
     "bf16": (KeyWrite(("dtype",), "bf16"),),
     "optim-8bit": (KeyWrite(("optimizer", "_component_"), "bitsandbytes.optim.AdamW8bit", True),),
