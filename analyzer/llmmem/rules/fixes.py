@@ -26,10 +26,9 @@ from llmmem.plan import Provenance, TrainingPlan
 from llmmem.rules.config_edits import spelled_edits
 from llmmem.rules.edits import (
     apply_edits,
-    ensure_import,
-    insert_keyword,
-    insert_line_after,
+    qlora_edits,
     set_setting,
+    statement_after_load,
 )
 from llmmem.rules.finding import Fix, TextEdit
 from llmmem.rules.spellings import spelling
@@ -90,10 +89,9 @@ def _grad_ckpt_edit(analysis: Analysis, text: str) -> list[TextEdit] | None:
     edits = set_setting(analysis.plan, text, "gradient_checkpointing", True)
     if edits or analysis.plan.kind != "python" or analysis.plan.model_range is None:
         return edits
-    edit = insert_line_after(
+    return statement_after_load(
         text, analysis.plan.model_range, lambda name: f"{name}.gradient_checkpointing_enable()"
     )
-    return [edit] if edit else None
 
 
 def _qlora(setup: TrainingSetup) -> TrainingSetup | None:
@@ -120,26 +118,12 @@ QLORA_CONFIG = (
 
 def _qlora_edit(analysis: Analysis, text: str) -> list[TextEdit] | None:
     """`quantization_config=BitsAndBytesConfig(...)` on the model's `from_pretrained` call,
-    `prepare_model_for_kbit_training(model)` after it, and the imports they need."""
+    `prepare_model_for_kbit_training(model)` after it, and the imports they need: one
+    codemod (`rules/codemods.qlora_edits`)."""
     plan = analysis.plan
     if plan.kind != "python" or plan.model_range is None or plan.quantization is not None:
         return None
-    keyword = insert_keyword(text, plan.model_range, "quantization_config", None, code=QLORA_CONFIG)
-    prepare = insert_line_after(
-        text, plan.model_range, lambda name: f"{name} = prepare_model_for_kbit_training({name})"
-    )
-    if keyword is None or prepare is None:
-        return None
-    imports = [
-        edit
-        for edit in (
-            ensure_import(text, "torch"),
-            ensure_import(text, "transformers", "BitsAndBytesConfig"),
-            ensure_import(text, "peft", "prepare_model_for_kbit_training"),
-        )
-        if edit is not None
-    ]
-    return imports + [keyword, prepare]
+    return qlora_edits(text, plan.model_range, QLORA_CONFIG)
 
 
 def _halve_batch_edit(analysis: Analysis, text: str) -> list[TextEdit] | None:
@@ -172,10 +156,15 @@ def _in_dialect(
     lever: str, python_edit: Callable[[Analysis, str], list[TextEdit] | None]
 ) -> Callable[[Analysis, str], list[TextEdit] | None]:
     """The lever's edit in the file's own dialect: a YAML/JSON config gets its framework's keys
-    and values (none where the framework has no such setting); other files `python_edit`."""
+    and values (none where the framework has no such setting), a shell launcher the flags of
+    the program it starts (`rules/shell_edits`); other files `python_edit`."""
 
     def edit(analysis: Analysis, text: str) -> list[TextEdit] | None:
         plan = analysis.plan
+        if plan.kind == "shell":
+            from llmmem.rules.shell_edits import launcher_edits
+
+            return launcher_edits(analysis, text, lever)
         if plan.kind not in ("yaml", "json"):
             return python_edit(analysis, text)
         if lever == "bf16" and analysis.gpu is not None and not analysis.gpu.bf16:

@@ -1,0 +1,207 @@
+"""Fixes of a shell launcher edit the flags on its command line, as its program reads them.
+
+Each case writes a launcher (and the script or config it starts) to a folder, asks for the
+fixes as `llmmem-lint` and the editor do, applies one, and checks what a user would see: the
+edited script's text (only the flag changed; continuations, quotes, comments and line endings
+kept) and its estimate read again, which is the title's number.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from llmmem.check import check_text
+from llmmem.extract.shell import ShellScanner
+from llmmem.rules.edits import apply_edits
+from llmmem.rules.finding import Fix
+from llmmem.units import format_bytes
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+SHELL = FIXTURES / "shell"
+
+LIGER = "Use Liger's fused linear cross-entropy"
+HALVE = "Halve the micro-batch, double the accumulation"
+CHECKPOINTING = "Enable gradient checkpointing"
+QLORA = "Switch to QLoRA (4-bit NF4 base weights)"
+
+
+def fixes_of(path: Path, text: str, gpu: str) -> dict[str, Fix]:
+    checked = check_text(path, text, gpu=gpu, hub=False)
+    return {fix.title.split(" → ")[0]: fix for finding in checked.findings for fix in finding.fixes}
+
+
+def fixed(path: Path, title: str, gpu: str = "RTX-4090") -> str:
+    """The launcher after the fix titled `title`, checked to give the title's total, lower
+    than before, and to still split into words."""
+    text = path.read_bytes().decode("utf-8")
+    before = check_text(path, text, gpu=gpu, hub=False).analysis.budget
+    fixes = fixes_of(path, text, gpu)
+    assert title in fixes, sorted(fixes)
+    after_text = apply_edits(text, fixes[title].edits)
+    ShellScanner(after_text).commands()
+    after = check_text(path, after_text, gpu=gpu, hub=False).analysis.budget
+    assert before is not None and after is not None
+    assert f"→ {format_bytes(after.device_total_bytes)}" in fixes[title].title
+    assert after.device_total_bytes < before.device_total_bytes
+    return after_text
+
+
+def folder(tmp_path: Path, *names: str) -> Path:
+    for name in names:
+        source = next(FIXTURES.rglob(name))
+        shutil.copy(source, tmp_path / name)
+    return tmp_path
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_bytes(text.encode("utf-8"))
+    return path
+
+
+def test_deepspeed_launcher_adds_hf_checkpointing_flag_on_a_continuation_line() -> None:
+    # finetune.py is not beside the file; the command line uses HF names, so HF flags are read
+    path = SHELL / "launch_deepspeed.sh"
+    text = path.read_text(encoding="utf-8")
+    after = fixed(path, CHECKPOINTING)
+    assert after == text.replace(
+        "    --output_dir $OUT 2>&1",
+        "    --output_dir $OUT \\\n    --gradient_checkpointing 2>&1",
+    )
+
+
+def test_deepspeed_launcher_halves_batch_and_adds_accumulation() -> None:
+    path = SHELL / "launch_deepspeed.sh"
+    text = path.read_text(encoding="utf-8")
+    after = fixed(path, HALVE)
+    expected = text.replace("--per_device_train_batch_size 4", "--per_device_train_batch_size 2")
+    expected = expected.replace(
+        "    --output_dir $OUT 2>&1",
+        "    --output_dir $OUT \\\n    --gradient_accumulation_steps 2 2>&1",
+    )
+    assert after == expected
+
+
+def test_torchtune_launcher_halves_with_key_value_overrides() -> None:
+    path = SHELL / "launch_tune.sh"
+    text = path.read_text(encoding="utf-8")
+    after = fixed(path, HALVE)
+    assert after == text.replace(
+        "batch_size=4 gradient_accumulation_steps=2", "batch_size=2 gradient_accumulation_steps=4"
+    )
+
+
+def test_torchrun_variable_used_once_is_changed_at_its_assignment() -> None:
+    path = SHELL / "launch_torchrun.sh"
+    text = path.read_text(encoding="utf-8")
+    after = fixed(path, HALVE)
+    assert after == text.replace("BATCH=8", "BATCH=4").replace("--grad_accum 4", "--grad_accum 8")
+
+
+def test_llamafactory_launcher_liger_is_an_override_in_its_own_spelling() -> None:
+    path = SHELL / "launch_llamafactory.sh"
+    text = path.read_text(encoding="utf-8")
+    after = fixed(path, LIGER)
+    assert after == text.replace(
+        "per_device_train_batch_size=1\n",
+        "per_device_train_batch_size=1 \\\n    enable_liger_kernel=true\n",
+    )
+
+
+def test_trl_launcher_liger_is_the_bare_hf_flag() -> None:
+    path = SHELL / "launch_trl.sh"
+    text = path.read_text(encoding="utf-8")
+    after = fixed(path, LIGER)
+    assert after == text.replace(
+        "  --num_processes 2\n", "  --num_processes 2 \\\n  --use_liger_kernel\n"
+    )
+
+
+def test_equals_form_quotes_comment_and_crlf_are_kept(tmp_path: Path) -> None:
+    folder(tmp_path, "hf_argparser_dataclass.py")
+    text = (
+        "#!/bin/bash\r\n"
+        "torchrun --nproc_per_node 1 hf_argparser_dataclass.py \\\r\n"
+        "  --per_device_train_batch_size=16 \\\r\n"
+        '  --optim "adamw_torch"  # keep this comment\r\n'
+    )
+    path = write(tmp_path / "launch.sh", text)
+    after = fixed(path, HALVE, gpu="A100-40GB")
+    assert after == text.replace(
+        "--per_device_train_batch_size=16 ", "--per_device_train_batch_size=8 "
+    ).replace(
+        '"adamw_torch"  #',
+        '"adamw_torch" \\\r\n  --gradient_accumulation_steps 2  #',
+    )
+    after = fixed(path, LIGER, gpu="A100-40GB")
+    assert '--optim "adamw_torch" \\\r\n  --use_liger_kernel  # keep this comment\r\n' in after
+    assert "\n" not in after.replace("\r\n", "")
+
+
+def test_argparse_script_gets_only_its_own_options(tmp_path: Path) -> None:
+    # argparse_script.py defines --batch-size, --grad_accum and a store_true
+    # --gradient_checkpointing; an HF flag it does not define would stop it at start
+    folder(tmp_path, "argparse_script.py")
+    text = "python argparse_script.py --batch-size 16 --seq_len 4096\n"
+    path = write(tmp_path / "run.sh", text)
+    after = fixed(path, CHECKPOINTING, gpu="A100-80GB")
+    assert (
+        after
+        == "python argparse_script.py --batch-size 16 --seq_len 4096 --gradient_checkpointing\n"
+    )
+    after = fixed(path, HALVE, gpu="A100-80GB")
+    assert after == "python argparse_script.py --batch-size 8 --seq_len 4096 --grad_accum 16\n"
+    titles = fixes_of(path, text, "A100-80GB")
+    assert LIGER not in titles  # the script has no option for it
+    assert not any("8-bit" in title for title in titles)
+
+
+def test_shared_variable_is_replaced_on_the_command_line(tmp_path: Path) -> None:
+    folder(tmp_path, "argparse_script.py")
+    text = "B=16\npython argparse_script.py --batch-size=$B --seq_len 4096 --output runs/b$B\n"
+    path = write(tmp_path / "run.sh", text)
+    after = fixed(path, HALVE, gpu="A100-80GB")
+    assert after == (
+        "B=16\npython argparse_script.py --batch-size=8 --seq_len 4096 --output runs/b$B"
+        " --grad_accum 16\n"
+    )
+
+
+def test_torchtune_launcher_qlora_overrides_the_model_builder(tmp_path: Path) -> None:
+    config = (FIXTURES / "configs" / "torchtune_qlora.yaml").read_text(encoding="utf-8")
+    write(tmp_path / "lora.yaml", config.replace("qlora_llama3_1_8b", "lora_llama3_1_8b"))
+    text = "tune run lora_finetune_single_device --config lora.yaml batch_size=8\n"
+    path = write(tmp_path / "run.sh", text)
+    after = fixed(path, QLORA)
+    assert after == text.replace(
+        "batch_size=8\n",
+        "batch_size=8 model._component_=torchtune.models.llama3_1.qlora_llama3_1_8b\n",
+    )
+
+
+def test_llamafactory_v1_launcher_qlora_is_its_quant_config(tmp_path: Path) -> None:
+    folder(tmp_path, "llamafactory_v1_lora.yaml")
+    text = "llamafactory-cli train llamafactory_v1_lora.yaml micro_batch_size=8\n"
+    path = write(tmp_path / "run.sh", text)
+    after = fixed(path, QLORA)
+    assert after == text.replace(
+        "micro_batch_size=8\n",
+        "micro_batch_size=8 quant_config.name=bnb quant_config.quantization_bit=4\n",
+    )
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in SHELL.glob("*.sh")))
+def test_fixing_twice_changes_nothing_more(name: str) -> None:
+    """Every fix of a shell fixture, applied, leaves nothing for the same fix to do (but
+    halving a micro-batch, which may be halved again)."""
+    path = SHELL / name
+    text = path.read_text(encoding="utf-8")
+    for gpu in ("RTX-4090", "A100-80GB"):
+        for title, fix in fixes_of(path, text, gpu).items():
+            after = apply_edits(text, fix.edits)
+            again = fixes_of(path, after, gpu)
+            if title.startswith(("Make it fit", HALVE)):
+                continue
+            assert title not in again, (gpu, title)
