@@ -44,8 +44,6 @@ WIDER = {
     # README's "not explained yet"
     "hf/full/device/1 GPU": "full fine-tuning's cached segments",
     "hf/full/reserved/1 GPU": "full fine-tuning's cached segments",
-    # FSDP LoRA at 16k tokens per rank (-12.5%) beside rows within 6%
-    "hf/lora/allocated/FSDP": "FSDP LoRA at 16k tokens per rank",
     # fsdp_qlora's own loop and allocator history: every row 8-22% low
     "hf/qlora/reserved/FSDP": "fsdp_qlora's reserved memory",
 }
@@ -129,7 +127,8 @@ def test_a_class_with_little_evidence_gets_the_wide_default_and_says_so() -> Non
     band, total = budget.band, budget.device_total_bytes
     assert "0 measured rows, fewer than 5: the wide default band" in band.basis
     assert band.rows == 0
-    assert band.low_bytes <= 0.85 * total and band.high_bytes >= 1.2 * total
+    # the default spans the lowest and highest ratio of every row: far wider than a class's
+    assert band.low_bytes <= 0.9 * total and band.high_bytes >= 1.2 * total
 
 
 def test_the_verdict_is_tight_where_the_band_crosses_the_capacity() -> None:

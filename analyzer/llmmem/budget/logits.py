@@ -39,6 +39,23 @@ def liger_chunk_rows(spec: ModelSpec, setup: TrainingSetup) -> int:
     return 1 << max(0, (rows - 1).bit_length())
 
 
+# Causal LMs whose forward computed its own cross-entropy on the 16-bit logits, with no fp32
+# upcast, until transformers 4.49 moved them onto the shared `ForCausalLMLoss` (read in each
+# model's modeling file at 4.48.1 and 4.49.0). GPT-J upcast its logits and is not one of them.
+OWN_16BIT_LOSS_BEFORE_4_49 = frozenset(
+    {"gpt_bigcode", "gpt_neox", "falcon", "bloom", "opt", "gpt_neo", "mpt", "codegen", "dbrx"}
+)
+
+
+def own_16bit_loss(spec: ModelSpec, setup: TrainingSetup) -> bool:
+    return (
+        setup.loss is LossImpl.STANDARD
+        and setup.transformers_release < (4, 49)
+        and spec.model_type in OWN_16BIT_LOSS_BEFORE_4_49
+        and dtypes_for(setup).compute != 4
+    )
+
+
 def logits_moments(spec: ModelSpec, setup: TrainingSetup) -> LogitsMoments:
     if not spec.is_causal_lm:
         return LogitsMoments(0, 0, 0, "no LM head", "no LM head", "no LM head")
@@ -77,10 +94,29 @@ def logits_moments(spec: ModelSpec, setup: TrainingSetup) -> LogitsMoments:
             text + f" + 12 B × one chunk of {CHUNK_POSITIONS} positions",
             text,
         )
+    if own_16bit_loss(spec, setup):
+        # the shifted copy and the log-softmax in the logits' dtype, beside the logits
+        text = f"({e} (logits) + {e} (shifted copy) + {e} (log-softmax)) B × {count}"
+        return LogitsMoments(
+            3 * e * n_logits,
+            3 * e * n_logits,
+            2 * e * n_logits,
+            text + f": the model's own loss in transformers {setup.transformers_version}",
+            f"{3 * e} B × {count}: saved log-softmax + its gradient + the input gradient "
+            "(logits' dtype)",
+            f"{2 * e} B × {count}: the logits' gradient, scattered into the unshifted shape",
+        )
     upcast = 4 if e != 4 else 0
     capped = e if softcap else 0  # tanh of the soft-capped logits is saved
-    forward_per = e + upcast + 4 + capped
-    parts = [f"{e} (logits)"] + ([f"{upcast} (fp32 copy)"] if upcast else [])
+    keeps_16bit, shifted_copy = setup.loss_forward_copies
+    if not upcast:
+        keeps_16bit = True  # fp32 logits: the upcast is the logits themselves
+    shift = 4 if shifted_copy else 0
+    forward_per = (e if keeps_16bit else 0) + upcast + shift + 4 + capped
+    parts = [f"{e} (logits)"] if keeps_16bit else []
+    parts += [f"{upcast} (fp32 copy)"] if upcast else []
+    if shift:
+        parts += [f"{shift} (shifted fp32 copy, transformers {setup.transformers_version})"]
     parts += ["4 (log-softmax)"] + ([f"{capped} (softcap tanh)"] if capped else [])
     backward_per = 12 + capped
     head_per = 4 + e + capped if e != 4 else 4 + capped
@@ -99,6 +135,11 @@ def logits_hole(spec: ModelSpec, setup: TrainingSetup) -> int:
     tensors that follow: the caching allocator keeps it reserved, unused, until the logits'
     16-bit gradient fits into it. Only the standard loss upcasts whole 16-bit logits."""
     if not spec.is_causal_lm or setup.loss is not LossImpl.STANDARD:
+        return 0
+    if own_16bit_loss(spec, setup) or all(setup.loss_forward_copies):
+        # transformers 4.46-4.48 (and the 16-bit losses): the 16-bit logits stay allocated
+        # beside the fp32 copies until forward's end, the allocated peak, and the backward's
+        # fp32 tensors fit into the copies' freed blocks
         return 0
     e = dtypes_for(setup).compute
     return e * logits_count(spec, setup) if e != 4 else 0

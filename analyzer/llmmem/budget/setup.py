@@ -350,6 +350,22 @@ class TrainingSetup:
         return self.transformers_release < (5, 0)
 
     @property
+    def loss_forward_copies(self) -> tuple[bool, bool]:
+        """How transformers' causal-LM loss holds the logits while it computes (read in its
+        code at each release, measured on CPU in tests/budget/test_loss_versions.py):
+        (keeps the 16-bit logits beside the fp32 copy, shifts the fp32 logits into a copy).
+        Up to 4.45 each model's forward upcast the logits in place of the 16-bit ones (which
+        die there) and sliced `logits[..., :-1, :].contiguous()`; 4.46-4.48's shared
+        `ForCausalLMLoss` kept the caller's 16-bit logits alive beside the upcast and still
+        made the shifted copy; from 4.49 it pads the labels instead and makes no copy."""
+        found = self.transformers_release
+        if found < (4, 46):
+            return (False, True)
+        if found < (4, 49):
+            return (True, True)
+        return (True, False)
+
+    @property
     def softmax_keeps_input(self) -> bool:
         """Up to torch 1.10 softmax's backward kept its input as well as its output."""
         return self.torch_release < (1, 11)
