@@ -29,6 +29,8 @@ from transformers import (
     AutoModelForSeq2SeqLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
+    Llama4ForCausalLM,
+    Llama4TextConfig,
 )
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.pytorch_utils import Conv1D
@@ -367,6 +369,133 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
     },
     "olmo": {"model_type": "olmo", **SMALL, "intermediate_size": 96},
     "olmo2": {"model_type": "olmo2", **SMALL, "intermediate_size": 96, "num_key_value_heads": 2},
+    "smollm3": {
+        "model_type": "smollm3",
+        **SMALL,
+        "pad_token_id": 0,
+        "num_hidden_layers": 5,
+        "intermediate_size": 96,
+        "num_key_value_heads": 2,
+    },
+    "smollm3-sliding-nope-untied-biases": {
+        "model_type": "smollm3",
+        **SMALL,
+        "pad_token_id": 0,
+        "num_hidden_layers": 5,
+        "intermediate_size": 96,
+        "num_key_value_heads": 2,
+        "no_rope_layer_interval": 2,
+        "use_sliding_window": True,
+        "sliding_window": 16,
+        "tie_word_embeddings": False,
+        "attention_bias": True,
+        "mlp_bias": True,
+    },
+    "llama4_text-interleaved": {
+        "model_type": "llama4_text",
+        **SMALL,
+        "num_hidden_layers": 4,
+        "intermediate_size": 40,
+        "intermediate_size_mlp": 112,
+        "num_key_value_heads": 2,
+        "head_dim": 24,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 1,
+        "interleave_moe_layer_step": 2,
+        "use_qk_norm": False,
+        "no_rope_layers": [1, 1, 1, 0],
+    },
+    "llama4_text-moe-layers-qk-norm": {
+        "model_type": "llama4_text",
+        **SMALL,
+        "num_hidden_layers": 5,
+        "intermediate_size": 40,
+        "intermediate_size_mlp": 112,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "num_local_experts": 3,
+        "moe_layers": [0, 1, 2, 4],
+        "no_rope_layer_interval": 2,
+        "attention_bias": True,
+    },
+    "llama4-multimodal": {
+        "model_type": "llama4",
+        "text_config": {
+            "model_type": "llama4_text",
+            **SMALL,
+            "intermediate_size": 40,
+            "intermediate_size_mlp": 112,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "num_local_experts": 4,
+        },
+        "vision_config": {
+            "model_type": "llama4_vision_model",
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "image_size": 28,
+            "patch_size": 14,
+            "projector_input_dim": 32,
+            "projector_output_dim": 32,
+            "vision_output_dim": 32,
+        },
+        "torch_dtype": "bfloat16",
+    },
+    "deepseek_v2-lite-style": {
+        "model_type": "deepseek_v2",
+        **SMALL,
+        "num_hidden_layers": 4,
+        "intermediate_size": 160,
+        "num_key_value_heads": 4,
+        "q_lora_rank": None,
+        "kv_lora_rank": 24,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 12,
+        "moe_intermediate_size": 20,
+        "n_routed_experts": 6,
+        "n_shared_experts": 2,
+        "num_experts_per_tok": 2,
+        "first_k_dense_replace": 1,
+    },
+    "deepseek_v2-q-latent-mlp-bias": {
+        "model_type": "deepseek_v2",
+        **SMALL,
+        "intermediate_size": 160,
+        "q_lora_rank": 32,
+        "kv_lora_rank": 24,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 16,
+        "moe_intermediate_size": 20,
+        "n_routed_experts": 4,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "attention_bias": True,
+        "mlp_bias": True,
+    },
+    "deepseek_v3": {
+        "model_type": "deepseek_v3",
+        **SMALL,
+        "num_hidden_layers": 4,
+        "intermediate_size": 160,
+        "num_key_value_heads": 4,
+        "q_lora_rank": 32,
+        "kv_lora_rank": 24,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 12,
+        "moe_intermediate_size": 20,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "n_group": 2,
+        "topk_group": 1,
+        "first_k_dense_replace": 2,
+        "num_nextn_predict_layers": 1,
+    },
     "bert": {"model_type": "bert", **SMALL, "intermediate_size": 96, "max_position_embeddings": 64},
     "bert-untied": {
         "model_type": "bert",
@@ -460,6 +589,10 @@ def build_on_meta(config: dict[str, Any], spec: ModelSpec) -> nn.Module:
             text = {"tie_word_embeddings": config.get("tie_word_embeddings", True)}
             text.update(config["text_config"])
             model = Gemma3ForCausalLM(Gemma3TextConfig.from_dict(text))
+        elif model_type == "llama4":
+            text = {"tie_word_embeddings": config.get("tie_word_embeddings", False)}
+            text.update(config["text_config"])
+            model = Llama4ForCausalLM(Llama4TextConfig.from_dict(text))
         else:
             hf_config = CONFIG_MAPPING[model_type].from_dict(config)
             if model_type in ("bert", "roberta"):
@@ -491,15 +624,22 @@ def module_linears(block: nn.Module) -> list[tuple[str, str, int, int, bool, int
             fan_out, fan_in = module.weight.shape
             has_bias = isinstance(getattr(module, "bias", None), nn.Parameter)
             found.append((leaf, path, fan_in, fan_out, has_bias, 1))
-        elif hasattr(module, "is_transposed"):  # fused experts of transformers 5 MoE layers
+        elif is_fused_experts(module):  # fused experts of transformers 5 MoE layers
             for name, param in module.named_parameters(recurse=False):
                 if param.ndim != 3:
                     continue
                 experts, first, second = param.shape
-                fan_in, fan_out = (first, second) if module.is_transposed else (second, first)
+                transposed = getattr(module, "is_transposed", True)
+                fan_in, fan_out = (first, second) if transposed else (second, first)
                 has_bias = hasattr(module, f"{name}_bias")
                 found.append((name, f"{path}.{name}", fan_in, fan_out, has_bias, experts))
     return sorted(found)
+
+
+def is_fused_experts(module: nn.Module) -> bool:
+    """Routed experts held as 3-D parameters: the modules transformers 5 marks with
+    `is_transposed`, and Llama 4's, which store (experts, in, out) without the mark."""
+    return hasattr(module, "is_transposed") or type(module).__name__ == "Llama4TextExperts"
 
 
 def real_blocks(model: nn.Module) -> list[nn.Module]:
@@ -530,7 +670,7 @@ def real_role_totals(model: nn.Module) -> Counter[str]:
             role = "norms"
         elif isinstance(owner, nn.Embedding):
             role = "other" if "relative_attention_bias" in name else "embedding"
-        elif hasattr(owner, "is_transposed"):
+        elif is_fused_experts(owner):
             role = "experts"
         elif kind.endswith("Router") or name.endswith("shared_expert_gate.weight"):
             role = "router"
@@ -683,6 +823,8 @@ def test_reading_a_config_imports_only_its_family() -> None:
         "mixtral",
         "qwen2_moe-dense-layers",
         "gpt_oss",
+        "llama4_text-interleaved",
+        "smollm3",
         "phi3",
         "falcon-40b-style",
         "t5-v1.1-gated-untied",
@@ -789,6 +931,57 @@ def test_gpt_oss_sinks_biases_and_alternating_window() -> None:
     assert all(lin.bias for lin in spec.blocks[0].linears)
     assert spec.checkpoint_quantization is not None
     assert (spec.checkpoint_quantization.method, spec.checkpoint_quantization.bits) == ("mxfp4", 4)
+
+
+def test_deepseek_latent_attention_sizes() -> None:
+    """MLA: q and k 192 wide per head, v 128, the compressed latent cached; DeepSeek-V2-Lite's
+    count is that of its published checkpoint."""
+    from llmmem.models.catalog import catalog_entry
+
+    entry = catalog_entry("deepseek-ai/DeepSeek-V2-Lite")
+    assert entry is not None
+    spec = read(entry.config)
+    assert spec.params.total == 15_706_484_224
+    assert (spec.head_dim, spec.v_head_dim, spec.num_kv_heads) == (192, 128, 16)
+    assert spec.kv_cache_dim == 512 + 64
+    assert spec.q_dim == spec.kv_dim == 16 * (192 + 128) // 2
+    groups = {group.name: group for group in spec.blocks}
+    assert (groups["decoder"].count, groups["decoder_dense"].count) == (26, 1)
+    assert (spec.num_experts, spec.experts_per_token, spec.intermediate_size) == (64, 6, 1408)
+    shared = [lin for lin in groups["decoder"].linears if lin.role == "shared_expert"]
+    assert {lin.out_features for lin in shared if lin.name != "down_proj"} == {2 * 1408}
+    assert {lin.name for lin in groups["decoder"].linears if lin.role == "attention"} == {
+        "q_proj",
+        "kv_a_proj_with_mqa",
+        "kv_b_proj",
+        "o_proj",
+    }
+
+    v3 = catalog_entry("deepseek-ai/DeepSeek-V3")
+    assert v3 is not None
+    spec = read(v3.config)
+    assert spec.params.total == 671_026_404_352  # without the multi-token prediction layer
+    assert spec.checkpoint_quantization is not None
+    assert spec.checkpoint_quantization.method == "fp8"
+    assert any("multi-token prediction" in note for note in spec.notes)
+
+
+def test_llama4_interleaves_dense_and_sparse_blocks() -> None:
+    from llmmem.models.catalog import catalog_entry
+
+    scout = catalog_entry("meta-llama/Llama-4-Scout-17B-16E")
+    maverick = catalog_entry("meta-llama/Llama-4-Maverick-17B-128E")
+    assert scout is not None and maverick is not None
+    spec = read(scout.config)
+    assert [group.count for group in spec.blocks] == [48]
+    assert (spec.num_experts, spec.experts_per_token, spec.intermediate_size) == (16, 1, 8192)
+    spec = read(maverick.config)
+    groups = {group.name: group for group in spec.blocks}
+    assert (groups["decoder"].count, groups["decoder_dense"].count) == (24, 24)
+    dense_up = [lin for lin in groups["decoder_dense"].linears if lin.name == "up_proj"]
+    assert [lin.out_features for lin in dense_up] == [16384]
+    assert spec.params.total == 400_711_848_960  # the text decoder; the vision encoder is apart
+    assert spec.model_type == "llama4" and spec.architecture == "Llama4ForCausalLM"
 
 
 def test_gemma2_softcapping_and_eager_attention() -> None:

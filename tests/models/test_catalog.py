@@ -86,6 +86,17 @@ def test_the_requested_families_are_all_there() -> None:
         "openai/gpt-oss-120b",
         "unsloth/mistral-7b-v0.3-bnb-4bit",
         "deepseek-ai/DeepSeek-R1-Distill-Llama-8B",
+        "deepseek-ai/DeepSeek-V2-Lite",
+        "deepseek-ai/DeepSeek-V3",
+        "moonshotai/Moonlight-16B-A3B",
+        "meta-llama/Llama-4-Scout-17B-16E-Instruct",
+        "meta-llama/Llama-4-Maverick-17B-128E",
+        "HuggingFaceTB/SmolLM-135M",
+        "HuggingFaceTB/SmolLM3-3B",
+        "microsoft/Phi-4-mini-instruct",
+        "mistralai/Mistral-Small-24B-Instruct-2501",
+        "bigcode/gpt_bigcode-santacoder",
+        "ibm/PowerLM-3b",
     ]:
         assert model_id in ALL_IDS, model_id
 

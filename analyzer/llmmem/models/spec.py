@@ -142,7 +142,7 @@ class ModelSpec:
     num_layers: int  # all transformer blocks (encoder + decoder for T5)
     num_attention_heads: int
     num_kv_heads: int
-    head_dim: int
+    head_dim: int  # per head, of queries and keys
     intermediate_size: int  # dense MLP width (per expert for MoE)
     vocab_size: int
     max_position_embeddings: int | None = None
@@ -165,6 +165,12 @@ class ModelSpec:
     experts_per_token: int = 0
     attention_dropout: float = 0.0  # dropout on attention probabilities while training
     hidden_dropout: float = 0.0  # dropout on the residual branches while training
+    # multi-head latent attention (DeepSeek-V2/V3): values and the attention output are
+    # `v_head_dim` wide per head, narrower than queries and keys (None: head_dim, as usual)
+    v_head_dim: int | None = None
+    # what one block caches per token when it is not K and V per KV head: MLA caches its
+    # compressed latent, kv_lora_rank + qk_rope_head_dim values (None: K and V)
+    kv_cache_per_token: int | None = None
 
     params: ParamBreakdown
     blocks: list[BlockGroup]
@@ -180,8 +186,27 @@ class ModelSpec:
         return self.params.total
 
     @property
+    def value_head_dim(self) -> int:
+        return self.head_dim if self.v_head_dim is None else self.v_head_dim
+
+    @property
+    def q_dim(self) -> int:
+        """Per-token width of the query and of the attention output, as their mean: 2 · q_dim is
+        the two together (they are equal but in multi-head latent attention)."""
+        return self.num_attention_heads * (self.head_dim + self.value_head_dim) // 2
+
+    @property
     def kv_dim(self) -> int:
-        return self.num_kv_heads * self.head_dim
+        """Per-token width of the keys and of the values, as their mean: 2 · kv_dim is K and V
+        together (K and V are equal but in multi-head latent attention)."""
+        return self.num_kv_heads * (self.head_dim + self.value_head_dim) // 2
+
+    @property
+    def kv_cache_dim(self) -> int:
+        """Values one block caches per token: K and V, or MLA's compressed latent."""
+        if self.kv_cache_per_token is not None:
+            return self.kv_cache_per_token
+        return 2 * self.kv_dim
 
     @property
     def is_guess(self) -> bool:

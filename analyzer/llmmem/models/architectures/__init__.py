@@ -28,6 +28,7 @@ FAMILY_OF_MODEL_TYPE: dict[str, str] = {
         (
             "llama",
             "granite",
+            "smollm3",
             "mistral",
             "qwen2",
             "qwen3",
@@ -39,7 +40,11 @@ FAMILY_OF_MODEL_TYPE: dict[str, str] = {
         ),
         "dense_decoders",
     ),
-    **dict.fromkeys(("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss"), "mixture_of_experts"),
+    **dict.fromkeys(
+        ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "llama4_text", "llama4"),
+        "mixture_of_experts",
+    ),
+    **dict.fromkeys(("deepseek_v2", "deepseek_v3"), "latent_attention"),
     **dict.fromkeys(("gemma", "gemma2", "gemma3_text", "gemma3"), "gemma"),
     **dict.fromkeys(
         ("gpt2", "gpt_bigcode", "gpt_neox", "gptj", "opt", "falcon", "bloom", "phi"), "gpt_style"

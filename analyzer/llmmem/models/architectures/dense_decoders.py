@@ -1,5 +1,5 @@
 """Dense RoPE decoders named the Llama way (self_attn.q_proj ... mlp.down_proj): Llama, Granite,
-Mistral, Qwen2, Qwen3, OLMo, OLMo 2, Phi-3, StarCoder2 and StableLM.
+SmolLM3, Mistral, Qwen2, Qwen3, OLMo, OLMo 2, Phi-3, StarCoder2 and StableLM.
 
 The Llama layout around the blocks (`rmsnorm_decoder_spec`), its block (`llama_block_linears`) and
 the Qwen sliding-window rule are shared with the Gemma and mixture-of-experts readers.
@@ -143,6 +143,54 @@ def read_granite(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
     """Llama's modules and shapes; Granite only scales the embeddings, attention, residuals and
     logits by constants (embedding_multiplier, logits_scaling, ...), which hold no parameters."""
     return _llama_shaped(view, origin, "GraniteForCausalLM")
+
+
+# --- SmolLM3 -----------------------------------------------------------------------------------
+
+SMOLLM3_DEFAULTS = {
+    "num_key_value_heads": 4,
+    "hidden_act": "silu",
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": True,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "use_sliding_window": False,
+    "sliding_window": None,
+    "no_rope_layers": None,
+    "no_rope_layer_interval": 4,
+    "layer_types": None,
+}
+
+
+def read_smollm3(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
+    """Llama's blocks; the blocks without RoPE (every `no_rope_layer_interval`-th one, or as
+    `no_rope_layers` says) hold the same projections. With use_sliding_window those NoPE blocks
+    attend through the window unless `layer_types` says otherwise."""
+    dims = read_rope_decoder_dims(view)
+    bias = view.flag("attention_bias")
+    linears = llama_block_linears(
+        dims, qkv_bias=bias, output_bias=bias, mlp_bias=view.flag("mlp_bias")
+    )
+    window = view.optional_int("sliding_window") if view.flag("use_sliding_window") else None
+    layer_types = view.text_list("layer_types")
+    if layer_types is None and window:
+        uses_rope = view.int_list("no_rope_layers") or [
+            int((index + 1) % max(view.int_or(4, "no_rope_layer_interval"), 1) != 0)
+            for index in range(dims.layers)
+        ]
+        layer_types = [
+            "full_attention" if rope else "sliding_attention" for rope in uses_rope[: dims.layers]
+        ]
+    return rmsnorm_decoder_spec(
+        view,
+        origin,
+        architecture="SmolLM3ForCausalLM",
+        dims=dims,
+        groups=[decoder_group(linears, layers=dims.layers, norm_params=2 * dims.hidden)],
+        sliding_window=window,
+        sliding_layers=count_sliding_layers(layer_types, layers=dims.layers, window=window),
+        notes=["SmolLM3 leaves out rotary embeddings in some blocks (NoPE); no parameters change"],
+    )
 
 
 # --- Mistral -----------------------------------------------------------------------------------
@@ -385,6 +433,7 @@ def read_stablelm(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
 READERS = [
     ArchitectureReader("llama", "LlamaConfig", LLAMA_DEFAULTS, read_llama),
     ArchitectureReader("granite", "GraniteConfig", GRANITE_DEFAULTS, read_granite),
+    ArchitectureReader("smollm3", "SmolLM3Config", SMOLLM3_DEFAULTS, read_smollm3),
     ArchitectureReader("mistral", "MistralConfig", MISTRAL_DEFAULTS, read_mistral),
     ArchitectureReader("qwen2", "Qwen2Config", QWEN2_DEFAULTS, read_qwen2),
     ArchitectureReader("qwen3", "Qwen3Config", QWEN3_DEFAULTS, read_qwen3),

@@ -1,4 +1,5 @@
-"""Mixture-of-experts decoders: Mixtral, Qwen1.5/2 MoE (with a shared expert), Qwen3 MoE, gpt-oss.
+"""Mixture-of-experts decoders: Mixtral, Qwen1.5/2 MoE (with a shared expert), Qwen3 MoE, gpt-oss,
+Llama 4 (text decoder, with a shared expert and dense blocks between the sparse ones).
 
 In transformers 5 the routed experts of these models are two fused 3-D parameters per layer
 (`mlp.experts.gate_up_proj` and `mlp.experts.down_proj`), and the router is a bare weight
@@ -22,7 +23,7 @@ from llmmem.models.architectures.assembly import (
     linear,
     read_rope_decoder_dims,
 )
-from llmmem.models.architectures.config_view import ConfigView
+from llmmem.models.architectures.config_view import ConfigFieldError, ConfigView
 from llmmem.models.architectures.dense_decoders import (
     every_layer_window,
     qwen_sliding_window,
@@ -341,9 +342,125 @@ def read_gpt_oss(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
     )
 
 
+# --- Llama 4 ------------------------------------------------------------------------------------
+
+LLAMA4_TEXT_DEFAULTS = {
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "max_position_embeddings": 4096 * 32,
+    "tie_word_embeddings": False,
+    "num_experts_per_tok": 1,
+    "num_local_experts": 16,
+    "moe_layers": None,
+    "interleave_moe_layer_step": 1,
+    "use_qk_norm": True,
+    "attention_bias": False,
+    "attention_chunk_size": 8192,
+}
+
+LLAMA4_DEFAULTS = {"tie_word_embeddings": False}
+
+
+def _llama4_sparse_layers(view: ConfigView, layers: int) -> set[int]:
+    """`moe_layers` as saved, else every `interleave_moe_layer_step`-th block from step - 1."""
+    if view.value("moe_layers") is not None:
+        return {index for index in view.int_list("moe_layers") if 0 <= index < layers}
+    step = view.int_or(1, "interleave_moe_layer_step")
+    if step <= 0:
+        return set()
+    return set(range(step - 1, layers, step))
+
+
+def read_llama4_text(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
+    """Llama 4's text decoder: Llama attention (the blocks without RoPE hold the same
+    projections; the L2 qk-norm has no weight) and, under `feed_forward`, either routed experts
+    of `intermediate_size` beside a shared expert of the same width, or a dense MLP of
+    `intermediate_size_mlp`."""
+    dims = read_rope_decoder_dims(view)
+    routing = _read_routing(view, "num_local_experts")
+    bias = view.flag("attention_bias")
+    attention = attention_projections(dims, qkv_bias=bias, output_bias=bias)
+    sparse_layers = len(_llama4_sparse_layers(view, dims.layers)) if routing.num_experts else 0
+    dense_layers = dims.layers - sparse_layers
+    dense_width = view.int_or(dims.intermediate, "intermediate_size_mlp")
+    norm_params = 2 * dims.hidden
+    groups = []
+    if sparse_layers:
+        sparse = [
+            *attention,
+            linear("feed_forward.router", dims.hidden, routing.num_experts, role="router"),
+            *fused_experts(
+                "feed_forward.experts",
+                hidden=dims.hidden,
+                intermediate=dims.intermediate,
+                num_experts=routing.num_experts,
+            ),
+            *gated_mlp(
+                "feed_forward.shared_expert",
+                hidden=dims.hidden,
+                intermediate=dims.intermediate,
+                role="shared_expert",
+            ),
+        ]
+        groups.append(_sparse_blocks(sparse, routing, count=sparse_layers, norm_params=norm_params))
+    else:  # every block dense: the MLP width is the dense one
+        dims = replace(dims, intermediate=dense_width)
+    if dense_layers:
+        dense = [
+            *attention,
+            *gated_mlp("feed_forward", hidden=dims.hidden, intermediate=dense_width),
+        ]
+        groups.append(
+            BlockGroup(
+                name="decoder_dense", count=dense_layers, linears=dense, norm_params=norm_params
+            )
+        )
+    return _moe_spec(
+        view,
+        origin,
+        architecture="Llama4ForCausalLM",
+        dims=dims,
+        routing=routing if sparse_layers else Routing(num_experts=0, experts_per_token=0),
+        groups=groups,
+        qk_norm=view.flag("use_qk_norm"),
+        notes=[
+            "Llama 4: each sparse block also runs a shared expert for every token; blocks "
+            "without RoPE and the weightless L2 qk-norm change no parameter count",
+        ],
+    )
+
+
+def read_llama4(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
+    """A multimodal Llama 4 config: the text decoder inside `text_config` is what is counted."""
+    text_config = view.value("text_config")
+    if not isinstance(text_config, dict):
+        raise ConfigFieldError("the llama4 config has no 'text_config' object")
+    inner = ConfigView(
+        model_type="llama4_text",
+        config_class="Llama4TextConfig",
+        values={"tie_word_embeddings": view.flag("tie_word_embeddings"), **text_config},
+        defaults=LLAMA4_TEXT_DEFAULTS,
+    )
+    spec = read_llama4_text(inner, origin)
+    view.defaulted.update({f"text_config.{key}": value for key, value in inner.defaulted.items()})
+    return replace(
+        spec,
+        model_type=view.model_type,
+        notes=[
+            *spec.notes,
+            "llama4 is multimodal: counted the text decoder of text_config as Llama4ForCausalLM; "
+            "Llama4ForConditionalGeneration adds a vision encoder and a projector not counted "
+            "here",
+        ],
+    )
+
+
 READERS = [
     ArchitectureReader("mixtral", "MixtralConfig", MIXTRAL_DEFAULTS, read_mixtral),
     ArchitectureReader("qwen2_moe", "Qwen2MoeConfig", QWEN2_MOE_DEFAULTS, read_qwen2_moe),
     ArchitectureReader("qwen3_moe", "Qwen3MoeConfig", QWEN3_MOE_DEFAULTS, read_qwen3_moe),
     ArchitectureReader("gpt_oss", "GptOssConfig", GPT_OSS_DEFAULTS, read_gpt_oss),
+    ArchitectureReader("llama4_text", "Llama4TextConfig", LLAMA4_TEXT_DEFAULTS, read_llama4_text),
+    ArchitectureReader("llama4", "Llama4Config", LLAMA4_DEFAULTS, read_llama4),
 ]
