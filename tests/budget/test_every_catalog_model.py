@@ -41,3 +41,18 @@ def test_budget_adds_up(model_id: str) -> None:
             # weights alone never exceed the peak
             step = budget.phase(Phase.OPTIMIZER_STEP)
             assert step.allocated_bytes <= budget.allocated_peak_bytes
+
+
+def test_latent_attention_caches_its_latent() -> None:
+    """DeepSeek-V2-Lite caches kv_lora_rank + qk_rope_head_dim = 576 values per token and block
+    (transformers 5 keeps the compressed latent), not K and V for 16 heads of 192 and 128."""
+    from llmmem.budget.result import Component
+
+    entry = catalog_entry("deepseek-ai/DeepSeek-V2-Lite")
+    assert entry is not None
+    spec = spec_from_config(entry.config, model_id=entry.model_id, source=ModelSource.CATALOG)
+    setup = TrainingSetup(mode="generate", batch=2, seq=512, precision="bf16-true")
+    budget = estimate_budget(spec, setup)
+    kv = budget.phases[0].components[Component.KV_CACHE]
+    assert kv.bytes == 27 * 576 * (setup.seq + setup.new_tokens) * 2 * 2
+    assert "576-wide latent" in kv.formula

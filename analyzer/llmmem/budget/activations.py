@@ -248,7 +248,7 @@ class BlockContext:
 def _width(spec: ModelSpec, symbol: str) -> float:
     return {
         "N·h": spec.hidden_size,
-        "N·q": spec.num_attention_heads * spec.head_dim,
+        "N·q": spec.q_dim,
         "N·kvd": spec.kv_dim,
         "N·I": spec.intermediate_size,
         "N·Is": shared_expert_width(spec),
@@ -522,7 +522,7 @@ def estimate_activations(spec: ModelSpec, setup: TrainingSetup) -> ActivationEst
     r = setup.lora.r if setup.lora else 0
     dims: dict[str, float] = {
         "N·h": b * s * spec.hidden_size,
-        "N·q": b * s * spec.num_attention_heads * spec.head_dim,
+        "N·q": b * s * spec.q_dim,
         "N·kvd": b * s * spec.kv_dim,
         "N·I": b * s * spec.intermediate_size,
         "N·Is": b * s * shared_expert_width(spec),

@@ -1,7 +1,8 @@
 """Inference and generation: the weights, the KV cache and one forward's transients.
 
 KV cache = 2 (K and V) × blocks × kv_heads × head_dim × tokens × batch × bytes, where blocks with
-a sliding window keep at most `sliding_window` tokens.
+a sliding window keep at most `sliding_window` tokens; multi-head latent attention caches its
+compressed latent (kv_lora_rank + qk_rope_head_dim per token and block) instead of K and V.
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ def kv_cache_term(spec: ModelSpec, setup: TrainingSetup) -> Term:
     sliding = min(spec.sliding_layers, blocks)
     window = spec.sliding_window or tokens
     full_blocks = blocks - sliding
-    per_token_block = 2 * spec.kv_dim * e * setup.batch
+    per_token_block = spec.kv_cache_dim * e * setup.batch
     total = per_token_block * (full_blocks * tokens + sliding * min(tokens, window))
-    formula = (
-        f"2 × {full_blocks} blocks × {spec.num_kv_heads} kv heads × {spec.head_dim} × "
-        f"{format_count(tokens)} tokens × batch {setup.batch} × {e} B"
-    )
+    if spec.kv_cache_per_token is not None:  # multi-head latent attention caches its latent
+        per_block = f"{full_blocks} blocks × a {spec.kv_cache_per_token}-wide latent"
+    else:
+        per_block = f"2 × {full_blocks} blocks × {spec.num_kv_heads} kv heads × {spec.head_dim}"
+    formula = f"{per_block} × {format_count(tokens)} tokens × batch {setup.batch} × {e} B"
     if sliding:
         formula += (
             f" + the same for {sliding} sliding-window blocks at "

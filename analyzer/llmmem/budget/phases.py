@@ -961,8 +961,11 @@ def forward_only_terms(spec: ModelSpec, setup: TrainingSetup, inv: Inventory) ->
         per = 4 if dt.autocast else dt.compute
         terms.append(
             Term(
-                bytes=2 * blocks * setup.tokens * spec.kv_dim * per,
-                formula=f"use_cache=True: 2 × {blocks} blocks × N·kvd × {per} B of unused KV cache",
+                bytes=blocks * setup.tokens * spec.kv_cache_dim * per,
+                formula=(
+                    f"use_cache=True: {blocks} blocks × N × {spec.kv_cache_dim} cached values "
+                    f"× {per} B of unused KV cache"
+                ),
             )
         )
     if setup.lora is not None and setup.lora.dora:
