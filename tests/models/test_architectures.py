@@ -417,6 +417,7 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
         "moe_layers": [0, 1, 2, 4],
         "no_rope_layer_interval": 2,
         "attention_bias": True,
+        "attention_chunk_size": 16,
     },
     "llama4-multimodal": {
         "model_type": "llama4",
@@ -682,15 +683,22 @@ def real_role_totals(model: nn.Module) -> Counter[str]:
     return totals
 
 
+def real_window(config: Any) -> int | None:
+    """The sliding window, or Llama 4's attention chunk, which caches like one."""
+    if "chunked_attention" in (getattr(config, "layer_types", None) or ()):
+        return getattr(config, "attention_chunk_size", None)
+    return getattr(config, "sliding_window", None)
+
+
 def real_sliding_layers(model: nn.Module, layers: int) -> int:
     config = model.config
-    window = getattr(config, "sliding_window", None)
+    window = real_window(config)
     if not window:
         return 0
     layer_types = getattr(config, "layer_types", None)
     if layer_types is None:
         return layers
-    return sum(1 for kind in layer_types if kind == "sliding_attention")
+    return sum(1 for kind in layer_types if kind in ("sliding_attention", "chunked_attention"))
 
 
 # --- the family checks -------------------------------------------------------------------------
@@ -768,7 +776,7 @@ def test_family_dimensions(small_case: tuple[dict[str, Any], ModelSpec, nn.Modul
         assert attention_head_dims == {spec.head_dim}
     assert spec.sliding_layers == real_sliding_layers(model, spec.num_layers)
     if spec.sliding_layers:
-        assert spec.sliding_window == config.sliding_window
+        assert spec.sliding_window == real_window(config)
 
 
 def test_real_config_matches_transformers(real_case: tuple[str, ModelSpec, nn.Module]) -> None:
@@ -975,6 +983,7 @@ def test_llama4_interleaves_dense_and_sparse_blocks() -> None:
     spec = read(scout.config)
     assert [group.count for group in spec.blocks] == [48]
     assert (spec.num_experts, spec.experts_per_token, spec.intermediate_size) == (16, 1, 8192)
+    assert (spec.sliding_window, spec.sliding_layers) == (8192, 36)  # chunked RoPE blocks
     spec = read(maverick.config)
     groups = {group.name: group for group in spec.blocks}
     assert (groups["decoder"].count, groups["decoder_dense"].count) == (24, 24)

@@ -357,6 +357,9 @@ LLAMA4_TEXT_DEFAULTS = {
     "use_qk_norm": True,
     "attention_bias": False,
     "attention_chunk_size": 8192,
+    "no_rope_layers": None,
+    "no_rope_layer_interval": 4,
+    "layer_types": None,
 }
 
 LLAMA4_DEFAULTS = {"tie_word_embeddings": False}
@@ -370,6 +373,25 @@ def _llama4_sparse_layers(view: ConfigView, layers: int) -> set[int]:
     if step <= 0:
         return set()
     return set(range(step - 1, layers, step))
+
+
+def _llama4_chunked_attention(view: ConfigView, layers: int) -> tuple[int | None, int]:
+    """(attention_chunk_size, blocks attending in chunks): the blocks with RoPE, as
+    `no_rope_layers` (1 = RoPE) or every block but each `no_rope_layer_interval`-th one, unless
+    `layer_types` names them."""
+    chunk = view.optional_int("attention_chunk_size")
+    if not chunk:
+        return None, 0
+    layer_types = view.text_list("layer_types")
+    if layer_types is None:
+        uses_rope = view.int_list("no_rope_layers") or [
+            int((index + 1) % max(view.int_or(4, "no_rope_layer_interval"), 1) != 0)
+            for index in range(layers)
+        ]
+        layer_types = [
+            "chunked_attention" if rope else "full_attention" for rope in uses_rope[:layers]
+        ]
+    return chunk, sum(1 for kind in layer_types[:layers] if kind == "chunked_attention")
 
 
 def read_llama4_text(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
@@ -416,6 +438,7 @@ def read_llama4_text(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
                 name="decoder_dense", count=dense_layers, linears=dense, norm_params=norm_params
             )
         )
+    window, chunked_layers = _llama4_chunked_attention(view, dims.layers)
     return _moe_spec(
         view,
         origin,
@@ -424,9 +447,13 @@ def read_llama4_text(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
         routing=routing if sparse_layers else Routing(num_experts=0, experts_per_token=0),
         groups=groups,
         qk_norm=view.flag("use_qk_norm"),
+        sliding_window=window,
+        sliding_layers=chunked_layers,
         notes=[
             "Llama 4: each sparse block also runs a shared expert for every token; blocks "
             "without RoPE and the weightless L2 qk-norm change no parameter count",
+            "the blocks with RoPE attend within chunks of attention_chunk_size tokens and "
+            "cache at most that many: sized as a sliding window of that length",
         ],
     )
 
