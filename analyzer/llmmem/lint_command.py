@@ -38,6 +38,9 @@ DEFAULT_FAIL_ON = "warning"
 _RANK = {"error": 3, "warning": 2, "info": 1}
 
 LINTED_SUFFIXES = {".py", ".yaml", ".yml", ".json", ".sh", ".ipynb"}
+# report formats that print no fix: a lint in them lets the fixes of a Python file be written
+# by the text writer (`rules.edits.preview_python_edits`), which does not import libcst
+UNSHOWN_FIXES = ("concise", "github")
 MAX_FILE_BYTES = 5 * 1024 * 1024
 
 
@@ -340,6 +343,7 @@ def run_lint(args: argparse.Namespace) -> int:
     select = {c.strip().upper() for c in args.select.split(",")} if args.select else None
     from llmmem.check import require_known_gpus
     from llmmem.extract import find_project_settings
+    from llmmem.rules.edits import preview_python_edits
 
     all_findings = []
     failing = False
@@ -355,6 +359,9 @@ def run_lint(args: argparse.Namespace) -> int:
                     path, text, roots, gpu=args.gpu, hub=args.hub, select=select, fit=args.fit
                 )
                 unwritten += not written
+            elif args.format in UNSHOWN_FIXES:
+                with preview_python_edits():
+                    findings, _ = lint_text(path, text, gpu=args.gpu, hub=args.hub, select=select)
             else:
                 findings, _ = lint_text(path, text, gpu=args.gpu, hub=args.hub, select=select)
             all_findings += findings

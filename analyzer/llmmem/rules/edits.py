@@ -7,14 +7,22 @@ field of its TrainingArguments dataclass), as a new top-level key in YAML/JSON (
 A value read through a variable is edited at the variable's literal only when nothing else reads
 the variable; otherwise the keyword gets the literal. A flag's `add_argument(...)` gets a
 `default=`. Where no safe place exists (no trainer call, a shell launcher without the flag)
-there is no edit. Python is read with `ast` (fast enough for every lint), comments kept.
+there is no edit.
+
+A Python fix is written by the libcst codemods of `rules/codemods` (imported only when a fix is
+written: libcst's import alone takes longer than a whole lint). A lint that shows no fix still
+needs to know which fixes exist and what they give (LLM003-005 are reported only with a fix that
+helps; LLM001 says what would fit), and there, inside `preview_python_edits()`, the text writer
+of this module (`ast` plus comment-aware text edits) writes them instead.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
+import contextvars
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from llmmem.plan import Provenance, Sourced, SourceRange, TrainingPlan
@@ -26,6 +34,29 @@ YAML_KEYS: dict[str, dict[str, str]] = {
     "gradient_checkpointing": {"torchtune": "enable_activation_checkpointing"},
     "optim": {"axolotl": "optimizer"},
 }
+
+
+_PREVIEW = contextvars.ContextVar("llmmem_preview_python_edits", default=False)
+
+
+@contextlib.contextmanager
+def preview_python_edits() -> Iterator[None]:
+    """Inside it, Python fixes are written by this module's text writer instead of the libcst
+    codemods, for a lint whose report shows no fix (libcst is then never imported)."""
+    token = _PREVIEW.set(True)
+    try:
+        yield
+    finally:
+        _PREVIEW.reset(token)
+
+
+def _codemods() -> Any:
+    """`rules.codemods` (imported here, on the first fix written), or None in a preview."""
+    if _PREVIEW.get():
+        return None
+    from llmmem.rules import codemods
+
+    return codemods
 
 
 def python_literal(value: Any) -> str:
@@ -401,6 +432,10 @@ def set_setting(plan: TrainingPlan, text: str, field: str, value: Any) -> list[T
             return None  # another file (a referenced config): not edited from here
         key = YAML_KEYS.get(field, {}).get(plan.framework, field)
         edit = set_config_value(text, key, value, where, json_file=plan.kind == "json")
+    elif plan.kind == "python" and (codemods := _codemods()) is not None:
+        if where is not None and where.path is not None:
+            return None  # another file: not edited from here
+        return codemods.setting_edits(plan, text, [(field, value, where)])  # type: ignore[no-any-return]
     elif where is not None and plan.kind == "python":
         edit = _python_value_edit(plan, text, field, where, value)
     elif where is not None and sourced is not None:
@@ -413,6 +448,28 @@ def set_setting(plan: TrainingPlan, text: str, field: str, value: Any) -> list[T
     else:
         return None
     return [edit] if edit else None
+
+
+def set_settings(plan: TrainingPlan, text: str, settings: dict[str, Any]) -> list[TextEdit] | None:
+    """Edits that make the file say every `field = value` of `settings`, or None unless each
+    can be written; in a Python file one codemod writes them all (two keywords added to one
+    call are laid out together, not as two edits at one place)."""
+    codemods = _codemods() if plan.kind == "python" else None
+    if codemods is not None:
+        writes = []
+        for field, value in settings.items():
+            where = _written_at(_sourced_for(plan, text, field))
+            if where is not None and where.path is not None:
+                return None  # another file: not edited from here
+            writes.append((field, value, where))
+        return codemods.setting_edits(plan, text, writes)  # type: ignore[no-any-return]
+    edits: list[TextEdit] = []
+    for field, value in settings.items():
+        found = set_setting(plan, text, field, value)
+        if found is None:
+            return None
+        edits += found
+    return edits
 
 
 def _written_at(sourced: Sourced[Any] | None) -> SourceRange | None:
@@ -448,17 +505,27 @@ def _insert_in_cell(
     # IPython lines (`%pip ...`, `!nvidia-smi`) read as comments of the same length, so the
     # cell parses as Python and every offset stays where it was
     python_text = re.sub(r"(?m)^(\s*)[%!]", r"\1#", cell_text)
-    edit = insert_keyword(python_text, local, field, value)
-    if edit is None:
+    codemods = _codemods()
+    if codemods is not None:
+        edits = codemods.keyword_edits(python_text, local, field, value)
+    else:
+        edit = insert_keyword(python_text, local, field, value)
+        edits = [edit] if edit is not None else None
+    if not edits:
         return None
-    placed = SourceRange(
-        path=call.path,
-        start_line=edit.range.start_line,
-        start_col=edit.range.start_col,
-        end_line=edit.range.end_line,
-        end_col=edit.range.end_col,
-    )
-    return [TextEdit(range=placed, new_text=edit.new_text)]
+    return [
+        TextEdit(
+            range=SourceRange(
+                path=call.path,
+                start_line=edit.range.start_line,
+                start_col=edit.range.start_col,
+                end_line=edit.range.end_line,
+                end_col=edit.range.end_col,
+            ),
+            new_text=edit.new_text,
+        )
+        for edit in edits
+    ]
 
 
 def apply_edits(text: str, edits: list[TextEdit]) -> str:
@@ -503,6 +570,45 @@ def whole_change(before: str, after: str) -> TextEdit:
     )
 
 
+def diff_edits(before: str, after: str) -> list[TextEdit]:
+    """The edits turning `before` into `after`, one per changed block of lines, each trimmed
+    to the characters that differ; a line inserted whole is written after the end of the line
+    before it (`,\n    name=value` after an argument's comma, as an editor would type it)."""
+    import difflib
+
+    old_lines, new_lines = _LINES.findall(before), _LINES.findall(after)
+    starts = line_starts(before)
+    offsets = [0]
+    for line in old_lines:
+        offsets.append(offsets[-1] + len(line))
+    matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
+    edits = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        start, end = offsets[i1], offsets[i2]
+        new_text = "".join(new_lines[j1:j2])
+        old_text = before[start:end]
+        same = 0
+        limit = min(len(old_text), len(new_text))
+        while same < limit and old_text[same] == new_text[same]:
+            same += 1
+        tail = 0
+        while tail < limit - same and old_text[-1 - tail] == new_text[-1 - tail]:
+            tail += 1
+        start, end = start + same, end - tail
+        new_text = new_text[same : len(new_text) - tail]
+        newline = "\r\n" if before[:start].endswith("\r\n") else before[start - 1 : start]
+        if start == end and newline in ("\n", "\r\n") and new_text.endswith(newline):
+            start = end = start - len(newline)
+            new_text = newline + new_text[: -len(newline)]
+        edits.append(TextEdit(range=_range_of_span(before, start, end, starts), new_text=new_text))
+    return edits
+
+
+_LINES = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")  # a line and its ending
+
+
 # -- statements and imports (Python) ----------------------------------------------------------
 
 _ASSIGNED = re.compile(r"^(\s*)([A-Za-z_]\w*)\s*(?::[^=]*)?=[^=]")
@@ -532,6 +638,41 @@ def insert_line_after(
         return None
     indent, name, line = found
     return TextEdit(range=_point(line, 0), new_text=f"{indent}{make_line(name)}\n")
+
+
+def statement_after_load(
+    text: str, call: SourceRange, make_line: Callable[[str], str]
+) -> list[TextEdit] | None:
+    """`make_line(name)` as a statement after `name = <call>`."""
+    codemods = _codemods()
+    if codemods is not None:
+        return codemods.statement_after_edits(text, call, make_line)  # type: ignore[no-any-return]
+    edit = insert_line_after(text, call, make_line)
+    return [edit] if edit is not None else None
+
+
+QLORA_IMPORTS = (
+    ("torch", None),
+    ("transformers", "BitsAndBytesConfig"),
+    ("peft", "prepare_model_for_kbit_training"),
+)
+
+
+def qlora_edits(text: str, model: SourceRange, config_code: str) -> list[TextEdit] | None:
+    """`quantization_config=<config_code>` on the model's `from_pretrained`,
+    `model = prepare_model_for_kbit_training(model)` after it and the imports they need; None
+    unless every part can be written."""
+    codemods = _codemods()
+    if codemods is not None:
+        return codemods.qlora_edits(text, model, config_code)  # type: ignore[no-any-return]
+    keyword = insert_keyword(text, model, "quantization_config", None, code=config_code)
+    prepare = insert_line_after(
+        text, model, lambda name: f"{name} = prepare_model_for_kbit_training({name})"
+    )
+    if keyword is None or prepare is None:
+        return None
+    imports = [ensure_import(text, module, name) for module, name in QLORA_IMPORTS]
+    return [edit for edit in imports if edit is not None] + [keyword, prepare]
 
 
 def ensure_import(text: str, module: str, name: str | None = None) -> TextEdit | None:

@@ -28,6 +28,7 @@ from llmmem.rules.edits import (
     apply_edits,
     qlora_edits,
     set_setting,
+    set_settings,
     statement_after_load,
 )
 from llmmem.rules.finding import Fix, TextEdit
@@ -130,11 +131,14 @@ def _halve_batch_edit(analysis: Analysis, text: str) -> list[TextEdit] | None:
     setup = analysis.setup
     if setup is None:
         return None
-    batch = set_setting(analysis.plan, text, "per_device_train_batch_size", setup.batch // 2)
-    accum = set_setting(analysis.plan, text, "gradient_accumulation_steps", setup.grad_accum * 2)
-    if batch is None or accum is None:
-        return None
-    return batch + accum
+    return set_settings(
+        analysis.plan,
+        text,
+        {
+            "per_device_train_batch_size": setup.batch // 2,
+            "gradient_accumulation_steps": setup.grad_accum * 2,
+        },
+    )
 
 
 def _bf16_edit(analysis: Analysis, text: str) -> list[TextEdit] | None:
