@@ -1292,3 +1292,38 @@ def test_import_does_not_pull_in_torch_or_transformers() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )
     assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.filterwarnings(
+    "ignore::FutureWarning", "ignore::UserWarning", "ignore::RuntimeWarning"
+)
+def test_peft_moves_mlp_targets_of_deepseek_to_the_routed_experts() -> None:
+    """A fact the LoRA budget of these models depends on (peft 0.21, transformers 5.24): for
+    the MoE types transformers 5 converts like Qwen2-MoE (deepseek_v2, deepseek_v3, qwen3_moe,
+    ...), PEFT turns the module targets gate_proj/up_proj/down_proj into the fused expert
+    parameters, gate_up_proj at twice the rank, and no longer adapts the dense and shared-expert
+    MLP Linears of those names."""
+    config = FAMILY_CONFIGS["deepseek_v2-lite-style"]
+    spec = read(config)
+    model = build_on_meta(config, spec)
+    rank = 4
+    with torch.device("meta"):
+        peft_model = get_peft_model(
+            model,
+            LoraConfig(r=rank, target_modules=["q_proj", "gate_proj", "up_proj", "down_proj"]),
+        )
+    adapted = {
+        name.split(".lora_")[0].split(".layers.")[1].split(".", 1)[1]
+        for name, _ in peft_model.named_parameters()
+        if "lora_" in name
+    }
+    assert adapted == {"self_attn.q_proj", "mlp.experts", "mlp.experts.base_layer"}
+    sparse = next(group for group in spec.blocks if group.num_experts)
+    hidden, width, experts = spec.hidden_size, spec.intermediate_size, sparse.num_experts
+    per_block = experts * (2 * rank * (hidden + 2 * width) + rank * (width + hidden))
+    found = sum(
+        param.numel()
+        for name, param in peft_model.named_parameters()
+        if "lora_" in name and ".mlp.experts" in name
+    )
+    assert found == per_block * sparse.count
