@@ -157,6 +157,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     verify = sub.add_parser("verify", help="run one step (CUDA, CPU or simulated) and compare")
     add_verify_arguments(verify)
+    from llmmem.calibrate import add_calibrate_arguments
+
+    calibrate = sub.add_parser(
+        "calibrate",
+        help="record measured peaks of real runs; they narrow later bands",
+        description="Local calibration: `llmmem calibrate add RUN_OUTPUT --for FILE` records "
+        "what a real run measured (HF Trainer memory metrics, torchtune memory logs, "
+        "torch.cuda.max_memory_* lines, llmmem verify --format json) beside the prediction "
+        "for FILE in .llmmem/calibration.jsonl; `llmmem calibrate list` shows the runs per "
+        "setup (GPU, stack, method, sharding).",
+    )
+    add_calibrate_arguments(calibrate)
     gpus = sub.add_parser("gpus", help="list the GPU catalog and the GPUs of this machine")
     gpus.add_argument("--format", choices=["text", "json"], default="text")
     schema = sub.add_parser(
@@ -195,6 +207,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from llmmem.verify_command import run_verify
 
             return run_verify(args)
+        if args.command == "calibrate":
+            from llmmem.calibrate import run_calibrate
+
+            return run_calibrate(args)
         if args.command == "gpus":
             return _run_gpus(args)
         if args.command == "schema":

@@ -404,6 +404,11 @@ def run_estimate(args: argparse.Namespace) -> int:
         budget = estimate_budget(spec, setup, gpu)
     except SetupError as err:
         raise UsageError(str(err)) from None
+    from pathlib import Path
+
+    from llmmem.calibrate import with_local_evidence
+
+    budget = with_local_evidence(budget, Path.cwd(), getattr(args, "framework", None))
     if (args.max_batch or args.max_seq) and gpu is None:
         raise UsageError(
             "--max-batch and --max-seq need a GPU: pass --gpu NAME (or a capacity such as 24GiB)"

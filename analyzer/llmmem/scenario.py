@@ -255,6 +255,9 @@ def analyze(
             )
             analysis.setup = replace(analysis.setup, precision=precision)
         analysis.budget = estimate_budget(analysis.spec, analysis.setup, analysis.gpu)
+        from llmmem.calibrate import with_local_evidence
+
+        analysis.budget = with_local_evidence(analysis.budget, Path(plan.path), plan.framework)
         if note:
             analysis.budget.notes.append(note)
     except (SetupError, ValueError) as err:

@@ -8,11 +8,17 @@ A class with fewer than `min_rows` rows gets the file's wide default band and sa
 
 The band reports the residuals; it never changes a prediction. The file is read once, when a
 band is first asked for.
+
+Local runs (`llmmem calibrate add`, `llmmem.calibrate`) of the same GPU, stack, method and
+sharding narrow it: with n local ratios (measured / predicted device total), the band is their
+range widened on each side by the class band's half-width / sqrt(n + 1), the class band's
+spread standing for what one more run may add; the basis says "band from n local runs".
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -20,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from llmmem.budget.setup import TrainingSetup
+    from llmmem.calibrate import LocalEvidence
 
 BANDS_FILE = Path(__file__).with_name("bands.json")
 
@@ -68,8 +75,35 @@ def _describe(name: str) -> str:
     return f"{framework} {method}, {where}, {sharding}"
 
 
-def band_for(name: str, predicted_bytes: int) -> Band:
-    """The band around `predicted_bytes` for class `name` (see band_class)."""
+def band_for(name: str, predicted_bytes: int, local: LocalEvidence | None = None) -> Band:
+    """The band around `predicted_bytes` for class `name` (see band_class); `local`, the
+    local runs of the same setup, narrows it (see local_ratios)."""
+    band = _class_band(name, predicted_bytes)
+    if local is None or not local.ratios:
+        return band
+    class_low = band.low_bytes / predicted_bytes if predicted_bytes else 1.0
+    class_high = band.high_bytes / predicted_bytes if predicted_bytes else 1.0
+    low, high, margin = local_ratios(local.ratios, class_low, class_high)
+    runs = len(local.ratios)
+    basis = (
+        f"band from {runs} local run{'s' * (runs != 1)} ({local.path}): measured "
+        f"{100 * (min(local.ratios) - 1):+.1f}%..{100 * (max(local.ratios) - 1):+.1f}% of the "
+        f"estimate, widened by ±{100 * margin:.1f}% (the class band's half-width / "
+        f"√{runs + 1}); without them: {band.basis}"
+    )
+    return Band(round(predicted_bytes * low), round(predicted_bytes * high), basis, runs)
+
+
+def local_ratios(
+    ratios: tuple[float, ...], class_low: float, class_high: float
+) -> tuple[float, float, float]:
+    """(low, high, margin) of a band from local ratios: their range, widened on each side by
+    the class band's half-width divided by sqrt(n + 1)."""
+    margin = (class_high - class_low) / 2 / math.sqrt(len(ratios) + 1)
+    return min(ratios) - margin, max(ratios) + margin, margin
+
+
+def _class_band(name: str, predicted_bytes: int) -> Band:
     table = _table()
     entry = table["classes"].get(name)
     rows = int(entry["rows"]) if entry else 0

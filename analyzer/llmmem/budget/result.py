@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from llmmem.units import format_bytes
 
@@ -92,6 +92,8 @@ class Budget:
     notes: list[str] = field(default_factory=list)  # assumptions and caveats, one line each
     # the class whose measured residuals give the device total its band (budget/bands.py)
     band_class: str = ""
+    # the local runs of the same setup (llmmem.calibrate.LocalEvidence) that narrow the band
+    local_evidence: Any = None
 
     def phase(self, phase: Phase) -> PhaseBudget:
         for item in self.phases:
@@ -114,7 +116,7 @@ class Budget:
         """Where the device total of this step was measured to fall, for setups of its class."""
         from llmmem.budget.bands import band_for
 
-        return band_for(self.band_class, self.device_total_bytes)
+        return band_for(self.band_class, self.device_total_bytes, self.local_evidence)
 
     @property
     def verdict(self) -> str | None:
