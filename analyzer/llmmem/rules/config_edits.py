@@ -161,9 +161,15 @@ def set_config_value(
     at = document.end
     indent = _block_indent(text, document)
     line = f"{indent}{name}: {literal}"
+    eol = _line_break(text)
     if at == 0 or text[at - 1] == "\n":
-        return _edit(text, at, at, line + "\n")
-    return _edit(text, at, at, "\n" + line + ("\n" if at < len(text) else ""))
+        return _edit(text, at, at, line + eol)
+    return _edit(text, at, at, eol + line + (eol if at < len(text) else ""))
+
+
+def _line_break(text: str) -> str:
+    """The file's own line break (a CRLF file gets CRLF lines)."""
+    return "\r\n" if "\r\n" in text else "\n"
 
 
 def _flow_entry(text: str, document: Document, entry: str) -> TextEdit:
@@ -175,7 +181,7 @@ def _flow_entry(text: str, document: Document, entry: str) -> TextEdit:
     line_start = text.rfind("\n", 0, last.key_start) + 1
     before = text[line_start : last.key_start]
     if "\n" in text[last.end : text.find("}", last.end) + 1] and not before.strip():
-        return _edit(text, last.end, last.end, f",\n{before}{entry}")
+        return _edit(text, last.end, last.end, f",{_line_break(text)}{before}{entry}")
     return _edit(text, last.end, last.end, f", {entry}")
 
 
@@ -327,7 +333,7 @@ def append_to_sequence(text: str, key: str, items: list[Any]) -> TextEdit | None
         return None
     line_end = text.find("\n", last_end)
     if line_end < 0:
-        eol = "\r\n" if "\r\n" in text else "\n"
+        eol = _line_break(text)
         return _edit(text, len(text), len(text), "".join(eol + prefix + item for item in literals))
     eol = "\r\n" if text[line_end - 1 : line_end] == "\r" else "\n"
     at = line_end + 1
