@@ -97,6 +97,9 @@ def test_the_requested_families_are_all_there() -> None:
         "mistralai/Mistral-Small-24B-Instruct-2501",
         "bigcode/gpt_bigcode-santacoder",
         "ibm/PowerLM-3b",
+        "zai-org/GLM-4.5-Air",
+        "Qwen/Qwen3-235B-A22B",
+        "google/gemma-3-270m",
     ]:
         assert model_id in ALL_IDS, model_id
 

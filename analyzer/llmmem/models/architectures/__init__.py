@@ -41,7 +41,7 @@ FAMILY_OF_MODEL_TYPE: dict[str, str] = {
         "dense_decoders",
     ),
     **dict.fromkeys(
-        ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "llama4_text", "llama4"),
+        ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "llama4_text", "llama4", "glm4_moe"),
         "mixture_of_experts",
     ),
     **dict.fromkeys(("deepseek_v2", "deepseek_v3"), "latent_attention"),

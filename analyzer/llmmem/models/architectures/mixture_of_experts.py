@@ -1,5 +1,6 @@
 """Mixture-of-experts decoders: Mixtral, Qwen1.5/2 MoE (with a shared expert), Qwen3 MoE, gpt-oss,
-Llama 4 (text decoder, with a shared expert and dense blocks between the sparse ones).
+Llama 4 (text decoder, with a shared expert and dense blocks between the sparse ones), GLM-4.5
+(DeepSeek-V3's routing under grouped-query attention).
 
 In transformers 5 the routed experts of these models are two fused 3-D parameters per layer
 (`mlp.experts.gate_up_proj` and `mlp.experts.down_proj`), and the router is a bare weight
@@ -483,6 +484,84 @@ def read_llama4(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
     )
 
 
+# --- GLM-4.5 (glm4_moe) ---------------------------------------------------------------------------
+
+GLM4_MOE_DEFAULTS = {
+    "num_key_value_heads": 8,
+    "hidden_act": "silu",
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "moe_intermediate_size": 1408,
+    "num_experts_per_tok": 8,
+    "n_shared_experts": 1,
+    "n_routed_experts": 128,
+    "first_k_dense_replace": 1,
+    "use_qk_norm": False,
+}
+
+
+def read_glm4_moe(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
+    """GLM-4.5: q/k/v with biases (attention_bias), an output projection without, optional
+    per-head q/k RMSNorm; the first `first_k_dense_replace` blocks dense, the others routing
+    `n_routed_experts` beside `n_shared_experts` always-on ones, as in DeepSeek-V3 (the router's
+    score-correction bias is a buffer). The multi-token prediction layer of the checkpoints is not
+    built by transformers and not counted."""
+    dims = read_rope_decoder_dims(view, intermediate_key="moe_intermediate_size")
+    routing = Routing(
+        num_experts=view.int_or(0, "n_routed_experts", "num_local_experts"),
+        experts_per_token=view.int_or(0, "num_experts_per_tok"),
+    )
+    bias = view.flag("attention_bias")
+    attention = attention_projections(dims, qkv_bias=bias)
+    qk_norm = view.flag("use_qk_norm")
+    norm_params = 2 * dims.hidden + (2 * dims.head_dim if qk_norm else 0)
+    dense_width = view.required_int("intermediate_size")
+    dense_layers = (
+        min(view.int_or(0, "first_k_dense_replace"), dims.layers)
+        if routing.num_experts
+        else dims.layers
+    )
+    sparse_layers = dims.layers - dense_layers
+    shared_width = dims.intermediate * view.int_or(0, "n_shared_experts")
+    groups = []
+    if sparse_layers:
+        sparse = [*attention, *_routed_experts(dims, routing)]
+        if shared_width:
+            sparse += gated_mlp(
+                "mlp.shared_experts",
+                hidden=dims.hidden,
+                intermediate=shared_width,
+                role="shared_expert",
+            )
+        groups.append(_sparse_blocks(sparse, routing, count=sparse_layers, norm_params=norm_params))
+    else:  # every block dense: the MLP width is the dense one
+        dims = replace(dims, intermediate=dense_width)
+    if dense_layers:
+        dense = [*attention, *gated_mlp("mlp", hidden=dims.hidden, intermediate=dense_width)]
+        groups.append(
+            BlockGroup(
+                name="decoder_dense", count=dense_layers, linears=dense, norm_params=norm_params
+            )
+        )
+    notes = ["GLM-4.5: each sparse block also runs shared experts for every token"]
+    if view.int_or(0, "num_nextn_predict_layers"):
+        notes.append(
+            "the checkpoint's multi-token prediction layer is not loaded by transformers and is "
+            "not counted"
+        )
+    return _moe_spec(
+        view,
+        origin,
+        architecture="Glm4MoeForCausalLM",
+        dims=dims,
+        routing=routing if sparse_layers else Routing(num_experts=0, experts_per_token=0),
+        groups=groups,
+        qk_norm=qk_norm,
+        notes=notes,
+    )
+
+
 READERS = [
     ArchitectureReader("mixtral", "MixtralConfig", MIXTRAL_DEFAULTS, read_mixtral),
     ArchitectureReader("qwen2_moe", "Qwen2MoeConfig", QWEN2_MOE_DEFAULTS, read_qwen2_moe),
@@ -490,4 +569,5 @@ READERS = [
     ArchitectureReader("gpt_oss", "GptOssConfig", GPT_OSS_DEFAULTS, read_gpt_oss),
     ArchitectureReader("llama4_text", "Llama4TextConfig", LLAMA4_TEXT_DEFAULTS, read_llama4_text),
     ArchitectureReader("llama4", "Llama4Config", LLAMA4_DEFAULTS, read_llama4),
+    ArchitectureReader("glm4_moe", "Glm4MoeConfig", GLM4_MOE_DEFAULTS, read_glm4_moe),
 ]
