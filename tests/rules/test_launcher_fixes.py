@@ -205,3 +205,18 @@ def test_fixing_twice_changes_nothing_more(name: str) -> None:
             if title.startswith(("Make it fit", HALVE)):
                 continue
             assert title not in again, (gpu, title)
+
+
+def test_torchtune_builtin_lora_config_gets_the_qlora_builder_override() -> None:
+    # `--config llama3_1/8B_lora` ships inside torchtune: its builder follows from its name
+    path = SHELL / "launch_tune.sh"
+    text = path.read_text(encoding="utf-8")
+    after = fixed(path, QLORA)
+    assert after == text.replace(
+        "tokenizer.max_seq_len=4096\n",
+        "tokenizer.max_seq_len=4096 \\\n"
+        "  model._component_=torchtune.models.llama3_1.qlora_llama3_1_8b\n",
+    )
+    plan = check_text(path, after, gpu="RTX-4090", hub=False).analysis.plan
+    assert plan.quantization is not None and plan.quantization.bits.value == 4
+    assert QLORA not in fixes_of(path, after, "RTX-4090")

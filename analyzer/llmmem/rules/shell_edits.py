@@ -120,7 +120,7 @@ def launcher_edits(analysis: Analysis, text: str, lever: str) -> list[TextEdit] 
     writes = dialect.table.get(lever)
     if writes is None:
         return None
-    config = _launched_config(reader, launch)
+    config = _launched_config(reader, launch) or _torchtune_builtin(launch)
     spans: list[tuple[int, int, str]] = []
     added: list[str] = []
     for write in writes:
@@ -315,6 +315,34 @@ def _launched_config(reader: ShellPlanReader, launch: Launch) -> Any:
         return None
 
 
+@dataclass(frozen=True)
+class BuiltinConfig:
+    """What a torchtune built-in config (`--config llama3_1/8B_lora`) is known to say: its
+    model builder, from its name (torchtune's shipped `<family>/<size>_lora*` configs build
+    `torchtune.models.<family>.lora_<family>_<size>`)."""
+
+    component: str
+
+    def lookup(self, path: tuple[str | int, ...]) -> tuple[bool, Any]:
+        if path == ("model", "_component_"):
+            return True, self.component
+        return False, None
+
+
+def _torchtune_builtin(launch: Launch) -> BuiltinConfig | None:
+    if launch.launcher != "tune" or launch.target is None or launch.target_kind != "config":
+        return None
+    name = launch.target.text
+    if name.endswith(CONFIG_SUFFIXES):
+        return None
+    family, _, variant = name.partition("/")
+    match = re.match(r"^(?P<size>[0-9.]+[Bb]|mini)_lora(_single_device)?$", variant)
+    if not family or match is None or not re.fullmatch(r"[a-z0-9_]+", family):
+        return None
+    size = match.group("size").lower().replace(".", "_")
+    return BuiltinConfig(f"torchtune.models.{family}.lora_{family}_{size}")
+
+
 # -- the edits
 
 
@@ -344,6 +372,8 @@ def _value_span(
             return None
         return option.word.end, option.word.end, " " + _literal(value, dialect)
     slice_ = option.value
+    if not slice_.is_known:
+        return None  # `--batch_size $(...)`: known when the script runs, not replaced
     literal = _literal(value, dialect, slice_.text)
     start, end = slice_.offsets()
     word = slice_.word
