@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 HOVER_TARGET_MS = 20.0
 INITIALIZE_TARGET_S = 0.5
+ANALYSIS_TIMEOUT_S = 600  # the server's analysisTimeoutSeconds here: hovers need a result
 
 
 class Server:
@@ -85,16 +86,22 @@ class Server:
                 self.send({"id": message["id"], "result": None})
         raise TimeoutError(f"no answer to {method} within {timeout} s")
 
-    def wait_for(self, method: str, timeout: float = 120.0) -> dict[str, Any]:
+    def wait_for(self, method: str, uri: str, timeout: float = 120.0) -> dict[str, Any]:
+        """The next notification `method` about document `uri`."""
         deadline = time.perf_counter() + timeout
         while (message := self.read(deadline)) is not None:
-            if message.get("method") == method:
+            if message.get("method") == method and message["params"].get("uri") == uri:
                 return message
         raise TimeoutError(f"no {method} within {timeout} s")
 
     def initialize(self) -> float:
         """Seconds from spawn to the initialize result."""
-        options = {"detectGpu": False, "hub": False, "gpu": "RTX-4090"}
+        options = {
+            "detectGpu": False,
+            "hub": False,
+            "gpu": "RTX-4090",
+            "analysisTimeoutSeconds": ANALYSIS_TIMEOUT_S,
+        }
         self.request("initialize", {"capabilities": {}, "initializationOptions": options})
         took = time.perf_counter() - self.started
         self.send({"method": "initialized", "params": {}})
@@ -143,13 +150,21 @@ def hover_positions(text: str) -> list[tuple[int, int]]:
     return positions
 
 
-def measure_hovers(server: Server, path: Path, text: str, hovers: int) -> list[float]:
+def measure_hovers(
+    server: Server, path: Path, text: str, hovers: int
+) -> tuple[float, list[float], int]:
+    """Seconds from didOpen to the diagnostics, each hover's milliseconds, and how many hovers
+    had something to show (a hover on a setting must: a bench of empty answers measures
+    nothing)."""
     uri = path.resolve().as_uri()
     document = {"uri": uri, "languageId": "python", "version": 1, "text": text}
+    opened = time.perf_counter()
     server.send({"method": "textDocument/didOpen", "params": {"textDocument": document}})
-    server.wait_for("textDocument/publishDiagnostics")
+    server.wait_for("textDocument/publishDiagnostics", uri, timeout=ANALYSIS_TIMEOUT_S + 30)
+    analysed = time.perf_counter() - opened
     positions = hover_positions(text)
     times: list[float] = []
+    shown = 0
     for index in range(hovers):
         line, col = positions[index % len(positions)]
         params = {"textDocument": {"uri": uri}, "position": {"line": line, "character": col}}
@@ -158,8 +173,9 @@ def measure_hovers(server: Server, path: Path, text: str, hovers: int) -> list[f
         times.append((time.perf_counter() - started) * 1000)
         if "error" in answer:
             raise RuntimeError(f"hover failed: {answer['error']}")
+        shown += answer.get("result") is not None
     server.send({"method": "textDocument/didClose", "params": {"textDocument": {"uri": uri}}})
-    return times
+    return analysed, times, shown
 
 
 def p95(values: list[float]) -> float:
@@ -212,7 +228,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="llmmem-lsp-bench-") as scratch:
         (Path(scratch) / ".git").mkdir()
-        big = Path(scratch) / "train_10k.py"
+        big = Path(scratch) / f"train_{args.lines}_lines.py"
         big_text = generated_script(args.lines)
         big.write_text(big_text, encoding="utf-8")
         documents = [(big, big_text)] + [
@@ -222,20 +238,24 @@ def main() -> int:
         server.initialize()
         try:
             for path, text in documents:
-                times = measure_hovers(server, path, text, args.hovers)
+                analysed, times, shown = measure_hovers(server, path, text, args.hovers)
                 worst = p95(times)
-                ok &= worst <= HOVER_TARGET_MS
+                ok &= worst <= HOVER_TARGET_MS and shown > 0
                 lines = len(text.splitlines())
                 label = f"hover {path.name} ({lines:,} lines)"
-                rows.append((label, "median", statistics.median(times), ""))
+                rows.append((f"analysis {path.name}", "open -> diagnostics", analysed * 1000, ""))
+                rows.append(
+                    (label, f"median ({shown}/{len(times)} shown)", statistics.median(times), "")
+                )
                 rows.append((label, "p95", worst, f"<= {HOVER_TARGET_MS:.0f} ms"))
         finally:
             server.close()
 
     width = max(len(row[0]) for row in rows)
-    print(f"{'what':<{width}}  {'statistic':<13}  {'ms':>8}  target")
+    column = max(len(row[1]) for row in rows)
+    print(f"{'what':<{width}}  {'statistic':<{column}}  {'ms':>9}  target")
     for what, statistic, value, target in rows:
-        print(f"{what:<{width}}  {statistic:<13}  {value:8.1f}  {target}")
+        print(f"{what:<{width}}  {statistic:<{column}}  {value:9.1f}  {target}")
     print("all targets met" if ok else "a target was missed")
     return 0 if ok else 1
 

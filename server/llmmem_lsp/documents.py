@@ -66,6 +66,7 @@ class DocumentState:
     latest: Result | None = None  # the newest analysis, good or not
     done: asyncio.Event = field(default_factory=asyncio.Event)  # set: nothing pending
     measured: str | None = None  # the last `llmmem.verify` result, as Markdown
+    measured_version: int | None = None  # the version of the text it measured
     abandoned: float | None = None  # seconds, when the last analysis was abandoned
     dependencies: set[str] = field(default_factory=set)  # other files the plan read
 

@@ -4,11 +4,15 @@ pygls drops a request whose params do not match the protocol's types (no positio
 line, no command) after logging a traceback, so the client waits forever; after `shutdown` it
 drops requests silently; an unknown command is answered, but with a traceback at ERROR level.
 This protocol answers each of these with a JSON-RPC error: InvalidParams, InvalidRequest after
-shutdown, and InvalidParams naming the known commands, logged as one line.
+shutdown, and InvalidParams naming the known commands, logged as one line. A body that is not
+JSON gets a ParseError and one that is JSON but no JSON-RPC message an InvalidRequest, both with
+a null id as JSON-RPC says (pygls logs a traceback, shows the user an error and carries on).
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +42,57 @@ def _reason(err: Exception) -> str:
         return str(err)
 
 
+def unparsable(error: BaseException | None) -> bool:
+    """Whether an error is a message body that is not JSON (or not UTF-8)."""
+    return isinstance(error, (json.JSONDecodeError, UnicodeDecodeError))
+
+
+class _NoTracebackForUnparsable(logging.Filter):
+    """pygls's read loop logs a traceback for a body that does not parse; the server answers
+    it with a ParseError and logs one line instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and unparsable(record.exc_info[1]))
+
+
+logging.getLogger("pygls.server").addFilter(_NoTracebackForUnparsable())
+
+
 class LlmmemProtocol(LanguageServerProtocol):
+    """pygls's protocol, with every request answered (see the module's doc) and requests that
+    a client cancels really stopped: pygls runs a command's coroutine as a task of its own and,
+    on `$/cancelRequest`, cancels only the future of the answer, so the command ran on."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._stoppable: dict[int | str, asyncio.Task[Any]] = {}
+
+    def stop_with_request(self) -> None:
+        """Called by a long command (verify) in its coroutine: `$/cancelRequest` for the
+        request that started it cancels it (its `finally` ends what it started)."""
+        msg_id, task = self.msg_id, asyncio.current_task()
+        if msg_id is None or task is None:
+            return
+        self._stoppable[msg_id] = task
+        task.add_done_callback(lambda _: self._stoppable.pop(msg_id, None))
+
+    def _handle_cancel_notification(self, msg_id: Any) -> None:
+        task = self._stoppable.pop(msg_id, None)
+        if task is not None:
+            task.cancel()
+        super()._handle_cancel_notification(msg_id)
+
+    def cancel_pending_requests(self) -> None:
+        """At `shutdown`: cancel what is still pending, the shutdown request aside. (pygls does
+        it too, in a loop over the dict that the cancellation's own callbacks change.)"""
+        current = self.msg_id
+        for msg_id, task in list(self._stoppable.items()):
+            if msg_id != current:
+                task.cancel()
+        for msg_id, future in list(self._request_futures.items()):
+            if msg_id != current and not future.done():
+                future.cancel()
+
     def structure_message(self, data: dict[str, Any]) -> Any:
         is_request = "jsonrpc" in data and "id" in data and "method" in data
         if not is_request or "error" in data:
@@ -50,8 +104,17 @@ class LlmmemProtocol(LanguageServerProtocol):
         except Exception as err:
             return UnreadableRequest(id=data["id"], method=str(method), reason=_reason(err))
 
-    def _refuse(self, msg_id: int | str, code: types.ErrorCodes, message: str) -> None:
+    def _refuse(self, msg_id: int | str | None, code: types.ErrorCodes, message: str) -> None:
+        if msg_id is None:  # written as a plain object: the converter would leave the id out
+            error = {"code": int(code), "message": message}
+            self._send_data({"jsonrpc": "2.0", "id": None, "error": error})
+            return
         self._send_response(msg_id, None, types.ResponseError(code=code, message=message))
+
+    def refuse_unparsable(self, error: BaseException) -> None:
+        """A body that is not JSON: ParseError, with a null id (none could be read)."""
+        log.info("a message that is not JSON: %s", error)
+        self._refuse(None, types.ErrorCodes.ParseError, f"the message is not JSON: {error}")
 
     def handle_message(self, message: Any) -> None:
         if isinstance(message, UnreadableRequest):
@@ -61,6 +124,12 @@ class LlmmemProtocol(LanguageServerProtocol):
                 types.ErrorCodes.InvalidParams,
                 f"invalid params for {message.method}: {message.reason}",
             )
+            return
+        if not hasattr(message, "jsonrpc"):  # JSON, but no JSON-RPC 2.0 message
+            ident = message.get("id") if isinstance(message, dict) else None
+            known = ident if isinstance(ident, (int, str)) and not isinstance(ident, bool) else None
+            log.info("not a JSON-RPC 2.0 message: %.200r", message)
+            self._refuse(known, types.ErrorCodes.InvalidRequest, "not a JSON-RPC 2.0 message")
             return
         method = getattr(message, "method", None)
         if self._shutdown and method != types.EXIT and getattr(message, "id", None) is not None:

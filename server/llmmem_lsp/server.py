@@ -11,8 +11,10 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Sequence
 from dataclasses import replace
@@ -26,7 +28,7 @@ from pygls.uris import to_fs_path
 from llmmem import __version__
 from llmmem_lsp.convert import Lines, code_action, diagnostic, overlaps, workspace_edit
 from llmmem_lsp.documents import Analyzer, DocumentState, Result, document_path
-from llmmem_lsp.protocol import LlmmemProtocol
+from llmmem_lsp.protocol import LlmmemProtocol, unparsable
 from llmmem_lsp.settings import read_settings
 
 if TYPE_CHECKING:  # the analyzer is imported on first use: the server answers `initialize` first
@@ -35,6 +37,7 @@ if TYPE_CHECKING:  # the analyzer is imported on first use: the server answers `
 
 log = logging.getLogger("llmmem_lsp")
 
+PARENT_POLL_S = 1.0  # how often the editor's process (initialize's processId) is looked for
 HOVER_WAIT_S = 1.5  # how long a hover waits for the current version's analysis
 PULL_WAIT_S = 3.0  # how long a pulled diagnostic report waits for it
 VERIFY_TIMEOUT_S = 900
@@ -50,6 +53,22 @@ def unreadable_diagnostic(what: str, reason: str) -> types.Diagnostic:
         source="llmmem",
         message=f"llmmem cannot estimate this {what} yet: {reason}",
     )
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process (PermissionError): it exists
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return True  # no /proc (macOS): os.kill said it exists
+    fields = stat.rsplit(")", 1)[-1].split()
+    return not fields or fields[0] not in ("Z", "X")
 
 
 def abandoned_diagnostic(timeout_s: float) -> types.Diagnostic:
@@ -86,8 +105,42 @@ class LlmmemServer(LanguageServer):
         self.refresh_diagnostics = False
         self.settings_problems_shown: set[str] = set()
         self.notebooks: set[str] = set()  # URIs of open notebook documents
+        self.parent_watch: asyncio.Task[None] | None = None
+        self.verifying: set[asyncio.subprocess.Process] = set()  # `llmmem verify` runs
+
+    def stop_work(self) -> None:
+        """Stop what runs in the background: analyses and `llmmem verify` subprocesses."""
+        self.analyzer.shutdown()
+        for process in list(self.verifying):
+            kill_process_group(process)
+
+    def watch_parent(self, pid: int) -> None:
+        """Exit (code 1, as without `shutdown`) once the editor's process is gone: an editor
+        that crashed leaves no server behind. Not on Windows, where `os.kill(pid, 0)` would
+        end the process it asks about."""
+        if sys.platform == "win32" or pid <= 0 or pid == os.getpid():
+            return
+
+        async def watch() -> None:
+            while process_alive(pid):
+                await asyncio.sleep(PARENT_POLL_S)
+            log.warning("the editor's process %d is gone: the server exits", pid)
+            self.stop_work()
+            logging.shutdown()
+            os._exit(1)
+
+        self.parent_watch = asyncio.get_running_loop().create_task(watch())
 
     # -- plumbing ---------------------------------------------------------------------------
+
+    def report_server_error(self, error: Exception, source: Any) -> None:
+        """A body that is not JSON is answered (ParseError); pygls's own answer to it, a
+        message to the user and its thread pool stopped, is kept for real faults."""
+        if unparsable(error) or unparsable(error.__cause__):
+            assert isinstance(self.protocol, LlmmemProtocol)
+            self.protocol.refuse_unparsable(error)
+            return
+        super().report_server_error(error, source)
 
     @property
     def encoding(self) -> str:
@@ -294,6 +347,8 @@ def initialize(ls: LlmmemServer, params: types.InitializeParams) -> None:
         workspace and workspace.workspace_edit and workspace.workspace_edit.document_changes
     )
     ls.apply_settings(params.initialization_options, check_gpu=False)
+    if params.process_id is not None:
+        ls.watch_parent(params.process_id)
 
 
 @server.feature(types.INITIALIZED)
@@ -383,7 +438,9 @@ def did_change_watched_files(ls: LlmmemServer, params: types.DidChangeWatchedFil
 @server.feature(types.SHUTDOWN)
 def shutdown(ls: LlmmemServer, params: None) -> None:
     ls.shutdown_received = True
-    ls.analyzer.shutdown()
+    ls.stop_work()
+    assert isinstance(ls.protocol, LlmmemProtocol)
+    ls.protocol.cancel_pending_requests()
 
 
 # -- documents ------------------------------------------------------------------------------
@@ -516,6 +573,15 @@ def _hover_target(
     return best
 
 
+def _measured(state: DocumentState, result: Result) -> str | None:
+    """The verify table while the text is the one it measured; an edit since drops it."""
+    if state.measured is None or state.measured_version != result.version:
+        return None
+    if state.version != result.version:
+        return None
+    return state.measured
+
+
 @server.feature(types.TEXT_DOCUMENT_HOVER)
 async def hover(ls: LlmmemServer, params: types.HoverParams) -> types.Hover | None:
     uri = params.text_document.uri
@@ -554,7 +620,7 @@ async def hover(ls: LlmmemServer, params: types.HoverParams) -> types.Hover | No
         text = await loop.run_in_executor(None, render, analysis)
     else:
         text = await loop.run_in_executor(
-            None, lambda: markdown.budget_hover(analysis, measured=state.measured)
+            None, lambda: markdown.budget_hover(analysis, measured=_measured(state, result))
         )
     if not text:
         return None
@@ -961,29 +1027,122 @@ def gpus(ls: LlmmemServer, *arguments: Any) -> list[dict[str, Any]]:
 
 @server.command("llmmem.verify")
 async def verify(ls: LlmmemServer, *arguments: Any) -> dict[str, Any]:
-    """Run `llmmem verify` on the document's file in a subprocess, reporting `$/progress`;
-    the measured result is kept for the hover. Arguments: [uri] or [uri, {"simulate": true}]
-    or [uri, {"device": "cpu"}] (default: the CUDA device of the server's machine)."""
+    """Run `llmmem verify` on the document's text as the editor holds it (unsaved edits
+    included), in a subprocess, reporting `$/progress` that the user may cancel; the measured
+    result is kept for the hover while the document stays at the version measured. Arguments:
+    [uri] or [uri, {"simulate": true}] or [uri, {"device": "cpu"}] (default: the CUDA device
+    of the server's machine). Cancelling the progress or the request ends the subprocess."""
     uri = _uri_argument(list(arguments))
     state = ls.analyzer.documents.get(uri) if uri else None
-    if state is None:
+    snapshot = ls._text_of(uri) if uri and state is not None else None
+    if state is None or snapshot is None:
         return {"ok": False, "message": f"not an open document: {uri}"}
+    text, version = snapshot
     options = arguments[1] if len(arguments) > 1 and isinstance(arguments[1], dict) else {}
+    assert isinstance(ls.protocol, LlmmemProtocol)
+    ls.protocol.stop_with_request()
+    loop = asyncio.get_running_loop()
+    cancelled: asyncio.Future[None] = loop.create_future()
+    token = await _cancellable_progress(ls, state.path.name, cancelled)
+    copy = _buffer_copy(state.path, text)
+    process: asyncio.subprocess.Process | None = None
+    outcome: dict[str, Any]
+    try:
+        if copy is None:
+            outcome = {"ok": False, "message": f"could not write {state.path.name} to verify it"}
+        else:
+            process = await asyncio.create_subprocess_exec(
+                *_verify_command(ls, copy, options),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                start_new_session=True,  # its own process group: killed with what it starts
+            )
+            ls.verifying.add(process)
+            outcome = await _verify_run(ls, process, cancelled, version)
+            outcome = _named_as_document(outcome, copy, state.path)
+    except OSError as err:
+        outcome = {"ok": False, "message": f"could not start verify: {err}"}
+    finally:  # also when the request is cancelled ($/cancelRequest) or the server exits
+        if process is not None:
+            kill_process_group(process)
+            ls.verifying.discard(process)
+        if copy is not None:
+            copy.unlink(missing_ok=True)
+        if token is not None:
+            ls.work_done_progress.tokens.pop(token, None)
+    outcome["version"] = version
+    if token is not None:
+        ls.work_done_progress.end(token, types.WorkDoneProgressEnd(message=outcome["message"]))
+    if outcome.get("markdown"):
+        state.measured = outcome["markdown"]
+        state.measured_version = version
+    if not ls.shutdown_received:
+        ls.window_show_message(
+            types.ShowMessageParams(
+                type=types.MessageType.Info if outcome["ok"] else types.MessageType.Warning,
+                message=outcome["message"],
+            )
+        )
+    return outcome
+
+
+async def _cancellable_progress(
+    ls: LlmmemServer, title: str, cancelled: asyncio.Future[None]
+) -> str | None:
+    """A work-done progress the user can cancel (`cancelled` is set when they do), where the
+    client shows server-initiated progress; None where it does not."""
+    window = ls.client_capabilities.window
+    if not (window and window.work_done_progress):
+        return None
     token = str(uuid.uuid4())
-    progress = False
     try:
         await asyncio.wait_for(ls.work_done_progress.create_async(token), timeout=5)
-        progress = True
     except Exception:
-        progress = False
-    if progress:
-        ls.work_done_progress.begin(
-            token,
-            types.WorkDoneProgressBegin(
-                title="llmmem verify", message=state.path.name, cancellable=False
-            ),
-        )
-    command = [sys.executable, "-m", "llmmem", "verify", str(state.path), "--format", "json"]
+        return None
+    ls.work_done_progress.begin(
+        token, types.WorkDoneProgressBegin(title="llmmem verify", message=title, cancellable=True)
+    )
+
+    def on_cancel(_: object) -> None:
+        if not cancelled.done():
+            cancelled.get_loop().call_soon_threadsafe(_set_once, cancelled)
+
+    ls.work_done_progress.tokens[token].add_done_callback(on_cancel)
+    return token
+
+
+def _set_once(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _named_as_document(outcome: dict[str, Any], copy: Path, path: Path) -> dict[str, Any]:
+    """The outcome's words name the document, not the copy that was measured."""
+    for key in ("message", "markdown"):
+        if isinstance(outcome.get(key), str):
+            outcome[key] = outcome[key].replace(str(copy), str(path)).replace(copy.name, path.name)
+    return outcome
+
+
+def _buffer_copy(path: Path, text: str) -> Path | None:
+    """The editor's text in a file beside the document (so that the paths it names, relative
+    to it, still hold), or in a temporary directory where the document's is not writable."""
+    name = f".{path.stem}.llmmem-verify-{uuid.uuid4().hex[:8]}{path.suffix}"
+    for directory in (path.parent, Path(tempfile.mkdtemp(prefix="llmmem-verify-"))):
+        target = directory / name
+        try:
+            with open(target, "x", encoding="utf-8", newline="") as handle:
+                handle.write(text)
+        except OSError:
+            continue
+        return target
+    return None
+
+
+def _verify_command(ls: LlmmemServer, path: Path, options: dict[str, Any]) -> list[str]:
+    command = [sys.executable, "-m", "llmmem", "verify", str(path), "--format", "json"]
     if options.get("simulate"):
         command.append("--simulate")
     elif options.get("device") in ("cpu", "cuda"):
@@ -993,50 +1152,70 @@ async def verify(ls: LlmmemServer, *arguments: Any) -> dict[str, Any]:
         command += ["--gpu", gpu]
     if not ls.analyzer.settings.hub:
         command.append("--offline")
-    loop = asyncio.get_running_loop()
+    return command
 
-    def run() -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            timeout=VERIFY_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
 
+async def _verify_run(
+    ls: LlmmemServer,
+    process: asyncio.subprocess.Process,
+    cancelled: asyncio.Future[None],
+    version: int | None,
+) -> dict[str, Any]:
+    """The outcome of one run: its report, or why it has none (cancelled, too long, stopped
+    by `shutdown`)."""
+    output = asyncio.ensure_future(process.communicate())
+    waited: set[asyncio.Future[Any]] = {output, cancelled}
     try:
-        proc = await loop.run_in_executor(None, run)
-        outcome = _verify_outcome(proc)
-    except subprocess.TimeoutExpired:
-        outcome = {"ok": False, "message": f"verify took longer than {VERIFY_TIMEOUT_S} s"}
-    except OSError as err:
-        outcome = {"ok": False, "message": f"could not start verify: {err}"}
-    if progress:
-        ls.work_done_progress.end(token, types.WorkDoneProgressEnd(message=outcome["message"]))
-    if outcome.get("markdown"):
-        state.measured = outcome["markdown"]
-    ls.window_show_message(
-        types.ShowMessageParams(
-            type=types.MessageType.Info if outcome["ok"] else types.MessageType.Warning,
-            message=outcome["message"],
-        )
+        await asyncio.wait(waited, timeout=VERIFY_TIMEOUT_S, return_when="FIRST_COMPLETED")
+    finally:
+        if not output.done():
+            kill_process_group(process)
+            output.cancel()
+    if cancelled.done():
+        await process.wait()
+        return {"ok": False, "cancelled": True, "message": "verify cancelled"}
+    if not output.done() or output.cancelled():
+        await process.wait()
+        return {"ok": False, "message": f"verify took longer than {VERIFY_TIMEOUT_S} s"}
+    stdout, stderr = output.result()
+    if ls.shutdown_received:
+        return {"ok": False, "message": "verify stopped: the server is shutting down"}
+    return _verify_outcome(
+        process.returncode or 0,
+        stdout.decode("utf-8", errors="replace"),
+        stderr.decode("utf-8", errors="replace"),
+        version,
     )
-    return outcome
 
 
-def _verify_outcome(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+def kill_process_group(process: asyncio.subprocess.Process) -> None:
+    """End a verify run and the step it started (the worker, torchrun's ranks): it runs in a
+    session of its own, so its process group is all of them."""
+    if process.returncode is not None:
+        return
+    try:
+        if sys.platform == "win32":
+            process.kill()
+        else:
+            os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _verify_outcome(
+    returncode: int, stdout: str, stderr: str, version: int | None = None
+) -> dict[str, Any]:
     """`llmmem verify --format json` exits 0 (measured) or 1 (OOM, also a result) with a report;
     3 (could not run here) with a report saying why; 2 (bad input) with one line on stderr."""
     report: dict[str, Any] | None = None
     try:
-        parsed = json.loads(proc.stdout) if proc.stdout.strip() else None
+        parsed = json.loads(stdout) if stdout.strip() else None
         report = parsed if isinstance(parsed, dict) else None
     except ValueError:
         report = None
     if report is not None:
         summary = str(report.get("summary") or "verify finished")
-        ok = proc.returncode in (0, 1)
+        ok = returncode in (0, 1)
         outcome: dict[str, Any] = {"ok": ok, "message": summary, "report": report}
         if ok:
             rows = [
@@ -1046,7 +1225,8 @@ def _verify_outcome(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
             ]
             outcome["markdown"] = "\n".join(
                 [
-                    f"**Verified** ({report.get('device', 'this machine')}): {summary}",
+                    f"**Verified** ({report.get('device', 'this machine')}"
+                    f"{'' if version is None else f', version {version}'}): {summary}",
                     "",
                     "| | predicted | measured |",
                     "|---|---:|---:|",
@@ -1054,8 +1234,8 @@ def _verify_outcome(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
                 ]
             )
         return outcome
-    last = (proc.stderr or proc.stdout).strip().splitlines()
-    reason = last[-1] if last else f"exit code {proc.returncode}"
+    last = (stderr or stdout).strip().splitlines()
+    reason = last[-1] if last else f"exit code {returncode}"
     if "invalid choice" in reason and "verify" in reason:
         reason = "this llmmem installation has no `verify` command"
     return {
