@@ -257,9 +257,8 @@ def wide_case_from_row(row: dict[str, Any]) -> CalibrationCase:
     notes = str(row.get("notes", ""))
     stack = _wide_stack(row)
     world = int(row.get("world_size") or 1)
-    sharded = world > 1 and "NO_SHARD" not in notes
-    if world > 1 and not sharded:
-        raise RowSkipped("FSDP NO_SHARD (a replica per GPU, FSDP-wrapped): not expressible yet")
+    replica = world > 1 and "NO_SHARD" in notes  # FSDP-wrapped, a whole replica per GPU
+    sharded = world > 1 and not replica
     cpu_offload = "CPU Offload True" in notes or "offload_params=True" in notes
     method = Method(row["method"])
     # FSDP-QLoRA: bnb_4bit_quant_storage in a float dtype, which FSDP shards like the others
@@ -267,7 +266,7 @@ def wide_case_from_row(row: dict[str, Any]) -> CalibrationCase:
     # a model FSDP flattens must hold one dtype per unit (FSDP1, accelerate 1.0): the stacks
     # that shard a QLoRA model leave it in bf16 — TRL 0.13 skips prepare_model_for_kbit_training
     # and asks peft for bf16 adapters (autocast_adapter_dtype=False); fsdp_qlora loads it so
-    sharded_kbit = sharded and storage != "uint8"
+    sharded_kbit = (sharded or replica) and storage != "uint8"  # FSDP-wrapped either way
     quant = None
     if method is Method.QLORA:
         quant = QuantSetup(
@@ -302,7 +301,7 @@ def wide_case_from_row(row: dict[str, Any]) -> CalibrationCase:
         quant=quant,
         distributed=DistributedSetup(
             world_size=world,
-            fsdp=FsdpShard.FULL_SHARD if sharded else None,
+            fsdp=FsdpShard.FULL_SHARD if sharded else FsdpShard.NO_SHARD if replica else None,
             offload_params=cpu_offload,
             offload_optimizer=cpu_offload,
         ),

@@ -64,7 +64,9 @@ def _add_estimate_parser(sub: Any) -> None:
         "estimate",
         help="memory of one training step from flags",
         description="Predict the GPU memory of one training step of MODEL, component by "
-        "component, against a GPU.",
+        "component, against a GPU. The library releases that change the memory are read for "
+        "the current folder (a .venv, requirement and lock files; --versions wins), and runs "
+        "recorded with `llmmem calibrate add` under it narrow the band of the same setup.",
     )
     p.add_argument("--model", required=True, help="hub id, local directory or config.json path")
     p.add_argument("--method", choices=["full", "lora", "qlora"], default=None)
@@ -108,7 +110,7 @@ def _add_estimate_parser(sub: Any) -> None:
         nargs="?",
         const="full_shard",
         default=None,
-        choices=["full_shard", "hybrid_shard", "shard_grad_op"],
+        choices=["full_shard", "hybrid_shard", "shard_grad_op", "no_shard"],
     )
     p.add_argument(
         "--use-cache",

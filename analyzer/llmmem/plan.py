@@ -104,7 +104,7 @@ class DistributedPlan:
     zero_stage: Sourced[int]  # 0 without DeepSpeed
     offload_optimizer: Sourced[bool]
     offload_params: Sourced[bool]
-    fsdp: Sourced[str | None]  # "full_shard", "hybrid_shard", "shard_grad_op" or None
+    fsdp: Sourced[str | None]  # "full_shard", "hybrid_shard", "shard_grad_op", "no_shard" or None
     deepspeed_config: Sourced[str | None]  # a path, or None
     # DeepSpeed's gradient reduction bucket in elements ("auto": sized from the model),
     # overlap_comm (None: DeepSpeed's default, on for ZeRO-3 only), contiguous_gradients

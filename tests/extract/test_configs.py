@@ -304,6 +304,23 @@ def test_accelerate_fsdp_config() -> None:
     expect(plan, "precision", "bf16", EXPLICIT, "bf16")
 
 
+@pytest.mark.parametrize("strategy", ["NO_SHARD", "3"])
+def test_accelerate_fsdp_no_shard_is_a_replica_per_device(strategy: str) -> None:
+    text = (
+        "distributed_type: FSDP\nnum_processes: 2\n"
+        f"fsdp_config:\n  fsdp_sharding_strategy: {strategy}\n"
+    )
+    plan = extract_config_plan(CONFIGS / "inline.yaml", text)
+    assert plan.distributed.fsdp.value == "no_shard"
+    assert plan.distributed.fsdp.source is EXPLICIT
+
+
+def test_hf_fsdp_option_no_shard() -> None:
+    text = "model_name_or_path: m\nfsdp: no_shard auto_wrap\n"
+    plan = extract_config_plan(CONFIGS / "inline.yaml", text)
+    assert plan.distributed.fsdp.value == "no_shard"
+
+
 # -- broken input -------------------------------------------------------------------------------
 
 

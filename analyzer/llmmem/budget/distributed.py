@@ -82,6 +82,20 @@ def sharding_for(setup: TrainingSetup) -> Sharding:
             offload_states=d.offload_optimizer,
             offload_params=d.offload_params,
         )
+    if d.fsdp is FsdpShard.NO_SHARD:
+        quant = setup.quant
+        return Sharding(
+            1,
+            1,
+            1,
+            1,
+            f"FSDP no_shard over {world} devices (a replica per device)"
+            + (" with CPU offload" if d.offload_params or d.offload_optimizer else ""),
+            offload_states=d.offload_optimizer or d.offload_params,
+            offload_params=d.offload_params,
+            kbit_blocks=quant is not None,
+            fused_experts=not setup.experts_are_linears,
+        )
     if d.fsdp is not None:
         group = min(world, d.gpus_per_node) if d.fsdp is FsdpShard.HYBRID_SHARD else world
         params_sharded = d.fsdp is not FsdpShard.SHARD_GRAD_OP

@@ -224,6 +224,9 @@ class FsdpShard(str, Enum):
     FULL_SHARD = "full_shard"
     HYBRID_SHARD = "hybrid_shard"
     SHARD_GRAD_OP = "shard_grad_op"
+    # a whole replica per device, FSDP-wrapped: each unit's flat gradient is all-reduced in
+    # place (no bucket copies as under DDP); parameters, gradients and states stay whole
+    NO_SHARD = "no_shard"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

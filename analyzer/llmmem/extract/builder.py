@@ -344,7 +344,7 @@ def _as_fsdp(value: object) -> str | None:
         return None
     sharding, _offload = normalize_fsdp(value)
     if sharding is None:
-        raise ValueMismatch("expected full_shard, hybrid_shard or shard_grad_op")
+        raise ValueMismatch("expected full_shard, hybrid_shard, shard_grad_op or no_shard")
     return sharding
 
 

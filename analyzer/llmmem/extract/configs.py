@@ -722,11 +722,15 @@ def read_hf_fsdp(reader: DocumentReader, fsdp_path: KeyPath, config_path: KeyPat
     if raw is True:
         options = ["full_shard"]
     strategy = next(
-        (option for option in options if option in ("full_shard", "shard_grad_op", "hybrid_shard")),
+        (
+            option
+            for option in options
+            if option in ("full_shard", "shard_grad_op", "hybrid_shard", "no_shard")
+        ),
         "hybrid_shard" if "hybrid_shard_zero2" in options else None,
     )
     if strategy is None and options:
-        strategy = "full_shard" if options != ["no_shard"] else None
+        strategy = "full_shard"
     if strategy is None:
         return
     reader.put("distributed.fsdp", strategy, fsdp_path)
@@ -1000,8 +1004,8 @@ FSDP_STRATEGY_NAMES = {
     "1": "full_shard",
     "shard_grad_op": "shard_grad_op",
     "2": "shard_grad_op",
-    "no_shard": None,
-    "3": None,
+    "no_shard": "no_shard",
+    "3": "no_shard",
     "hybrid_shard": "hybrid_shard",
     "4": "hybrid_shard",
     "hybrid_shard_zero2": "hybrid_shard",

@@ -225,7 +225,7 @@ _ATTENTION: dict[str, str] = {
 }
 
 PRECISIONS = ("fp32", "fp16", "bf16", "bf16-true", "fp16-true")
-FSDP_SHARDING = ("full_shard", "hybrid_shard", "shard_grad_op")
+FSDP_SHARDING = ("full_shard", "hybrid_shard", "shard_grad_op", "no_shard")
 
 
 def _plain(name: str) -> str:
