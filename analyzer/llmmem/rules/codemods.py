@@ -10,7 +10,8 @@ several places (LoRA -> QLoRA: the import lines, `quantization_config=` on the m
 
 libcst takes ~0.15 s to import, so nothing imports this module at start-up: `rules/edits`
 imports it inside the functions that write a Python fix, and a lint that shows no fixes never
-does (see `edits.preview_python_edits`).
+does (see `edits.preview_python_edits`). The nodes are matched with `isinstance`, not with
+`libcst.matchers`, whose import alone takes another 0.35 s.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from llmmem.plan import SourceRange, TrainingPlan
@@ -30,8 +30,6 @@ from llmmem.rules.edits import ARGUMENT_CLASSES, QLORA_IMPORTS, diff_edits, pyth
 from llmmem.rules.finding import TextEdit
 
 NO_SPACE = cst.SimpleWhitespace("")
-ADD_ARGUMENT = m.Call(func=m.Name("add_argument") | m.Attribute(attr=m.Name("add_argument")))
-DOUBLE_STAR = m.Arg(star="**")
 
 
 class Source:
@@ -232,9 +230,19 @@ def callee(call: cst.Call) -> str:
 def has_keyword(call: cst.Call, name: str) -> bool:
     """The call has `name=` already, or a `**mapping` that may hold it."""
     return any(
-        (arg.keyword is not None and arg.keyword.value == name) or m.matches(arg, DOUBLE_STAR)
+        (arg.keyword is not None and arg.keyword.value == name) or arg.star == "**"
         for arg in call.args
     )
+
+
+def _named(node: cst.CSTNode | None, name: str) -> bool:
+    return isinstance(node, cst.Name) and node.value == name
+
+
+def _declares(line: cst.CSTNode, field_name: str) -> bool:
+    """`field_name: type = ...` (or without a value) on the line."""
+    statement = _only(line)
+    return isinstance(statement, cst.AnnAssign) and _named(statement.target, field_name)
 
 
 def _statement(code: str) -> cst.SimpleStatementLine:
@@ -338,7 +346,7 @@ def _plan_value(
     if node is None:
         return False
     if isinstance(node, cst.Call):
-        if not m.matches(node, ADD_ARGUMENT):
+        if callee(node) != "add_argument":
             return False
         default = next(
             (a for a in node.args if a.keyword is not None and a.keyword.value == "default"),
@@ -346,7 +354,7 @@ def _plan_value(
         )
         if default is not None:
             change.replace(default.value, literal(value, _quote_of([default.value])))
-        elif m.matches(node, m.Call(args=[m.ZeroOrMore(~DOUBLE_STAR)])):
+        elif not any(arg.star == "**" for arg in node.args):
             change.add_keyword(node, "default", literal(value, _quote_of(node.args)))
         else:
             return False
@@ -361,7 +369,7 @@ def _plan_value(
         return False
     for arg in call.args:
         if arg.keyword is not None and arg.keyword.value == field_name:
-            if m.matches(arg.value, m.Name(variable)):
+            if isinstance(arg.value, cst.Name) and arg.value.value == variable:
                 change.replace(arg.value, new)
                 return True
     return False
@@ -409,8 +417,7 @@ def _plan_dataclass_field(
         body = statement.body
         if not isinstance(body, cst.IndentedBlock) or not body.body:
             return False  # a one-line class body
-        declared = m.SimpleStatementLine(body=[m.AnnAssign(target=m.Name(field_name))])
-        if any(m.matches(s, declared) for s in body.body):
+        if any(_declares(line, field_name) for line in body.body):
             return False
         kind = type(value).__name__
         field_line = _statement(f"{field_name}: {kind} = {python_literal(value)}")
@@ -479,14 +486,32 @@ def _imported(module: cst.Module, module_name: str, name: str | None) -> bool:
             ):
                 if isinstance(small.names, cst.ImportStar):
                     return True
-                if any(m.matches(a, m.ImportAlias(name=m.Name(name))) for a in small.names):
+                if any(_named(alias.name, name) for alias in small.names):
                     return True
     return False
 
 
-FUTURE = m.SimpleStatementLine(body=[m.ImportFrom(module=m.Name("__future__"))])
-DOCSTRING = m.SimpleStatementLine(body=[m.Expr(value=m.SimpleString() | m.ConcatenatedString())])
-IMPORT_LINE = m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])
+def _only(line: cst.CSTNode) -> cst.BaseSmallStatement | None:
+    """The one statement of a line holding one simple statement."""
+    if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
+        return line.body[0]
+    return None
+
+
+def _is_future(line: cst.CSTNode) -> bool:
+    statement = _only(line)
+    return isinstance(statement, cst.ImportFrom) and _named(statement.module, "__future__")
+
+
+def _is_docstring(line: cst.CSTNode) -> bool:
+    statement = _only(line)
+    return isinstance(statement, cst.Expr) and isinstance(
+        statement.value, (cst.SimpleString, cst.ConcatenatedString)
+    )
+
+
+def _is_import(line: cst.CSTNode) -> bool:
+    return isinstance(_only(line), (cst.Import, cst.ImportFrom))
 
 
 def _plan_import(source: Source, module_name: str, name: str | None, change: Change) -> bool:
@@ -499,9 +524,9 @@ def _plan_import(source: Source, module_name: str, name: str | None, change: Cha
     statement = _statement(f"from {module_name} import {name}" if name else f"import {module_name}")
     header: cst.CSTNode | None = None
     for index, line in enumerate(module.body):
-        if m.matches(line, FUTURE) or (index == 0 and m.matches(line, DOCSTRING)):
+        if _is_future(line) or (index == 0 and _is_docstring(line)):
             header = line
-        elif m.matches(line, IMPORT_LINE):
+        elif _is_import(line):
             change.before.setdefault(id(line), []).append(statement)
             return True
     if header is not None:
