@@ -269,3 +269,58 @@ def test_generated_launchers_fixes_keep_the_command_line(
     assert budget is not None
     for fix in fixes_of(path, text, gpu):
         check_fix(path, text, fix, gpu, budget.device_total_bytes)
+
+
+# -- generated configs
+
+AXOLOTL_PLUGINS = (
+    "",
+    "plugins:\n  - axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin  # cce\n",
+    "plugins:\n- my_org.plugins.Logging\n- my_org.plugins.Other\n",
+    "plugins: [my_org.plugins.Logging]\n",
+    "plugins: []\n",
+)
+
+
+@st.composite
+def axolotl_configs(draw: st.DrawFn) -> str:
+    lines = [
+        f"base_model: {draw(st.sampled_from(MODELS))}",
+        "# generated\tconfig",
+        f"micro_batch_size: {draw(st.sampled_from((2, 4, 8)))}",
+        f"gradient_accumulation_steps: {draw(st.sampled_from((1, 2)))}",
+        f"sequence_len: {draw(st.sampled_from((1024, 4096)))}",
+    ]
+    if draw(st.booleans()):
+        lines.append(f"gradient_checkpointing: {draw(st.sampled_from(('false', 'true')))}")
+    if draw(st.booleans()):
+        lines.append(f"optimizer: {draw(st.sampled_from(('adamw_torch', 'adamw_torch_fused')))}")
+    if draw(st.booleans()):
+        lines += ["adapter: lora", "lora_r: 16", "lora_target_linear: true"]
+    lines = draw(st.permutations(lines))
+    text = "\n".join(lines) + "\n" + draw(st.sampled_from(AXOLOTL_PLUGINS))
+    return text.replace("\n", "\r\n") if draw(st.booleans()) else text
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(text=axolotl_configs(), gpu=st.sampled_from(("RTX-4090", "A100-40GB")))
+def test_generated_axolotl_configs_fixes_keep_the_rest(
+    text: str, gpu: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    import yaml
+
+    path = tmp_path_factory.mktemp("axolotl") / "config.yml"
+    path.write_bytes(text.encode("utf-8"))
+    budget = check_text(path, text, gpu=gpu, hub=False).analysis.budget
+    assert budget is not None
+    for fix in fixes_of(path, text, gpu):
+        after = check_fix(path, text, fix, gpu, budget.device_total_bytes)
+        document = yaml.safe_load(after)
+        plugins = document.get("plugins") or []
+        assert len(plugins) == len(set(plugins)), fix.title  # nothing listed twice
+        before_plugins = yaml.safe_load(text).get("plugins") or []
+        assert plugins[: len(before_plugins)] == before_plugins, fix.title
