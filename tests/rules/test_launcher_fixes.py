@@ -220,3 +220,14 @@ def test_torchtune_builtin_lora_config_gets_the_qlora_builder_override() -> None
     plan = check_text(path, after, gpu="RTX-4090", hub=False).analysis.plan
     assert plan.quantization is not None and plan.quantization.bits.value == 4
     assert QLORA not in fixes_of(path, after, "RTX-4090")
+
+
+def test_script_given_a_config_file_gets_no_new_flags(tmp_path: Path) -> None:
+    # `python train.py config.yaml`: an HfArgumentParser script reading parse_yaml_file takes
+    # its settings from the file; a flag added after it would be ignored when it runs
+    folder(tmp_path, "hf_argparser_dataclass.py", "trl_sft.yaml")
+    text = "python hf_argparser_dataclass.py trl_sft.yaml\n"
+    path = write(tmp_path / "run.sh", text)
+    for gpu in ("T4", "RTX-4090", "A100-80GB"):
+        for fix in fixes_of(path, text, gpu).values():
+            assert not any("--" in edit.new_text for edit in fix.edits), fix.title

@@ -186,7 +186,10 @@ def _table(dialect: str) -> dict[str, tuple[KeyWrite, ...]]:
 
 def _script_dialect(reader: ShellPlanReader, launch: Launch, written: list[Written]) -> Dialect:
     """HF flags for a script parsing them (or one not found whose command line uses them);
-    only its own options for an argparse script."""
+    only its own options for an argparse script. A script given a config file
+    (`python train.py config.yaml`, read with `parse_yaml_file`) reads its settings from that
+    file, not from flags: flags already written are edited, none is added."""
+    given_config = _positional_config(launch)
     script_text: str | None = None
     path: Path | None = None
     if launch.target is not None and launch.target_kind in ("script", "module"):
@@ -198,10 +201,26 @@ def _script_dialect(reader: ShellPlanReader, launch: Launch, written: list[Writt
             script_text = None
     if script_text is None:
         hf = any(flag.name in HF_FLAG_NAMES for flag in written)
-        return Dialect("flag", "True", True, HF, {}, hf_flags=hf, add=hf)
+        return Dialect("flag", "True", True, HF, {}, hf_flags=hf, add=hf and not given_config)
     options = _script_options(path, script_text) if path is not None else {}
     hf = any(parser in script_text for parser in HF_PARSERS)
-    return Dialect("flag", "True", True, HF, options, hf_flags=hf)
+    return Dialect("flag", "True", True, HF, options, hf_flags=hf, add=not given_config)
+
+
+def _positional_config(launch: Launch) -> bool:
+    """Whether the program is given a YAML or JSON file as a positional argument."""
+    words = launch.arguments
+    index = 0
+    while index < len(words):
+        text = words[index].text
+        index += 1
+        if text.startswith("--") and "=" not in text:
+            name = option_name(text)
+            if index < len(words) and ShellPlanReader.is_flag_value(name, words[index]):
+                index += 1
+        elif not text.startswith("-") and text.endswith(CONFIG_SUFFIXES):
+            return True
+    return False
 
 
 def _script_options(path: Path, script_text: str) -> dict[str, ScriptOption]:
