@@ -44,6 +44,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,8 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
         st = path.stat()
     except OSError:
         return []
+    if not stat.S_ISREG(st.st_mode):
+        return []  # a FIFO or a device would block the read
     stamp = (st.st_mtime_ns, st.st_size)
     hit = _ROWS.get(str(path))
     if hit is not None and hit[0] == stamp:
@@ -207,6 +210,10 @@ HF_KEYS = (
 
 
 def _read_text(path: Path) -> str:
+    if not path.is_file():
+        from llmmem.files import why_not_a_file
+
+        raise NothingMeasured(f"{path}: {why_not_a_file(path)}")
     if path.stat().st_size > MAX_READ_BYTES:
         raise NothingMeasured(f"{path}: over {MAX_READ_BYTES // 2**20} MiB, not read")
     return path.read_text(encoding="utf-8", errors="replace")

@@ -26,6 +26,14 @@ TRAINING_SETTINGS = (
 
 
 def add_explain_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Read FILE, say where each value came from (with its line), and print the breakdown "
+        "against the GPU with its band and the findings. The releases of torch, transformers, "
+        "peft, trl, bitsandbytes, deepspeed, accelerate and torchtune are read from the "
+        "environment FILE runs in ($LLMMEM_RUN_ENV, else a .venv beside it), else the "
+        "workspace's requirement and lock files, else the tests' pins, each with its source; "
+        "runs recorded with `llmmem calibrate add` narrow the band of the same setup."
+    )
     p.add_argument("file", metavar="FILE", help="a training script or config")
     p.add_argument("--gpu", default=None, help="target GPU (default: pragma, [tool.llmmem])")
     p.add_argument("--hub", action="store_true", help="allow hub lookups for unknown models")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,18 +108,17 @@ def normalize(name: str) -> str:
 _CACHE: dict[tuple[str, str], tuple[tuple[int, int], Any]] = {}
 
 
-def _stamp(path: Path) -> tuple[int, int] | None:
+def _cached(kind: str, path: Path, read: Any) -> Any:
+    """`read(path)`, again only when the path's modification time or size changed; None for a
+    path that is missing, unreadable, or not a regular file (a FIFO would block a read)."""
     try:
         st = path.stat()
     except OSError:
         return None
-    return st.st_mtime_ns, st.st_size
-
-
-def _cached(kind: str, path: Path, read: Any) -> Any:
-    stamp = _stamp(path)
-    if stamp is None:
+    wanted = stat.S_ISDIR if kind == "dir" else stat.S_ISREG
+    if not wanted(st.st_mode):
         return None
+    stamp = (st.st_mtime_ns, st.st_size)
     key = (kind, str(path))
     hit = _CACHE.get(key)
     if hit is not None and hit[0] == stamp:

@@ -216,3 +216,21 @@ def test_estimate_reads_the_current_folder_and_the_flag_wins(tmp_path: Path) -> 
     assert flagged["setup"]["values"]["transformers_version"] == "5.2"
     assert flagged["setup"]["provenance"]["transformers_version"] == "flag"
     assert flagged["device_total_bytes"] > found["device_total_bytes"]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
+def test_a_fifo_in_place_of_a_requirement_file_is_not_read(tmp_path: Path) -> None:
+    ws = _workspace(tmp_path)
+    for name in ("requirements.txt", "pyproject.toml", "uv.lock"):
+        os.mkfifo(ws / name)
+    venv = _fake_venv(ws, {"peft": "0.13.2"})
+    os.mkfifo(venv / "lib" / "python3.11" / "site-packages" / "trl-0.12.1.dist-info")
+    code = (
+        "from llmmem.versions import find_versions\n"
+        f"found = find_versions({str(ws / 'train.py')!r})\n"
+        "print(found['peft'].label, found['transformers'].source)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True
+    )
+    assert out.stdout.split("\n")[0] == "peft 0.13.2 (.venv) the tests' pin"
