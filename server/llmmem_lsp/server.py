@@ -100,6 +100,7 @@ class LlmmemServer(LanguageServer):
         self.analyzer = Analyzer(self._text_of, self._publish, self._publish_abandoned)
         self.pull_diagnostics = False
         self.versioned_edits = True
+        self.resolve_edits = False  # quick fixes carry no edit until `codeAction/resolve`
         self.refresh_lenses = False
         self.refresh_hints = False
         self.refresh_diagnostics = False
@@ -345,6 +346,14 @@ def initialize(ls: LlmmemServer, params: types.InitializeParams) -> None:
     )
     ls.versioned_edits = bool(
         workspace and workspace.workspace_edit and workspace.workspace_edit.document_changes
+    )
+    code_action_caps = text.code_action if text else None
+    resolvable = code_action_caps.resolve_support if code_action_caps else None
+    ls.resolve_edits = bool(
+        code_action_caps
+        and code_action_caps.data_support
+        and resolvable
+        and "edit" in resolvable.properties
     )
     ls.apply_settings(params.initialization_options, check_gpu=False)
     if params.process_id is not None:
@@ -727,8 +736,9 @@ def _quick_fixes(
     asked: Sequence[types.Diagnostic],
     where: types.Range,
 ) -> list[types.CodeAction]:
+    """Each fix once, listing the diagnostics it answers, and a "silence" action per finding.
+    A client that resolves edits gets them without one: `codeAction/resolve` makes it."""
     from llmmem.report.findings import rule_url
-    from llmmem.rules.edits import suppression_edit
     from llmmem_lsp.placement import narrowed
 
     lines = ls.lines(result.text)
@@ -737,6 +747,7 @@ def _quick_fixes(
     ours = [
         diagnostic(narrowed(f, plan, lines), lines, state.uri, rule_url(f.code)) for f in findings
     ]
+    here = {"uri": state.uri, "version": result.version}
     by_key: dict[tuple[Any, ...], types.CodeAction] = {}
     for index in _asked_diagnostics(ours, asked, where):
         finding, diag = findings[index], ours[index]
@@ -749,38 +760,92 @@ def _quick_fixes(
             if key in by_key:
                 by_key[key].diagnostics = [*(by_key[key].diagnostics or []), diag]
                 continue
-            by_key[key] = code_action(
-                fix, state.uri, result.version, lines, [diag], ls.versioned_edits
-            )
+            if ls.resolve_edits:
+                by_key[key] = types.CodeAction(
+                    title=fix.title,
+                    kind=types.CodeActionKind.QuickFix,
+                    diagnostics=[diag],
+                    is_preferred=bool(fix.fits),
+                    data={**here, "action": "fix", "code": finding.code, "title": fix.title},
+                )
+            else:
+                by_key[key] = code_action(
+                    fix, state.uri, result.version, lines, [diag], ls.versioned_edits
+                )
         line = finding.range.start_line if finding.range else 0
-        silence = suppression_edit(result.text, line, finding.code, plan.kind)
+        silence = _silence_edit(lines, line, finding.code, plan.kind)
         key = ("silence", finding.code, line)
         if silence is not None and key not in by_key:
             by_key[key] = types.CodeAction(
                 title=f"Silence {finding.code} on this line (# llmmem: ignore[{finding.code}])",
                 kind=types.CodeActionKind.QuickFix,
                 diagnostics=[diag],
-                edit=workspace_edit(
-                    [silence], state.uri, result.version, lines, ls.versioned_edits
-                ),
             )
+            if ls.resolve_edits:
+                by_key[key].data = {**here, "action": "silence", "code": finding.code, "line": line}
+            else:
+                by_key[key].edit = workspace_edit(
+                    [silence], state.uri, result.version, lines, ls.versioned_edits
+                )
     return list(by_key.values())
+
+
+def _silence_edit(lines: Lines, line: int, code: str, kind: str) -> Any:
+    """`llmmem.rules.edits.suppression_edit` on the one line it edits (not the whole text)."""
+    from llmmem.rules.edits import suppression_edit
+
+    if not 0 <= line < len(lines.lines):
+        return None
+    edit = suppression_edit(lines.lines[line].rstrip("\r"), 0, code, kind)
+    if edit is None:
+        return None
+    return replace(edit, range=replace(edit.range, start_line=line, end_line=line))
+
+
+def _resolve_quick_fix(
+    ls: LlmmemServer, state: DocumentState, result: Result, data: dict[str, Any]
+) -> types.WorkspaceEdit | None:
+    """The edit of a quick fix listed without one, for the document's current text: the fix
+    of the same finding with the same title (or the same line silenced), None where the text
+    changed so that there is none."""
+    lines = ls.lines(result.text)
+    code = data.get("code")
+    if data.get("action") == "silence":
+        line = data.get("line")
+        if not isinstance(line, int):
+            return None
+        silence = _silence_edit(lines, line, str(code), result.checked.analysis.plan.kind)
+        if silence is None:
+            return None
+        return workspace_edit([silence], state.uri, result.version, lines, ls.versioned_edits)
+    for finding in result.checked.findings:
+        if finding.code != code:
+            continue
+        for fix in finding.fixes:
+            if fix.title == data.get("title"):
+                return workspace_edit(
+                    fix.edits, state.uri, result.version, lines, ls.versioned_edits
+                )
+    return None
 
 
 @server.feature(types.CODE_ACTION_RESOLVE)
 async def resolve_code_action(ls: LlmmemServer, action: types.CodeAction) -> types.CodeAction:
-    """The edit of an action offered without one (`source.fixAll.llmmem`), made now: every safe
-    fix applied one at a time with a re-analysis after each, as `llmmem-lint --fix` does, as
-    one edit of the document's current version."""
+    """The edit of an action offered without one, made now for the document's current
+    version: a quick fix's own edits, or for `source.fixAll.llmmem` every safe fix applied one
+    at a time with a re-analysis after each, as `llmmem-lint --fix` does."""
     data = action.data if isinstance(action.data, dict) else {}
     uri = data.get("uri")
-    if data.get("action") != "fixAll" or not isinstance(uri, str):
+    if data.get("action") not in ("fixAll", "fix", "silence") or not isinstance(uri, str):
         return action
     found = await ls.current(uri, PULL_WAIT_S)
     if found is None:
         return action
     state, result = found
     if result.unreadable:
+        return action
+    if data["action"] != "fixAll":
+        action.edit = _resolve_quick_fix(ls, state, result, data)
         return action
     from llmmem.lint_command import fix_file
     from llmmem.rules.edits import whole_change

@@ -157,6 +157,14 @@ def make_client() -> LanguageClient:
     return client
 
 
+async def resolved(client: LanguageClient, action: types.CodeAction) -> types.CodeAction:
+    """The action with its edit, as an editor applies it: a quick fix comes without one to a
+    client that resolves edits, and `codeAction/resolve` makes it."""
+    if action.edit is None and action.data is not None:
+        return await client.code_action_resolve_async(action)
+    return action
+
+
 def apply_lsp_edits(text: str, edits: list[types.TextEdit]) -> str:
     """The client's side of text edits (ASCII texts: columns are characters)."""
     from llmmem.rules.edits import offset

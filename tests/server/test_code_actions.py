@@ -20,6 +20,7 @@ from lsp_helpers import (
     open_document,
     options,
     published,
+    resolved,
     wait_until,
 )
 from lsprotocol import types
@@ -162,8 +163,8 @@ async def test_fix_all_is_resolved_to_what_llmmem_lint_fix_writes(
     uri, diagnostics = await open_and_wait(client, workdir / "train.py", NOT_FITTING)
     (fix_all,) = await ask(client, uri, diagnostics, only=["source.fixAll"])
     assert fix_all.edit is None  # made only when chosen
-    resolved = await client.code_action_resolve_async(fix_all)
-    fixed = apply_edit(NOT_FITTING, resolved.edit, uri)
+    made = await client.code_action_resolve_async(fix_all)
+    fixed = apply_edit(NOT_FITTING, made.edit, uri)
 
     # the command line, on a copy of the same file
     copy = workdir / "cli" / "train.py"
@@ -197,7 +198,7 @@ async def test_make_it_fit_applied_through_the_client_brings_the_example_under_t
     assert fit.title.endswith("(fits A100-80GB)")
     promised = fit.title.rsplit("→ ", 1)[1].removesuffix(" (fits A100-80GB)")
 
-    fixed = apply_edit(text, fit.edit, uri)
+    fixed = apply_edit(text, (await resolved(client, fit)).edit, uri)
     client.text_document_did_change(
         types.DidChangeTextDocumentParams(
             text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
@@ -212,3 +213,48 @@ async def test_make_it_fit_applied_through_the_client_brings_the_example_under_t
     )
     assert lenses and lenses[0].command is not None
     assert lenses[0].command.title.startswith(f"≈ {promised} of 80.0 GiB on A100-80GB")
+
+
+@pytest.mark.asyncio
+async def test_quick_fixes_carry_their_edit_only_once_resolved(
+    client: LanguageClient, workdir: Path
+) -> None:
+    """A client that resolves `edit` gets the list without edits (cheap to list) and each edit
+    from `codeAction/resolve`, for the text it was listed for."""
+    await begin(client)
+    uri, diagnostics = await open_and_wait(client, workdir / "train.py", NOT_FITTING)
+    actions = await ask(client, uri, diagnostics, only=[types.CodeActionKind.QuickFix])
+    assert actions and all(a.edit is None and a.data for a in actions)
+    checkpointing = next(a for a in actions if a.title.startswith("Enable gradient checkpointing"))
+    made = await client.code_action_resolve_async(checkpointing)
+    assert made.title == checkpointing.title
+    fixed = apply_edit(NOT_FITTING, made.edit, uri)
+    assert "gradient_checkpointing=True" in fixed and "gradient_checkpointing" not in NOT_FITTING
+    silence = next(a for a in actions if a.title.startswith("Silence LLM001"))
+    silenced = apply_edit(NOT_FITTING, (await client.code_action_resolve_async(silence)).edit, uri)
+    assert "args = TrainingArguments(  # llmmem: ignore[LLM001]" in silenced
+
+    # once the text has the fix, the action listed before it has no edit left to make
+    client.text_document_did_change(
+        types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+            content_changes=[types.TextDocumentContentChangeWholeDocument(text=fixed)],
+        )
+    )
+    await wait_until(lambda: any(p.uri == uri and p.version == 2 for p in published(client)))
+    assert (await client.code_action_resolve_async(checkpointing)).edit is None
+
+
+@pytest.mark.asyncio
+async def test_a_client_without_resolve_gets_the_edits_up_front(
+    client: LanguageClient, workdir: Path
+) -> None:
+    await client.initialize_session(
+        types.InitializeParams(
+            capabilities=client_capabilities("emacs"),
+            initialization_options=options(gpu="A100-80GB"),
+        )
+    )
+    uri, diagnostics = await open_and_wait(client, workdir / "train.py", NOT_FITTING)
+    actions = await ask(client, uri, diagnostics, only=[types.CodeActionKind.QuickFix])
+    assert actions and all(a.edit is not None for a in actions)

@@ -25,6 +25,7 @@ from lsp_helpers import (
     options,
     published,
     replace_all,
+    resolved,
     start,
     wait_until,
 )
@@ -235,7 +236,7 @@ async def test_applying_a_fix_clears_the_diagnostic_and_gives_the_promised_peak(
     promised = re.search(r"→ ([\d.]+ [KMGT]?i?B)", action.title)
     assert promised is not None
 
-    fixed = apply_lsp_edits(NOT_FITTING, edits_of(action, uri))
+    fixed = apply_lsp_edits(NOT_FITTING, edits_of(await resolved(client, action), uri))
     replace_all(client, uri, fixed, version=2)
     diagnostics = await diagnostics_for(client, uri, 2)
     assert "LLM001" not in [d.code for d in diagnostics]
@@ -265,7 +266,7 @@ async def test_silence_action_adds_the_pragma_and_the_diagnostic_goes(
     silence = next(
         a for a in actions or [] if isinstance(a, types.CodeAction) and "Silence" in a.title
     )
-    fixed = apply_lsp_edits(NOT_FITTING, edits_of(silence, uri))
+    fixed = apply_lsp_edits(NOT_FITTING, edits_of(await resolved(client, silence), uri))
     assert "args = TrainingArguments(  # llmmem: ignore[LLM001]" in fixed
     replace_all(client, uri, fixed, version=2)
     assert "LLM001" not in [d.code for d in await diagnostics_for(client, uri, 2)]
@@ -683,7 +684,7 @@ async def test_a_notebook_document_gets_diagnostics_and_hovers_on_its_cells(
         for a in actions or []
         if isinstance(a, types.CodeAction) and a.title.startswith("Enable gradient checkpointing")
     )
-    edits = edits_of(checkpointing, trainer_cell)
+    edits = edits_of(await resolved(client, checkpointing), trainer_cell)
     assert [e.new_text for e in edits] == ["\n    gradient_checkpointing=True,"]
     promised = re.search(r"→ ([\d.]+ [KMGT]?i?B)", checkpointing.title)
     assert promised is not None

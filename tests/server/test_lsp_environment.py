@@ -24,6 +24,7 @@ from lsp_helpers import (
     open_document,
     options,
     published,
+    resolved,
     start,
     wait_until,
 )
@@ -221,6 +222,7 @@ async def test_axolotl_yaml_gets_diagnostics_and_hovers_on_its_keys(
         for a in actions or []
         if isinstance(a, types.CodeAction) and a.title.startswith("Halve the micro-batch")
     )
+    halve = await resolved(client, halve)
     assert halve.edit is not None and halve.edit.document_changes
     change = halve.edit.document_changes[0]
     assert isinstance(change, types.TextDocumentEdit)
