@@ -231,3 +231,12 @@ def test_script_given_a_config_file_gets_no_new_flags(tmp_path: Path) -> None:
     for gpu in ("T4", "RTX-4090", "A100-80GB"):
         for fix in fixes_of(path, text, gpu).values():
             assert not any("--" in edit.new_text for edit in fix.edits), fix.title
+
+
+def test_variable_with_an_environment_default_keeps_its_override(tmp_path: Path) -> None:
+    # `BATCH=${BATCH:-16}` read once: its default changes, so `BATCH=2 ./run.sh` still works
+    folder(tmp_path, "argparse_script.py")
+    text = 'BATCH=${BATCH:-16}\npython argparse_script.py --batch-size "$BATCH" --seq_len 4096\n'
+    path = write(tmp_path / "run.sh", text)
+    after = fixed(path, HALVE, gpu="A100-80GB")
+    assert after == text.replace(":-16}", ":-8}").replace("4096\n", "4096 --grad_accum 16\n")

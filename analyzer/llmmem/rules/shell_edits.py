@@ -399,7 +399,11 @@ def _value_span(
     if start >= word.start and end <= word.end and text[start:end] == slice_.text and slice_.text:
         return start, end, literal
     variable = _variable_at(text, start)
-    if variable is not None and text[start:end] == slice_.text and _uses(text, variable) == 1:
+    if (
+        variable is not None
+        and text[start:end] == slice_.text
+        and _uses(text, variable, start) == 1
+    ):
         return start, end, literal
     # the word as written on the command line: `$BATCH` -> `4`, `--batch_size=$B` -> `...=4`
     raw = text[word.start : word.end]
@@ -411,15 +415,25 @@ def _value_span(
     return word.start, word.end, _quoted(literal)
 
 
+ASSIGNED_AT = re.compile(
+    r"([A-Za-z_][A-Za-z0-9_]*)\+?=[\"']?(?:\$\{[A-Za-z_][A-Za-z0-9_]*:?[-=])?$"
+)
+
+
 def _variable_at(text: str, offset: int) -> str | None:
-    """The variable a value written at `offset` is assigned to: `BATCH=8` -> BATCH."""
+    """The variable a value written at `offset` is assigned to: `BATCH=8` and
+    `BATCH=${BATCH:-8}` -> BATCH."""
     line_start = text.rfind("\n", 0, offset) + 1
-    found = re.search(r"([A-Za-z_][A-Za-z0-9_]*)\+?=[\"']?$", text[line_start:offset])
+    found = ASSIGNED_AT.search(text[line_start:offset])
     return found.group(1) if found else None
 
 
-def _uses(text: str, variable: str) -> int:
-    return len(re.findall(rf"\$\{{?{re.escape(variable)}\b", text))
+def _uses(text: str, variable: str, assigned_at: int) -> int:
+    """How often `$variable` is read outside the line assigning it at `assigned_at`."""
+    line_start = text.rfind("\n", 0, assigned_at) + 1
+    line_end = text.find("\n", assigned_at)
+    rest = text[:line_start] + (text[line_end:] if line_end >= 0 else "")
+    return len(re.findall(rf"\$\{{?{re.escape(variable)}\b", rest))
 
 
 def _new_flag(key: str, value: Any, dialect: Dialect) -> str | None:
