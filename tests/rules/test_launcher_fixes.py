@@ -240,3 +240,39 @@ def test_variable_with_an_environment_default_keeps_its_override(tmp_path: Path)
     path = write(tmp_path / "run.sh", text)
     after = fixed(path, HALVE, gpu="A100-80GB")
     assert after == text.replace(":-16}", ":-8}").replace("4096\n", "4096 --grad_accum 16\n")
+
+
+def test_trl_launcher_8bit_optimizer_replaces_the_written_value(tmp_path: Path) -> None:
+    text = (
+        "#!/bin/bash\n"
+        "trl sft --model_name_or_path Qwen/Qwen2.5-1.5B --dataset_name trl-lib/Capybara \\\n"
+        "  --per_device_train_batch_size 4 --max_length 2048 \\\n"
+        "  --optim adamw_torch --output_dir out\n"
+    )
+    path = write(tmp_path / "run.sh", text)
+    after = fixed(path, "Use the 8-bit AdamW (adamw_bnb_8bit)", gpu="A100-40GB")
+    assert after == text.replace("--optim adamw_torch", "--optim adamw_bnb_8bit")
+
+
+def test_bf16_and_8bit_optimizer_are_added_before_a_trailing_comment(tmp_path: Path) -> None:
+    # the script is not beside the file; its flags are HF names, so HF flags are added, each
+    # before the comment (a backslash after a comment would not continue the line)
+    text = (
+        "#!/bin/bash\n"
+        "torchrun --nproc_per_node 1 finetune.py \\\n"
+        "  --model_name_or_path meta-llama/Llama-3.2-1B \\\n"
+        "  --per_device_train_batch_size 8 \\\n"
+        "  --output_dir out  # fp32 by default\n"
+    )
+    path = write(tmp_path / "run.sh", text)
+    after = fixed(path, "Train in bf16 mixed precision", gpu="A100-40GB")
+    assert after == text.replace("out  #", "out \\\n  --bf16  #")
+    after = fixed(path, "Use the 8-bit AdamW (adamw_bnb_8bit)", gpu="A100-40GB")
+    assert after == text.replace("out  #", "out \\\n  --optim adamw_bnb_8bit  #")
+    assert len(ShellScanner(after).commands()) == len(ShellScanner(text).commands())
+
+
+def test_bf16_is_not_offered_on_a_gpu_without_bf16(tmp_path: Path) -> None:
+    text = "torchrun finetune.py --model_name_or_path meta-llama/Llama-3.2-1B --output_dir out\n"
+    path = write(tmp_path / "run.sh", text)
+    assert "Train in bf16 mixed precision" not in fixes_of(path, text, "T4")
