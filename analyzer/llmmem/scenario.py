@@ -247,7 +247,18 @@ def analyze(
         analysis.setup = setup_from_plan(plan, analysis.spec)
         analysis.setup = apply_to_setup(analysis.setup, analysis.versions)
         note = loaded_dtype_note(plan, analysis.spec)
-        if note:
+        if note and analysis.setup.transformers_release < (5, 0):
+            # before transformers 5, from_pretrained without dtype= loads torch's default
+            # dtype (fp32); 5 made "auto", the checkpoint's own dtype, the default
+            note = (
+                f"no dtype= given: transformers {analysis.setup.transformers_version} loads "
+                f"the checkpoint's {analysis.spec.torch_dtype} weights as fp32 (its default "
+                "before transformers 5)"
+            )
+            fp32_default = True
+        else:
+            fp32_default = False
+        if note and not fp32_default:
             precision = (
                 Precision.FP16_TRUE
                 if analysis.spec.torch_dtype == "float16"

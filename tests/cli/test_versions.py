@@ -234,3 +234,28 @@ def test_a_fifo_in_place_of_a_requirement_file_is_not_read(tmp_path: Path) -> No
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True
     )
     assert out.stdout.split("\n")[0] == "peft 0.13.2 (.venv) the tests' pin"
+
+
+def test_no_dtype_loads_fp32_before_transformers_5(tmp_path: Path) -> None:
+    """from_pretrained without dtype=: transformers 5 loads the checkpoint's bf16, 4.x loads
+    torch's default fp32 (its `torch_dtype` default before "auto" became the default)."""
+    ws = _workspace(tmp_path)
+    script = ws / "train.py"
+    script.write_text(
+        "from transformers import AutoModelForCausalLM, Trainer, TrainingArguments\n"
+        'model = AutoModelForCausalLM.from_pretrained("Qwen/Qwen2.5-0.5B")\n'
+        'args = TrainingArguments(output_dir="out", bf16=True, per_device_train_batch_size=2)\n'
+        "Trainer(model=model, args=args).train()\n"
+    )
+    modern = json.loads(_run("explain", str(script), "--format", "json", cwd=ws).stdout)
+    (ws / "requirements.txt").write_text("transformers==4.46.3\n")
+    older = json.loads(_run("explain", str(script), "--format", "json", cwd=ws).stdout)
+    assert any(
+        "transformers 5 loads the checkpoint's bfloat16" in n for n in modern["budget"]["notes"]
+    )
+    assert any(
+        "4.46 loads the checkpoint's bfloat16 weights as fp32" in n
+        for n in older["budget"]["notes"]
+    )
+    # fp32 weights, gradients and AdamW states: twice the bytes of the bf16 ones
+    assert older["budget"]["components"]["weights"] == 2 * modern["budget"]["components"]["weights"]
