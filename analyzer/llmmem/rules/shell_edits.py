@@ -72,9 +72,7 @@ PLAN_KEYS = {"bf16": "precision"}
 class Written:
     """A flag or `key=value` override on the command line."""
 
-    name: (
-        str  # dashes stripped, `-` read as `_`: "per_device_train_batch_size", "model._component_"
-    )
+    name: str  # dashes stripped, `-` read as `_`: "optim", "model._component_"
     word: ShellWord
     value: WordSlice | None  # None: a bare flag
 
@@ -120,7 +118,9 @@ def launcher_edits(analysis: Analysis, text: str, lever: str) -> list[TextEdit] 
     writes = dialect.table.get(lever)
     if writes is None:
         return None
-    config = _launched_config(reader, launch) or _torchtune_builtin(launch)
+    config = _launched_config(reader, launch)
+    if config is None:
+        config = _torchtune_builtin(launch)
     spans: list[tuple[int, int, str]] = []
     added: list[str] = []
     for write in writes:
