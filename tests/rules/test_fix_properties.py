@@ -324,3 +324,59 @@ def test_generated_axolotl_configs_fixes_keep_the_rest(
         assert len(plugins) == len(set(plugins)), fix.title  # nothing listed twice
         before_plugins = yaml.safe_load(text).get("plugins") or []
         assert plugins[: len(before_plugins)] == before_plugins, fix.title
+
+
+# -- generated scripts
+
+
+@st.composite
+def trainer_scripts(draw: st.DrawFn) -> str:
+    model = draw(st.sampled_from(MODELS))
+    keywords = [
+        'output_dir="out"',
+        f"per_device_train_batch_size={draw(st.sampled_from((2, 4, 8)))}",
+    ]
+    if draw(st.booleans()):
+        keywords.append(f"gradient_accumulation_steps={draw(st.sampled_from((1, 2)))}")
+    if draw(st.booleans()):
+        keywords.append(f'optim="{draw(st.sampled_from(("adamw_torch", "adamw_torch_fused")))}"')
+    if draw(st.booleans()):
+        keywords.append(f"gradient_checkpointing={draw(st.sampled_from(('False', 'True')))}")
+    if draw(st.booleans()):
+        keywords.append("bf16=True")
+    keywords = draw(st.permutations(keywords))
+    comment = "  # the last one" if draw(st.booleans()) else ""
+    if draw(st.booleans()):
+        trailing = "," if draw(st.booleans()) else ""
+        body = "".join(f"    {keyword},\n" for keyword in keywords[:-1])
+        arguments = f"\n{body}    {keywords[-1]}{trailing}{comment}\n"
+    else:
+        arguments = ", ".join(keywords)
+    text = (
+        "# generated\n"
+        "import torch\n"
+        "from transformers import AutoModelForCausalLM, Trainer, TrainingArguments\n\n"
+        f'model = AutoModelForCausalLM.from_pretrained("{model}", torch_dtype=torch.bfloat16)\n'
+        f"args = TrainingArguments({arguments})\n"
+        "trainer = Trainer(model=model, args=args)\n"
+        "trainer.train()\n"
+    )
+    return text.replace("\n", "\r\n") if draw(st.booleans()) else text
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(text=trainer_scripts(), gpu=st.sampled_from(("RTX-4090", "A100-40GB")))
+def test_generated_trainer_scripts_fixes_keep_the_rest(
+    text: str, gpu: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    path = tmp_path_factory.mktemp("script") / "train.py"
+    path.write_bytes(text.encode("utf-8"))
+    budget = check_text(path, text, gpu=gpu, hub=False).analysis.budget
+    assert budget is not None
+    for fix in fixes_of(path, text, gpu):
+        after = check_fix(path, text, fix, gpu, budget.device_total_bytes)
+        compile(after, str(path), "exec", dont_inherit=True)
