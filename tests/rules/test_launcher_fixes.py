@@ -276,3 +276,18 @@ def test_bf16_is_not_offered_on_a_gpu_without_bf16(tmp_path: Path) -> None:
     text = "torchrun finetune.py --model_name_or_path meta-llama/Llama-3.2-1B --output_dir out\n"
     path = write(tmp_path / "run.sh", text)
     assert "Train in bf16 mixed precision" not in fixes_of(path, text, "T4")
+
+
+def test_litgpt_launcher_qlora_and_micro_batch_are_its_own_flags(tmp_path: Path) -> None:
+    text = (
+        "#!/bin/bash\n"
+        "litgpt finetune_lora checkpoints/meta-llama/Llama-3.1-8B \\\n"
+        "  --devices 1 --train.micro_batch_size 4 --train.global_batch_size 16"
+        " --train.max_seq_length 2048 --precision bf16-true\n"
+    )
+    path = write(tmp_path / "run.sh", text)
+    after = fixed(path, QLORA)
+    assert after == text.replace("bf16-true\n", "bf16-true \\\n  --quantize bnb.nf4-dq\n")
+    after = fixed(path, HALVE)
+    # the accumulation follows from the global batch, which stays
+    assert after == text.replace("micro_batch_size 4", "micro_batch_size 2")
