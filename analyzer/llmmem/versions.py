@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +220,7 @@ class _Requirement:
     library: str
     spec: str  # "==4.44.0", ">=4.40,<5", "" (any)
     line: int
+    origin: str | None = None  # the file it is written in, when another one includes it
 
 
 def _requirement(text: str, line: int) -> _Requirement | None:
@@ -232,15 +233,31 @@ def _requirement(text: str, line: int) -> _Requirement | None:
     return _Requirement(library, (match.group(2) or "").replace(" ", "").strip("()"), line)
 
 
-def _requirements_txt(path: Path) -> list[_Requirement]:
+_INCLUDE = re.compile(r"^(?:-r|--requirement|-c|--constraint)(?:\s+|=)(\S+)")
+
+
+def _requirements_txt(path: Path, depth: int = 0) -> list[_Requirement]:
+    """A pip requirements file; the files it includes (`-r`, `-c`) are read after its own
+    lines, up to three levels deep."""
     out = []
+    included = []
     for number, raw in enumerate(_text(path).splitlines()):
         stripped = raw.strip()
+        include = _INCLUDE.match(stripped)
+        if include:
+            included.append(path.parent / include.group(1))
+            continue
         if not stripped or stripped.startswith(("#", "-", "http:", "https:", "git+")):
             continue
         found = _requirement(stripped, number)
         if found:
-            out.append(found)
+            out.append(found if depth == 0 else replace(found, origin=str(path)))
+    for other in included if depth < 3 else []:
+        try:
+            if stat.S_ISREG(other.stat().st_mode):
+                out += _requirements_txt(other, depth + 1)
+        except (OSError, ValueError):
+            continue
     return out
 
 
@@ -419,6 +436,8 @@ def lower_bound(spec: str) -> str | None:
 
 def _from_requirement(req: _Requirement, path: Path) -> FoundVersion | None:
     """A requirement that names a release, or a range that rules out the tests' release."""
+    if req.origin:
+        path = Path(req.origin)
     exact = pinned(req.spec)
     kind = "workspace"
     if exact:
@@ -497,7 +516,10 @@ def find_versions(start: Path | str, *, environment: str | None = None) -> dict[
         for path, reader in _workspace_files(folder):
             missing = [library for library in LIBRARIES if library not in found]
             raw = _cached("text", path, _text) if missing else None
-            if not raw or not any(library in raw.lower() for library in missing):
+            includes = reader is _requirements_txt and re.search(
+                r"(?m)^\s*-[rc]\b|--(?:requirement|constraint)\b", raw or ""
+            )
+            if not raw or not (includes or any(library in raw.lower() for library in missing)):
                 continue  # nothing still missing is named there: not parsed
             for req in _cached("req:" + reader.__name__, path, reader) or []:
                 if req.library in found:
@@ -526,7 +548,6 @@ def setup_releases(versions: dict[str, FoundVersion]) -> dict[str, str]:
 
 def apply_to_setup(setup: Any, versions: dict[str, FoundVersion]) -> Any:
     """`setup` (a TrainingSetup) with the found torch, transformers and bitsandbytes releases."""
-    from dataclasses import replace
 
     fields = setup_releases(versions)
     quant_release = fields.pop("bitsandbytes_version", None)

@@ -259,3 +259,17 @@ def test_no_dtype_loads_fp32_before_transformers_5(tmp_path: Path) -> None:
     )
     # fp32 weights, gradients and AdamW states: twice the bytes of the bf16 ones
     assert older["budget"]["components"]["weights"] == 2 * modern["budget"]["components"]["weights"]
+
+
+def test_requirements_included_with_r_and_c(tmp_path: Path) -> None:
+    ws = _workspace(tmp_path)
+    (ws / "requirements").mkdir()
+    (ws / "requirements.txt").write_text(
+        "-r requirements/base.txt\n-c constraints.txt\naccelerate\n"
+    )
+    (ws / "requirements" / "base.txt").write_text("numpy\ntransformers==4.45.2\n")
+    (ws / "constraints.txt").write_text("torch==2.5.1\n")
+    found = find_versions(ws / "train.py")
+    assert found["transformers"].label == "transformers 4.45.2 (base.txt)"
+    assert found["transformers"].path == str(ws / "requirements" / "base.txt")
+    assert found["torch"].label == "torch 2.5.1 (constraints.txt)"
