@@ -44,6 +44,7 @@ class Source:
         if self.module.code + self.end != text:
             raise ValueError("the text does not read back as it was written")
         positions = MetadataWrapper(self.module, unsafe_skip_copy=True).resolve(PositionProvider)
+        self.positions = positions
         self.expressions: dict[tuple[int, int, int, int], cst.BaseExpression] = {}
         for node, where in positions.items():
             if isinstance(node, cst.BaseExpression):
@@ -67,6 +68,36 @@ class Source:
         node = self.at(where)
         return node if isinstance(node, cst.Call) else None
 
+    @functools.cached_property
+    def assignments(self) -> dict[int, tuple[str, cst.SimpleStatementLine | None]]:
+        """For each value assigned to one name (`name = value`, `name: T = value`): the name,
+        and the statement line when the assignment is alone on it."""
+        found: dict[int, tuple[str, cst.SimpleStatementLine | None]] = {}
+
+        class Finder(cst.CSTVisitor):
+            def visit_SimpleStatementSuite(self, node: cst.SimpleStatementSuite) -> bool:
+                self.visit_SimpleStatementLine(node)
+                return False
+
+            def visit_SimpleStatementLine(
+                self, node: cst.SimpleStatementLine | cst.SimpleStatementSuite
+            ) -> bool:
+                alone = isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1
+                for statement in node.body:
+                    if isinstance(statement, cst.Assign) and len(statement.targets) == 1:
+                        target, value = statement.targets[0].target, statement.value
+                    elif isinstance(statement, cst.AnnAssign) and statement.value is not None:
+                        target, value = statement.target, statement.value
+                    else:
+                        continue
+                    if isinstance(target, cst.Name):
+                        line = node if alone and isinstance(node, cst.SimpleStatementLine) else None
+                        found[id(value)] = (target.value, line)
+                return False  # a statement line holds no other statement
+
+        self.module.visit(Finder())
+        return found
+
 
 @functools.lru_cache(maxsize=8)
 def parsed(text: str) -> Source | None:
@@ -82,17 +113,28 @@ class Change:
     """What one codemod does, keyed by the original nodes (`id`): keywords added to calls,
     expressions replaced, statements inserted before or after a statement."""
 
+    targets: list[cst.CSTNode] = field(default_factory=list)
     keywords: dict[int, list[tuple[str, cst.BaseExpression]]] = field(default_factory=dict)
     replaced: dict[int, cst.BaseExpression] = field(default_factory=dict)
     before: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
     after: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
 
     def add_keyword(self, call: cst.Call, name: str, value: cst.BaseExpression) -> None:
+        self.targets.append(call)
         self.keywords.setdefault(id(call), []).append((name, value))
+
+    def insert_before(self, statement: cst.CSTNode, new: cst.BaseStatement) -> None:
+        self.targets.append(statement)
+        self.before.setdefault(id(statement), []).append(new)
+
+    def insert_after(self, statement: cst.CSTNode, new: cst.BaseStatement) -> None:
+        self.targets.append(statement)
+        self.after.setdefault(id(statement), []).append(new)
 
     def replace(self, node: cst.BaseExpression, value: cst.BaseExpression) -> None:
         if isinstance(node, (cst.Name, cst.SimpleString, cst.Integer, cst.Float, cst.Call)):
             value = value.with_changes(lpar=node.lpar, rpar=node.rpar)
+        self.targets.append(node)
         self.replaced[id(node)] = value
 
     def empty(self) -> bool:
@@ -100,9 +142,22 @@ class Change:
 
 
 class _Codemod(cst.CSTTransformer):
-    def __init__(self, change: Change) -> None:
+    """Writes a `Change`, descending only into the nodes written around its targets (the
+    rest of the tree is kept as it is, not rebuilt)."""
+
+    def __init__(self, source: Source, change: Change) -> None:
         super().__init__()
         self.change = change
+        self.positions = source.positions
+        self.spans = [_span(source.positions[target]) for target in change.targets]
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        where = self.positions.get(node)
+        if where is not None and not isinstance(node, cst.Module):
+            start, end = _span(where)
+            if not any(start <= s and e <= end for s, e in self.spans):
+                return False
+        return super().on_visit(node)
 
     def on_leave(self, original_node: Any, updated_node: Any) -> Any:
         updated = super().on_leave(original_node, updated_node)
@@ -139,11 +194,15 @@ class _Codemod(cst.CSTTransformer):
         return body
 
 
+def _span(where: Any) -> tuple[tuple[int, int], tuple[int, int]]:
+    return (where.start.line, where.start.column), (where.end.line, where.end.column)
+
+
 def written(source: Source, change: Change) -> list[TextEdit] | None:
     """The codemod's edits: the smallest text changes from the text before to the text after."""
     if change.empty():
         return None
-    after = source.module.visit(_Codemod(change))
+    after = source.module.visit(_Codemod(source, change))
     assert isinstance(after, cst.Module)
     edits = diff_edits(source.text, after.code + source.end)
     return edits or None
@@ -252,44 +311,17 @@ def _statement(code: str) -> cst.SimpleStatementLine:
 
 
 def _line_holding(
-    module: cst.Module, value: cst.BaseExpression
+    source: Source, value: cst.BaseExpression
 ) -> tuple[cst.SimpleStatementLine, str] | None:
     """The statement line `name = <value>` (alone on its line), and the name."""
-    found: list[tuple[cst.SimpleStatementLine, str]] = []
-
-    class Finder(cst.CSTVisitor):
-        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
-            if len(node.body) == 1:
-                statement = node.body[0]
-                if isinstance(statement, cst.Assign) and statement.value is value:
-                    targets = statement.targets
-                    if len(targets) == 1 and isinstance(targets[0].target, cst.Name):
-                        found.append((node, targets[0].target.value))
-                elif isinstance(statement, cst.AnnAssign) and statement.value is value:
-                    if isinstance(statement.target, cst.Name):
-                        found.append((node, statement.target.value))
-            return False
-
-    module.visit(Finder())
-    return found[0] if found else None
+    name, line = source.assignments.get(id(value), ("", None))
+    return (line, name) if line is not None else None
 
 
-def _assigned_name(module: cst.Module, value: cst.BaseExpression) -> str | None:
+def _assigned_name(source: Source, value: cst.BaseExpression) -> str | None:
     """`name` when `value` is the whole right side of `name = value`."""
-    names: list[str] = []
-
-    class Finder(cst.CSTVisitor):
-        def visit_Assign(self, node: cst.Assign) -> None:
-            if node.value is value and len(node.targets) == 1:
-                if isinstance(node.targets[0].target, cst.Name):
-                    names.append(node.targets[0].target.value)
-
-        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-            if node.value is value and isinstance(node.target, cst.Name):
-                names.append(node.target.value)
-
-    module.visit(Finder())
-    return names[0] if names else None
+    found = source.assignments.get(id(value))
+    return found[0] if found is not None else None
 
 
 def _reads(text: str, name: str) -> int:
@@ -360,7 +392,7 @@ def _plan_value(
             return False
         return True
     new = literal(value, _quote_of([node]))
-    variable = _assigned_name(source.module, node)
+    variable = _assigned_name(source, node)
     if variable is None or _reads(source.text, variable) <= 1:
         change.replace(node, new)
         return True
@@ -421,7 +453,7 @@ def _plan_dataclass_field(
             return False
         kind = type(value).__name__
         field_line = _statement(f"{field_name}: {kind} = {python_literal(value)}")
-        change.after.setdefault(id(body.body[-1]), []).append(field_line)
+        change.insert_after(body.body[-1], field_line)
         return True
     return False
 
@@ -460,11 +492,11 @@ def _plan_after_load(
     source: Source, call_range: SourceRange, make_line: Callable[[str], str], change: Change
 ) -> bool:
     call = source.call_at(call_range)
-    holding = _line_holding(source.module, call) if call is not None else None
+    holding = _line_holding(source, call) if call is not None else None
     if holding is None:
         return False
     line, name = holding
-    change.after.setdefault(id(line), []).append(_statement(make_line(name)))
+    change.insert_after(line, _statement(make_line(name)))
     return True
 
 
@@ -527,12 +559,12 @@ def _plan_import(source: Source, module_name: str, name: str | None, change: Cha
         if _is_future(line) or (index == 0 and _is_docstring(line)):
             header = line
         elif _is_import(line):
-            change.before.setdefault(id(line), []).append(statement)
+            change.insert_before(line, statement)
             return True
     if header is not None:
-        change.after.setdefault(id(header), []).append(statement)
+        change.insert_after(header, statement)
     elif module.body:
-        change.before.setdefault(id(module.body[0]), []).append(statement)
+        change.insert_before(module.body[0], statement)
     else:
         return False
     return True
