@@ -976,22 +976,26 @@ async def code_lens(ls: LlmmemServer, params: types.CodeLensParams) -> list[type
     analysis = result.checked.analysis
     if analysis.budget is None:
         return None
+    from llmmem.budget.bands import band_range
     from llmmem.units import format_bytes
 
     lines = ls.lines(result.text)
     anchor = _lens_anchor(result.checked)
     start = lines.position(anchor.start_line, 0) if anchor else types.Position(line=0, character=0)
     where = types.Range(start=start, end=start)
-    total = format_bytes(analysis.budget.device_total_bytes)
+    budget = analysis.budget
+    total = format_bytes(budget.device_total_bytes)
+    band = "(band {} {})".format(*band_range(budget.device_total_bytes, budget.band))
     if analysis.gpu is not None:
-        mark = "" if analysis.budget.fits else "  ✗ does not fit"
-        title = (
-            f"≈ {total} of {format_bytes(analysis.gpu.capacity_bytes)} on {analysis.gpu.name}{mark}"
-        )
+        mark = {"tight": "  ⚠ tight: the band crosses the capacity"}.get(str(budget.verdict), "")
+        if not budget.fits:
+            mark = "  ✗ does not fit"
+        capacity = format_bytes(analysis.gpu.capacity_bytes)
+        title = f"≈ {total} of {capacity} on {analysis.gpu.name} {band}{mark}"
     else:
         unknown = next((p for p in analysis.problems if p.startswith("unknown GPU ")), None)
         why = unknown.split(" (", 1)[0] if unknown else "no GPU set"
-        title = f"≈ {total} peak ({why})"
+        title = f"≈ {total} {band} peak ({why})"
     return [
         types.CodeLens(
             range=where,

@@ -265,3 +265,26 @@ def test_a_server_started_in_the_workspace_imports_nothing_from_it(tmp_path: Pat
     finally:
         client.close()
     assert not marker.exists()
+
+
+@pytest.mark.asyncio
+async def test_the_lens_and_llm001_give_the_error_band(
+    client: LanguageClient, workdir: Path
+) -> None:
+    from llmmem.budget.bands import band_range, format_with_band
+    from llmmem.check import check_text
+
+    await start(client, VSCODE)  # RTX-4090
+    uri = open_document(client, workdir / "train.py", NOT_FITTING)
+    diagnostics = await diagnostics_of(client, uri)
+    budget = check_text(workdir / "train.py", NOT_FITTING, gpu="RTX-4090", hub=False)
+    budget = budget.analysis.budget
+    assert budget is not None
+    # LLM001: "about 128 GiB (122–148) of 24.0 GiB"
+    will_not_fit = next(d for d in diagnostics if d.code == "LLM001")
+    total = format_with_band(budget.device_total_bytes, budget.band)
+    assert f"about {total} of 24.0 GiB" in will_not_fit.message, will_not_fit.message
+    # the lens: the estimate against the GPU, then the band
+    ends, unit = band_range(budget.device_total_bytes, budget.band)
+    (title, _) = await lens_titles(client, uri)
+    assert f"on RTX-4090 (band {ends} {unit})" in title and "does not fit" in title, title

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from llmmem.budget.bands import format_with_band
 from llmmem.plan import SourceRange
 from llmmem.rules.finding import Finding, Related, Severity
 from llmmem.rules.fixes import candidate_fixes
@@ -56,8 +57,9 @@ def check_will_not_fit(analysis: Analysis, text: str) -> list[Finding]:
     if budget is None or gpu is None or budget.fits:
         return []
     over = budget.device_total_bytes - gpu.capacity_bytes
+    total = format_with_band(budget.device_total_bytes, budget.band)  # 27.8 GiB (27.0–29.3)
     message = (
-        f"Will not fit {gpu.name}: about {format_bytes(budget.device_total_bytes)} of "
+        f"Will not fit {gpu.name}: about {total} of "
         f"{format_bytes(gpu.capacity_bytes)} ({format_bytes(over)} over) at "
         f"{budget.peak.moment}; largest: {largest_parts(analysis)}"
     )
