@@ -233,3 +233,23 @@ def test_a_lint_that_shows_no_fix_does_not_import_libcst(extra: list[str], impor
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     )
     assert out.stdout.strip() == str(imported)
+
+
+@pytest.mark.parametrize("newline", ["\r\n", "\r"], ids=["crlf", "cr"])
+def test_every_fix_of_a_crlf_or_cr_script_keeps_its_endings(tmp_path: Path, newline: str) -> None:
+    path = tmp_path / "train.py"
+    for script in (LORA_SCRIPT, SINGLE_QUOTED):
+        text = script.replace("\n", newline)
+        checked = check_text(path, text, gpu="RTX-4090", hub=False)
+        fixes = [fix for finding in checked.findings for fix in finding.fixes]
+        assert fixes
+        for fix in fixes:
+            fixed = apply_edits(text, fix.edits)
+            ast.parse(fixed)
+            if newline == "\r":
+                assert "\n" not in fixed, fix.title
+            else:
+                assert fixed.count("\n") == fixed.count("\r\n"), fix.title
+            again = check_text(path, fixed, gpu="RTX-4090", hub=False)
+            assert again.analysis.budget is not None
+            assert again.analysis.budget.device_total_bytes == fix.predicted_device_bytes
