@@ -121,6 +121,9 @@ class LlmmemServer(LanguageServer):
         end the process it asks about."""
         if sys.platform == "win32" or pid <= 0 or pid == os.getpid():
             return
+        if not process_alive(pid):  # an editor on another machine or in another container
+            log.info("processId %d is no process here: the server does not watch it", pid)
+            return
 
         async def watch() -> None:
             while process_alive(pid):

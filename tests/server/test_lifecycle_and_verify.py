@@ -307,3 +307,22 @@ def test_process_tree_reads_children() -> None:
         child.kill()
         child.wait()
     assert not running(child.pid)
+
+
+def test_a_process_id_that_is_no_process_here_is_not_watched(raw: RawClient) -> None:
+    """An editor in another container or on another machine sends its own pid: the server
+    stays (it ends with the connection)."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(timeout=30)
+    init = {
+        "processId": gone.pid,
+        "capabilities": {},
+        "initializationOptions": {"detectGpu": False, "hub": False},
+    }
+    assert raw.request(1, "initialize", init, timeout=30) is not None
+    raw.send({"method": "initialized", "params": {}})
+    time.sleep(2.5)
+    assert raw.process.poll() is None
+    assert raw.request(2, "shutdown", timeout=5) is not None
+    raw.send({"method": "exit"})
+    assert raw.process.wait(timeout=5) == 0
