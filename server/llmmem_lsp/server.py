@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import uuid
 from collections.abc import Sequence
 from dataclasses import replace
@@ -363,8 +364,20 @@ def initialize(ls: LlmmemServer, params: types.InitializeParams) -> None:
         ls.watch_parent(params.process_id)
 
 
+def _preload() -> None:
+    """Load the analyzer while the editor opens its documents: `initialize` was answered
+    without it, and the first analysis need not wait for the imports."""
+    try:
+        import llmmem.check  # noqa: F401
+        import llmmem.report.markdown  # noqa: F401
+        import llmmem_lsp.placement  # noqa: F401
+    except Exception:  # the analysis that needs it will say what is wrong
+        log.debug("preloading the analyzer failed", exc_info=True)
+
+
 @server.feature(types.INITIALIZED)
 async def initialized(ls: LlmmemServer, params: types.InitializedParams) -> None:
+    threading.Thread(target=_preload, name="llmmem-preload", daemon=True).start()
     ls.show_settings_problems(ls.gpu_setting_problems())
     caps = ls.client_capabilities
     workspace = caps.workspace
