@@ -198,6 +198,7 @@ def test_halving_the_batch_is_one_codemod_of_two_keywords(tmp_path: Path) -> Non
 def test_preview_and_codemods_offer_the_same_fixes() -> None:
     """The text writer a lint without shown fixes uses decides the same findings and titles."""
     scripts = sorted((ROOT / "tests" / "fixtures" / "python").glob("*.py"))
+    scripts += sorted((ROOT / "tests" / "fixtures" / "notebooks").glob("*.ipynb"))
     scripts += sorted((ROOT / "examples").glob("*.py"))
     for path in scripts:
         text = path.read_text(encoding="utf-8")

@@ -132,8 +132,8 @@ class Change:
         self.after.setdefault(id(statement), []).append(new)
 
     def replace(self, node: cst.BaseExpression, value: cst.BaseExpression) -> None:
-        if isinstance(node, (cst.Name, cst.SimpleString, cst.Integer, cst.Float, cst.Call)):
-            value = value.with_changes(lpar=node.lpar, rpar=node.rpar)
+        if getattr(node, "lpar", None) and hasattr(value, "lpar"):
+            value = value.with_changes(lpar=node.lpar, rpar=node.rpar)  # `(8)` stays `(4)`
         self.targets.append(node)
         self.replaced[id(node)] = value
 
