@@ -40,7 +40,7 @@ _RANK = {"error": 3, "warning": 2, "info": 1}
 LINTED_SUFFIXES = {".py", ".yaml", ".yml", ".json", ".sh", ".ipynb"}
 # report formats that print no fix: a lint in them lets the fixes of a Python file be written
 # by the text writer (`rules.edits.preview_python_edits`), which does not import libcst
-UNSHOWN_FIXES = ("concise", "github")
+UNSHOWN_FIXES = ("concise", "github", "sarif")
 MAX_FILE_BYTES = 5 * 1024 * 1024
 
 

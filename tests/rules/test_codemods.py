@@ -224,8 +224,13 @@ print("libcst" in sys.modules)
 
 @pytest.mark.parametrize(
     ("extra", "imported"),
-    [([], False), (["--format", "github"], False), (["--format", "json"], True)],
-    ids=["concise", "github", "json"],
+    [
+        ([], False),
+        (["--format", "github"], False),
+        (["--format", "sarif"], False),
+        (["--format", "json"], True),
+    ],
+    ids=["concise", "github", "sarif", "json"],
 )
 def test_a_lint_that_shows_no_fix_does_not_import_libcst(extra: list[str], imported: bool) -> None:
     path = str(ROOT / "examples" / "qlora_sft.py")
