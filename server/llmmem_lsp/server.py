@@ -1131,7 +1131,7 @@ async def verify(ls: LlmmemServer, *arguments: Any) -> dict[str, Any]:
     token = await _cancellable_progress(ls, state.path.name, cancelled)
     copy = _buffer_copy(state.path, text)
     process: asyncio.subprocess.Process | None = None
-    outcome: dict[str, Any]
+    outcome: dict[str, Any] = {"ok": False, "message": "verify stopped"}
     try:
         if copy is None:
             outcome = {"ok": False, "message": f"could not write {state.path.name} to verify it"}
@@ -1149,17 +1149,19 @@ async def verify(ls: LlmmemServer, *arguments: Any) -> dict[str, Any]:
             outcome = _named_as_document(outcome, copy, state.path)
     except OSError as err:
         outcome = {"ok": False, "message": f"could not start verify: {err}"}
-    finally:  # also when the request is cancelled ($/cancelRequest) or the server exits
+    except asyncio.CancelledError:  # $/cancelRequest, or the server stops
+        outcome = {"ok": False, "cancelled": True, "message": "verify cancelled"}
+        raise
+    finally:
         if process is not None:
             kill_process_group(process)
             ls.verifying.discard(process)
         if copy is not None:
-            copy.unlink(missing_ok=True)
+            _remove_copy(copy)
         if token is not None:
             ls.work_done_progress.tokens.pop(token, None)
+            ls.work_done_progress.end(token, types.WorkDoneProgressEnd(message=outcome["message"]))
     outcome["version"] = version
-    if token is not None:
-        ls.work_done_progress.end(token, types.WorkDoneProgressEnd(message=outcome["message"]))
     if outcome.get("markdown"):
         state.measured = outcome["markdown"]
         state.measured_version = version
@@ -1211,19 +1213,37 @@ def _named_as_document(outcome: dict[str, Any], copy: Path, path: Path) -> dict[
     return outcome
 
 
+COPY_DIRECTORY_PREFIX = "llmmem-verify-"
+
+
 def _buffer_copy(path: Path, text: str) -> Path | None:
     """The editor's text in a file beside the document (so that the paths it names, relative
     to it, still hold), or in a temporary directory where the document's is not writable."""
     name = f".{path.stem}.llmmem-verify-{uuid.uuid4().hex[:8]}{path.suffix}"
-    for directory in (path.parent, Path(tempfile.mkdtemp(prefix="llmmem-verify-"))):
-        target = directory / name
+    for directory in (path.parent, None):
         try:
+            if directory is None:
+                directory = Path(tempfile.mkdtemp(prefix=COPY_DIRECTORY_PREFIX))
+            target = directory / name
             with open(target, "x", encoding="utf-8", newline="") as handle:
                 handle.write(text)
         except OSError:
             continue
         return target
     return None
+
+
+def _remove_copy(copy: Path) -> None:
+    """The copy, and the temporary directory it was written to where it was not beside the
+    document."""
+    copy.unlink(missing_ok=True)
+    if copy.parent.name.startswith(COPY_DIRECTORY_PREFIX) and copy.parent.parent == Path(
+        tempfile.gettempdir()
+    ):
+        try:
+            copy.parent.rmdir()
+        except OSError:
+            pass
 
 
 def _verify_command(ls: LlmmemServer, path: Path, options: dict[str, Any]) -> list[str]:

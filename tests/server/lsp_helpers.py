@@ -199,6 +199,7 @@ class RawClient:
             cwd=cwd,
         )
         self.buffer = b""
+        self.seen: list[dict[str, Any]] = []  # every message read, in order
 
     def send(self, message: dict[str, Any]) -> None:
         body = json.dumps({"jsonrpc": "2.0", **message}).encode()
@@ -215,6 +216,7 @@ class RawClient:
                 if len(rest) >= length:
                     self.buffer = rest[length:]
                     parsed: dict[str, Any] = json.loads(rest[:length])
+                    self.seen.append(parsed)
                     return parsed
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([self.process.stdout], [], [], left)[0]:

@@ -266,7 +266,12 @@ def test_a_cancelled_verify_request_and_a_shutdown_during_one_leave_no_process(
     tiny_model(workdir)
     client = RawClient()
     try:
-        client.initialize()
+        init = {
+            "capabilities": {"window": {"workDoneProgress": True}},
+            "initializationOptions": {"detectGpu": False, "hub": False},
+        }
+        assert client.request(1, "initialize", init, timeout=30) is not None
+        client.send({"method": "initialized", "params": {}})
         uri = (workdir / "train.py").as_uri()
         (workdir / "train.py").write_text(TINY_SCRIPT)
         document = {"uri": uri, "languageId": "python", "version": 1, "text": TINY_SCRIPT}
@@ -275,11 +280,28 @@ def test_a_cancelled_verify_request_and_a_shutdown_during_one_leave_no_process(
         command = {"command": "llmmem.verify", "arguments": [uri, {"simulate": True}]}
 
         client.send({"id": 5, "method": "workspace/executeCommand", "params": command})
+        create = client.notification("window/workDoneProgress/create", timeout=30)
+        assert create is not None
+        client.send({"id": create["id"], "result": None})
+        token = create["params"]["token"]
         pid = wait_for(lambda: verify_process(workdir), timeout=30)
         assert pid is not None
         tree = process_tree(pid)
         client.send({"method": "$/cancelRequest", "params": {"id": 5}})
         assert wait_for(lambda: not any(running(p) for p in tree), timeout=2)
+        # the request is answered as cancelled and the progress ends
+        answer = client.request(99, "workspace/executeCommand", {"command": "llmmem.gpus"})
+        assert answer is not None
+        ended = [
+            m
+            for m in client.seen
+            if m.get("method") == "$/progress"
+            and m["params"]["token"] == token
+            and m["params"]["value"]["kind"] == "end"
+        ]
+        assert ended, client.seen
+        cancelled = [m for m in client.seen if m.get("id") == 5 and "method" not in m]
+        assert cancelled and cancelled[0]["error"]["code"] == types.LSPErrorCodes.RequestCancelled
 
         client.send({"id": 6, "method": "workspace/executeCommand", "params": command})
         pid = wait_for(lambda: verify_process(workdir), timeout=30)
