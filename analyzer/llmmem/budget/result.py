@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
 class Phase(str, Enum):
     FORWARD = "forward"
+    # preference training: the reference model's forward, under no_grad, after the policy's
+    REFERENCE_FORWARD = "reference_forward"
     BACKWARD = "backward"
     OPTIMIZER_STEP = "optimizer_step"
     GENERATE = "generate"
@@ -27,6 +29,7 @@ class Component(str, Enum):
     """The named parts of allocated memory. Order is the order of the report."""
 
     WEIGHTS = "weights"
+    REFERENCE_MODEL = "reference_model"  # preference training: a frozen copy of the weights
     WEIGHT_COPIES = "weight_copies"  # autocast's low-precision copies; dequantized k-bit weights
     GRADIENTS = "gradients"
     OPTIMIZER_STATES = "optimizer_states"

@@ -1,0 +1,472 @@
+"""Preference training (DPO, IPO, ORPO, CPO/SimPO, KTO) and reward models, on top of the SFT step.
+
+The step of TRL's preference trainers is an SFT step with four differences, each read in TRL's
+code (trl 0.29.1: `trl/trainer/dpo_trainer.py` `DPOTrainer._compute_loss` and
+`DataCollatorForPreference`; `trl/trainer/utils.py` `selective_log_softmax`;
+`trl/experimental/orpo/orpo_trainer.py`; `trl/trainer/reward_trainer.py`
+`RewardTrainer.compute_loss`):
+
+- chosen and rejected are concatenated into one batch: 2 × micro-batch sequences go through the
+  policy, each `max_length` long at most (prompt and completion, truncated by the collator);
+- the model is called without labels, so the logits come back in the compute dtype (no fp32
+  upcast); `logits[..., :-1, :].contiguous()` makes a shifted copy, and `selective_log_softmax`
+  takes the label's log-probability row by row (fp32 logits: gather and a per-row logsumexp;
+  16-bit logits: a per-row `log_softmax`, whose output autograd keeps);
+- the reference forward runs inside the same loss call, after the policy's forward, under
+  `torch.no_grad()`: the policy's saved tensors and its logits are all alive while it runs. The
+  reference is a second frozen copy of the weights (full fine-tuning, `ref_model=None` or given),
+  the policy with its adapter disabled (PEFT, `ref_model=None`: no copy), or nothing during
+  training (`precompute_ref_log_probs=True`: a pass over the data before training);
+- ORPO, CPO and SimPO have no reference model; KTO adds a KL batch (mismatched prompt and
+  completion pairs) whose log-probabilities are taken without gradient, by the policy and by the
+  reference; a reward model is a sequence-classification model (`num_labels=1`): a score head of
+  hidden × num_labels instead of the vocabulary head, and no vocabulary logits.
+
+TRL 1.x replaced the full logits by a fused, tiled LM head (`add_fused_lm_head` in
+trl/trainer/utils.py at 1.16.0): the logits are never whole there. This module follows the 0.x
+trainers, read at 0.29.1. KTO's KL batch is derived from the same reading, not measured.
+
+GRPO and PPO (generation inside the step, vLLM, value and reward models) are not modelled here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import Enum
+
+from llmmem.budget.activations import dtypes_for, estimate_activations
+from llmmem.budget.overheads import reserved_and_device_total
+from llmmem.budget.phases import estimate_budget
+from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
+from llmmem.budget.setup import Method, SetupError, TrainingSetup
+from llmmem.models.spec import ModelSpec
+from llmmem.units import format_bytes, format_count
+
+# the TRL release whose trainers these budgets follow
+TRL_RELEASE = "0.29"
+
+
+class Objective(str, Enum):
+    SFT = "sft"
+    DPO = "dpo"  # DPO and its loss variants (IPO, hinge, robust, ...): same forward
+    ORPO = "orpo"
+    CPO = "cpo"  # CPO and SimPO (CPOConfig(loss_type="simpo"))
+    KTO = "kto"
+    REWARD = "reward"
+    GRPO = "grpo"
+    PPO = "ppo"
+
+
+class Reference(str, Enum):
+    COPY = "copy"  # a second frozen model (full fine-tuning, or ref_model= given)
+    ADAPTER = "adapter"  # the policy with its LoRA adapter disabled: no copy
+    PRECOMPUTED = "precomputed"  # precompute_ref_log_probs: no reference during training
+    NONE = "none"  # the objective has no reference model
+
+
+# the objectives whose step this module models
+MODELLED = frozenset(
+    {Objective.DPO, Objective.ORPO, Objective.CPO, Objective.KTO, Objective.REWARD}
+)
+# the objectives that compare with a reference model
+WITH_REFERENCE = frozenset({Objective.DPO, Objective.KTO})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PreferenceSetup:
+    objective: Objective = Objective.DPO
+    reference: Reference | None = None  # None: what TRL does for the objective and the method
+    num_labels: int = 1  # reward models: TRL requires 1
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "objective", Objective(self.objective))
+            if self.reference is not None:
+                object.__setattr__(self, "reference", Reference(self.reference))
+        except ValueError as err:
+            raise SetupError(str(err)) from None
+        if self.num_labels < 1:
+            raise SetupError(f"num_labels must be at least 1, got {self.num_labels}")
+
+
+def reference_for(pref: PreferenceSetup, setup: TrainingSetup) -> Reference:
+    """How the reference log-probabilities are made: as asked, else TRL's default. Under PEFT
+    with `ref_model=None` TRL disables the adapter (trl/trainer/dpo_trainer.py: `use_adapter`);
+    in full fine-tuning it loads a second copy of the model."""
+    if pref.objective not in WITH_REFERENCE:
+        return Reference.NONE
+    if pref.reference is not None:
+        if pref.reference is Reference.ADAPTER and setup.method is Method.FULL:
+            raise SetupError(
+                "the reference can be the adapter-disabled policy only with LoRA/QLoRA: full "
+                "fine-tuning needs a reference copy or precompute_ref_log_probs"
+            )
+        return pref.reference
+    return Reference.COPY if setup.method is Method.FULL else Reference.ADAPTER
+
+
+@dataclass(frozen=True)
+class LogProbMoments:
+    """The log-probability computation's memory, in bytes, at the step's moments."""
+
+    forward_end: int  # the policy's logits, their shifted copy and what autograd keeps
+    reference: int  # the reference's logits and shifted copy, beside the policy's
+    # of `reference`: one row's temporary made inside an aten kernel (fp32 logsumexp), which a
+    # GPU allocates and a dispatch-level storage counter does not see
+    inside_kernel: int
+    backward_peak: int  # inside the log-softmax backward
+    formula_forward: str
+    formula_reference: str
+    formula_backward: str
+
+
+def log_prob_moments(spec: ModelSpec, setup: TrainingSetup, sequences: int) -> LogProbMoments:
+    """`selective_log_softmax` over `sequences` rows of `setup.seq` tokens (trl 0.29.1,
+    trl/trainer/utils.py), measured on CPU in tests/budget/test_preference.py.
+
+    L = rows × s × V logits in the compute dtype e (the model is called without labels: no
+    fp32 upcast); L' = rows × (s − 1) × V for the shifted copy. At the end of the loss call the
+    logits (held by the output), the shifted copy and, for 16-bit logits, the per-row
+    log-softmax autograd keeps are alive. In backward fp32 logits peak at four L'-sized fp32
+    tensors (the saved copy, the gather's scattered gradient, the per-row logsumexp gradients
+    accumulated into one buffer, and the next row's); 16-bit ones at two (the saved
+    log-softmax and the gradient buffer)."""
+    e = dtypes_for(setup).compute
+    vocab = spec.vocab_size
+    whole = sequences * setup.seq * vocab
+    shifted = sequences * max(setup.seq - 1, 0) * vocab
+    row = max(setup.seq - 1, 0) * vocab
+    count = f"L = {sequences}×{setup.seq}×{format_count(vocab)}"
+    if e == 4:
+        forward = 4 * whole + 4 * shifted
+        forward_text = f"4 B × {count} (fp32 logits) + 4 B × L' (the shifted copy, kept)"
+        backward = 16 * shifted
+        backward_text = (
+            "16 B × L' (the saved shifted copy, the gather's gradient, the logsumexp "
+            "gradients' buffer and one row's)"
+        )
+    else:
+        forward = e * whole + 2 * e * shifted
+        forward_text = (
+            f"{e} B × {count} (logits) + {e} B × L' (shifted copy) + {e} B × L' "
+            "(per-row log-softmax, kept)"
+        )
+        backward = 2 * e * shifted
+        backward_text = f"{2 * e} B × L' (the saved log-softmax and its gradient buffer)"
+    # one row at a time: fp32 logsumexp makes a row-sized temporary inside the kernel
+    # (aten's logsumexp: `(self - maxes).exp_()` before the sum); a 16-bit row's log_softmax
+    # is its own output
+    row_bytes = 4 * row if e == 4 else e * row
+    reference = e * whole + e * shifted + row_bytes
+    reference_text = f"{e} B × L (the reference's logits) + {e} B × L' (their shifted copy) + " + (
+        "one row's logsumexp temporary" if e == 4 else "one row's log-softmax"
+    )
+    return LogProbMoments(
+        forward,
+        reference,
+        row_bytes if e == 4 else 0,
+        backward,
+        forward_text,
+        reference_text,
+        backward_text,
+    )
+
+
+def sequences_per_step(pref: PreferenceSetup, setup: TrainingSetup) -> int:
+    """The sequences one micro-batch puts through the policy with gradient: chosen and
+    rejected concatenated (DPO, ORPO, CPO, reward), or the batch itself (KTO: unpaired)."""
+    if pref.objective is Objective.KTO:
+        return setup.batch
+    return 2 * setup.batch
+
+
+def reward_spec(spec: ModelSpec, num_labels: int) -> ModelSpec:
+    """The model as AutoModelForSequenceClassification builds it: the vocabulary head replaced
+    by a score head of hidden × num_labels (no bias), no vocabulary logits."""
+    params = replace(spec.params, head=spec.hidden_size * num_labels)
+    architecture = spec.architecture.replace("ForCausalLM", "ForSequenceClassification")
+    return replace(
+        spec,
+        params=params,
+        architecture=architecture,
+        is_causal_lm=False,
+        tie_word_embeddings=False,
+    )
+
+
+def estimate_preference_budget(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    pref: PreferenceSetup,
+    gpu: GpuTarget | None = None,
+) -> Budget:
+    """One step of a preference trainer: the SFT step of the concatenated batch, with the
+    log-probability computation in place of the causal-LM loss, the reference model beside
+    it, and the reference forward as its own phase."""
+    if pref.objective not in MODELLED:
+        raise SetupError(
+            f"the memory of a {pref.objective.value.upper()} step (generation inside the step, "
+            "reference, reward and value models) is not modelled yet"
+        )
+    reference = reference_for(pref, setup)
+    rows = sequences_per_step(pref, setup)
+    # TRL calls the model with use_cache=False: no unused KV cache during training
+    policy_setup = replace(setup, batch=rows, use_cache=False)
+    policy_spec = reward_spec(spec, pref.num_labels) if pref.objective is Objective.REWARD else spec
+    sft = estimate_budget(policy_spec, policy_setup, gpu)
+    notes = list(sft.notes)
+    notes.append(
+        f"{pref.objective.value}: "
+        + (
+            f"chosen and rejected concatenated, {rows} sequences of {setup.seq} tokens per "
+            "micro-batch through the policy"
+            if pref.objective is not Objective.KTO
+            else f"{rows} sequences with gradient, and a KL batch of {rows} without"
+        )
+        + f" (TRL {TRL_RELEASE})"
+    )
+    forward = sft.phase(Phase.FORWARD)
+    backward = sft.phase(Phase.BACKWARD)
+    step = sft.phase(Phase.OPTIMIZER_STEP)
+
+    last_block = _last_block_moment(policy_spec, policy_setup, forward)
+    ref_weights = _reference_weights(spec, setup, reference)
+    extra: dict[Component, Term] = (
+        {Component.REFERENCE_MODEL: ref_weights} if ref_weights.bytes else {}
+    )
+
+    if pref.objective is Objective.REWARD:
+        # the score is hidden × num_labels per sequence: nothing vocabulary-sized to replace
+        candidates = [_embedding_last(backward, spec, setup)]
+        candidates += [last_block] if last_block else []
+        backward = max(candidates, key=lambda p: p.allocated_bytes)
+        in_block = _checkpointed_block_moment(policy_spec, policy_setup, forward)
+        if in_block is not None and in_block.allocated_bytes > forward.allocated_bytes:
+            forward = in_block
+        phases = [_with(p, extra) for p in (forward, backward, step)]
+        notes.append(
+            f"reward model: a score head of {spec.hidden_size} × {pref.num_labels} instead of "
+            f"the {format_count(spec.vocab_size)}-token vocabulary head; no vocabulary logits"
+        )
+        budget = _budget(sft, phases, notes, policy_spec)
+        if not setup.first_step and sft.first_step_allocated_peak_bytes is not None:
+            first = estimate_preference_budget(spec, replace(setup, first_step=True), pref, gpu)
+            budget = replace(budget, first_step_allocated_peak_bytes=first.allocated_peak_bytes)
+        return budget
+
+    lp = log_prob_moments(spec, policy_setup, rows)
+    policy_forward = _replace_logits(
+        forward,
+        "end of the policy's forward: per-token log-probabilities taken",
+        Term(bytes=lp.forward_end, formula=lp.formula_forward),
+        extra,
+    )
+    phases = [policy_forward]
+    if reference in (Reference.COPY, Reference.ADAPTER) or pref.objective is Objective.KTO:
+        phases.append(_reference_phase(spec, setup, pref, policy_forward, lp, reference, rows))
+    if reference is Reference.PRECOMPUTED:
+        notes.append(
+            "precompute_ref_log_probs: the reference log-probabilities are read from the "
+            "dataset; the reference model runs once before training, not in the step"
+        )
+    phases.append(_backward_phase(backward, policy_forward, lp, extra, last_block))
+    phases.append(_with(step, extra))
+    if pref.objective in (Objective.ORPO, Objective.CPO):
+        notes.append(
+            f"{pref.objective.value}: no reference model; the chosen half's NLL term reuses the "
+            "same logits (its cross-entropy's own fp32 copy is not counted)"
+        )
+    budget = _budget(sft, phases, notes, policy_spec)
+    if not setup.first_step and sft.first_step_allocated_peak_bytes is not None:
+        first = estimate_preference_budget(spec, replace(setup, first_step=True), pref, gpu)
+        budget = replace(budget, first_step_allocated_peak_bytes=first.allocated_peak_bytes)
+    return budget
+
+
+def _reference_weights(spec: ModelSpec, setup: TrainingSetup, reference: Reference) -> Term:
+    """A reference copy is loaded in the policy's dtype (trl/trainer/dpo_trainer.py:
+    `ref_model_init_kwargs.setdefault("dtype", self.model.dtype)`), every weight frozen."""
+    if reference is not Reference.COPY:
+        return Term(bytes=0, formula="no reference copy")
+    size = setup.precision.weight_bytes
+    return Term(
+        bytes=spec.total_params * size,
+        formula=f"{format_count(spec.total_params)} params × {size} B (the frozen reference copy)",
+    )
+
+
+def _reference_phase(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    pref: PreferenceSetup,
+    policy_forward: PhaseBudget,
+    lp: LogProbMoments,
+    reference: Reference,
+    rows: int,
+) -> PhaseBudget:
+    """The reference forward, under no_grad, inside the loss call: everything the policy's
+    forward left alive, plus the reference's own logits and shifted copy (its activations are
+    freed block by block). KTO's KL batch goes through the reference too, and through the
+    policy without gradient, one after the other."""
+    parts = dict(policy_forward.components)
+    what = {
+        Reference.COPY: "the frozen copy",
+        Reference.ADAPTER: "the policy with its adapter disabled",
+        Reference.PRECOMPUTED: "the policy without gradient",
+        Reference.NONE: "the policy without gradient",
+    }[reference]
+    if pref.objective is Objective.KTO:
+        what += " (KTO: the completions, then the KL batch)"
+    parts[Component.TEMPORARIES] = Term(
+        bytes=parts.get(Component.TEMPORARIES, Term(0, "")).bytes + lp.reference,
+        formula=f"{lp.formula_reference}, by {what}",
+    )
+    return PhaseBudget(
+        phase=Phase.REFERENCE_FORWARD,
+        moment=f"reference forward ({what}): its log-probabilities taken",
+        components=parts,
+    )
+
+
+def _backward_phase(
+    sft_backward: PhaseBudget,
+    policy_forward: PhaseBudget,
+    lp: LogProbMoments,
+    extra: dict[Component, Term],
+    last_block: PhaseBudget | None,
+) -> PhaseBudget:
+    """The larger of the log-softmax backward (the policy forward's tensors, with the
+    log-probability backward's in place of the logits) and the SFT step's other backward
+    moments (a recomputed block, the end of backward), which the log-probabilities do not
+    touch."""
+    start = _replace_logits(
+        policy_forward,
+        "backward of the log-probabilities",
+        Term(bytes=lp.backward_peak, formula=lp.formula_backward),
+        {},
+    )
+    candidates = [start] + ([last_block] if last_block else [])
+    if not sft_backward.moment.startswith(("start of backward", "head backward")):
+        candidates.append(sft_backward)
+    chosen = max(candidates, key=lambda p: p.allocated_bytes)
+    return _with(replace(chosen, phase=Phase.BACKWARD), extra)
+
+
+def _embedding_last(phase: PhaseBudget, spec: ModelSpec, setup: TrainingSetup) -> PhaseBudget:
+    """The token embedding is the last weight backward reaches: while the first block's
+    gradients are computed its gradient does not exist yet, under a score head as under an LM
+    head (the SFT step counts this for causal LMs)."""
+    if phase.moment != "backward of the first block" or setup.method is not Method.FULL:
+        return phase
+    if setup.grad_accum > 1 or setup.distributed.is_multi_gpu:
+        return phase
+    gradients = phase.components.get(Component.GRADIENTS)
+    if gradients is None:
+        return phase
+    embedding = spec.vocab_size * spec.hidden_size * setup.precision.weight_bytes
+    parts = dict(phase.components)
+    parts[Component.GRADIENTS] = Term(
+        bytes=max(gradients.bytes - embedding, 0),
+        formula=gradients.formula + " − the token embedding's (still to come)",
+    )
+    return PhaseBudget(phase=phase.phase, moment=phase.moment, components=parts)
+
+
+def _checkpointed_block_moment(
+    spec: ModelSpec, setup: TrainingSetup, forward: PhaseBudget
+) -> PhaseBudget | None:
+    """With checkpointing a block's forward keeps nothing for backward, but its MLP's
+    intermediates live while it runs: act(gate), up and their product for a gated MLP
+    (`down_proj(act_fn(gate_proj(x)) * up_proj(x))`), fc1's output and its activation for a
+    plain one. Without vocabulary logits (a reward model's score head) this is the forward's
+    peak."""
+    if not setup.grad_ckpt or not spec.blocks:
+        return None
+    dt = dtypes_for(setup)
+    n_i = setup.tokens * spec.intermediate_size
+    alive = 3 if spec.mlp == "gated" else 2
+    parts: dict[Component, Term] = {
+        k: v for k, v in forward.components.items() if k is not Component.LOGITS
+    }
+    temporaries = forward.components.get(Component.TEMPORARIES)
+    parts[Component.TEMPORARIES] = Term(
+        bytes=alive * dt.linear_out_bytes * n_i + (temporaries.bytes if temporaries else 0),
+        formula=f"{alive}·{dt.linear_out_bytes}·N·I (the running block's MLP intermediates)",
+    )
+    return PhaseBudget(
+        phase=Phase.FORWARD, moment="forward of the last block (checkpointed)", components=parts
+    )
+
+
+def _last_block_moment(
+    spec: ModelSpec, setup: TrainingSetup, forward: PhaseBudget
+) -> PhaseBudget | None:
+    """The last block's backward as it starts (no checkpointing): the head and the final norm
+    have given back what they saved, every block's saved tensors are alive, and the block's
+    input gradients are in flight. A causal LM's logits moment is larger; a reward model's
+    score head leaves this one the peak."""
+    if setup.grad_ckpt or not spec.blocks:
+        return None
+    acts = estimate_activations(spec, setup)
+    outside = acts.outside.evaluate(acts.dims)
+    dt = dtypes_for(setup)
+    n_h = setup.tokens * spec.hidden_size
+    n_i = setup.tokens * spec.intermediate_size
+    workspace = 2 * dt.residual * n_h + 2 * dt.linear_out_bytes * n_i
+    parts: dict[Component, Term] = {
+        k: v
+        for k, v in forward.components.items()
+        if k not in (Component.LOGITS, Component.ACTIVATIONS, Component.TEMPORARIES)
+    }
+    parts[Component.ACTIVATIONS] = Term(
+        bytes=acts.full_bytes - outside,
+        formula="every block's saved tensors (the head's and the final norm's given back)",
+    )
+    temporaries = forward.components.get(Component.TEMPORARIES)
+    parts[Component.TEMPORARIES] = Term(
+        bytes=workspace + (temporaries.bytes if temporaries else 0),
+        formula=f"2·{dt.residual}·N·h + 2·{dt.linear_out_bytes}·N·I (the block's gradients in "
+        "flight)",
+    )
+    return PhaseBudget(
+        phase=Phase.BACKWARD, moment="backward of the last block, as it starts", components=parts
+    )
+
+
+def _replace_logits(
+    phase: PhaseBudget, moment: str, logits: Term, extra: dict[Component, Term]
+) -> PhaseBudget:
+    parts: dict[Component, Term] = {
+        k: v for k, v in phase.components.items() if k is not Component.LOGITS
+    }
+    parts[Component.LOGITS] = logits
+    parts.update(extra)
+    return PhaseBudget(phase=phase.phase, moment=moment, components=parts)
+
+
+def _with(phase: PhaseBudget, extra: dict[Component, Term]) -> PhaseBudget:
+    return PhaseBudget(
+        phase=phase.phase, moment=phase.moment, components={**phase.components, **extra}
+    )
+
+
+def _budget(sft: Budget, phases: list[PhaseBudget], notes: list[str], spec: ModelSpec) -> Budget:
+    peak = max(phases, key=lambda p: p.allocated_bytes)
+    reserved, device_total = reserved_and_device_total(peak.allocated_bytes, sft.overheads)
+    return replace(
+        sft,
+        phases=phases,
+        peak_phase=peak.phase,
+        allocated_peak_bytes=peak.allocated_bytes,
+        reserved_peak_bytes=reserved,
+        device_total_bytes=device_total,
+        params=sft.params,
+        notes=notes,
+    )
+
+
+def describe(budget: Budget) -> str:
+    """One line per phase: the moment and its total."""
+    return "\n".join(
+        f"{p.phase.value}: {p.moment}: {format_bytes(p.allocated_bytes)}" for p in budget.phases
+    )

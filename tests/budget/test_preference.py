@@ -1,0 +1,131 @@
+"""Preference-training budgets (llmmem.budget.preference) against real CPU steps.
+
+Each case runs one DPO, ORPO-like (no reference) or reward step of a tiny Llama or Qwen2 on the
+CPU, written as TRL 0.29.1 computes it (see `preference_steps.py`), under the project's storage
+tracker; every phase's peak must be within 5% of the budget's. The reference forward's budget
+counts one row's fp32 logsumexp temporary that aten makes inside the kernel (a GPU allocates it,
+a dispatch-level counter cannot see it): it is left out of the comparison, by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from preference_steps import TINY, Case, measure  # noqa: E402
+
+from llmmem.budget.preference import (  # noqa: E402
+    Objective,
+    PreferenceSetup,
+    Reference,
+    estimate_preference_budget,
+    log_prob_moments,
+)
+from llmmem.budget.result import Component, Phase  # noqa: E402
+from llmmem.budget.setup import LoraSetup, SetupError, TrainingSetup  # noqa: E402
+from llmmem.models.spec import ModelSource, spec_from_config  # noqa: E402
+
+TOLERANCE = 0.05
+
+CASES = [
+    Case(family, "dpo", method, ckpt, dtype)
+    for family in ("llama", "qwen2")
+    for dtype in ("fp32", "bf16-true")
+    for method in ("full", "lora")
+    for ckpt in (False, True)
+] + [
+    Case("llama", "dpo", batch=1, seq=128),
+    Case("llama", "dpo", reference="precomputed"),
+    Case("llama", "orpo"),
+    Case("qwen2", "orpo", "lora", dtype="bf16-true"),
+    Case("llama", "reward"),
+    Case("qwen2", "reward", grad_ckpt=True),
+]
+
+
+def _spec(family: str):  # type: ignore[no-untyped-def]
+    return spec_from_config(TINY[family], model_id=f"tiny-{family}", source=ModelSource.CONFIG)
+
+
+def _setup(case: Case) -> TrainingSetup:
+    lora = LoraSetup(r=8, alpha=16, targets=["q_proj", "v_proj"]) if case.method == "lora" else None
+    return TrainingSetup(
+        method=case.method,
+        batch=case.batch,
+        seq=case.seq,
+        precision=case.dtype,
+        optim="adamw_torch",
+        grad_ckpt=case.grad_ckpt,
+        lora=lora,
+    )
+
+
+def _predicted(case: Case) -> dict[str, int]:
+    spec = _spec(case.family)
+    setup = _setup(case)
+    pref = PreferenceSetup(objective=case.objective, reference=case.reference)
+    budget = estimate_preference_budget(spec, setup, pref)
+    phases = {p.phase.value: p.allocated_bytes for p in budget.phases}
+    if Phase.REFERENCE_FORWARD.value in phases:
+        rows = 2 * case.batch
+        inside = log_prob_moments(spec, replace(setup, batch=rows), rows).inside_kernel
+        phases[Phase.REFERENCE_FORWARD.value] -= inside
+    return phases
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_each_phase_within_five_percent_of_a_cpu_step(case: Case) -> None:
+    measured = measure(case)
+    predicted = _predicted(case)
+    assert set(measured) == set(predicted)
+    for phase, got in measured.items():
+        error = (predicted[phase] - got) / got
+        assert abs(error) <= TOLERANCE, (
+            f"{case.id} {phase}: measured {got} B, predicted {predicted[phase]} B ({error:+.1%})"
+        )
+
+
+def test_reference_handling_follows_trl() -> None:
+    spec = _spec("llama")
+    full = TrainingSetup(batch=2, seq=64, precision="bf16-true", optim="adamw_torch")
+    lora = replace(full, method="lora")
+    copy = estimate_preference_budget(spec, full, PreferenceSetup())
+    weights = copy.phase(Phase.OPTIMIZER_STEP).components[Component.REFERENCE_MODEL]
+    assert weights.bytes == spec.total_params * 2
+    adapter = estimate_preference_budget(spec, lora, PreferenceSetup())
+    assert Component.REFERENCE_MODEL not in adapter.peak.components
+    assert any(p.phase is Phase.REFERENCE_FORWARD for p in adapter.phases)
+    precomputed = estimate_preference_budget(
+        spec, full, PreferenceSetup(reference=Reference.PRECOMPUTED)
+    )
+    assert all(p.phase is not Phase.REFERENCE_FORWARD for p in precomputed.phases)
+    assert precomputed.allocated_peak_bytes < copy.allocated_peak_bytes
+    orpo = estimate_preference_budget(spec, full, PreferenceSetup(objective=Objective.ORPO))
+    assert all(p.phase is not Phase.REFERENCE_FORWARD for p in orpo.phases)
+    with pytest.raises(SetupError):
+        estimate_preference_budget(spec, full, PreferenceSetup(reference=Reference.ADAPTER))
+
+
+def test_grpo_and_ppo_are_not_sized_as_sft() -> None:
+    spec = _spec("llama")
+    setup = TrainingSetup(batch=2, seq=64)
+    for objective in (Objective.GRPO, Objective.PPO):
+        with pytest.raises(SetupError, match="not modelled"):
+            estimate_preference_budget(spec, setup, PreferenceSetup(objective=objective))
+
+
+def test_chosen_and_rejected_double_the_activations() -> None:
+    spec = _spec("llama")
+    setup = TrainingSetup(batch=2, seq=64, precision="bf16-true", optim="adamw_torch")
+    from llmmem.budget.phases import estimate_budget
+
+    sft = estimate_budget(spec, setup)
+    dpo = estimate_preference_budget(spec, setup, PreferenceSetup())
+    sft_acts = sft.phase(Phase.FORWARD).components[Component.ACTIVATIONS].bytes
+    dpo_acts = dpo.phase(Phase.FORWARD).components[Component.ACTIVATIONS].bytes
+    assert dpo_acts == pytest.approx(2 * sft_acts, rel=0.02)
