@@ -30,7 +30,7 @@ class Lines:
         self._starts: list[int] | None = None
 
     @staticmethod
-    @lru_cache(maxsize=64)
+    @lru_cache(maxsize=32)
     def of(text: str, encoding: str = "utf-16") -> Lines:
         """The index of one text, built once: a document's text is one string object per
         version, so every request after the first finds it here without reading the text."""
