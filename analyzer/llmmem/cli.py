@@ -130,6 +130,13 @@ def _add_estimate_parser(sub: Any) -> None:
         help="the first step, before optimizer states exist",
     )
     p.add_argument(
+        "--optimizer-in-backward",
+        action="store_true",
+        default=None,
+        help="one optimizer per parameter, stepped as its gradient is made (torchtune's "
+        "optimizer_in_bwd): one gradient at a time instead of all of them",
+    )
+    p.add_argument(
         "--max-batch", action="store_true", help="find the largest micro-batch that fits"
     )
     p.add_argument("--max-seq", action="store_true", help="find the longest sequence that fits")

@@ -331,6 +331,7 @@ def build_setup(
             new_tokens=_pick(args, "new_tokens", prov),
             first_step=bool(getattr(args, "first_step", False)),
             use_cache=bool(getattr(args, "use_cache", False)),
+            optimizer_in_backward=bool(getattr(args, "optimizer_in_backward", False)),
             transformers_version=versions.get("transformers", TESTED_TRANSFORMERS),
         )
         if "torch" in versions:
@@ -357,7 +358,11 @@ def setup_lines(
         ("grad accumulation", str(setup.grad_accum), prov.get("grad_accum", "")),
         ("grad checkpointing", "on" if setup.grad_ckpt else "off", prov.get("grad_ckpt", "")),
         ("precision", setup.precision.value, prov.get("precision", "")),
-        ("optimizer", setup.optim, prov.get("optim", "")),
+        (
+            "optimizer",
+            setup.optim + (", stepped in backward" if setup.optimizer_in_backward else ""),
+            prov.get("optim", ""),
+        ),
         ("attention", setup.attn.value, prov.get("attn", "")),
     ]
     if setup.lora:

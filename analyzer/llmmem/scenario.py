@@ -137,7 +137,17 @@ def setup_from_plan(plan: TrainingPlan, spec: ModelSpec) -> TrainingSetup:
         quant=quant,
         distributed=distributed,
         use_cache=bool(plan.use_cache.value) if plan.use_cache is not None else False,
+        optimizer_in_backward=_extra_flag(plan, "optimizer_in_bwd"),
     )
+
+
+def _extra_flag(plan: TrainingPlan, name: str) -> bool:
+    """A framework switch kept in `plan.extra` (torchtune's `optimizer_in_bwd: True`)."""
+    kept = plan.extra.get(name)
+    value = kept.value if isinstance(kept, Sourced) else kept
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes")
+    return bool(value)
 
 
 def _elements_or_auto(value: Any) -> int | None:

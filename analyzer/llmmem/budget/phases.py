@@ -302,6 +302,12 @@ def estimate_budget(
     logits = logits_moments(spec, run)
     dt = dtypes_for(run)
     notes: list[str] = list(inv.notes) + list(spec.notes)
+    if setup.optimizer_in_backward:
+        st = _stepped_in_backward(st, inv, optim)
+        notes.append(
+            "optimizer in backward: each parameter is stepped as its gradient is made and the "
+            "gradient freed, so at most one gradient exists at a time"
+        )
 
     if setup.grad_ckpt:
         saved, saved_text = checkpoint_input_bytes(spec, run)
@@ -590,6 +596,7 @@ def estimate_budget(
         and spec.is_causal_lm
         and not grads_kept
         and not setup.distributed.is_multi_gpu
+        and not setup.optimizer_in_backward
         else 0
     )
     tied_extra = 2 * embedding if spec.tie_word_embeddings else 0
@@ -671,6 +678,22 @@ def estimate_budget(
                 },
             )
         )
+    if setup.optimizer_in_backward:
+        # the largest parameter (the head or the embedding) is stepped in its hook while
+        # backward still holds every saved tensor below it
+        backward_moments.append(
+            (
+                "the largest parameter stepped in its hook",
+                {
+                    Component.GRADIENTS: st.gradients,
+                    Component.ACTIVATIONS: activations,
+                    Component.TEMPORARIES: Term(
+                        bytes=st.step_temporaries.bytes + temp_fwd.bytes,
+                        formula=st.step_temporaries.formula,
+                    ),
+                },
+            )
+        )
     backward_candidates = []
     for moment, parts in backward_moments:
         full = {Component.WEIGHTS: st.weights, Component.OPTIMIZER_STATES: states, **parts}
@@ -683,7 +706,18 @@ def estimate_budget(
         Component.OPTIMIZER_STATES: st.states,
         Component.TEMPORARIES: _step_temporaries(st, ddp_buckets, zero, always),
     }
-    optimizer_step = phase(Phase.OPTIMIZER_STEP, "inside the optimizer step", step_parts)
+    if setup.optimizer_in_backward:
+        step_parts = {
+            Component.WEIGHTS: st.weights,
+            Component.OPTIMIZER_STATES: st.states,
+        }
+    optimizer_step = phase(
+        Phase.OPTIMIZER_STEP,
+        "after backward: every parameter already stepped in its hook"
+        if setup.optimizer_in_backward
+        else "inside the optimizer step",
+        step_parts,
+    )
     if st.persistent_bytes:
         # ZeRO-3 partitions every parameter as the step starts and gathers the persistent
         # ones again after it (measured): inside the step without their whole copies, after
@@ -1034,6 +1068,31 @@ def _zero_buffers(
         persistent_gradients=stage3,
         grad_fp32=grad_fp32,
     )
+
+
+def _stepped_in_backward(st: StateTerms, inv: Inventory, optim: OptimizerSpec) -> StateTerms:
+    """The optimizer in backward: each parameter is stepped by its own optimizer as soon as
+    its gradient is complete, and the gradient is freed right after (`zero_grad` sets it to
+    None). At most one gradient exists at a time, the largest parameter's, with its step's
+    buffers; the states of every parameter stay."""
+    largest = max(
+        (replace(g, tensors=1) for g in inv.trainable),
+        key=lambda g: g.bytes,
+        default=None,
+    )
+    if largest is None:
+        return st
+    one = Term(
+        bytes=largest.bytes,
+        formula=f"one parameter's gradient at a time ({largest.name}, "
+        f"{format_count(largest.numel)} × {largest.bytes_per_param:g} B): stepped and freed in "
+        "its hook (optimizer in backward)",
+    )
+    step = Term(
+        bytes=round(optim.step_temporary_bytes([largest])),
+        formula=f"{optim.implementation} step buffers of that one parameter",
+    )
+    return replace(st, gradients=one, step_temporaries=step, head_gradient=0)
 
 
 def _step_temporaries(st: StateTerms, ddp_buckets: int, zero: _ZeroBuffers, always: int) -> Term:

@@ -299,6 +299,10 @@ class TrainingSetup:
     distributed: DistributedSetup = field(default_factory=DistributedSetup)
     use_cache: bool = False  # config.use_cache during training (the HF default True costs memory)
     new_tokens: int = 256  # generation only: tokens generated after the prompt
+    # torchtune's `optimizer_in_bwd`: one optimizer per parameter, stepped in the parameter's
+    # post-accumulate-grad hook, which then frees its gradient (torchtune 0.6
+    # training/memory.py `register_optim_in_bwd_hooks`)
+    optimizer_in_backward: bool = False
     first_step: bool = False  # the first optimizer step (no states before it) instead of later ones
     cuda_module_loading: str = "lazy"  # "lazy" (CUDA >= 11.7 default) or "eager"
     # the torch release the step runs on, "major.minor": a few allocation rules changed
@@ -325,6 +329,19 @@ class TrainingSetup:
             raise SetupError(
                 "full fine-tuning of a quantized model is not possible: use --method qlora "
                 "(LoRA adapters over the quantized base) or drop --quant"
+            )
+        if self.optimizer_in_backward and self.grad_accum > 1:
+            raise SetupError(
+                "the optimizer in backward steps each parameter as its gradient is made: "
+                "it cannot accumulate gradients (torchtune refuses gradient_accumulation_steps "
+                "> 1 with optimizer_in_bwd)"
+            )
+        if self.optimizer_in_backward and (
+            self.distributed.world_size > 1 or self.distributed.zero_stage
+        ):
+            raise SetupError(
+                "the optimizer in backward is modelled on one device only (torchtune's "
+                "single-device recipes)"
             )
         if self.method is Method.QLORA and self.quant is None:
             _set(self, "quant", QuantSetup())

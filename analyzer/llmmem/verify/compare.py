@@ -70,6 +70,7 @@ def request_for(
         lora=lora,
         quant=quant,
         use_cache=setup.use_cache,
+        optimizer_in_backward=setup.optimizer_in_backward,
         world_size=setup.distributed.world_size,
         sharding=_sharding(setup),
         zero=deepspeed_zero_section(setup, spec.hidden_size)

@@ -35,6 +35,7 @@ class StepRequest:
     lora: dict[str, Any] | None = None  # r, alpha, targets, modules_to_save, dora, dropout
     quant: dict[str, Any] | None = None  # quant_type, double_quant, compute_dtype_bytes, prepare
     use_cache: bool = False
+    optimizer_in_backward: bool = False  # one optimizer per parameter, stepped in its hook
     world_size: int = 1  # ranks, each launched by torchrun when more than one
     sharding: str = "ddp"  # "ddp", "fsdp" (FSDP2 full shard per block) or "zero" (DeepSpeed)
     zero: dict[str, Any] | None = None  # DeepSpeed's zero_optimization section, as it runs

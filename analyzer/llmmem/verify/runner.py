@@ -495,6 +495,43 @@ class _Loop:
         ]
 
 
+class _InBackwardLoop(_Loop):
+    """The optimizer in backward, as torchtune runs it: one optimizer per trainable parameter,
+    stepped (and its gradient set to None) in the parameter's post-accumulate-grad hook."""
+
+    autograd_gradients = False  # each lives only inside its parameter's hook
+
+    def __init__(self, torch: Any, model: Any, request: StepRequest) -> None:
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        self.per_parameter = {p: make_optimizer(torch, request, [p]) for p in trainable}
+
+        def step_and_free(param: Any) -> None:
+            self.per_parameter[param].step()
+            self.per_parameter[param].zero_grad(set_to_none=True)
+
+        for p in trainable:
+            p.register_post_accumulate_grad_hook(step_and_free)
+        super().__init__(torch, model, None, request)
+
+    def step(self) -> None:
+        pass  # every parameter was stepped in backward
+
+    def zero_grad(self) -> None:
+        pass  # and its gradient freed there
+
+    def gradients(self) -> list[Any] | None:
+        return [p.grad for p in self.trainable if p.grad is not None]
+
+    def states(self) -> list[Any]:
+        return [
+            value
+            for optimizer in self.per_parameter.values()
+            for state in optimizer.state.values()
+            for value in state.values()
+            if isinstance(value, self.torch.Tensor)
+        ]
+
+
 def _quant_constants(params: list[Any]) -> list[Any]:
     """What bitsandbytes keeps beside a k-bit weight, outside the parameter: a 4-bit weight's
     absmax per block and its code (double-quantized: the absmax in 8 bits with an absmax of
@@ -571,6 +608,8 @@ def _make_loop(
 ) -> _Loop:
     if deepspeed_config is None and request.world_size > 1:
         model = _distribute(model, request, mesh)  # the optimizer then steps the shards
+    if request.optimizer_in_backward and deepspeed_config is None and request.world_size == 1:
+        return _InBackwardLoop(torch, model, request)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(torch, request, trainable)
     if deepspeed_config is not None:
