@@ -69,6 +69,12 @@ export function serverExecutable(
   };
 }
 
+/** vscode-languageclient logs every end of the server process as an error, a normal stop too
+ * ("Server process exited with code 0."): true for that message, which is not one. */
+export function isNormalExit(message: string): boolean {
+  return /^Server process exited with code 0\.?$/.test(message.trim());
+}
+
 /** `initializationOptions`: the server settings object itself. */
 export function initializationOptions(settings: ServerSettings): ServerSettings {
   return { ...settings, severity: { ...settings.severity } };

@@ -44,6 +44,44 @@ export function activeDocumentUri(): vscode.Uri | undefined {
   return undefined;
 }
 
+/** Schemes of what a user edits (a file, an unsaved buffer, a notebook cell); the Output
+ * panel (`output`), a report (`llmmem-report`), a diff's other side and the like are not. */
+const EDITED_SCHEMES = new Set(['file', 'untitled', 'vscode-notebook-cell']);
+
+let lastWorkedOn: vscode.Uri | undefined;
+
+function stillOpen(uri: vscode.Uri): boolean {
+  const key = uri.toString();
+  const notebooks = (vscode.workspace as { notebookDocuments?: readonly { uri: vscode.Uri }[] }).notebookDocuments ?? [];
+  return (
+    vscode.workspace.textDocuments.some((document) => document.uri.toString() === key) ||
+    notebooks.some((notebook) => notebook.uri.toString() === key)
+  );
+}
+
+/**
+ * The file the user is working on: the active editor's when it shows a file, else — while the
+ * focus is on the Output panel, a preview or another webview — the last file that was active,
+ * as long as it is still open.
+ */
+export function workingDocumentUri(): vscode.Uri | undefined {
+  const editor = vscode.window.activeTextEditor;
+  const editsAFile = editor !== undefined && EDITED_SCHEMES.has(editor.document.uri.scheme);
+  if (editsAFile || (editor === undefined && vscode.window.activeNotebookEditor !== undefined)) {
+    lastWorkedOn = activeDocumentUri();
+    return lastWorkedOn;
+  }
+  if (lastWorkedOn !== undefined && !stillOpen(lastWorkedOn)) {
+    lastWorkedOn = undefined;
+  }
+  return lastWorkedOn;
+}
+
+/** Forgets the last file (tests). */
+export function forgetWorkingDocument(): void {
+  lastWorkedOn = undefined;
+}
+
 export async function refuseUntrusted(action: string): Promise<void> {
   const manage = 'Manage Workspace Trust';
   const choice = await vscode.window.showWarningMessage(
@@ -63,7 +101,7 @@ export async function verifyActive(server: ServerRequests, log: Log): Promise<un
     await refuseUntrusted(VERIFY_ACTION);
     return undefined;
   }
-  const uri = activeDocumentUri();
+  const uri = workingDocumentUri();
   if (!uri) {
     await vscode.window.showInformationMessage('llmmem: open a training script or config to verify.');
     return undefined;
@@ -115,24 +153,52 @@ export async function verifyActive(server: ServerRequests, log: Log): Promise<un
   return outcome;
 }
 
-/** Shows reports in a Markdown preview, from a read-only virtual document. */
+/** Shows reports in a Markdown preview, from a read-only virtual document, and keeps them up
+ * to date: `refresh` asks the server again for the file each report is about. */
 export class Explanations implements vscode.TextDocumentContentProvider {
   static readonly scheme = 'llmmem-report';
   private readonly documents = new Map<string, string>();
+  /** report URI → the URI of the file it explains */
+  private readonly sources = new Map<string, string>();
   private readonly changed = new vscode.EventEmitter<vscode.Uri>();
   readonly onDidChange = this.changed.event;
+  private timer: ReturnType<typeof setTimeout> | undefined;
 
   provideTextDocumentContent(uri: vscode.Uri): string {
     return this.documents.get(uri.toString()) ?? '';
   }
 
-  async show(answer: ExplainAnswer): Promise<vscode.Uri> {
-    const uri = vscode.Uri.from({
+  /** The files whose reports are shown (as URI strings). */
+  explainedFiles(): string[] {
+    return [...new Set(this.sources.values())];
+  }
+
+  private reportUri(answer: ExplainAnswer): vscode.Uri {
+    return vscode.Uri.from({
       scheme: Explanations.scheme,
       path: `/${explanationTitle(answer).replace(/[\\/:]/g, ' ').trim()}.md`,
     });
-    this.documents.set(uri.toString(), explanationMarkdown(answer));
+  }
+
+  /** Puts the answer in its report; the report's URI when its text changed. */
+  private store(answer: ExplainAnswer): vscode.Uri | undefined {
+    const uri = this.reportUri(answer);
+    const key = uri.toString();
+    if (answer.uri) {
+      this.sources.set(key, answer.uri);
+    }
+    const markdown = explanationMarkdown(answer);
+    if (this.documents.get(key) === markdown) {
+      return undefined;
+    }
+    this.documents.set(key, markdown);
     this.changed.fire(uri);
+    return uri;
+  }
+
+  async show(answer: ExplainAnswer): Promise<vscode.Uri> {
+    const uri = this.reportUri(answer);
+    this.store(answer);
     try {
       await vscode.commands.executeCommand('markdown.showPreviewToSide', uri);
     } catch {
@@ -143,14 +209,54 @@ export class Explanations implements vscode.TextDocumentContentProvider {
     return uri;
   }
 
+  /** Asks the server again for every report's file (settings changed, or its diagnostics). */
+  async refresh(server: ServerRequests): Promise<void> {
+    for (const source of this.explainedFiles()) {
+      let answer: ExplainAnswer | undefined;
+      try {
+        answer = await server.executeCommand<ExplainAnswer>(SERVER_COMMANDS.explain, [source]);
+      } catch {
+        continue; // the report keeps what it says until the server answers
+      }
+      if (answer && answer.error === undefined) {
+        this.store({ ...answer, uri: answer.uri ?? source });
+      }
+    }
+  }
+
+  /** `refresh` after `delayMs` of quiet (calls in between push it back). */
+  scheduleRefresh(server: ServerRequests, delayMs: number): void {
+    if (this.sources.size === 0) {
+      return;
+    }
+    if (this.timer !== undefined) {
+      clearTimeout(this.timer);
+    }
+    this.timer = setTimeout(() => {
+      this.timer = undefined;
+      void this.refresh(server);
+    }, delayMs);
+  }
+
+  /** A report's document was closed: stop following its file. */
+  forget(uri: vscode.Uri): void {
+    if (uri.scheme === Explanations.scheme) {
+      this.sources.delete(uri.toString());
+      this.documents.delete(uri.toString());
+    }
+  }
+
   dispose(): void {
+    if (this.timer !== undefined) {
+      clearTimeout(this.timer);
+    }
     this.changed.dispose();
   }
 }
 
 /** `llmmem: Explain`: the breakdown of the active file as a Markdown report. */
 export async function explainActive(server: ServerRequests, explanations: Explanations): Promise<unknown> {
-  const uri = activeDocumentUri();
+  const uri = workingDocumentUri();
   if (!uri) {
     await vscode.window.showInformationMessage('llmmem: open a training script or config to explain.');
     return undefined;
@@ -160,7 +266,7 @@ export async function explainActive(server: ServerRequests, explanations: Explan
     await vscode.window.showWarningMessage('llmmem: the language server is not running.');
     return undefined;
   }
-  await explanations.show(answer);
+  await explanations.show({ ...answer, uri: answer.uri ?? uri.toString() });
   return answer;
 }
 
@@ -203,7 +309,7 @@ export async function selectGpu(server: ServerRequests): Promise<string | null |
       {
         label: DETECT_LABEL,
         description: current ? `clear "${current}"` : '',
-        detail: "A file's `# llmmem: gpu=` pragma, pyproject.toml [tool.llmmem], or this machine's GPU",
+        detail: 'A file\'s "# llmmem: gpu=" pragma, pyproject.toml [tool.llmmem], or this machine\'s GPU',
         gpu: null,
       },
       ...catalog.map((entry) => ({
@@ -218,6 +324,9 @@ export async function selectGpu(server: ServerRequests): Promise<string | null |
       title: 'llmmem: GPU to estimate against',
       placeHolder: current ? `now: ${current}` : 'type to filter: A100, H100, 4090, L40S, ...',
       matchOnDescription: true,
+      // a Markdown preview beside the file takes the focus when it renders again, and that
+      // would close the picker under the user's typing
+      ignoreFocusOut: true,
     });
     chosen = picked === undefined ? undefined : picked.gpu;
   }

@@ -21,6 +21,7 @@ import {
   createMiddleware,
   initializationOptions,
   installCommandLine,
+  isNormalExit,
   serverExecutable,
   type ServerCheck,
 } from './client';
@@ -35,6 +36,7 @@ import {
 import { SETTINGS_SECTION, serverSettings, type ServerSettings } from './config';
 import {
   chooseInterpreter,
+  settingOrigin,
   type InterpreterChoice,
   type PythonExtensionApi,
 } from './interpreter';
@@ -51,6 +53,17 @@ interface PythonApiWithEvents extends PythonExtensionApi {
   environments?: PythonExtensionApi['environments'] & {
     onDidChangeActiveEnvironmentPath?: vscode.Event<unknown>;
   };
+}
+
+/** The language client, with a normal end of the server process logged as such, not as an error. */
+export class LlmmemClient extends LanguageClient {
+  override error(message: string, data?: unknown, showNotification: boolean | 'force' = true): void {
+    if (isNormalExit(message)) {
+      this.info('Server process exited normally (code 0).', undefined, false);
+      return;
+    }
+    super.error(message, data, showNotification);
+  }
 }
 
 function currentSettings(): ServerSettings {
@@ -151,7 +164,11 @@ class ServerController implements ServerRequests, vscode.Disposable {
     for (const why of choice.passedOver) {
       this.log(`interpreter: passed over ${why}`);
     }
-    this.log(`interpreter: ${choice.path} (from ${choice.source})`);
+    const origin =
+      choice.source === 'setting'
+        ? `, llmmem.interpreter read from ${settingOrigin(config.inspect('interpreter'), vscode.env.remoteName)}`
+        : '';
+    this.log(`interpreter: ${choice.path} (from ${choice.source}${origin})`);
     const check = await probe.checkServerInstalled(choice.path);
     if (!check.ok) {
       this.log(`llmmem_lsp is not usable with ${choice.path}: ${check.detail}`);
@@ -164,7 +181,8 @@ class ServerController implements ServerRequests, vscode.Disposable {
     const clientOptions: LanguageClientOptions = {
       documentSelector: DOCUMENT_SELECTOR,
       outputChannel: this.output,
-      diagnosticCollectionName: CLIENT_ID,
+      // no diagnosticCollectionName: the server's pull diagnostics get a collection named by
+      // its identifier ("llmmem"), and a second one of that name is refused with a warning
       initializationOptions: () => initializationOptions(currentSettings()),
       middleware: createMiddleware(currentSettings, {
         isTrusted: () => vscode.workspace.isTrusted,
@@ -173,7 +191,7 @@ class ServerController implements ServerRequests, vscode.Disposable {
       }),
       markdown: { isTrusted: false, supportHtml: false },
     };
-    const client = new LanguageClient(CLIENT_ID, CLIENT_NAME, serverOptions, clientOptions);
+    const client = new LlmmemClient(CLIENT_ID, CLIENT_NAME, serverOptions, clientOptions);
     this.client = client;
     await client.start();
     this.onStarted();
@@ -320,15 +338,23 @@ export function activate(context: vscode.ExtensionContext): void {
       } else if (event.affectsConfiguration(SETTINGS_SECTION)) {
         server.settingsChanged();
         status.schedule(1_000);
+        explanations.scheduleRefresh(server, 1_000);
       }
     }),
+    vscode.workspace.onDidCloseTextDocument((document) => explanations.forget(document.uri)),
     vscode.workspace.onDidGrantWorkspaceTrust(() => {
       output.appendLine('the workspace is trusted now: restarting (the interpreter may change)');
       void server.restart();
     }),
     vscode.window.onDidChangeActiveTextEditor(() => status.schedule(50)),
     vscode.window.onDidChangeActiveNotebookEditor(() => status.schedule(50)),
-    vscode.languages.onDidChangeDiagnostics((event) => status.diagnosticsChanged(event.uris)),
+    vscode.languages.onDidChangeDiagnostics((event) => {
+      status.diagnosticsChanged(event.uris);
+      const explained = new Set(explanations.explainedFiles());
+      if (event.uris.some((uri) => explained.has(uri.toString()))) {
+        explanations.scheduleRefresh(server, 300);
+      }
+    }),
     vscode.workspace.onDidChangeTextDocument((event) => {
       if (event.document === vscode.window.activeTextEditor?.document && event.contentChanges.length > 0) {
         status.schedule(1_000);

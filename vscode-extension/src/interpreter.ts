@@ -115,3 +115,32 @@ export async function chooseInterpreter(sources: InterpreterSources): Promise<In
   }
   return { path: defaultInterpreter(sources.platform), source: 'default', passedOver };
 }
+
+/** The layers of a setting, as `WorkspaceConfiguration.inspect` gives them. */
+export interface InspectedSetting {
+  globalValue?: unknown;
+  workspaceValue?: unknown;
+  workspaceFolderValue?: unknown;
+}
+
+function isSet(value: unknown): boolean {
+  return typeof value === 'string' ? value.trim() !== '' : value !== undefined && value !== null;
+}
+
+/**
+ * Which settings file the value in effect was read from, for the output channel. In a remote
+ * window (`remoteName` set) the user layer is the local User settings merged with the Remote
+ * (machine) settings, and VS Code does not tell them apart.
+ */
+export function settingOrigin(inspected: InspectedSetting | undefined, remoteName?: string): string {
+  if (isSet(inspected?.workspaceFolderValue)) {
+    return 'Workspace Folder settings';
+  }
+  if (isSet(inspected?.workspaceValue)) {
+    return 'Workspace settings';
+  }
+  if (isSet(inspected?.globalValue)) {
+    return remoteName ? `User or Remote [${remoteName}] settings` : 'User settings';
+  }
+  return 'no settings file';
+}

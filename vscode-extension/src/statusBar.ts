@@ -1,10 +1,11 @@
 /**
  * The status bar item: the active file's predicted peak against the GPU; a click picks the GPU.
+ * It stays on the last file while the focus is on the Output panel or a preview.
  */
 import * as vscode from 'vscode';
 
 import { EXTENSION_COMMANDS, SERVER_COMMANDS } from './client';
-import { activeDocumentUri, type Log, type ServerRequests } from './commands';
+import { workingDocumentUri, type Log, type ServerRequests } from './commands';
 import { statusView, type ExplainAnswer } from './status';
 
 export class StatusBar implements vscode.Disposable {
@@ -34,7 +35,7 @@ export class StatusBar implements vscode.Disposable {
 
   /** Refresh when diagnostics of the active file (or a cell of the active notebook) change. */
   diagnosticsChanged(uris: readonly vscode.Uri[]): void {
-    const active = activeDocumentUri();
+    const active = workingDocumentUri();
     if (!active) {
       return;
     }
@@ -51,7 +52,7 @@ export class StatusBar implements vscode.Disposable {
   }
 
   async refresh(): Promise<void> {
-    const uri = activeDocumentUri();
+    const uri = workingDocumentUri();
     const sequence = ++this.sequence;
     if (!uri) {
       this.item.hide();

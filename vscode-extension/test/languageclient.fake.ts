@@ -33,6 +33,16 @@ export class LanguageClient implements BuiltClient {
   readonly dispose = spy(async () => undefined);
   readonly sendNotification = spy(async (_type: unknown, _params: unknown) => undefined);
   readonly sendRequest = spy(async (_type: unknown, _params: unknown): Promise<unknown> => undefined);
+  /** What the client logged, as vscode-languageclient's `info`/`error` would. */
+  readonly logged: { level: 'info' | 'error'; message: string }[] = [];
+
+  info(message: string, _data?: unknown, _showNotification?: boolean): void {
+    this.logged.push({ level: 'info', message });
+  }
+
+  error(message: string, _data?: unknown, _showNotification?: boolean | 'force'): void {
+    this.logged.push({ level: 'error', message });
+  }
 
   constructor(
     readonly id: string,

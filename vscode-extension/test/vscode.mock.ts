@@ -160,7 +160,10 @@ export const workspace = {
   onDidChangeConfiguration: eventNamed('workspace.onDidChangeConfiguration'),
   onDidGrantWorkspaceTrust: eventNamed('workspace.onDidGrantWorkspaceTrust'),
   onDidChangeTextDocument: eventNamed('workspace.onDidChangeTextDocument'),
+  onDidCloseTextDocument: eventNamed('workspace.onDidCloseTextDocument'),
 };
+
+export const env = { remoteName: undefined as string | undefined };
 
 export const extensions = {
   getExtension: spy((_id: string): unknown => undefined),
@@ -263,5 +266,6 @@ export function resetMock(): void {
   workspace.textDocuments = [];
   window.activeTextEditor = undefined;
   window.activeNotebookEditor = undefined;
+  env.remoteName = undefined;
   resetSpies();
 }

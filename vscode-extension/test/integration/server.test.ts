@@ -273,6 +273,20 @@ describe('the llmmem server, driven by the extension client code', function () {
       assert.ok(changes.length > 0);
     });
 
+    it('lists each quick fix once over the whole trainer configuration (the Liger fix answers two findings)', async () => {
+      const diagnostics = await session.published(uri, (p) => p.diagnostics.some((d) => d.code === 'LLM001'));
+      const start = positionOf(text, 'training_args = SFTConfig(');
+      const end = positionOf(text, 'dataset = load_dataset(');
+      const actions: (CodeAction | Command)[] | null = await session.connection.sendRequest(
+        CodeActionRequest.type,
+        { textDocument: { uri }, range: { start, end }, context: { diagnostics, only: ['quickfix'] } },
+      );
+      const titles = (actions ?? []).map((a) => a.title);
+      assert.ok(titles.length > 0);
+      assert.equal(new Set(titles).size, titles.length, `titles: ${titles.join(' | ')}`);
+      assert.ok(titles.filter((t) => /Liger/i.test(t)).length <= 1, titles.join(' | '));
+    });
+
     it('answers llmmem.explain with what the status bar shows', async () => {
       await session.published(uri, (p) => p.diagnostics.length > 0);
       const answer = (await session.connection.sendRequest(ExecuteCommandRequest.type, {

@@ -1,7 +1,14 @@
 import { strict as assert } from 'node:assert';
 import * as vscode from 'vscode';
 
-import { Explanations, explainActive, gpuSettingTarget, selectGpu, verifyActive } from '../../src/commands';
+import {
+  Explanations,
+  explainActive,
+  forgetWorkingDocument,
+  gpuSettingTarget,
+  selectGpu,
+  verifyActive,
+} from '../../src/commands';
 import { explanationMarkdown } from '../../src/report';
 import { StatusBar } from '../../src/statusBar';
 import { spy } from '../spy';
@@ -38,6 +45,7 @@ interface GpuItem {
 
 beforeEach(() => {
   resetMock();
+  forgetWorkingDocument();
   log.lines = [];
 });
 
@@ -65,6 +73,16 @@ describe('Select GPU', () => {
     assert.equal(await selectGpu(fakeServer({ 'llmmem.gpus': CATALOG })), null);
     assert.equal(settingsStore.global.has('llmmem.gpu'), false);
     assert.equal(configurationUpdates[0]?.target, vscode.ConfigurationTarget.Global);
+  });
+
+  it('shows no Markdown syntax in the picker (a quick pick renders none)', async () => {
+    await selectGpu(fakeServer({ 'llmmem.gpus': CATALOG }));
+    const items = window.showQuickPick.calls[0]![0] as (GpuItem & { detail?: string })[];
+    for (const item of items) {
+      for (const text of [item.label, item.description, item.detail ?? '']) {
+        assert.ok(!text.includes('`'), text);
+      }
+    }
   });
 
   it('writes nothing when the pick is cancelled', async () => {
@@ -162,6 +180,56 @@ describe('Explain', () => {
     assert.match(text, /^# llmmem: train\.py$/m);
     assert.match(text, /^- \*\*LLM001\*\* \(error\): Will not fit RTX-4090$/m);
   });
+
+  const onGpu = (gpu: string) => ({
+    uri: 'file:///work/train.py',
+    markdown: `**≈ 25.4 GiB on ${gpu}**`,
+    budget: null,
+  });
+
+  it('asks the server again on refresh and updates the open report (a new GPU)', async () => {
+    window.activeTextEditor = { document: fakeDocument('/work/train.py') };
+    const explanations = new Explanations();
+    await explainActive(fakeServer({ 'llmmem.explain': onGpu('RTX-4090') }), explanations);
+    const report = commands.executeCommand.calls[0]![1] as vscode.Uri;
+    const changed: string[] = [];
+    explanations.onDidChange((uri) => changed.push(uri.toString()));
+    const server = fakeServer({ 'llmmem.explain': onGpu('A100-80GB') });
+    await explanations.refresh(server);
+    assert.deepEqual(server.executeCommand.calls, [['llmmem.explain', ['file:///work/train.py']]]);
+    assert.match(explanations.provideTextDocumentContent(report), /on A100-80GB/);
+    assert.deepEqual(changed, [report.toString()]);
+    await explanations.refresh(server);
+    assert.deepEqual(changed, [report.toString()], 'no change event when the text is the same');
+    explanations.dispose();
+  });
+
+  it('keeps the report when the server has no answer, and stops following a closed report', async () => {
+    window.activeTextEditor = { document: fakeDocument('/work/train.py') };
+    const explanations = new Explanations();
+    await explainActive(fakeServer({ 'llmmem.explain': onGpu('RTX-4090') }), explanations);
+    const report = commands.executeCommand.calls[0]![1] as vscode.Uri;
+    await explanations.refresh(fakeServer({ 'llmmem.explain': { error: 'not an open document' } }));
+    await explanations.refresh(fakeServer());
+    assert.match(explanations.provideTextDocumentContent(report), /on RTX-4090/);
+    assert.deepEqual(explanations.explainedFiles(), ['file:///work/train.py']);
+    explanations.forget(report);
+    assert.deepEqual(explanations.explainedFiles(), []);
+    explanations.dispose();
+  });
+
+  it('explains the last file while the Output panel has the focus', async () => {
+    const file = fakeDocument('/work/train.py');
+    workspace.textDocuments = [file];
+    window.activeTextEditor = { document: file };
+    const explanations = new Explanations();
+    await explainActive(fakeServer({ 'llmmem.explain': onGpu('RTX-4090') }), explanations);
+    window.activeTextEditor = { document: fakeDocument('extension-output-llmmem.llmmem-#1-llmmem', 'Log', 'output') };
+    const server = fakeServer({ 'llmmem.explain': onGpu('RTX-4090') });
+    await explainActive(server, explanations);
+    assert.deepEqual(server.executeCommand.calls, [['llmmem.explain', ['file:///work/train.py']]]);
+    explanations.dispose();
+  });
 });
 
 describe('the status bar item', () => {
@@ -195,6 +263,51 @@ describe('the status bar item', () => {
     await bar.refresh();
     assert.equal((window.createStatusBarItem.results[0] as FakeStatusBarItem).visible, false);
     assert.equal(server.executeCommand.calls.length, 0);
+    bar.dispose();
+  });
+
+  const overRtx = {
+    'llmmem.explain': {
+      uri: 'file:///work/train.py',
+      budget: {
+        device_total_bytes: 25.4 * 1024 ** 3,
+        gpu: { name: 'RTX-4090', capacity_bytes: 24 * 1024 ** 3 },
+        fits: false,
+      },
+    },
+  };
+
+  for (const [what, focused] of [
+    ['the Output panel', { document: fakeDocument('extension-output-llmmem.llmmem-#1-llmmem', 'Log', 'output') }],
+    ['a preview (no text editor)', undefined],
+  ] as const) {
+    it(`stays on the last file while ${what} has the focus`, async () => {
+      const file = fakeDocument('/work/train.py');
+      workspace.textDocuments = [file];
+      window.activeTextEditor = { document: file };
+      const server = fakeServer(overRtx);
+      const bar = new StatusBar(server, log);
+      await bar.refresh();
+      window.activeTextEditor = focused;
+      await bar.refresh();
+      const item = window.createStatusBarItem.results[0] as FakeStatusBarItem;
+      assert.equal(item.visible, true);
+      assert.equal(item.text, '$(error) 25.4 GiB of 24.0 GiB on RTX-4090');
+      assert.deepEqual(server.executeCommand.calls[1], ['llmmem.explain', ['file:///work/train.py']]);
+      bar.dispose();
+    });
+  }
+
+  it('hides once the last file is closed', async () => {
+    const file = fakeDocument('/work/train.py');
+    workspace.textDocuments = [file];
+    window.activeTextEditor = { document: file };
+    const bar = new StatusBar(fakeServer(overRtx), log);
+    await bar.refresh();
+    workspace.textDocuments = [];
+    window.activeTextEditor = { document: fakeDocument('extension-output-llmmem.llmmem-#1-llmmem', 'Log', 'output') };
+    await bar.refresh();
+    assert.equal((window.createStatusBarItem.results[0] as FakeStatusBarItem).visible, false);
     bar.dispose();
   });
 });

@@ -5,10 +5,22 @@
 import { strict as assert } from 'node:assert';
 
 import type { ServerCheck } from '../../src/client';
-import { activate, deactivate, probe } from '../../src/extension';
+import { activate, deactivate, probe, LlmmemClient } from '../../src/extension';
 import { clients } from '../languageclient.fake';
 import { spy, waitFor } from '../spy';
-import { commands, configurationChange, fire, resetMock, settingsStore, window, type FakeTerminal } from '../vscode.mock';
+import {
+  Uri,
+  commands,
+  configurationChange,
+  env,
+  fakeDocument,
+  fire,
+  resetMock,
+  settingsStore,
+  window,
+  workspace,
+  type FakeTerminal,
+} from '../vscode.mock';
 
 const installed: ServerCheck = { ok: true, version: '0.1.0' };
 const realProbe = probe.checkServerInstalled;
@@ -117,5 +129,92 @@ describe('activate', () => {
     await new Promise((resolve) => setTimeout(resolve, 20));
     assert.equal(window.createTerminal.calls.length, 0);
     assert.equal(clients.length, 0);
+  });
+
+  const outputLines = () => (window.createOutputChannel.results[0] as { lines: string[] }).lines;
+
+  for (const [where, set, remote, said] of [
+    ['User settings', () => settingsStore.global.set('llmmem.interpreter', '/opt/llmmem/bin/python'), undefined, 'User settings'],
+    ['Workspace settings', () => settingsStore.workspace.set('llmmem.interpreter', '/opt/llmmem/bin/python'), undefined, 'Workspace settings'],
+    [
+      'a remote window',
+      () => settingsStore.global.set('llmmem.interpreter', '/opt/llmmem/bin/python'),
+      'ssh-remote',
+      'User or Remote [ssh-remote] settings',
+    ],
+  ] as const) {
+    it(`says in the output channel where llmmem.interpreter was read from (${where})`, async () => {
+      set();
+      env.remoteName = remote;
+      activateExtension();
+      await waitFor(() => assert.equal(clients[0]?.start.calls.length, 1));
+      assert.ok(
+        outputLines().includes(`interpreter: /opt/llmmem/bin/python (from setting, llmmem.interpreter read from ${said})`),
+        outputLines().join('\n'),
+      );
+    });
+  }
+
+  it('leaves the diagnostic collection name to the server (no second collection named llmmem)', async () => {
+    activateExtension();
+    await waitFor(() => assert.equal(clients[0]?.start.calls.length, 1));
+    const options = clients[0]!.clientOptions as { diagnosticCollectionName?: string };
+    assert.equal(options.diagnosticCollectionName, undefined);
+  });
+
+  it('logs a normal end of the server process as info, any other end as an error', async () => {
+    activateExtension();
+    await waitFor(() => assert.equal(clients[0]?.start.calls.length, 1));
+    const client = clients[0]!;
+    assert.ok(client instanceof LlmmemClient);
+    client.error('Server process exited with code 0.');
+    client.error('Server process exited with code 1.');
+    assert.deepEqual(client.logged, [
+      { level: 'info', message: 'Server process exited normally (code 0).' },
+      { level: 'error', message: 'Server process exited with code 1.' },
+    ]);
+  });
+
+  describe('an open Explain report', () => {
+    const answerOn = (gpu: string) => ({ uri: 'file:///work/train.py', markdown: `**≈ 25.4 GiB on ${gpu}**`, budget: null });
+    let gpu = 'RTX-4090';
+
+    async function explainTrainPy(): Promise<{ provideTextDocumentContent(uri: unknown): string; uri: unknown }> {
+      const file = fakeDocument('/work/train.py');
+      workspace.textDocuments = [file];
+      window.activeTextEditor = { document: file };
+      activateExtension();
+      await waitFor(() => assert.equal(clients[0]?.start.calls.length, 1));
+      clients[0]!.sendRequest.does(async (_type, params) =>
+        (params as { command: string }).command === 'llmmem.explain' ? answerOn(gpu) : undefined,
+      );
+      const explain = commands.registerCommand.calls.find((call) => call[0] === 'llmmem.explainActive')![1];
+      await explain();
+      const provider = workspace.registerTextDocumentContentProvider.calls[0]![1] as {
+        provideTextDocumentContent(uri: unknown): string;
+      };
+      const shown = commands.executeCommand.calls.find((call) => call[0] === 'markdown.showPreviewToSide')!;
+      return { provideTextDocumentContent: (uri) => provider.provideTextDocumentContent(uri), uri: shown[1] };
+    }
+
+    beforeEach(() => {
+      gpu = 'RTX-4090';
+    });
+
+    it('follows a GPU setting change', async () => {
+      const report = await explainTrainPy();
+      assert.match(report.provideTextDocumentContent(report.uri), /on RTX-4090/);
+      gpu = 'A100-80GB';
+      settingsStore.global.set('llmmem.gpu', 'A100-80GB');
+      await fire('workspace.onDidChangeConfiguration', configurationChange('llmmem.gpu'));
+      await waitFor(() => assert.match(report.provideTextDocumentContent(report.uri), /on A100-80GB/), 3_000);
+    });
+
+    it("follows new diagnostics of its file", async () => {
+      const report = await explainTrainPy();
+      gpu = 'H100';
+      await fire('languages.onDidChangeDiagnostics', { uris: [Uri.file('/work/train.py')] });
+      await waitFor(() => assert.match(report.provideTextDocumentContent(report.uri), /on H100/), 2_000);
+    });
   });
 });

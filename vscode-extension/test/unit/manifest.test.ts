@@ -43,15 +43,18 @@ describe('package.json', () => {
     assert.ok(untrusted.restrictedConfigurations.includes('llmmem.interpreter'));
   });
 
-  it('activates on Python, YAML, JSON, shell scripts and notebooks', () => {
-    for (const event of [
-      'onLanguage:python',
-      'onLanguage:yaml',
-      'onLanguage:json',
-      'onLanguage:shellscript',
-      'onNotebook:jupyter-notebook',
-    ]) {
+  it('activates on Python, YAML, shell scripts, notebooks and DeepSpeed JSON configs, not on any JSON', () => {
+    for (const event of ['onLanguage:python', 'onLanguage:yaml', 'onLanguage:shellscript', 'onNotebook:jupyter-notebook']) {
       assert.ok(manifest.activationEvents.includes(event), event);
     }
+    assert.ok(!manifest.activationEvents.includes('onLanguage:json'));
+    assert.ok(!manifest.activationEvents.includes('*'));
+    const json = manifest.activationEvents.filter((event) => event.startsWith('workspaceContains:'));
+    assert.ok(json.some((event) => event.includes('deepspeed') && event.endsWith('.json')), JSON.stringify(json));
+  });
+
+  it('reads llmmem.interpreter in window scope: User, Remote and Workspace settings all count', () => {
+    const interpreter = properties['llmmem.interpreter'] as { scope?: string };
+    assert.equal(interpreter.scope, 'window');
   });
 });
