@@ -9,7 +9,7 @@ export default tseslint.config(
   {
     languageOptions: {
       parserOptions: {
-        projectService: { allowDefaultProject: ['*.mjs'] },
+        projectService: { allowDefaultProject: ['*.mjs', 'test/e2e/*.mjs'] },
         tsconfigRootDir: import.meta.dirname,
       },
     },
@@ -25,6 +25,22 @@ export default tseslint.config(
     files: ['**/*.mjs'],
     ...tseslint.configs.disableTypeChecked,
     languageOptions: { globals: { process: 'readonly', console: 'readonly' } },
+  },
+  {
+    // the end-to-end test: node, and functions that run in the workbench page
+    files: ['test/e2e/*.mjs'],
+    languageOptions: {
+      globals: {
+        process: 'readonly',
+        console: 'readonly',
+        fetch: 'readonly',
+        AbortSignal: 'readonly',
+        setTimeout: 'readonly',
+        clearTimeout: 'readonly',
+        document: 'readonly',
+        NodeFilter: 'readonly',
+      },
+    },
   },
   {
     // the stand-in module and the tests poke at mocks whose types are loose on purpose
