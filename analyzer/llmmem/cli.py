@@ -69,7 +69,28 @@ def _add_estimate_parser(sub: Any) -> None:
         "recorded with `llmmem calibrate add` under it narrow the band of the same setup.",
     )
     p.add_argument("--model", required=True, help="hub id, local directory or config.json path")
-    p.add_argument("--method", choices=["full", "lora", "qlora"], default=None)
+    p.add_argument(
+        "--method",
+        choices=["full", "lora", "qlora", "dpo", "orpo", "cpo", "simpo", "kto", "reward"],
+        default=None,
+        help="full, lora or qlora; a preference objective (dpo, orpo, cpo, simpo, kto, reward) "
+        "is short for --objective OBJECTIVE with full fine-tuning",
+    )
+    p.add_argument(
+        "--objective",
+        choices=["sft", "dpo", "orpo", "cpo", "simpo", "kto", "reward", "grpo", "ppo"],
+        default=None,
+        help="what the step trains for (default sft): chosen and rejected concatenated for "
+        "dpo, orpo, cpo/simpo and reward, a reference forward for dpo and kto; --batch counts "
+        "pairs (grpo and ppo are not modelled yet)",
+    )
+    p.add_argument(
+        "--ref-model",
+        choices=["copy", "adapter", "precomputed"],
+        default=None,
+        help="dpo/kto: the reference is a frozen copy (the full fine-tuning default), the "
+        "policy with its adapter disabled (the LoRA default) or precomputed log-probabilities",
+    )
     p.add_argument("--batch", type=_positive_int, default=None, help="micro-batch per device")
     p.add_argument("--seq", type=_positive_int, default=None, help="tokens per sequence")
     p.add_argument("--grad-accum", type=_positive_int, default=None)

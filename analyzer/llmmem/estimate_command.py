@@ -401,14 +401,48 @@ def setup_lines(
     return lines
 
 
+def preference_from_args(args: argparse.Namespace) -> Any:
+    """The preference objective the flags ask for (None: SFT); `--method dpo` is short for
+    `--objective dpo` with full fine-tuning."""
+    from llmmem.budget.preference import Objective, PreferenceSetup, Reference
+
+    objective = getattr(args, "objective", None)
+    if args.method not in (None, "full", "lora", "qlora"):
+        if objective not in (None, args.method):
+            raise UsageError(f"--method {args.method} and --objective {objective} disagree")
+        objective, args.method = args.method, "full"
+    reference = getattr(args, "ref_model", None)
+    if objective in (None, "sft"):
+        if reference is not None:
+            raise UsageError("--ref-model needs a preference objective (--objective dpo or kto)")
+        return None
+    if objective == "simpo":
+        objective = "cpo"  # TRL's CPOTrainer with loss_type simpo
+    try:
+        return PreferenceSetup(
+            objective=Objective(objective),
+            reference=Reference(reference) if reference else None,
+        )
+    except SetupError as err:
+        raise UsageError(str(err)) from None
+
+
 def run_estimate(args: argparse.Namespace) -> int:
     gpu, gpu_prov = resolve_gpu(args.gpu)
     spec = resolve_spec(args.model, args.offline)
+    preference = preference_from_args(args)
     setup, prov = build_setup(args, spec, gpu)
     try:
-        budget = estimate_budget(spec, setup, gpu)
+        if preference is None:
+            budget = estimate_budget(spec, setup, gpu)
+        else:
+            from llmmem.budget.preference import estimate_preference_budget
+
+            budget = estimate_preference_budget(spec, setup, preference, gpu)
     except SetupError as err:
         raise UsageError(str(err)) from None
+    if preference is not None and (args.max_batch or args.max_seq):
+        raise UsageError("--max-batch and --max-seq size SFT steps only, not yet preference steps")
     from pathlib import Path
 
     from llmmem.calibrate import with_local_evidence
@@ -429,8 +463,14 @@ def run_estimate(args: argparse.Namespace) -> int:
         from llmmem.report.json_report import budget_dict
 
         out = budget_dict(budget, spec)
+        values = setup.to_dict()
+        if preference is not None:
+            from llmmem.budget.preference import reference_for
+
+            values["objective"] = preference.objective.value
+            values["reference"] = reference_for(preference, setup).value
         out["setup"] = {
-            "values": setup.to_dict(),
+            "values": values,
             "provenance": prov | {"gpu": gpu_prov},
             "versions": versions_dict(args),
         }
@@ -451,12 +491,14 @@ def run_estimate(args: argparse.Namespace) -> int:
                 )
             else:
                 extra.append(f"{label} that fits: none — even 1 does not fit")
-    render_budget(
-        budget,
-        spec,
-        setup_lines=setup_lines(setup, prov, gpu_prov, gpu, versions_dict(args)),
-        extra_lines=extra,
-    )
+    lines = setup_lines(setup, prov, gpu_prov, gpu, versions_dict(args))
+    if preference is not None:
+        from llmmem.budget.preference import reference_for
+
+        reference = reference_for(preference, setup)
+        lines.insert(1, ("objective", preference.objective.value, "flag"))
+        lines.insert(2, ("reference", reference.value, "" if args.ref_model else "TRL default"))
+    render_budget(budget, spec, setup_lines=lines, extra_lines=extra)
     return 0
 
 

@@ -58,6 +58,7 @@ def plan_dict(plan: TrainingPlan) -> dict[str, Any]:
         "kind": plan.kind,
         "framework": plan.framework,
         "model_id": sourced_dict(plan.model_id),
+        "objective": sourced_dict(plan.objective),
     }
     for name in TRAINING_SETTINGS:
         out[name] = sourced_dict(getattr(plan, name))
@@ -166,6 +167,14 @@ def render_explanation(analysis: Any, findings: list[Any]) -> None:
     table.add_column("from")
     table.add_column("where")
     rows: list[tuple[str, Sourced[Any] | None]] = [("model", plan.model_id)]
+    if plan.objective is not None:
+        from llmmem.preference_plan import reference_row
+
+        method = analysis.setup.method if analysis.setup is not None else None
+        rows += [("method", plan.objective)]
+        reference = reference_row(plan, method)
+        if reference is not None:
+            rows += [("reference model", reference)]
     rows += [(name, getattr(plan, name)) for name in TRAINING_SETTINGS]
     if plan.lora is not None:
         rows += [

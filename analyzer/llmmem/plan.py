@@ -147,6 +147,10 @@ class TrainingPlan:
     attn_implementation: Sourced[str]
     use_cache: Sourced[bool] | None = None
     loss: Sourced[str] | None = None  # "standard", "chunked", "liger"
+    # the training objective: "dpo", "orpo", "cpo" (SimPO too), "kto", "reward", "grpo",
+    # "ppo"; None for supervised fine-tuning (the trainer or config class, axolotl `rl:`,
+    # LLaMA-Factory `stage:` say which)
+    objective: Sourced[str] | None = None
     lora: LoraPlan | None = None
     quantization: QuantizationPlan | None = None
     distributed: DistributedPlan

@@ -275,7 +275,17 @@ def analyze(
                 else Precision.BF16_TRUE
             )
             analysis.setup = replace(analysis.setup, precision=precision)
-        analysis.budget = estimate_budget(analysis.spec, analysis.setup, analysis.gpu)
+        from llmmem.preference_plan import preference_setup
+
+        preference = preference_setup(plan)
+        if preference is None:
+            analysis.budget = estimate_budget(analysis.spec, analysis.setup, analysis.gpu)
+        else:
+            from llmmem.budget.preference import estimate_preference_budget
+
+            analysis.budget = estimate_preference_budget(
+                analysis.spec, analysis.setup, preference, analysis.gpu
+            )
         from llmmem.calibrate import with_local_evidence
 
         analysis.budget = with_local_evidence(analysis.budget, Path(plan.path), plan.framework)

@@ -228,6 +228,11 @@ class PlanModel(_Report):
     kind: str = Field(description="python, yaml, json, shell or notebook")
     framework: str | None
     model_id: SourcedModel | None
+    objective: SourcedModel | None = Field(
+        default=None,
+        description="the training objective (dpo, orpo, cpo, kto, reward, grpo, ppo); null for "
+        "supervised fine-tuning",
+    )
     per_device_train_batch_size: SourcedModel | None
     gradient_accumulation_steps: SourcedModel | None
     max_seq_length: SourcedModel | None

@@ -50,6 +50,7 @@ from llmmem.extract.numbers import (
     shown,
 )
 from llmmem.extract.vocabulary import (
+    OBJECTIVE_OF_CONFIG,
     PRECISIONS,
     TRAINER_CONFIG_CLASSES,
     normalize_attn_implementation,
@@ -583,6 +584,7 @@ class PlanBuilder:
             attn_implementation=attention,
             use_cache=self._resolve("use_cache"),
             loss=self._resolve("loss"),
+            objective=self._objective(config_class),
             lora=self._lora(),
             quantization=self._quantization(),
             distributed=self._distributed(),
@@ -596,6 +598,22 @@ class PlanBuilder:
         plan.rejected = list(dict.fromkeys(self.rejected))
         plan.unreadable = self.unreadable
         return plan
+
+    def _objective(self, config_class: str | None) -> Sourced[Any] | None:
+        """What the file trains for: a reader's (axolotl `rl:`, LLaMA-Factory `stage:`), else
+        the TRL config or trainer class the script builds; None for supervised fine-tuning."""
+        found = self._resolve("objective")
+        if found is not None:
+            return found
+        objective = OBJECTIVE_OF_CONFIG.get(config_class or "")
+        if objective is None:
+            return None
+        return Sourced[Any](
+            value=objective,
+            source=Provenance.EXPLICIT,
+            range=self.trainer_range,
+            note=f"the script trains with TRL's {config_class}",
+        )
 
     def _sequence_length(self, defaults: dict[str, object], default_note: str) -> Sourced[Any]:
         found = self._resolve("max_seq_length")
@@ -835,6 +853,8 @@ class PlanBuilder:
             if key in _KNOWN_KEYS or key.startswith(("lora.", "quantization.", "distributed.")):
                 continue
             if key in ("bf16", "fp16", "torch_dtype", "max_prompt_length", "max_completion_length"):
+                continue
+            if key == "objective":
                 continue
             found = self._resolve(key)
             if found is not None:

@@ -37,6 +37,9 @@ from llmmem.extract.builder import PlanBuilder
 from llmmem.extract.numbers import is_ascii_digits, shown
 from llmmem.extract.pragmas import ProjectSettings, apply_project_settings, read_pragmas
 from llmmem.extract.vocabulary import (
+    AXOLOTL_RL_OBJECTIVES,
+    LLAMAFACTORY_PREF_LOSS_OBJECTIVES,
+    LLAMAFACTORY_STAGE_OBJECTIVES,
     normalize_attn_implementation,
     normalize_quant_storage,
     optim_for_optimizer_class,
@@ -1095,6 +1098,7 @@ def read_axolotl(reader: DocumentReader) -> None:
     reader.take(("sequence_len",), "max_seq_length", as_int)
     for name in ("sample_packing", "pad_to_sequence_len", "sequence_parallel_degree"):
         reader.keep(name, (name,))
+    read_axolotl_objective(reader)
     read_axolotl_checkpointing(reader)
     uses_deepspeed = reader.is_set(("deepspeed",))
     read_axolotl_precision(reader, uses_deepspeed)
@@ -1118,6 +1122,22 @@ AXOLOTL_DEFAULTS: tuple[tuple[str, Any, str], ...] = (
     ("optim", "adamw_torch_fused", "axolotl optimizer default"),
     ("attn_implementation", "sdpa", "transformers' default attention (no axolotl flag set)"),
 )
+
+
+def read_axolotl_objective(reader: DocumentReader) -> None:
+    """`rl: dpo|ipo|orpo|kto|simpo|grpo`: axolotl trains with TRL's trainer of that name; an
+    unknown value is kept, and sized as nothing rather than as SFT."""
+    rl = reader.converted(("rl",), as_text)
+    if rl is None or not rl.strip() or rl.strip().lower() in ("false", "none"):
+        return
+    name = rl.strip().lower()
+    objective = AXOLOTL_RL_OBJECTIVES.get(name, name)
+    note = f"rl: {rl}" + (" (TRL's DPO forward with the IPO loss)" if name == "ipo" else "")
+    if name == "simpo":
+        note = "rl: simpo (TRL's CPO trainer with loss_type simpo)"
+    reader.put("objective", objective, ("rl",), note)
+    reader.keep("rl_adapter_ref_model", ("rl_adapter_ref_model",))
+    reader.keep("precompute_ref_log_probs", ("precompute_ref_log_probs",))
 
 
 def read_axolotl_checkpointing(reader: DocumentReader) -> None:
@@ -1319,12 +1339,33 @@ LLAMAFACTORY_ATTENTION = {
 }
 
 
+def read_llamafactory_objective(reader: DocumentReader) -> None:
+    """`stage: dpo|kto|rm|ppo` (sft and pt are supervised); inside the dpo stage `pref_loss:
+    orpo|simpo` trains without a reference model."""
+    stage = (reader.converted(("stage",), as_text) or "").strip().lower()
+    objective = LLAMAFACTORY_STAGE_OBJECTIVES.get(stage)
+    if objective is None:
+        return
+    if objective == "dpo":
+        loss = (reader.converted(("pref_loss",), as_text) or "").strip().lower()
+        if loss in LLAMAFACTORY_PREF_LOSS_OBJECTIVES:
+            reader.put(
+                "objective",
+                LLAMAFACTORY_PREF_LOSS_OBJECTIVES[loss],
+                ("pref_loss",),
+                f"stage: dpo with pref_loss: {loss}",
+            )
+            return
+    reader.put("objective", objective, ("stage",), f"stage: {stage}")
+
+
 def read_llamafactory(reader: DocumentReader) -> None:
     if isinstance(reader.get(("model",)), str):
         read_llamafactory_v1(reader)
         return
     reader.take(("model_name_or_path",), "model_id", as_text)
     reader.keep("stage", ("stage",))
+    read_llamafactory_objective(reader)
     reader.keep("template", ("template",))
     reader.keep("packing", ("packing",))
     finetuning = (reader.converted(("finetuning_type",), as_text) or "lora").lower()

@@ -88,7 +88,39 @@ KEY_SYNONYMS: dict[str, str] = {
     # GRPO/DPO lengths: the builder adds prompt and completion where no total length is given
     "max_prompt_length": "max_prompt_length",
     "max_completion_length": "max_completion_length",
+    # preference training: the reference log-probabilities read from the dataset
+    "precompute_ref_log_probs": "precompute_ref_log_probs",
 }
+
+# the training objective a TRL config or trainer class stands for (SFT: none)
+OBJECTIVE_OF_CONFIG: dict[str, str] = {
+    "DPOConfig": "dpo",
+    "ORPOConfig": "orpo",
+    "CPOConfig": "cpo",
+    "KTOConfig": "kto",
+    "RewardConfig": "reward",
+    "GRPOConfig": "grpo",
+    "PPOConfig": "ppo",
+}
+
+# axolotl `rl:` values (IPO is DPO's forward with another loss; SimPO is CPO's)
+AXOLOTL_RL_OBJECTIVES: dict[str, str] = {
+    "dpo": "dpo",
+    "ipo": "dpo",
+    "orpo": "orpo",
+    "kto": "kto",
+    "simpo": "cpo",
+    "grpo": "grpo",
+}
+
+# LLaMA-Factory `stage:` values; `pref_loss` picks ORPO or SimPO inside the dpo stage
+LLAMAFACTORY_STAGE_OBJECTIVES: dict[str, str] = {
+    "dpo": "dpo",
+    "kto": "kto",
+    "rm": "reward",
+    "ppo": "ppo",
+}
+LLAMAFACTORY_PREF_LOSS_OBJECTIVES: dict[str, str] = {"orpo": "orpo", "simpo": "cpo"}
 
 # boolean flags that stand for a value of another key: `load_in_4bit: true` means 4 bits
 FLAG_KEYS: dict[str, tuple[str, object]] = {
@@ -132,6 +164,7 @@ TRAINER_CONFIG_CLASSES: dict[str, str] = {
     "KTOConfig": "KTOConfig",
     "GRPOConfig": "GRPOConfig",
     "RewardConfig": "RewardConfig",
+    "PPOConfig": "PPOConfig",
 }
 
 TRL_CONFIG_CLASSES = frozenset(
@@ -150,6 +183,7 @@ TRAINER_CLASSES: dict[str, tuple[str, int | None]] = {
     "KTOTrainer": ("KTOConfig", None),
     "GRPOTrainer": ("GRPOConfig", 2),
     "RewardTrainer": ("RewardConfig", None),
+    "PPOTrainer": ("PPOConfig", 0),
 }
 
 TRL_TRAINER_CLASSES = frozenset(

@@ -1,0 +1,91 @@
+"""From a plan's training objective to the preference budget's setup.
+
+`preference_setup(plan)` is None for supervised fine-tuning; otherwise it says which objective
+the file trains for and how the reference log-probabilities are made: read from the dataset
+(`precompute_ref_log_probs=True`), by a reference model the script builds itself
+(`DPOTrainer(model, ref_model, ...)`: a second copy, LoRA or not), or TRL's default (a copy in
+full fine-tuning, the adapter disabled under PEFT).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmmem.budget.preference import Objective, PreferenceSetup, Reference
+from llmmem.plan import Sourced, TrainingPlan
+
+
+def _kept(plan: TrainingPlan, name: str) -> Any:
+    kept = plan.extra.get(name)
+    return kept.value if isinstance(kept, Sourced) else kept
+
+
+def _truthy(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes")
+    return bool(value)
+
+
+def objective_of(plan: TrainingPlan) -> Objective | None:
+    """The plan's objective; None for SFT or a value llmmem does not know."""
+    if plan.objective is None:
+        return None
+    try:
+        objective = Objective(str(plan.objective.value).lower())
+    except ValueError:
+        return None
+    return None if objective is Objective.SFT else objective
+
+
+def reference_of(plan: TrainingPlan) -> tuple[Reference | None, str]:
+    """How the plan makes its reference log-probabilities, and why (None: TRL's default)."""
+    if _truthy(_kept(plan, "precompute_ref_log_probs")):
+        return Reference.PRECOMPUTED, "precompute_ref_log_probs=True"
+    reference_model = _kept(plan, "ref_model_id")
+    if reference_model:
+        return Reference.COPY, f"ref_model= {reference_model}"
+    return None, ""
+
+
+def preference_setup(plan: TrainingPlan) -> PreferenceSetup | None:
+    objective = objective_of(plan)
+    if objective is None:
+        return None
+    reference, _ = reference_of(plan)
+    return PreferenceSetup(objective=objective, reference=reference)
+
+
+REFERENCE_TEXT = {
+    Reference.COPY: "a second, frozen copy of the model",
+    Reference.ADAPTER: "the policy with its LoRA adapter disabled (no copy)",
+    Reference.PRECOMPUTED: "none during training (log-probabilities precomputed)",
+    Reference.NONE: "none (the objective has no reference model)",
+}
+
+
+def reference_row(plan: TrainingPlan, method: Any) -> Sourced[str] | None:
+    """The reference model as explain shows it, with where it was decided; `method` is the
+    setup's Method (full, lora, qlora) or None when the setup could not be built."""
+    from llmmem.budget.preference import WITH_REFERENCE
+    from llmmem.plan import Provenance
+
+    objective = objective_of(plan)
+    if objective is None or method is None:
+        return None
+    reference, why = reference_of(plan)
+    if objective not in WITH_REFERENCE:
+        reference, why = Reference.NONE, f"{objective.value} compares no reference"
+        source = Provenance.DEFAULT
+    elif reference is None:
+        full = str(getattr(method, "value", method)) == "full"
+        reference = Reference.COPY if full else Reference.ADAPTER
+        why = "TRL's default for " + ("full fine-tuning" if full else "a PEFT model")
+        source = Provenance.DEFAULT
+    else:
+        source = Provenance.EXPLICIT
+    return Sourced(
+        value=f"{reference.value}: {REFERENCE_TEXT[reference]}",
+        source=source,
+        range=plan.trainer_range,
+        note=why,
+    )
