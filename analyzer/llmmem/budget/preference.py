@@ -35,10 +35,11 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 from llmmem.budget.activations import dtypes_for, estimate_activations
-from llmmem.budget.overheads import reserved_and_device_total
+from llmmem.budget.overheads import overhead_terms, reserved_and_device_total
 from llmmem.budget.phases import estimate_budget
 from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
 from llmmem.budget.setup import Method, SetupError, TrainingSetup
+from llmmem.budget.weights import build_inventory
 from llmmem.models.spec import ModelSpec
 from llmmem.units import format_bytes, format_count
 
@@ -248,11 +249,8 @@ def estimate_preference_budget(
             f"reward model: a score head of {spec.hidden_size} × {pref.num_labels} instead of "
             f"the {format_count(spec.vocab_size)}-token vocabulary head; no vocabulary logits"
         )
-        budget = _budget(sft, phases, notes, policy_spec)
-        if not setup.first_step and sft.first_step_allocated_peak_bytes is not None:
-            first = estimate_preference_budget(spec, replace(setup, first_step=True), pref, gpu)
-            budget = replace(budget, first_step_allocated_peak_bytes=first.allocated_peak_bytes)
-        return budget
+        budget = _budget(sft, phases, notes, policy_spec, policy_setup, reference)
+        return _with_first_step(budget, spec, setup, pref, gpu)
 
     lp = log_prob_moments(spec, policy_setup, rows)
     policy_forward = _replace_logits(
@@ -276,11 +274,8 @@ def estimate_preference_budget(
             f"{pref.objective.value}: no reference model; the chosen half's NLL term reuses the "
             "same logits (its cross-entropy's own fp32 copy is not counted)"
         )
-    budget = _budget(sft, phases, notes, policy_spec)
-    if not setup.first_step and sft.first_step_allocated_peak_bytes is not None:
-        first = estimate_preference_budget(spec, replace(setup, first_step=True), pref, gpu)
-        budget = replace(budget, first_step_allocated_peak_bytes=first.allocated_peak_bytes)
-    return budget
+    budget = _budget(sft, phases, notes, policy_spec, policy_setup, reference)
+    return _with_first_step(budget, spec, setup, pref, gpu)
 
 
 def _reference_weights(spec: ModelSpec, setup: TrainingSetup, reference: Reference) -> Term:
@@ -450,19 +445,54 @@ def _with(phase: PhaseBudget, extra: dict[Component, Term]) -> PhaseBudget:
     )
 
 
-def _budget(sft: Budget, phases: list[PhaseBudget], notes: list[str], spec: ModelSpec) -> Budget:
+def _budget(
+    sft: Budget,
+    phases: list[PhaseBudget],
+    notes: list[str],
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    reference: Reference,
+) -> Budget:
+    """The budget of the phases, with what sits beside the allocated peak worked out again:
+    the churn of the new peak, and the reference copy's tensors among the large ones. The SFT
+    loss's 16-bit logits hole is not there: these logits are never upcast whole, and the
+    backward's 16-bit tensors reuse their blocks."""
     peak = max(phases, key=lambda p: p.allocated_bytes)
-    reserved, device_total = reserved_and_device_total(peak.allocated_bytes, sft.overheads)
+    transient = sum(
+        term.bytes
+        for comp, term in peak.components.items()
+        if comp in (Component.ACTIVATIONS, Component.TEMPORARIES, Component.WEIGHT_COPIES)
+    )
+    inventory = build_inventory(spec, setup)
+    live = sum(g.tensors for g in inventory.groups if g.numel * g.bytes_per_param > 2**20)
+    if reference is Reference.COPY:
+        live *= 2
+    overheads = overhead_terms(setup, transient, live, 0)
+    reserved, device_total = reserved_and_device_total(peak.allocated_bytes, overheads)
     return replace(
         sft,
         phases=phases,
         peak_phase=peak.phase,
         allocated_peak_bytes=peak.allocated_bytes,
+        overheads=overheads,
         reserved_peak_bytes=reserved,
         device_total_bytes=device_total,
-        params=sft.params,
         notes=notes,
     )
+
+
+def _with_first_step(
+    budget: Budget,
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    pref: PreferenceSetup,
+    gpu: GpuTarget | None,
+) -> Budget:
+    """The first step's peak beside it (no optimizer states before the step)."""
+    if setup.first_step or budget.first_step_allocated_peak_bytes is None:
+        return budget
+    first = estimate_preference_budget(spec, replace(setup, first_step=True), pref, gpu)
+    return replace(budget, first_step_allocated_peak_bytes=first.allocated_peak_bytes)
 
 
 def describe(budget: Budget) -> str:
