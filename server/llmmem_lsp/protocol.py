@@ -19,7 +19,7 @@ from typing import Any
 
 from lsprotocol import types
 from pygls.protocol import LanguageServerProtocol
-from pygls.protocol.json_rpc import JsonRPCRequestMessage
+from pygls.protocol.json_rpc import JsonRPCNotification, JsonRPCRequestMessage
 
 log = logging.getLogger("llmmem_lsp")
 
@@ -31,6 +31,20 @@ class UnreadableRequest:
     id: int | str
     method: str
     reason: str
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A message that is no valid JSON-RPC 2.0 message (a request's error says why; a
+    notification or a response is only logged, as nothing answers those)."""
+
+    id: int | str | None
+    reason: str
+    answer: bool
+
+
+def _valid_id(ident: Any) -> bool:
+    return ident is None or (isinstance(ident, (int, str)) and not isinstance(ident, bool))
 
 
 def _reason(err: Exception) -> str:
@@ -94,15 +108,50 @@ class LlmmemProtocol(LanguageServerProtocol):
                 future.cancel()
 
     def structure_message(self, data: dict[str, Any]) -> Any:
-        is_request = "jsonrpc" in data and "id" in data and "method" in data
-        if not is_request or "error" in data:
-            return super().structure_message(data)
+        if "jsonrpc" not in data:
+            return data  # a nested object, or no JSON-RPC message (see handle_message)
+        refused = self._envelope_problem(data)
+        if refused is not None:
+            return refused
+        if "method" not in data:  # a response to one of the server's requests
+            try:
+                return super().structure_message(data)
+            except Exception as err:
+                return Refused(data.get("id"), f"unreadable response: {_reason(err)}", False)
         method = data["method"]
-        request_type = self.get_message_type(method) or JsonRPCRequestMessage
+        if "id" not in data:  # a notification: nothing answers it, a bad one is logged
+            notification_type = self.get_message_type(method)
+            if notification_type is None:  # unknown: pygls ignores it, params or not
+                data = {"params": None, **data}
+                notification_type = JsonRPCNotification
+            try:
+                return self._converter.structure(data, notification_type)
+            except Exception as err:
+                return Refused(None, f"invalid params for {method}: {_reason(err)}", False)
+        request_type = self.get_message_type(method)
+        if request_type is None:  # unknown: pygls answers MethodNotFound, params or not
+            data = {"params": None, **data}
+            request_type = JsonRPCRequestMessage
         try:
             return self._converter.structure(data, request_type)
         except Exception as err:
             return UnreadableRequest(id=data["id"], method=str(method), reason=_reason(err))
+
+    @staticmethod
+    def _envelope_problem(data: dict[str, Any]) -> Refused | None:
+        """Why a message is no JSON-RPC 2.0 request, notification or response, if it is not."""
+        ident = data.get("id")
+        known = ident if _valid_id(ident) else None
+        is_request = "method" in data and "id" in data
+        if data.get("jsonrpc") != "2.0":
+            return Refused(known, 'jsonrpc must be "2.0"', is_request or "method" not in data)
+        if not _valid_id(ident):
+            return Refused(None, "an id must be a number or a string", True)
+        if "method" in data and not isinstance(data["method"], str):
+            return Refused(known, "method must be a string", is_request)
+        if "method" not in data and "result" not in data and "error" not in data:
+            return Refused(known, "a response needs a result or an error", False)
+        return None
 
     def _refuse(self, msg_id: int | str | None, code: types.ErrorCodes, message: str) -> None:
         if msg_id is None:  # written as a plain object: the converter would leave the id out
@@ -124,6 +173,11 @@ class LlmmemProtocol(LanguageServerProtocol):
                 types.ErrorCodes.InvalidParams,
                 f"invalid params for {message.method}: {message.reason}",
             )
+            return
+        if isinstance(message, Refused):
+            log.info("not a valid JSON-RPC 2.0 message: %s", message.reason)
+            if message.answer:
+                self._refuse(message.id, types.ErrorCodes.InvalidRequest, message.reason)
             return
         if not hasattr(message, "jsonrpc"):  # JSON, but no JSON-RPC 2.0 message
             ident = message.get("id") if isinstance(message, dict) else None

@@ -133,6 +133,20 @@ def test_a_body_that_is_not_json_gets_a_parse_error_with_a_null_id(raw: RawClien
     answer = send_body(raw, b'{"id": 7, "method": "shutdown"}')
     assert answer is not None and answer["id"] == 7
     assert answer["error"]["code"] == types.ErrorCodes.InvalidRequest
+    # requests that break the envelope: each its error within 1 s
+    broken = [
+        (b'{"jsonrpc": "2.0", "id": 3, "method": 5}', 3, types.ErrorCodes.InvalidRequest),
+        (b'{"jsonrpc": "2.0", "id": {"x": 1}, "method": "shutdown"}', None, -32600),
+        (b'{"jsonrpc": "1.0", "id": 4, "method": "shutdown"}', 4, -32600),
+        (b'{"jsonrpc": "2.0", "id": 6, "method": "no/such"}', 6, types.ErrorCodes.MethodNotFound),
+    ]
+    for body, ident, code in broken:
+        answer = send_body(raw, body)
+        assert answer is not None, f"no answer within 1 s to {body!r}"
+        assert answer["id"] == ident and answer["error"]["code"] == code, answer
+    # a notification or a response that cannot be read is logged, not answered or shown
+    assert send_body(raw, b'{"jsonrpc": "2.0", "method": "textDocument/didOpen"}') is None
+    assert send_body(raw, b'{"jsonrpc": "2.0", "id": 70}') is None
     # the server carries on, and nothing was shown to the user or logged as a traceback
     assert raw.request(8, "shutdown", timeout=5) is not None
     raw.send({"method": "exit"})
