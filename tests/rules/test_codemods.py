@@ -259,3 +259,30 @@ def test_every_fix_of_a_crlf_or_cr_script_keeps_its_endings(tmp_path: Path, newl
             again = check_text(path, fixed, gpu="RTX-4090", hub=False)
             assert again.analysis.budget is not None
             assert again.analysis.budget.device_total_bytes == fix.predicted_device_bytes
+
+
+def test_a_long_script_is_fixed_by_the_text_writer_with_the_same_fixes(tmp_path: Path) -> None:
+    """Past LARGEST_CODEMOD_TEXT characters the text writer edits the file (libcst's reading
+    with positions costs about a second per 3,000 lines): the same fixes and titles, and every
+    applied fix still parses and leaves the padding alone."""
+    from llmmem.rules.edits import LARGEST_CODEMOD_TEXT
+
+    base = (ROOT / "examples" / "full_finetune.py").read_text(encoding="utf-8")
+    padding = "".join(f"# note {n}: nothing to see here\n" for n in range(1500))
+    long_text = padding + base
+    assert len(long_text) > LARGEST_CODEMOD_TEXT > len(base)
+    path = tmp_path / "long_train.py"
+    path.write_text(long_text, encoding="utf-8")
+    checked = check_text(path, long_text, gpu="A100-80GB", hub=False)
+    short = check_text(ROOT / "examples" / "full_finetune.py", base, gpu="A100-80GB", hub=False)
+
+    def titles(findings: list[Finding]) -> list[tuple[str, list[str]]]:
+        return [(f.code, [fix.title for fix in f.fixes]) for f in findings]
+
+    assert titles(checked.findings) == titles(short.findings)
+    fixes = [fix for f in checked.findings for fix in f.fixes]
+    assert fixes
+    for fix in fixes:
+        fixed = apply_edits(long_text, fix.edits)
+        ast.parse(fixed)
+        assert fixed.startswith(padding)

@@ -50,9 +50,16 @@ def preview_python_edits() -> Iterator[None]:
         _PREVIEW.reset(token)
 
 
-def _codemods() -> Any:
-    """`rules.codemods` (imported here, on the first fix written), or None in a preview."""
-    if _PREVIEW.get():
+# libcst reads a file into a tree with every node's position before a codemod can run: about
+# 0.8 s of CPU for 3,000 lines, paid again for each text re-analysed. A Python text longer than
+# this is edited by the text writer instead (same findings and titles; tested on every fixture)
+LARGEST_CODEMOD_TEXT = 32_000
+
+
+def _codemods(text: str) -> Any:
+    """`rules.codemods` (imported here, on the first fix written), or None in a preview and
+    for a text too long to parse on every fix."""
+    if _PREVIEW.get() or len(text) > LARGEST_CODEMOD_TEXT:
         return None
     from llmmem.rules import codemods
 
@@ -432,7 +439,7 @@ def set_setting(plan: TrainingPlan, text: str, field: str, value: Any) -> list[T
             return None  # another file (a referenced config): not edited from here
         key = YAML_KEYS.get(field, {}).get(plan.framework, field)
         edit = set_config_value(text, key, value, where, json_file=plan.kind == "json")
-    elif plan.kind == "python" and (codemods := _codemods()) is not None:
+    elif plan.kind == "python" and (codemods := _codemods(text)) is not None:
         if where is not None and where.path is not None:
             return None  # another file: not edited from here
         return codemods.setting_edits(plan, text, [(field, value, where)])  # type: ignore[no-any-return]
@@ -454,7 +461,7 @@ def set_settings(plan: TrainingPlan, text: str, settings: dict[str, Any]) -> lis
     """Edits that make the file say every `field = value` of `settings`, or None unless each
     can be written; in a Python file one codemod writes them all (two keywords added to one
     call are laid out together, not as two edits at one place)."""
-    codemods = _codemods() if plan.kind == "python" else None
+    codemods = _codemods(text) if plan.kind == "python" else None
     if codemods is not None:
         writes = []
         for field, value in settings.items():
@@ -505,7 +512,7 @@ def _insert_in_cell(
     # IPython lines (`%pip ...`, `!nvidia-smi`) read as comments of the same length, so the
     # cell parses as Python and every offset stays where it was
     python_text = re.sub(r"(?m)^(\s*)[%!]", r"\1#", cell_text)
-    codemods = _codemods()
+    codemods = _codemods(python_text)
     if codemods is not None:
         edits = codemods.keyword_edits(python_text, local, field, value)
     else:
@@ -581,11 +588,29 @@ def diff_edits(before: str, after: str) -> list[TextEdit]:
     offsets = [0]
     for line in old_lines:
         offsets.append(offsets[-1] + len(line))
-    matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
+    # a fix changes a few lines: the lines equal at both ends are set aside first, so the
+    # matcher (quadratic in what it is given) sees only the changed middle of a long file
+    lead = 0
+    most = min(len(old_lines), len(new_lines))
+    while lead < most and old_lines[lead] == new_lines[lead]:
+        lead += 1
+    trail = 0
+    while (
+        trail < most - lead
+        and old_lines[len(old_lines) - 1 - trail] == new_lines[len(new_lines) - 1 - trail]
+    ):
+        trail += 1
+    matcher = difflib.SequenceMatcher(
+        None,
+        old_lines[lead : len(old_lines) - trail],
+        new_lines[lead : len(new_lines) - trail],
+        autojunk=False,
+    )
     edits = []
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
             continue
+        i1, i2, j1, j2 = i1 + lead, i2 + lead, j1 + lead, j2 + lead
         start, end = offsets[i1], offsets[i2]
         new_text = "".join(new_lines[j1:j2])
         old_text = before[start:end]
@@ -644,7 +669,7 @@ def statement_after_load(
     text: str, call: SourceRange, make_line: Callable[[str], str]
 ) -> list[TextEdit] | None:
     """`make_line(name)` as a statement after `name = <call>`."""
-    codemods = _codemods()
+    codemods = _codemods(text)
     if codemods is not None:
         return codemods.statement_after_edits(text, call, make_line)  # type: ignore[no-any-return]
     edit = insert_line_after(text, call, make_line)
@@ -662,7 +687,7 @@ def qlora_edits(text: str, model: SourceRange, config_code: str) -> list[TextEdi
     """`quantization_config=<config_code>` on the model's `from_pretrained`,
     `model = prepare_model_for_kbit_training(model)` after it and the imports they need; None
     unless every part can be written."""
-    codemods = _codemods()
+    codemods = _codemods(text)
     if codemods is not None:
         return codemods.qlora_edits(text, model, config_code)  # type: ignore[no-any-return]
     keyword = insert_keyword(text, model, "quantization_config", None, code=config_code)
