@@ -169,7 +169,7 @@ class LlmmemServer(LanguageServer):
     def apply_settings(self, raw: Any, check_gpu: bool = True) -> None:
         """Take the editor's settings; a problem with one is shown once. `check_gpu=False`
         (in `initialize`, answered before the GPU catalog is loaded) leaves the GPU name to
-        `check_gpu_setting`."""
+        `gpu_setting_problems`, called in `initialized`."""
         settings, problems = read_settings(raw, self.analyzer.settings)
         old = self.analyzer.settings
         self.analyzer.settings = settings
