@@ -63,7 +63,7 @@ class Case:
     objective: str = "dpo"  # "dpo", "orpo" (no reference), "reward"
     method: str = "full"  # "full" or "lora"
     grad_ckpt: bool = False
-    dtype: str = "fp32"  # "fp32" or "bf16-true"
+    dtype: str = "fp32"  # "fp32", "bf16-true" or "bf16" (autocast over fp32 weights)
     reference: str | None = None  # None: TRL's default (a copy, or the adapter disabled)
     batch: int = 2  # pairs per micro-batch
     seq: int = 64
@@ -100,7 +100,7 @@ class _Step:
         import transformers
 
         self.case = case
-        dtype = torch.float32 if case.dtype == "fp32" else torch.bfloat16
+        dtype = torch.bfloat16 if case.dtype == "bf16-true" else torch.float32
         config = dict(TINY[case.family])
         config.pop("architectures")
         if case.objective == "reward":
@@ -142,8 +142,16 @@ class _Step:
         completion[:, : case.seq // 4] = 0  # the prompt
         return ids, completion
 
+    def forward(self, model: Any, ids: torch.Tensor) -> Any:
+        """The model's forward, under autocast for mixed precision (accelerate wraps the
+        prepared models' forward, the reference's too; the loss runs outside it)."""
+        if self.case.dtype != "bf16":
+            return model(input_ids=ids, use_cache=False)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(input_ids=ids, use_cache=False)
+
     def log_probs(self, model: Any, ids: torch.Tensor, completion: torch.Tensor) -> Any:
-        outputs = model(input_ids=ids, use_cache=False)
+        outputs = self.forward(model, ids)
         shifted = outputs.logits[..., :-1, :].contiguous()
         per_token = selective_log_softmax(shifted, ids[..., 1:].contiguous())
         per_token[completion[..., 1:] == 0] = 0.0
@@ -153,7 +161,7 @@ class _Step:
         """The loss call; `tracker.marks` gets the peak of the policy's part."""
         case = self.case
         if case.objective == "reward":
-            scores = self.model(input_ids=ids, use_cache=False).logits.squeeze(-1)
+            scores = self.forward(self.model, ids).logits.squeeze(-1)
             chosen, rejected = scores.chunk(2)
             tracker.marks["forward"] = tracker.peak
             return -F.logsigmoid(chosen - rejected).mean()

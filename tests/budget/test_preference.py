@@ -1,10 +1,11 @@
 """Preference-training budgets (llmmem.budget.preference) against real CPU steps.
 
 Each case runs one DPO, ORPO-like (no reference) or reward step of a tiny Llama or Qwen2 on the
-CPU, written as TRL 0.29.1 computes it (see `preference_steps.py`), under the project's storage
-tracker; every phase's peak must be within 5% of the budget's. The reference forward's budget
-counts one row's fp32 logsumexp temporary that aten makes inside the kernel (a GPU allocates it,
-a dispatch-level counter cannot see it): it is left out of the comparison, by name.
+CPU, written as TRL 0.29.1 computes it (see `preference_steps.py`), in fp32, in bf16 and under
+bf16 autocast over fp32 weights, under the project's storage tracker; every phase's peak must be
+within 5% of the budget's. The reference forward's budget counts one row's fp32 logsumexp
+temporary that aten makes inside the kernel (a GPU allocates it, a dispatch-level counter cannot
+see it): it is left out of the comparison, by name.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ TOLERANCE = 0.05
 CASES = [
     Case(family, "dpo", method, ckpt, dtype)
     for family in ("llama", "qwen2")
-    for dtype in ("fp32", "bf16-true")
+    for dtype in ("fp32", "bf16-true", "bf16")
     for method in ("full", "lora")
     for ckpt in (False, True)
 ] + [
