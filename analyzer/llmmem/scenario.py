@@ -282,10 +282,14 @@ def analyze(
             analysis.budget = estimate_budget(analysis.spec, analysis.setup, analysis.gpu)
         else:
             from llmmem.budget.preference import estimate_preference_budget
+            from llmmem.preference_plan import trl_release_note
 
             analysis.budget = estimate_preference_budget(
                 analysis.spec, analysis.setup, preference, analysis.gpu
             )
+            trl_note = trl_release_note(analysis.versions)
+            if trl_note:
+                analysis.budget.notes.append(trl_note)
         from llmmem.calibrate import with_local_evidence
 
         analysis.budget = with_local_evidence(analysis.budget, Path(plan.path), plan.framework)

@@ -178,3 +178,18 @@ def test_llamafactory_stage(tmp_path: Path, stage: str, more: str, objective: st
 def test_llamafactory_sft_has_no_objective(tmp_path: Path) -> None:
     plan = _plan(tmp_path, "llamafactory.yaml", LLAMAFACTORY.format(stage="sft", more=""))
     assert plan.objective is None
+
+
+def test_a_trl_1_environment_is_told_the_logits_are_an_upper_bound(tmp_path: Path) -> None:
+    from llmmem.preference_plan import trl_release_note
+    from llmmem.versions import FoundVersion
+
+    def found(version: str) -> FoundVersion:
+        return FoundVersion(
+            library="trl", version=version, source="requirements.txt", kind="workspace"
+        )
+
+    assert trl_release_note({}) is None
+    assert trl_release_note({"trl": found("0.29.1")}) is None
+    note = trl_release_note({"trl": found("1.16.0")})
+    assert note is not None and "upper bound" in note
