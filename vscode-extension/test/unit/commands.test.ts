@@ -75,6 +75,12 @@ describe('Select GPU', () => {
     assert.equal(configurationUpdates[0]?.target, vscode.ConfigurationTarget.Global);
   });
 
+  it('keeps the picker open when the focus moves (a preview rendering beside the file takes it)', async () => {
+    await selectGpu(fakeServer({ 'llmmem.gpus': CATALOG }));
+    const options = window.showQuickPick.calls[0]![1] as { ignoreFocusOut?: boolean };
+    assert.equal(options.ignoreFocusOut, true);
+  });
+
   it('shows no Markdown syntax in the picker (a quick pick renders none)', async () => {
     await selectGpu(fakeServer({ 'llmmem.gpus': CATALOG }));
     const items = window.showQuickPick.calls[0]![0] as (GpuItem & { detail?: string })[];
