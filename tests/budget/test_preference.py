@@ -1,7 +1,7 @@
 """Preference-training budgets (llmmem.budget.preference) against real CPU steps.
 
 Each case runs one DPO, ORPO-like (no reference) or reward step of a tiny Llama or Qwen2 on the
-CPU, written as TRL 0.29.1 computes it (see `preference_steps.py`), in fp32, in bf16 and under
+CPU, written as TRL 0.29.1 computes it (`llmmem.verify.preference_grid`), in fp32, in bf16 and under
 bf16 autocast over fp32 weights, under the project's storage tracker; every phase's peak must be
 within 5% of the budget's. The reference forward's budget counts one row's fp32 logsumexp
 temporary that aten makes inside the kernel (a GPU allocates it, a dispatch-level counter cannot
@@ -18,18 +18,16 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from preference_steps import TINY, Case, measure  # noqa: E402
-
 from llmmem.budget.preference import (  # noqa: E402
     Objective,
     PreferenceSetup,
     Reference,
     estimate_preference_budget,
-    log_prob_moments,
 )
 from llmmem.budget.result import Component, Phase  # noqa: E402
-from llmmem.budget.setup import LoraSetup, SetupError, TrainingSetup  # noqa: E402
+from llmmem.budget.setup import SetupError, TrainingSetup  # noqa: E402
 from llmmem.models.spec import ModelSource, spec_from_config  # noqa: E402
+from llmmem.verify.preference_grid import SMALL, Case, measure, predict  # noqa: E402
 
 TOLERANCE = 0.05
 
@@ -50,39 +48,13 @@ CASES = [
 
 
 def _spec(family: str):  # type: ignore[no-untyped-def]
-    return spec_from_config(TINY[family], model_id=f"tiny-{family}", source=ModelSource.CONFIG)
-
-
-def _setup(case: Case) -> TrainingSetup:
-    lora = LoraSetup(r=8, alpha=16, targets=["q_proj", "v_proj"]) if case.method == "lora" else None
-    return TrainingSetup(
-        method=case.method,
-        batch=case.batch,
-        seq=case.seq,
-        precision=case.dtype,
-        optim="adamw_torch",
-        grad_ckpt=case.grad_ckpt,
-        lora=lora,
-    )
-
-
-def _predicted(case: Case) -> dict[str, int]:
-    spec = _spec(case.family)
-    setup = _setup(case)
-    pref = PreferenceSetup(objective=case.objective, reference=case.reference)
-    budget = estimate_preference_budget(spec, setup, pref)
-    phases = {p.phase.value: p.allocated_bytes for p in budget.phases}
-    if Phase.REFERENCE_FORWARD.value in phases:
-        rows = 2 * case.batch
-        inside = log_prob_moments(spec, replace(setup, batch=rows), rows).inside_kernel
-        phases[Phase.REFERENCE_FORWARD.value] -= inside
-    return phases
+    return spec_from_config(SMALL[family], model_id=f"tiny-{family}", source=ModelSource.CONFIG)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_each_phase_within_five_percent_of_a_cpu_step(case: Case) -> None:
     measured = measure(case)
-    predicted = _predicted(case)
+    predicted = predict(case)
     assert set(measured) == set(predicted)
     for phase, got in measured.items():
         error = (predicted[phase] - got) / got

@@ -267,7 +267,8 @@ def estimate_preference_budget(
             "precompute_ref_log_probs: the reference log-probabilities are read from the "
             "dataset; the reference model runs once before training, not in the step"
         )
-    phases.append(_backward_phase(backward, policy_forward, lp, extra, last_block))
+    later = _later_backward_moments(policy_spec, policy_setup, forward, step)
+    phases.append(_backward_phase(backward, policy_forward, lp, extra, last_block, later))
     phases.append(_with(step, extra))
     if pref.objective in (Objective.ORPO, Objective.CPO):
         notes.append(
@@ -329,6 +330,7 @@ def _backward_phase(
     lp: LogProbMoments,
     extra: dict[Component, Term],
     last_block: PhaseBudget | None,
+    later: list[PhaseBudget],
 ) -> PhaseBudget:
     """The larger of the log-softmax backward (the policy forward's tensors, with the
     log-probability backward's in place of the logits) and the SFT step's other backward
@@ -340,11 +342,103 @@ def _backward_phase(
         Term(bytes=lp.backward_peak, formula=lp.formula_backward),
         {},
     )
-    candidates = [start] + ([last_block] if last_block else [])
+    others = ([last_block] if last_block else []) + later
     if not sft_backward.moment.startswith(("start of backward", "head backward")):
-        candidates.append(sft_backward)
+        others.append(sft_backward)
+    # the policy forward's parts carry the reference copy already; the others get it here
+    candidates = [start] + [_with(moment, extra) for moment in others]
     chosen = max(candidates, key=lambda p: p.allocated_bytes)
-    return _with(replace(chosen, phase=Phase.BACKWARD), extra)
+    return replace(chosen, phase=Phase.BACKWARD)
+
+
+def _later_backward_moments(
+    spec: ModelSpec, setup: TrainingSetup, forward: PhaseBudget, step: PhaseBudget
+) -> list[PhaseBudget]:
+    """The backward moments after the log-probabilities' (the SFT step's, which the SFT
+    budget reports only when they are its largest): the last block recomputed with the head's
+    gradient made (checkpointing), the first block's backward without the embedding's gradient
+    yet, and the end of backward with every gradient (a tied weight's two gradients summed into
+    a third)."""
+    if not spec.blocks:
+        return []
+    gradients = step.components.get(Component.GRADIENTS, Term(0, "none"))
+    kept = gradients.bytes if setup.grad_accum > 1 else 0
+    full = setup.method is Method.FULL
+    weight = setup.precision.weight_bytes
+    head = spec.vocab_size * spec.hidden_size * weight if full and spec.is_causal_lm else 0
+    acts = estimate_activations(spec, setup)
+    dt = dtypes_for(setup)
+    n_h = setup.tokens * spec.hidden_size
+    n_i = setup.tokens * spec.intermediate_size
+    workspace = 2 * dt.residual * n_h + 2 * dt.linear_out_bytes * n_i
+    work_text = f"2·{dt.residual}·N·h + 2·{dt.linear_out_bytes}·N·I (gradients of one block)"
+    held: dict[Component, Term] = {
+        k: v
+        for k, v in forward.components.items()
+        if k in (Component.WEIGHTS, Component.OPTIMIZER_STATES, Component.REFERENCE_MODEL)
+    }
+    moments = []
+    if setup.grad_ckpt:
+        moments.append(
+            PhaseBudget(
+                phase=Phase.BACKWARD,
+                moment="recompute of the last block",
+                components={
+                    **held,
+                    Component.GRADIENTS: Term(
+                        bytes=kept or head, formula="the head's gradient" if not kept else ""
+                    ),
+                    Component.ACTIVATIONS: forward.components.get(
+                        Component.ACTIVATIONS, Term(0, "")
+                    ),
+                    Component.TEMPORARIES: Term(
+                        bytes=acts.largest_block_bytes + workspace,
+                        formula=f"one block recomputed + {work_text}",
+                    ),
+                },
+            )
+        )
+    else:
+        embedding = head if not kept and not setup.distributed.is_multi_gpu else 0
+        moments.append(
+            PhaseBudget(
+                phase=Phase.BACKWARD,
+                moment="backward of the first block",
+                components={
+                    **held,
+                    Component.GRADIENTS: Term(
+                        bytes=gradients.bytes - embedding,
+                        formula=gradients.formula
+                        + (" − the token embedding's (still to come)" if embedding else ""),
+                    ),
+                    Component.ACTIVATIONS: Term(
+                        bytes=acts.largest_block_bytes, formula="the first block's saved tensors"
+                    ),
+                    Component.TEMPORARIES: Term(bytes=workspace, formula=work_text),
+                },
+            )
+        )
+    tied = 2 * head if spec.tie_word_embeddings and not kept else 0
+    moments.append(
+        PhaseBudget(
+            phase=Phase.BACKWARD,
+            moment="end of backward: every gradient complete",
+            components={
+                **held,
+                Component.GRADIENTS: gradients,
+                Component.TEMPORARIES: Term(
+                    bytes=tied, formula="the tied weight's two gradients, summed into it"
+                ),
+            },
+        )
+    )
+    return [_nonzero(m) for m in moments]
+
+
+def _nonzero(phase: PhaseBudget) -> PhaseBudget:
+    keep = (Component.WEIGHTS,)
+    parts = {k: v for k, v in phase.components.items() if v.bytes or k in keep}
+    return PhaseBudget(phase=phase.phase, moment=phase.moment, components=parts)
 
 
 def _embedding_last(phase: PhaseBudget, spec: ModelSpec, setup: TrainingSetup) -> PhaseBudget:

@@ -1,4 +1,4 @@
-"""One preference-training step on the CPU, written the way TRL computes it, measured per phase.
+"""Preference-training steps on the CPU, written the way TRL computes them, against the budget.
 
 The loss is TRL 0.29.1's `DPOTrainer._compute_loss` (trl/trainer/dpo_trainer.py) restated: the
 policy's forward on chosen and rejected concatenated, called without labels, the shifted copy of
@@ -6,18 +6,30 @@ its logits, `selective_log_softmax` (trl/trainer/utils.py: gather and a per-row 
 logits, a per-row log_softmax for 16-bit ones), completion tokens summed; then, inside the same
 call and with the policy's tensors alive, the reference forward under `torch.no_grad()`: a frozen
 copy of the model (full fine-tuning) or the policy with its adapter disabled (PEFT); the sigmoid
-loss. A reward step is TRL's `RewardTrainer.compute_loss`: a sequence-classification model on the
-concatenated pairs, `-logsigmoid(chosen - rejected)`.
+loss. Without a reference (ORPO, CPO/SimPO, precomputed log-probabilities) the loss compares the
+policy's own chosen and rejected log-probabilities. A reward step is TRL's
+`RewardTrainer.compute_loss`: a sequence-classification model on the concatenated pairs,
+`-logsigmoid(chosen - rejected)`. Under mixed precision the forwards run under autocast (accelerate
+wraps the prepared models' forward, the reference's too) and the log-probabilities outside it.
 
 `measure(case)` runs a warm-up step (it makes the optimizer states) and a measured one under the
-project's StorageTracker, and returns the peak of each phase: the policy's forward, the reference
-forward, backward and the optimizer step.
+project's StorageTracker and returns the peak of each phase: the policy's forward, the reference
+forward, backward and the optimizer step; `predict(case)` is the budget's figure for each.
+
+    python -m llmmem.verify.preference_grid [--size small|medium] [--family llama|qwen2 ...]
+                                            [--objective dpo|orpo|reward ...]
+
+The reference forward's budget counts one row's fp32 logsumexp temporary that aten makes inside
+the kernel (a GPU allocates it; a dispatch-level counter cannot see it): `predict` leaves it out.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
-from dataclasses import dataclass
+import itertools
+import sys
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -25,7 +37,7 @@ import torch.nn.functional as F
 
 from llmmem.verify.tracker import StorageTracker
 
-TINY: dict[str, dict[str, Any]] = {
+SMALL: dict[str, dict[str, Any]] = {
     "llama": {
         "model_type": "llama",
         "architectures": ["LlamaForCausalLM"],
@@ -95,13 +107,13 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Te
 
 
 class _Step:
-    def __init__(self, case: Case) -> None:
+    def __init__(self, case: Case, size: str = "small") -> None:
         import peft
         import transformers
 
         self.case = case
         dtype = torch.bfloat16 if case.dtype == "bf16-true" else torch.float32
-        config = dict(TINY[case.family])
+        config = dict(CONFIGS[size][case.family])
         config.pop("architectures")
         if case.objective == "reward":
             config["num_labels"] = 1
@@ -157,7 +169,7 @@ class _Step:
         per_token[completion[..., 1:] == 0] = 0.0
         return outputs, shifted, per_token.sum(dim=1).chunk(2, dim=0)
 
-    def loss(self, ids: torch.Tensor, completion: torch.Tensor, tracker: StorageTracker) -> Any:
+    def loss(self, ids: torch.Tensor, completion: torch.Tensor, tracker: _Tracker) -> Any:
         """The loss call; `tracker.marks` gets the peak of the policy's part."""
         case = self.case
         if case.objective == "reward":
@@ -193,9 +205,9 @@ class _Tracker(StorageTracker):
         self.marks: dict[str, int] = {}
 
 
-def measure(case: Case) -> dict[str, int]:
+def measure(case: Case, size: str = "small") -> dict[str, int]:
     """Each phase's peak of allocated bytes, the weights (and a reference copy) included."""
-    step = _Step(case)
+    step = _Step(case, size)
     tracker = _Tracker()
     with tracker:
         for tensor in step.frozen_storages():
@@ -221,3 +233,117 @@ def measure(case: Case) -> dict[str, int]:
                 peaks["backward"] = backward
                 peaks["optimizer_step"] = optimizer_step
     return peaks
+
+
+# the small configs at a real model's proportions (Llama-2-7B's and Qwen2.5-0.5B's ratios of
+# width, MLP and vocabulary), about 60M parameters: the logits weigh against the blocks as they
+# do in the real models
+MEDIUM: dict[str, dict[str, Any]] = {
+    "llama": {
+        **SMALL["llama"],
+        "hidden_size": 512,
+        "intermediate_size": 1376,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 8,
+        "vocab_size": 32000,
+    },
+    "qwen2": {
+        **SMALL["qwen2"],
+        "hidden_size": 448,
+        "intermediate_size": 2432,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 7,
+        "num_key_value_heads": 1,
+        "vocab_size": 75968,
+    },
+}
+CONFIGS = {"small": SMALL, "medium": MEDIUM}
+
+
+def spec_of(case: Case, size: str = "small") -> Any:
+    from llmmem.models.spec import ModelSource, spec_from_config
+
+    config = CONFIGS[size][case.family]
+    return spec_from_config(config, model_id=f"{size}-{case.family}", source=ModelSource.CONFIG)
+
+
+def setup_of(case: Case) -> Any:
+    from llmmem.budget.setup import LoraSetup, Method, Precision, TrainingSetup
+
+    lora = LoraSetup(r=8, alpha=16, targets=["q_proj", "v_proj"]) if case.method == "lora" else None
+    return TrainingSetup(
+        method=Method(case.method),
+        batch=case.batch,
+        seq=case.seq,
+        precision=Precision(case.dtype),
+        optim="adamw_torch",
+        grad_ckpt=case.grad_ckpt,
+        lora=lora,
+    )
+
+
+def predict(case: Case, size: str = "small") -> dict[str, int]:
+    """The budget's allocated bytes per phase, less what no storage counter sees."""
+    from llmmem.budget.preference import (
+        Objective,
+        PreferenceSetup,
+        Reference,
+        estimate_preference_budget,
+        log_prob_moments,
+    )
+    from llmmem.budget.result import Phase
+
+    spec = spec_of(case, size)
+    setup = setup_of(case)
+    reference = Reference(case.reference) if case.reference else None
+    pref = PreferenceSetup(objective=Objective(case.objective), reference=reference)
+    budget = estimate_preference_budget(spec, setup, pref)
+    phases = {p.phase.value: p.allocated_bytes for p in budget.phases}
+    if Phase.REFERENCE_FORWARD.value in phases:
+        rows = 2 * case.batch
+        inside = log_prob_moments(spec, replace(setup, batch=rows), rows).inside_kernel
+        phases[Phase.REFERENCE_FORWARD.value] -= inside
+    return phases
+
+
+def grid(families: list[str], objectives: list[str], shapes: list[tuple[int, int]]) -> list[Case]:
+    out = []
+    for family, objective, (batch, seq) in itertools.product(families, objectives, shapes):
+        methods = ("full",) if objective == "reward" else ("full", "lora")
+        for method, ckpt, dtype in itertools.product(
+            methods, (False, True), ("fp32", "bf16-true", "bf16")
+        ):
+            out.append(Case(family, objective, method, ckpt, dtype, batch=batch, seq=seq))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m llmmem.verify.preference_grid")
+    parser.add_argument("--size", choices=sorted(CONFIGS), default="small")
+    parser.add_argument("--family", action="append", choices=sorted(SMALL))
+    parser.add_argument("--objective", action="append", choices=["dpo", "orpo", "reward"])
+    parser.add_argument("--shape", action="append", help="pairs x tokens, e.g. 2x64")
+    args = parser.parse_args(argv)
+    shapes = [tuple(int(n) for n in s.lower().split("x")) for s in args.shape or ["2x64", "1x128"]]
+    cases = grid(
+        args.family or sorted(SMALL),
+        args.objective or ["dpo", "orpo", "reward"],
+        [(b, s) for b, s in shapes],
+    )
+    worst = 0.0
+    for case in cases:
+        measured = measure(case, args.size)
+        predicted = predict(case, args.size)
+        cells = []
+        for phase, got in measured.items():
+            error = (predicted[phase] - got) / got
+            worst = max(worst, abs(error))
+            cells.append(f"{phase} {got / 2**20:.2f} MiB {error:+.1%}")
+        print(f"{case.id:48} " + "  ".join(cells), flush=True)
+    print(f"worst phase error: {worst:.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
