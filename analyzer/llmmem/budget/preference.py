@@ -240,6 +240,7 @@ def estimate_preference_budget(
         # the score is hidden × num_labels per sequence: nothing vocabulary-sized to replace
         candidates = [_embedding_last(backward, spec, setup)]
         candidates += [last_block] if last_block else []
+        candidates += _later_backward_moments(policy_spec, policy_setup, forward, step)
         backward = max(candidates, key=lambda p: p.allocated_bytes)
         in_block = _checkpointed_block_moment(policy_spec, policy_setup, forward)
         if in_block is not None and in_block.allocated_bytes > forward.allocated_bytes:
