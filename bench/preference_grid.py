@@ -1,7 +1,7 @@
-"""The preference budgets against real DPO, no-reference (ORPO-like) and reward steps on the CPU.
+"""The preference budgets against real DPO, KTO, no-reference (ORPO-like) and reward CPU steps.
 
     python bench/preference_grid.py [--size medium|small] [--family llama|qwen2 ...]
-                                    [--objective dpo|orpo|reward ...] [--shape 1x128 ...]
+                                    [--objective dpo|kto|orpo|reward ...] [--shape 1x128 ...]
 
 Each step is written as TRL 0.29.1 computes it (`llmmem.verify.preference_grid`): chosen and
 rejected concatenated, `selective_log_softmax` over the shifted logits, the reference forward

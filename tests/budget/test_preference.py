@@ -1,6 +1,6 @@
 """Preference-training budgets (llmmem.budget.preference) against real CPU steps.
 
-Each case runs one DPO, ORPO-like (no reference) or reward step of a tiny Llama or Qwen2 on the
+Each case runs one DPO, KTO, ORPO-like (no reference) or reward step of a tiny Llama or Qwen2 on the
 CPU, written as TRL 0.29.1 computes it (`llmmem.verify.preference_grid`), in fp32, in bf16 and under
 bf16 autocast over fp32 weights, under the project's storage tracker; every phase's peak must be
 within 5% of the budget's. The reference forward's budget counts one row's fp32 logsumexp
@@ -44,6 +44,10 @@ CASES = [
     Case("qwen2", "orpo", "lora", dtype="bf16-true"),
     Case("llama", "reward"),
     Case("qwen2", "reward", grad_ckpt=True),
+    Case("llama", "kto", batch=4),
+    Case("llama", "kto", "lora", True, "bf16-true", batch=4),
+    Case("qwen2", "kto", "full", True, "bf16", batch=4),
+    Case("qwen2", "kto", "lora", dtype="bf16", batch=4),
 ]
 
 

@@ -24,7 +24,7 @@ code (trl 0.29.1: `trl/trainer/dpo_trainer.py` `DPOTrainer._compute_loss` and
 
 TRL 1.x replaced the full logits by a fused, tiled LM head (`add_fused_lm_head` in
 trl/trainer/utils.py at 1.16.0): the logits are never whole there. This module follows the 0.x
-trainers, read at 0.29.1. KTO's KL batch is derived from the same reading, not measured.
+trainers, read at 0.29.1 (KTO: trl/experimental/kto/kto_trainer.py).
 
 GRPO and PPO (generation inside the step, vLLM, value and reward models) are not modelled here.
 """
@@ -306,6 +306,17 @@ def _reference_phase(
     freed block by block). KTO's KL batch goes through the reference too, and through the
     policy without gradient, one after the other."""
     parts = dict(policy_forward.components)
+    logits = parts.get(Component.LOGITS)
+    e = dtypes_for(setup).compute
+    if pref.objective is Objective.KTO and e != 4 and logits is not None:
+        # KTO's `forward` returns before the reference runs: the policy's 16-bit logits die
+        # with it (the per-row log_softmax keeps only its output; fp32 logits stay, kept by
+        # the gather), and the returned index_select copies of them take their place
+        whole = rows * setup.seq * spec.vocab_size * e
+        parts[Component.LOGITS] = Term(
+            bytes=logits.bytes - whole,
+            formula=logits.formula + " − the logits, freed as KTO's forward returns",
+        )
     what = {
         Reference.COPY: "the frozen copy",
         Reference.ADAPTER: "the policy with its adapter disabled",

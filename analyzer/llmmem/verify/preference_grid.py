@@ -9,15 +9,18 @@ copy of the model (full fine-tuning) or the policy with its adapter disabled (PE
 loss. Without a reference (ORPO, CPO/SimPO, precomputed log-probabilities) the loss compares the
 policy's own chosen and rejected log-probabilities. A reward step is TRL's
 `RewardTrainer.compute_loss`: a sequence-classification model on the concatenated pairs,
-`-logsigmoid(chosen - rejected)`. Under mixed precision the forwards run under autocast (accelerate
-wraps the prepared models' forward, the reference's too) and the log-probabilities outside it.
+`-logsigmoid(chosen - rejected)`. A KTO step is TRL 0.29.1's
+(trl/experimental/kto/kto_trainer.py): unpaired examples, the KL batch's log-probabilities without
+gradient before the completions', the logits' index_select copies returned, the reference's the
+same way. Under mixed precision the forwards run under autocast (accelerate wraps the prepared
+models' forward, the reference's too) and the log-probabilities outside it.
 
 `measure(case)` runs a warm-up step (it makes the optimizer states) and a measured one under the
 project's StorageTracker and returns the peak of each phase: the policy's forward, the reference
 forward, backward and the optimizer step; `predict(case)` is the budget's figure for each.
 
     python -m llmmem.verify.preference_grid [--size small|medium] [--family llama|qwen2 ...]
-                                            [--objective dpo|orpo|reward ...]
+                                            [--objective dpo|kto|orpo|reward ...]
 
 The reference forward's budget counts one row's fp32 logsumexp temporary that aten makes inside
 the kernel (a GPU allocates it; a dispatch-level counter cannot see it): `predict` leaves it out.
@@ -72,7 +75,7 @@ SMALL: dict[str, dict[str, Any]] = {
 @dataclass(frozen=True)
 class Case:
     family: str
-    objective: str = "dpo"  # "dpo", "orpo" (no reference), "reward"
+    objective: str = "dpo"  # "dpo", "kto", "orpo" (no reference), "reward"
     method: str = "full"  # "full" or "lora"
     grad_ckpt: bool = False
     dtype: str = "fp32"  # "fp32", "bf16-true" or "bf16" (autocast over fp32 weights)
@@ -127,7 +130,8 @@ class _Step:
         model = cls.from_config(hf_config, dtype=dtype, attn_implementation="sdpa")
         model.train()
         self.ref = None
-        if case.objective == "dpo" and case.method == "full" and case.reference != "precomputed":
+        with_reference = case.objective in ("dpo", "kto")
+        if with_reference and case.method == "full" and case.reference != "precomputed":
             self.ref = copy.deepcopy(model).eval().requires_grad_(False)
         if case.grad_ckpt:
             model.gradient_checkpointing_enable()
@@ -177,6 +181,8 @@ class _Step:
             chosen, rejected = scores.chunk(2)
             tracker.marks["forward"] = tracker.peak
             return -F.logsigmoid(chosen - rejected).mean()
+        if case.objective == "kto":
+            return self.kto_loss(ids, completion, tracker)
         outputs, shifted, (chosen, rejected) = self.log_probs(self.model, ids, completion)
         tracker.marks["forward"] = tracker.peak
         tracker.reset_peak("activations")
@@ -195,6 +201,57 @@ class _Step:
                 )
         margin = (chosen - ref_chosen) - (rejected - ref_rejected)
         loss = -F.logsigmoid(0.1 * margin).mean()
+        tracker.marks["reference_forward"] = tracker.peak
+        return loss
+
+    # -- KTO (trl 0.29.1, trl/experimental/kto/kto_trainer.py: `forward`, `get_batch_logps`,
+    # `_compute_kl_logps`, `get_batch_loss_metrics`): unpaired examples, half desirable; the
+    # first half of the rows are the completions, the second their KL (mismatched) pairs
+
+    def batch_logps(self, logits: Any, ids: torch.Tensor, completion: torch.Tensor) -> Any:
+        labels = ids[:, 1:].clone()
+        mask = completion[:, 1:] != 0
+        labels[~mask] = 0
+        per_token = selective_log_softmax(logits[:, :-1, :], labels)
+        return (per_token * mask).sum(-1)
+
+    def kto_forward(self, model: Any, ids: torch.Tensor, completion: torch.Tensor) -> Any:
+        half = ids.shape[0] // 2
+        with torch.no_grad():
+            kl_logits = self.forward(model, ids[half:]).logits
+            kl_logps = self.batch_logps(kl_logits, ids[half:], completion[half:])
+            del kl_logits
+        logits = self.forward(model, ids[:half]).logits
+        logps = self.batch_logps(logits, ids[:half], completion[:half])
+        desirable = torch.arange(half) % 2 == 0
+        chosen_idx = torch.nonzero(desirable).view(-1)
+        rejected_idx = torch.nonzero(~desirable).view(-1)
+        return (
+            logps.index_select(0, chosen_idx),
+            logps.index_select(0, rejected_idx),
+            logits.index_select(0, chosen_idx),
+            logits.index_select(0, rejected_idx),
+            kl_logps,
+        )
+
+    def kto_loss(self, ids: torch.Tensor, completion: torch.Tensor, tracker: _Tracker) -> Any:
+        chosen, rejected, chosen_logits, rejected_logits, kl_logps = self.kto_forward(
+            self.model, ids, completion
+        )
+        tracker.marks["forward"] = tracker.peak
+        tracker.reset_peak("activations")
+        with torch.no_grad():
+            if self.ref is None:
+                with self.model.disable_adapter():
+                    ref_chosen, ref_rejected, _, _, ref_kl = self.kto_forward(
+                        self.model, ids, completion
+                    )
+            else:
+                ref_chosen, ref_rejected, _, _, ref_kl = self.kto_forward(self.ref, ids, completion)
+        kl = (kl_logps - ref_kl).mean().clamp(min=0).detach()
+        chosen_losses = 1 - torch.sigmoid(0.1 * (chosen - ref_chosen - kl))
+        rejected_losses = 1 - torch.sigmoid(0.1 * (kl - (rejected - ref_rejected)))
+        loss = torch.cat((chosen_losses, rejected_losses), 0).mean()
         tracker.marks["reference_forward"] = tracker.peak
         return loss
 
@@ -322,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m llmmem.verify.preference_grid")
     parser.add_argument("--size", choices=sorted(CONFIGS), default="small")
     parser.add_argument("--family", action="append", choices=sorted(SMALL))
-    parser.add_argument("--objective", action="append", choices=["dpo", "orpo", "reward"])
+    parser.add_argument("--objective", action="append", choices=["dpo", "kto", "orpo", "reward"])
     parser.add_argument("--shape", action="append", help="pairs x tokens, e.g. 2x64")
     args = parser.parse_args(argv)
     shapes = [tuple(int(n) for n in s.lower().split("x")) for s in args.shape or ["2x64", "1x128"]]
