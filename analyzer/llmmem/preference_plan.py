@@ -105,3 +105,17 @@ def trl_release_note(versions: dict[str, Any]) -> str | None:
         "the logits whole; this budget counts TRL 0.29's full logits and shifted copy, an "
         "upper bound on that part"
     )
+
+
+def budget_for_plan(plan: TrainingPlan, spec: Any, setup: Any, gpu: Any) -> Any:
+    """The budget of one step of `plan` under `setup`: the preference budget where the plan
+    trains for a preference objective, the SFT step's otherwise (for what-if searches that
+    change the setup and must size it as the file trains)."""
+    from llmmem.budget.phases import estimate_budget
+
+    preference = preference_setup(plan)
+    if preference is None:
+        return estimate_budget(spec, setup, gpu)
+    from llmmem.budget.preference import estimate_preference_budget
+
+    return estimate_preference_budget(spec, setup, preference, gpu)

@@ -193,3 +193,14 @@ def test_a_trl_1_environment_is_told_the_logits_are_an_upper_bound(tmp_path: Pat
     assert trl_release_note({"trl": found("0.29.1")}) is None
     note = trl_release_note({"trl": found("1.16.0")})
     assert note is not None and "upper bound" in note
+
+
+def test_the_fit_search_sizes_the_preference_step(tmp_path: Path) -> None:
+    from llmmem.rules.make_fit import _evaluate
+
+    plan = _plan(tmp_path, "dpo.yaml", AXOLOTL.format(rl="dpo"))
+    analysis = analyze(plan, gpu="A100-80GB")
+    assert analysis.budget is not None, analysis.problems
+    unchanged = _evaluate(analysis, (), 0)
+    assert unchanged is not None
+    assert unchanged.device_bytes == analysis.budget.device_total_bytes

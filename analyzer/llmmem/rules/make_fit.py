@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import combinations
 
-from llmmem.budget.phases import estimate_budget
 from llmmem.budget.setup import SetupError, TrainingSetup
+from llmmem.preference_plan import budget_for_plan
 from llmmem.rules.edits import whole_change
 from llmmem.rules.finding import Fix
 from llmmem.rules.fixes import (
@@ -90,7 +90,7 @@ def _evaluate(analysis: Analysis, keys: tuple[str, ...], halvings: int) -> Combi
         setup = _changed(analysis.setup, keys, halvings)
         if setup is None:
             return None
-        budget = estimate_budget(analysis.spec, setup, analysis.gpu)
+        budget = budget_for_plan(analysis.plan, analysis.spec, setup, analysis.gpu)
     except (SetupError, ValueError):
         return None
     unsafe = sum(not _candidate(key).safe for key in keys)
