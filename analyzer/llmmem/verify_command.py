@@ -158,6 +158,16 @@ def run_verify(args: argparse.Namespace) -> int:
         reason = analysis.model_error or "; ".join(analysis.problems) or "no training step found"
         raise UsageError(f"{path}: nothing to verify: {reason}")
     spec, setup = analysis.spec, analysis.setup
+    if analysis.plan.objective is not None:
+        from llmmem.preference_plan import objective_of
+
+        objective = objective_of(analysis.plan)
+        if objective is not None:
+            raise UsageError(
+                f"{path}: trains with {objective.value.upper()}; verify runs supervised steps "
+                "only so far (the preference budgets are checked on the CPU by `python -m "
+                "llmmem.verify.preference_grid`)"
+            )
     if spec.is_guess:
         raise UsageError(
             f"{spec.model_id}: only a guess from its name; verify needs the model's config "

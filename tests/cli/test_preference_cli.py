@@ -69,3 +69,9 @@ def test_explain_shows_the_method_the_reference_and_the_phases(
     text = capsys.readouterr().out
     assert "reference model" in text
     assert reference in text
+
+
+def test_verify_says_it_runs_supervised_steps_only(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["verify", str(EXAMPLES / "dpo_lora.py"), "--offline"])
+    assert code != 0
+    assert "supervised steps only" in capsys.readouterr().err

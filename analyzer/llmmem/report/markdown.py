@@ -229,7 +229,7 @@ def _share(analysis: Analysis, component: Component) -> int:
 
 
 def _what_ifs(analysis: Analysis, changes: list[tuple[str, dict[str, Any]]]) -> list[WhatIf]:
-    from llmmem.budget.phases import estimate_budget
+    from llmmem.preference_plan import budget_for_plan
 
     spec, setup, budget = analysis.spec, analysis.setup, analysis.budget
     if spec is None or setup is None or budget is None:
@@ -238,7 +238,7 @@ def _what_ifs(analysis: Analysis, changes: list[tuple[str, dict[str, Any]]]) -> 
     for label, update in changes:
         try:
             changed = replace(setup, **update)
-            other = estimate_budget(spec, changed, analysis.gpu, with_first_step=False)
+            other = budget_for_plan(analysis.plan, spec, changed, analysis.gpu)
         except ValueError:
             continue
         out.append(
