@@ -441,8 +441,6 @@ def run_estimate(args: argparse.Namespace) -> int:
             budget = estimate_preference_budget(spec, setup, preference, gpu)
     except SetupError as err:
         raise UsageError(str(err)) from None
-    if preference is not None and (args.max_batch or args.max_seq):
-        raise UsageError("--max-batch and --max-seq size SFT steps only, not yet preference steps")
     from pathlib import Path
 
     from llmmem.calibrate import with_local_evidence
@@ -453,11 +451,18 @@ def run_estimate(args: argparse.Namespace) -> int:
             "--max-batch and --max-seq need a GPU: pass --gpu NAME (or a capacity such as 24GiB)"
         )
     limits: dict[str, Any] = {}
+    sized = None
+    if preference is not None:
+        from llmmem.budget.preference import estimate_preference_budget
+
+        def sized(spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget | None) -> Budget:
+            return estimate_preference_budget(spec, setup, preference, gpu)
+
     if args.max_batch and gpu is not None:
-        best, at_best = largest_batch(spec, setup, gpu)
+        best, at_best = largest_batch(spec, setup, gpu, sized)
         limits["max_batch"] = _limit_dict(best, at_best)
     if args.max_seq and gpu is not None:
-        best, at_best = largest_seq(spec, setup, gpu)
+        best, at_best = largest_seq(spec, setup, gpu, sized)
         limits["max_seq"] = _limit_dict(best, at_best)
     if args.format == "json":
         from llmmem.report.json_report import budget_dict

@@ -75,3 +75,12 @@ def test_verify_says_it_runs_supervised_steps_only(capsys: pytest.CaptureFixture
     code = main(["verify", str(EXAMPLES / "dpo_lora.py"), "--offline"])
     assert code != 0
     assert "supervised steps only" in capsys.readouterr().err
+
+
+def test_the_largest_micro_batch_is_searched_with_the_preference_step(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ("--model", "Qwen/Qwen2.5-0.5B-Instruct", "--seq", "1024", "--gpu", "24GiB")
+    sft = _json(capsys, "estimate", "--offline", *args, "--max-batch")
+    dpo = _json(capsys, "estimate", "--offline", *args, "--method", "dpo", "--max-batch")
+    assert 0 < dpo["max_batch"]["value"] < sft["max_batch"]["value"]

@@ -31,26 +31,35 @@ def _largest(fits: Callable[[int], bool], upper: int) -> int:
     return low
 
 
-def _fits(spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget) -> bool:
+# how a step is sized: the SFT step's by default; a preference step's for preference training
+Estimate = Callable[[ModelSpec, TrainingSetup, GpuTarget | None], Budget]
+
+
+def _fits(spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget, estimate: Estimate | None) -> bool:
     # the search only needs the verdict: skip the first-step estimate each budget also makes
-    budget = estimate_budget(spec, setup, gpu, with_first_step=False)
+    if estimate is None:
+        budget = estimate_budget(spec, setup, gpu, with_first_step=False)
+    else:
+        budget = estimate(spec, setup, gpu)
     return budget.device_total_bytes <= gpu.capacity_bytes
 
 
 def largest_batch(
-    spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget
+    spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget, estimate: Estimate | None = None
 ) -> tuple[int, Budget | None]:
     """The largest micro-batch that fits `gpu`, and its budget (None when not even 1 fits)."""
-    best = _largest(lambda b: _fits(spec, replace(setup, batch=b), gpu), MAX_BATCH_SEARCH)
+    best = _largest(lambda b: _fits(spec, replace(setup, batch=b), gpu, estimate), MAX_BATCH_SEARCH)
     if not best:
         return 0, None
-    return best, estimate_budget(spec, replace(setup, batch=best), gpu)
+    return best, (estimate or estimate_budget)(spec, replace(setup, batch=best), gpu)
 
 
-def largest_seq(spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget) -> tuple[int, Budget | None]:
+def largest_seq(
+    spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget, estimate: Estimate | None = None
+) -> tuple[int, Budget | None]:
     """The longest sequence that fits `gpu` at the setup's micro-batch."""
     upper = MAX_SEQ_SEARCH
-    best = _largest(lambda s: _fits(spec, replace(setup, seq=s), gpu), upper)
+    best = _largest(lambda s: _fits(spec, replace(setup, seq=s), gpu, estimate), upper)
     if not best:
         return 0, None
-    return best, estimate_budget(spec, replace(setup, seq=best), gpu)
+    return best, (estimate or estimate_budget)(spec, replace(setup, seq=best), gpu)

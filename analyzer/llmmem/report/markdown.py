@@ -124,8 +124,16 @@ def largest_batch_line(analysis: Analysis) -> str:
     spec, setup, gpu = analysis.spec, analysis.setup, analysis.gpu
     if spec is None or setup is None or not isinstance(gpu, GpuTarget):
         return ""
+    plan = analysis.plan
+    sized = None
+    if plan.objective is not None:
+        from llmmem.preference_plan import budget_for_plan
+
+        def sized(spec: Any, setup: Any, gpu: Any) -> Any:
+            return budget_for_plan(plan, spec, setup, gpu)
+
     try:
-        best, _ = largest_batch(spec, setup, gpu)
+        best, _ = largest_batch(spec, setup, gpu, sized)
     except ValueError:
         return ""
     if best == 0:
