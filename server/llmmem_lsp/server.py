@@ -27,8 +27,10 @@ from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 
 from llmmem import __version__
+from llmmem_lsp.completion import TRIGGER_CHARACTERS, completions
 from llmmem_lsp.convert import Lines, code_action, diagnostic, overlaps, workspace_edit
 from llmmem_lsp.documents import Analyzer, DocumentState, Result, document_path
+from llmmem_lsp.links import document_links
 from llmmem_lsp.protocol import LlmmemProtocol, unparsable
 from llmmem_lsp.settings import read_settings
 
@@ -102,6 +104,7 @@ class LlmmemServer(LanguageServer):
         self.pull_diagnostics = False
         self.versioned_edits = True
         self.resolve_edits = False  # quick fixes carry no edit until `codeAction/resolve`
+        self.hover_markdown = True  # False: the client renders hovers as plain text only
         self.refresh_lenses = False
         self.refresh_hints = False
         self.refresh_diagnostics = False
@@ -317,6 +320,33 @@ class LlmmemServer(LanguageServer):
             )
         )
 
+    def owner_uri(self, uri: str) -> str:
+        """The URI of the document analysed for `uri`: a notebook cell's notebook, else itself."""
+        notebook = self.workspace.get_notebook_document(cell_uri=uri)
+        return notebook.uri if notebook is not None else uri
+
+    async def current_view(
+        self, uri: str, wait_s: float
+    ) -> tuple[DocumentState, Result, str, str | None, int | None] | None:
+        """What a request on `uri` reads: the analysed document's state and result, the text of
+        `uri` (a cell's own text), the `path` of the plan's ranges in that text (None for a
+        file, the cell's `cell_path` for a notebook cell) and the cell's index."""
+        cell = self.cell_of(uri)
+        if cell is None:
+            found = await self.current(uri, wait_s)
+            if found is None:
+                return None
+            state, result = found
+            return state, result, result.text, None, None
+        state, index, text = cell
+        await self.analyzer.wait_current(state, wait_s)
+        if state.result is None:
+            return None
+        from llmmem.extract.notebook import cell_path
+
+        result = state.result
+        return state, result, text, cell_path(result.checked.analysis.plan.path, index), index
+
     async def current(self, uri: str, wait_s: float) -> tuple[DocumentState, Result] | None:
         state = self.analyzer.documents.get(uri)
         if state is None:
@@ -359,6 +389,10 @@ def initialize(ls: LlmmemServer, params: types.InitializeParams) -> None:
         and resolvable
         and "edit" in resolvable.properties
     )
+    hover_caps = text.hover if text else None
+    formats = hover_caps.content_format if hover_caps else None
+    # a client that names its formats and puts no Markdown among them gets plain text
+    ls.hover_markdown = not formats or types.MarkupKind.Markdown in formats
     ls.apply_settings(params.initialization_options, check_gpu=False)
     if params.process_id is not None:
         ls.watch_parent(params.process_id)
@@ -559,7 +593,8 @@ async def pull_diagnostics(
 def _hover_target(
     checked: Checked, lines: Lines, text: str, line: int, col: int, in_path: str | None = None
 ) -> tuple[str, SourceRange] | None:
-    """What the cursor is on: ("model" | "budget" | "lora" | "quant", the range), the smallest
+    """What the cursor is on: ("model" | "budget" | "setting:NAME" | "lora" | "quant", the
+    range), the smallest
     range that contains it winning; a setting's range covers its keyword too. Reads only the
     text around each setting (`lines` has the line starts), whatever the file's size."""
     from llmmem.rules.edits import keyword_span
@@ -574,7 +609,8 @@ def _hover_target(
     ]
     for name, sourced in plan.sourced_fields().items():
         if name != "model_id" and sourced.range is not None and sourced.range.path == in_path:
-            candidates.append(("budget", keyword_span(text, sourced.range, lines.starts)))
+            where = keyword_span(text, sourced.range, lines.starts)
+            candidates.append((f"setting:{name}", where))
     if plan.lora is not None:
         for sourced in (plan.lora.r, plan.lora.alpha, plan.lora.target_modules):
             if sourced.range is not None and sourced.range.path == in_path:
@@ -643,12 +679,27 @@ async def hover(ls: LlmmemServer, params: types.HoverParams) -> types.Hover | No
     }.get(kind)
     if render is not None:
         text = await loop.run_in_executor(None, render, analysis)
+    elif kind.startswith("setting:"):
+        field = kind.split(":", 1)[1]
+        text = await loop.run_in_executor(
+            None,
+            lambda: markdown.setting_hover(
+                analysis, field, in_path=in_path, measured=_measured(state, result)
+            ),
+        )
     else:
         text = await loop.run_in_executor(
             None, lambda: markdown.budget_hover(analysis, measured=_measured(state, result))
         )
     if not text:
         return None
+    if not ls.hover_markdown:
+        return types.Hover(
+            contents=types.MarkupContent(
+                kind=types.MarkupKind.PlainText, value=markdown.plain_text(text)
+            ),
+            range=lines.range(where),
+        )
     return types.Hover(
         contents=types.MarkupContent(kind=types.MarkupKind.Markdown, value=text),
         range=lines.range(where),
@@ -971,32 +1022,52 @@ def _cell_edit(
 # -- code lens and inlay hints --------------------------------------------------------------
 
 
-def _lens_anchor(checked: Checked) -> SourceRange | None:
+def _lens_anchor(checked: Checked, notebook: bool = False) -> SourceRange | None:
+    """Where the lens stands: the trainer call, else the model's loading, else the model id;
+    in the file itself, or (`notebook`) in any of its cells."""
+    from llmmem.extract.notebook import cell_index
+
     plan = checked.analysis.plan
     for where in (
         plan.trainer_range,
         plan.model_range,
         plan.model_id.range if plan.model_id else None,
     ):
-        if where is not None and where.path is None:
+        if where is None:
+            continue
+        if (where.path is None) if not notebook else cell_index(where, plan.path) is not None:
             return where
     return None
 
 
+def _first_code_cell(ls: LlmmemServer, uri: str) -> bool:
+    notebook = ls.workspace.get_notebook_document(cell_uri=uri)
+    if notebook is None:
+        return False
+    code = (cell.document for cell in notebook.cells if cell.kind == types.NotebookCellKind.Code)
+    return next(code, None) == uri
+
+
 @server.feature(types.TEXT_DOCUMENT_CODE_LENS)
 async def code_lens(ls: LlmmemServer, params: types.CodeLensParams) -> list[types.CodeLens] | None:
-    found = await ls.current(params.text_document.uri, HOVER_WAIT_S)
+    uri = params.text_document.uri
+    found = await ls.current_view(uri, HOVER_WAIT_S)
     if found is None:
         return None
-    state, result = found
+    state, result, text, in_path, index = found
+    anchor = _lens_anchor(result.checked, notebook=index is not None)
+    if index is not None:  # a notebook's lens is in the cell of its anchor, else the first one
+        if anchor is None and not _first_code_cell(ls, uri):
+            return []
+        if anchor is not None and anchor.path != in_path:
+            return []
     analysis = result.checked.analysis
     if analysis.budget is None:
         return None
     from llmmem.budget.bands import band_range
     from llmmem.units import format_bytes
 
-    lines = ls.lines(result.text)
-    anchor = _lens_anchor(result.checked)
+    lines = ls.lines(text)
     start = lines.position(anchor.start_line, 0) if anchor else types.Position(line=0, character=0)
     where = types.Range(start=start, end=start)
     budget = analysis.budget
@@ -1015,11 +1086,11 @@ async def code_lens(ls: LlmmemServer, params: types.CodeLensParams) -> list[type
     return [
         types.CodeLens(
             range=where,
-            command=types.Command(title=title, command="llmmem.explain", arguments=[state.uri]),
+            command=types.Command(title=title, command="llmmem.explain", arguments=[uri]),
         ),
         types.CodeLens(
             range=where,
-            command=types.Command(title="Verify", command="llmmem.verify", arguments=[state.uri]),
+            command=types.Command(title="Verify", command="llmmem.verify", arguments=[uri]),
         ),
     ]
 
@@ -1028,17 +1099,17 @@ async def code_lens(ls: LlmmemServer, params: types.CodeLensParams) -> list[type
 async def inlay_hints(
     ls: LlmmemServer, params: types.InlayHintParams
 ) -> list[types.InlayHint] | None:
-    found = await ls.current(params.text_document.uri, HOVER_WAIT_S)
+    found = await ls.current_view(params.text_document.uri, HOVER_WAIT_S)
     if found is None:
         return None
-    _, result = found
+    _, result, text, in_path, _ = found
     if result.unreadable:
         return None
     from llmmem.report.deltas import setting_deltas
 
-    lines = ls.lines(result.text)
+    lines = ls.lines(text)
     loop = asyncio.get_running_loop()
-    deltas = await loop.run_in_executor(None, setting_deltas, result.checked.analysis)
+    deltas = await loop.run_in_executor(None, setting_deltas, result.checked.analysis, in_path)
     hints = []
     for delta in deltas:
         end = lines.position(delta.range.end_line, delta.range.end_col)
@@ -1053,6 +1124,54 @@ async def inlay_hints(
             )
         )
     return hints
+
+
+# -- completion and document links ---------------------------------------------------------
+
+
+@server.feature(
+    types.TEXT_DOCUMENT_COMPLETION,
+    types.CompletionOptions(trigger_characters=TRIGGER_CHARACTERS, resolve_provider=False),
+)
+def completion(ls: LlmmemServer, params: types.CompletionParams) -> types.CompletionList | None:
+    """GPU names, pragma keys, rule codes, optimizer and attention names: read from the line
+    up to the cursor, with no analysis (a cell of a notebook is a text document too)."""
+    try:
+        document = ls.workspace.get_text_document(params.text_document.uri)
+        text = document.source
+    except Exception:
+        return None
+
+    lines = ls.lines(text)
+    line, col = lines.server_position(params.position)
+    path = to_fs_path(params.text_document.uri) or ""
+    items = completions(
+        lines.lines, line, col, lines.to_client_col, Path(path).name == "pyproject.toml"
+    )
+    if items is None:
+        return None
+    return types.CompletionList(is_incomplete=False, items=items)
+
+
+@server.feature(
+    types.TEXT_DOCUMENT_DOCUMENT_LINK, types.DocumentLinkOptions(resolve_provider=False)
+)
+def document_link(
+    ls: LlmmemServer, params: types.DocumentLinkParams
+) -> list[types.DocumentLink] | None:
+    """Links from `deepspeed=`/`--deepspeed`/`deepspeed:` values and `model_config=` pragmas to
+    the files they name, relative to the document (a cell's: its notebook's folder)."""
+    uri = params.text_document.uri
+    try:
+        text = ls.workspace.get_text_document(uri).source
+    except Exception:
+        return None
+    notebook = ls.workspace.get_notebook_document(cell_uri=uri)
+    path = to_fs_path(notebook.uri if notebook is not None else uri)
+    if not path:
+        return None
+    lines = ls.lines(text)
+    return document_links(lines.lines, Path(path).parent, lines.to_client_col)
 
 
 # -- commands -------------------------------------------------------------------------------
@@ -1071,7 +1190,8 @@ def _uri_argument(arguments: Any) -> str | None:
 @server.command("llmmem.explain")
 async def explain(ls: LlmmemServer, *arguments: Any) -> dict[str, Any]:
     """The full report of a document: Markdown for people, the budget and findings as JSON."""
-    uri = _uri_argument(list(arguments))
+    given = _uri_argument(list(arguments))
+    uri = ls.owner_uri(given) if given else None  # a cell's URI names its notebook
     found = await ls.current(uri, PULL_WAIT_S) if uri else None
     if found is None:
         if uri in ls.analyzer.documents:
@@ -1079,7 +1199,7 @@ async def explain(ls: LlmmemServer, *arguments: Any) -> dict[str, Any]:
                 "error": "the first analysis of this document is still running",
                 "pending": True,
             }
-        return {"error": f"not an open document: {uri}"}
+        return {"error": f"not an open document: {given}"}
     _, result = found
     from llmmem.report import markdown
     from llmmem.report.json_report import budget_dict
@@ -1089,7 +1209,8 @@ async def explain(ls: LlmmemServer, *arguments: Any) -> dict[str, Any]:
     if analysis.budget is not None and analysis.spec is not None:
         budget = budget_dict(analysis.budget, analysis.spec)
     return {
-        "uri": uri,
+        "uri": given,
+        **({"notebook": uri} if uri != given else {}),
         "version": result.version,
         "markdown": markdown.budget_hover(analysis),
         "model": markdown.model_hover(analysis),
@@ -1117,7 +1238,8 @@ async def verify(ls: LlmmemServer, *arguments: Any) -> dict[str, Any]:
     result is kept for the hover while the document stays at the version measured. Arguments:
     [uri] or [uri, {"simulate": true}] or [uri, {"device": "cpu"}] (default: the CUDA device
     of the server's machine). Cancelling the progress or the request ends the subprocess."""
-    uri = _uri_argument(list(arguments))
+    given = _uri_argument(list(arguments))
+    uri = ls.owner_uri(given) if given else None  # a cell's URI names its notebook
     state = ls.analyzer.documents.get(uri) if uri else None
     snapshot = ls._text_of(uri) if uri and state is not None else None
     if state is None or snapshot is None:

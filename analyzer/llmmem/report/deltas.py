@@ -26,7 +26,9 @@ class SettingDelta:
     delta_bytes: int  # device total of the alternative minus the current one
 
 
-def setting_deltas(analysis: Analysis) -> list[SettingDelta]:
+def setting_deltas(analysis: Analysis, in_path: str | None = None) -> list[SettingDelta]:
+    """What changing each setting written in the file would do; `in_path` is the `path` of the
+    ranges to consider (None: the file analysed; a notebook cell's `cell_path`: that cell)."""
     spec, setup, budget, plan = analysis.spec, analysis.setup, analysis.budget, analysis.plan
     if spec is None or setup is None or budget is None:
         return []
@@ -42,7 +44,7 @@ def setting_deltas(analysis: Analysis) -> list[SettingDelta]:
             return None
 
     def here(sourced: Sourced[Any] | None) -> SourceRange | None:
-        if sourced is None or sourced.range is None or sourced.range.path is not None:
+        if sourced is None or sourced.range is None or sourced.range.path != in_path:
             return None
         return sourced.range
 

@@ -1,0 +1,215 @@
+"""Completion: what llmmem knows the names of, offered where a name is written.
+
+- after `gpu=` in a `# llmmem:` comment and after `gpu = "` in `[tool.llmmem]` of
+  pyproject.toml: the GPU catalog (`llmmem.gpus`);
+- in a `# llmmem:` comment: its keys, and rule codes inside `ignore[...]`;
+- after `optim=` / `optim:` / `--optim` (and axolotl's `optimizer:`): the optimizer names
+  llmmem sizes (`llmmem.budget.optimizers`), after `attn_implementation=`: the attention
+  implementations; in a pragma, `optim=` and `precision=` too.
+
+Only the line up to the cursor is read: no analysis is needed, so a completion is answered at
+once, whatever the file's size.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from functools import lru_cache
+
+from lsprotocol import types
+
+_PRAGMA = re.compile(r"#\s*llmmem\s*:(?P<body>.*)$")
+_PRAGMA_VALUE = re.compile(r"(?:^|\s)(?P<key>[A-Za-z_][\w-]*)\s*=\s*[\"']?(?P<prefix>[^\s\"']*)$")
+_PRAGMA_IGNORE = re.compile(r"(?:^|\s)ignore\[(?P<done>[^\]]*?,\s*)?(?P<prefix>[\w]*)$")
+_PRAGMA_WORD = re.compile(r"(?:^|\s)(?P<prefix>[A-Za-z_][\w-]*)?$")
+# `optim="...`, `optim: ...`, `--optim ...`, `"optim": "...`, `optim = "...` (TOML)
+_SETTING_VALUE = re.compile(
+    r"(?:--(?P<flag>optim|attn_implementation)(?:\s+|=)"
+    r"|(?:^|[\s,({\"'])(?P<key>optim|optimizer|attn_implementation)[\"']?\s*[=:]\s*)"
+    r"[\"']?(?P<prefix>[\w.\-]*)$"
+)
+_TOML_GPU = re.compile(r"^\s*gpu\s*=\s*[\"'](?P<prefix>[^\"']*)$")
+_TOML_KEY = re.compile(r"^\s*(?P<prefix>[A-Za-z_][\w-]*)?$")
+_TOML_TABLE = re.compile(r"^\s*\[\s*(?P<name>[^\]]+?)\s*\]")
+
+TRIGGER_CHARACTERS = ["=", "[", ",", ":", '"', "'", " "]
+
+
+@lru_cache(maxsize=2)
+def key_items(pyproject: bool) -> tuple[tuple[str, str], ...]:
+    """The keys of a `# llmmem:` comment, or of `[tool.llmmem]`, with what each takes."""
+    from llmmem.schema import PragmaValuesModel, ProjectSettingsModel
+
+    model = ProjectSettingsModel if pyproject else PragmaValuesModel
+    return tuple(
+        (info.alias or name, info.description or "") for name, info in model.model_fields.items()
+    )
+
+
+@lru_cache(maxsize=1)
+def gpu_items() -> tuple[tuple[str, str], ...]:
+    from llmmem.gpus import GIB, all_gpus
+
+    return tuple(
+        (gpu.name, f"{gpu.capacity_bytes / GIB:g} GiB{'' if gpu.bf16 else ', no bf16'}")
+        for gpu in all_gpus()
+    )
+
+
+@lru_cache(maxsize=1)
+def optimizer_items() -> tuple[tuple[str, str], ...]:
+    from llmmem.budget.optimizers import OPTIMIZERS
+
+    return tuple((name, spec.label) for name, spec in OPTIMIZERS.items())
+
+
+@lru_cache(maxsize=1)
+def attention_items() -> tuple[tuple[str, str], ...]:
+    from llmmem.extract.vocabulary import _ATTENTION
+
+    names = sorted(set(_ATTENTION.values()))
+    return tuple((name, "attention implementation") for name in names)
+
+
+@lru_cache(maxsize=1)
+def rule_items() -> tuple[tuple[str, str], ...]:
+    from llmmem.rules.registry import all_rules
+
+    return tuple((rule.code, f"{rule.name}: {rule.summary}") for rule in all_rules())
+
+
+@lru_cache(maxsize=1)
+def precision_items() -> tuple[tuple[str, str], ...]:
+    from llmmem.extract.vocabulary import PRECISIONS
+
+    return tuple((name, "precision") for name in PRECISIONS)
+
+
+def _items(
+    names: tuple[tuple[str, str], ...],
+    kind: types.CompletionItemKind,
+    prefix: str,
+    line: int,
+    start: int,
+    end: int,
+    suffix: str = "",
+) -> list[types.CompletionItem]:
+    """Items whose text replaces `prefix` (columns `start`..`end`, in the client's units)."""
+    where = types.Range(
+        start=types.Position(line=line, character=start),
+        end=types.Position(line=line, character=end),
+    )
+    lowered = prefix.lower()
+    out = []
+    for order, (name, detail) in enumerate(names):
+        if lowered and lowered not in name.lower():
+            continue
+        out.append(
+            types.CompletionItem(
+                label=name,
+                kind=kind,
+                detail=detail,
+                sort_text=f"{order:04d}",
+                filter_text=name,
+                text_edit=types.TextEdit(range=where, new_text=name + suffix),
+            )
+        )
+    return out
+
+
+def _in_tool_llmmem(lines: list[str], line: int) -> bool:
+    for number in range(line, -1, -1):
+        found = _TOML_TABLE.match(lines[number])
+        if found is not None:
+            return found.group("name").replace(" ", "") == "tool.llmmem"
+    return False
+
+
+def completions(
+    lines: list[str],
+    line: int,
+    col: int,
+    to_client: Callable[[int, int], int],
+    is_pyproject: bool,
+) -> list[types.CompletionItem] | None:
+    """What fits at (line, col) (code points); `to_client(line, col)` converts a column to the
+    client's units. None where nothing is completed."""
+    if not 0 <= line < len(lines):
+        return None
+    before = lines[line][:col]
+
+    def edit_range(prefix: str) -> tuple[int, int]:
+        return to_client(line, col - len(prefix)), to_client(line, col)
+
+    if is_pyproject:
+        if not _in_tool_llmmem(lines, line):
+            return None
+        gpu = _TOML_GPU.match(before)
+        if gpu is not None:
+            prefix = gpu.group("prefix")
+            start, end = edit_range(prefix)
+            return _items(gpu_items(), types.CompletionItemKind.Value, prefix, line, start, end)
+        key = _TOML_KEY.match(before)
+        if key is not None:
+            prefix = key.group("prefix") or ""
+            start, end = edit_range(prefix)
+            return _items(
+                key_items(True), types.CompletionItemKind.Property, prefix, line, start, end, " = "
+            )
+        return None
+
+    pragma = _PRAGMA.search(before)
+    if pragma is not None:
+        return _pragma_completions(pragma.group("body"), line, edit_range)
+    setting = _SETTING_VALUE.search(before)
+    if setting is not None:
+        prefix = setting.group("prefix")
+        start, end = edit_range(prefix)
+        named = setting.group("flag") or setting.group("key")
+        table = attention_items() if named == "attn_implementation" else optimizer_items()
+        return _items(table, types.CompletionItemKind.EnumMember, prefix, line, start, end)
+    return None
+
+
+def _pragma_completions(
+    body: str, line: int, span: Callable[[str], tuple[int, int]]
+) -> list[types.CompletionItem]:
+    ignore = _PRAGMA_IGNORE.search(body)
+    if ignore is not None:
+        prefix = ignore.group("prefix")
+        done = {code.strip().upper() for code in (ignore.group("done") or "").split(",")}
+        codes = tuple(item for item in rule_items() if item[0] not in done)
+        start, end = span(prefix)
+        return _items(codes, types.CompletionItemKind.EnumMember, prefix, line, start, end)
+    value = _PRAGMA_VALUE.search(body)
+    if value is not None:
+        key = value.group("key").lower().replace("-", "_")
+        table = {
+            "gpu": gpu_items,
+            "optim": optimizer_items,
+            "precision": precision_items,
+        }.get(key)
+        if table is None:
+            return []
+        prefix = value.group("prefix")
+        start, end = span(prefix)
+        return _items(table(), types.CompletionItemKind.Value, prefix, line, start, end)
+    word = _PRAGMA_WORD.search(body)
+    if word is None:
+        return []
+    prefix = word.group("prefix") or ""
+    start, end = span(prefix)
+    items = _items(
+        key_items(False), types.CompletionItemKind.Property, prefix, line, start, end, "="
+    )
+    items += _items(
+        (("ignore", "silence findings on this line: ignore[LLM001] or every one"),),
+        types.CompletionItemKind.Keyword,
+        prefix,
+        line,
+        start,
+        end,
+        "[",
+    )
+    return items

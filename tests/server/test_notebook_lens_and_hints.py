@@ -1,0 +1,133 @@
+"""A notebook's cells get what a file gets: the code lens above the trainer in its cell, inlay
+hints behind the settings of a cell, and the commands (Explain, Verify) with a cell's URI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from lsp_helpers import published, start, wait_until
+from lsprotocol import types
+from pytest_lsp import LanguageClient
+
+VSCODE = "visual_studio_code"
+
+CELLS = [
+    (types.NotebookCellKind.Markup, "# Fine-tune Llama-3.1-8B"),
+    (
+        types.NotebookCellKind.Code,
+        "import torch\nfrom transformers import AutoModelForCausalLM\n\n"
+        'model = AutoModelForCausalLM.from_pretrained(\n    "meta-llama/Llama-3.1-8B",\n'
+        "    torch_dtype=torch.bfloat16,\n)",
+    ),
+    (
+        types.NotebookCellKind.Code,
+        "from transformers import Trainer, TrainingArguments\n\n"
+        "args = TrainingArguments(\n"
+        '    output_dir="out",\n'
+        "    per_device_train_batch_size=8,\n"
+        "    gradient_checkpointing=True,\n"
+        "    bf16=True,\n"
+        ")\n"
+        "Trainer(model=model, args=args).train()",
+    ),
+]
+
+
+def open_notebook(client: LanguageClient, workdir: Path) -> tuple[str, list[str]]:
+    notebook = workdir / "finetune.ipynb"
+    notebook.write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
+    cell_uris = [
+        f"vscode-notebook-cell:{notebook.as_posix()}#W{index}sZmlsZQ%3D%3D"
+        for index in range(len(CELLS))
+    ]
+    client.notebook_document_did_open(
+        types.DidOpenNotebookDocumentParams(
+            notebook_document=types.NotebookDocument(
+                uri=notebook.as_uri(),
+                notebook_type="jupyter-notebook",
+                version=1,
+                cells=[
+                    types.NotebookCell(kind=kind, document=uri)
+                    for (kind, _), uri in zip(CELLS, cell_uris, strict=True)
+                ],
+            ),
+            cell_text_documents=[
+                types.TextDocumentItem(
+                    uri=uri,
+                    language_id="python" if kind == types.NotebookCellKind.Code else "markdown",
+                    version=1,
+                    text=text,
+                )
+                for (kind, text), uri in zip(CELLS, cell_uris, strict=True)
+            ],
+        )
+    )
+    return notebook.as_uri(), cell_uris
+
+
+def everywhere(uri: str) -> types.Range:
+    return types.Range(
+        start=types.Position(line=0, character=0), end=types.Position(line=100, character=0)
+    )
+
+
+@pytest.mark.asyncio
+async def test_code_lens_and_inlay_hints_in_notebook_cells(
+    client: LanguageClient, workdir: Path
+) -> None:
+    await start(client, VSCODE)
+    notebook_uri, cells = open_notebook(client, workdir)
+    model_cell, trainer_cell = cells[1], cells[2]
+    await wait_until(lambda: any(p.uri == trainer_cell for p in published(client)))
+
+    lenses = await client.text_document_code_lens_async(
+        types.CodeLensParams(text_document=types.TextDocumentIdentifier(uri=trainer_cell))
+    )
+    assert lenses is not None and len(lenses) == 2
+    total, verify = lenses
+    assert total.command is not None and verify.command is not None
+    assert total.range.start.line == 2  # `args = TrainingArguments(` in its cell
+    assert " of 24.0 GiB on RTX-4090 " in total.command.title
+    assert total.command.command == "llmmem.explain"
+    assert list(total.command.arguments or []) == [trainer_cell]
+    assert verify.command.title == "Verify"
+    assert list(verify.command.arguments or []) == [trainer_cell]
+    # the lens is in the trainer's cell only
+    others = await client.text_document_code_lens_async(
+        types.CodeLensParams(text_document=types.TextDocumentIdentifier(uri=model_cell))
+    )
+    assert not others
+
+    hints = await client.text_document_inlay_hint_async(
+        types.InlayHintParams(
+            text_document=types.TextDocumentIdentifier(uri=trainer_cell),
+            range=everywhere(trainer_cell),
+        )
+    )
+    assert hints is not None
+    labels = {hint.position.line: str(hint.label) for hint in hints}
+    assert "per sample" in labels[4]  # per_device_train_batch_size=8
+    assert labels[5].startswith("saves ")  # gradient_checkpointing=True
+    assert hints[0].position.character == len("    per_device_train_batch_size=8")
+    model_hints = await client.text_document_inlay_hint_async(
+        types.InlayHintParams(
+            text_document=types.TextDocumentIdentifier(uri=model_cell),
+            range=everywhere(model_cell),
+        )
+    )
+    assert not model_hints
+
+    # Explain, from the lens, with the cell's URI: the notebook's report
+    report = await client.workspace_execute_command_async(
+        types.ExecuteCommandParams(command="llmmem.explain", arguments=[trainer_cell])
+    )
+    assert "error" not in report
+    assert report["uri"] == trainer_cell and report["notebook"] == notebook_uri
+    assert "of 24.0 GiB on RTX-4090" in report["markdown"]
+    assert report["budget"] is not None
+    # the notebook's own URI still works
+    report = await client.workspace_execute_command_async(
+        types.ExecuteCommandParams(command="llmmem.explain", arguments=[notebook_uri])
+    )
+    assert "error" not in report and report["uri"] == notebook_uri
