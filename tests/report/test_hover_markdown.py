@@ -3,6 +3,7 @@ run directly (never against strings copied from the output)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,7 +19,9 @@ from llmmem.report.markdown import (
     cell,
     lora_hover,
     model_hover,
+    plain_text,
     quantization_hover,
+    setting_hover,
 )
 from llmmem.units import format_bytes
 
@@ -33,6 +36,9 @@ def qlora():  # type: ignore[no-untyped-def]
 
 def test_budget_hover_rows_are_the_budget(qlora) -> None:  # type: ignore[no-untyped-def]
     text = budget_hover(qlora)
+    # each number keeps its unit on its line (a no-break space): no `24.4` over `GiB`
+    assert re.search(r"\| [\d.]+\u00a0GiB \|", text)
+    text = text.replace("\u00a0", " ")
     budget = qlora.budget
     for component, term in budget.peak.components.items():
         if term.bytes:
@@ -87,3 +93,36 @@ def test_per_sample_delta_is_one_more_sample_estimated_again(qlora) -> None:  # 
 
 def test_cell_escapes_pipes_and_newlines() -> None:
     assert cell("a | b\nc") == "a \\| b c"
+
+
+def test_a_settings_hover_is_short_and_leads_with_the_whole(qlora) -> None:  # type: ignore[no-untyped-def]
+    """The keyword's hover: the headline, what this setting costs and its nearby values, the
+    largest micro-batch; not the table (that stays on the trainer call)."""
+    text = setting_hover(qlora, "per_device_train_batch_size")
+    lines = [line for line in text.splitlines() if line]
+    budget = qlora.budget
+    total = format_bytes(budget.device_total_bytes)
+    assert lines[0].startswith(f"**≈ {total} of 24.0 GiB on RTX-4090**")
+    assert lines[1].startswith("`per_device_train_batch_size=4`: Each extra sequence")
+    assert "at micro-batch 2:" in text and "at micro-batch 8:" in text
+    best, _ = largest_batch(qlora.spec, qlora.setup, qlora.gpu)
+    assert f"Largest micro-batch that fits RTX-4090: **{best}** (now 4)." in text
+    assert "| component |" not in text
+    assert len(lines) <= 6
+
+
+def test_nearby_values_are_estimates_of_those_values(qlora) -> None:  # type: ignore[no-untyped-def]
+    from dataclasses import replace
+
+    from llmmem.budget.phases import estimate_budget
+
+    text = setting_hover(qlora, "per_device_train_batch_size").replace("\u00a0", " ")
+    at_two = estimate_budget(qlora.spec, replace(qlora.setup, batch=2), qlora.gpu)
+    assert f"at micro-batch 2: {format_bytes(at_two.device_total_bytes)}" in text
+
+
+def test_plain_text_hover_has_no_markdown(qlora) -> None:  # type: ignore[no-untyped-def]
+    text = plain_text(budget_hover(qlora))
+    assert "**" not in text and "`" not in text and "|---" not in text
+    assert text.splitlines()[0].startswith("≈ ")
+    assert any(line.startswith("weights · ") for line in text.splitlines())

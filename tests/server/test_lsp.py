@@ -140,7 +140,7 @@ async def test_severity_setting_turns_a_rule_off_and_bad_settings_are_reported(
 
 
 @pytest.mark.asyncio
-async def test_hover_on_a_trainer_keyword_shows_the_breakdown_against_the_gpu(
+async def test_hover_on_a_keyword_is_short_and_the_call_has_the_breakdown(
     client: LanguageClient, workdir: Path
 ) -> None:
     await start(client, VSCODE)
@@ -159,18 +159,63 @@ async def test_hover_on_a_trainer_keyword_shows_the_breakdown_against_the_gpu(
     expected = check_text(path, NOT_FITTING, fallback_gpu="RTX-4090", hub=False)
     budget = expected.analysis.budget
     assert budget is not None
-    assert f"**≈ {format_bytes(budget.device_total_bytes)} of 24.0 GiB on RTX-4090**" in text
-    assert "does not fit" in text
-    for component in ("weights", "gradients", "optimizer states", "activations"):
-        assert f"| {component} |" in text
+    lines = [line for line in text.splitlines() if line]
+    # the first line is the whole step against the GPU, the second this setting's own cost
+    assert lines[0].startswith(
+        f"**≈ {format_bytes(budget.device_total_bytes)} of 24.0 GiB on RTX-4090**"
+    )
+    assert "does not fit" in lines[0]
+    assert lines[1].startswith("`per_device_train_batch_size=8`: Each extra sequence")
+    assert "at micro-batch 4:" in text and "at micro-batch 16:" in text
     assert "Largest micro-batch that fits RTX-4090" in text or "Not even a micro-batch" in text
-    # the formula of each component is there, e.g. the AdamW states
-    assert re.search(r"\| optimizer states \| [\d.]+ GiB \| \d+% \| .*×", text)
+    assert "| component |" not in text and len(lines) <= 6
     # the hover's range is the keyword's value
     assert (
         hover.range is not None
         and hover.range.start.line == position_of(NOT_FITTING, "per_device_train_batch_size").line
     )
+    # the trainer call keeps the whole table, numbers with their units on one line
+    on_call = await client.text_document_hover_async(
+        types.HoverParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            position=position_of(NOT_FITTING, "args = TrainingArguments", 9),
+        )
+    )
+    assert on_call is not None and isinstance(on_call.contents, types.MarkupContent)
+    table = on_call.contents.value
+    for component in ("weights", "gradients", "optimizer states", "activations"):
+        assert f"| {component} |" in table
+    assert re.search(r"\| optimizer states \| [\d.]+\u00a0GiB \| \d+% \| .*×", table)
+
+
+@pytest.mark.asyncio
+async def test_a_client_without_markdown_gets_plain_text_hovers(
+    client: LanguageClient, workdir: Path
+) -> None:
+    capabilities = types.ClientCapabilities(
+        text_document=types.TextDocumentClientCapabilities(
+            hover=types.HoverClientCapabilities(content_format=[types.MarkupKind.PlainText]),
+            publish_diagnostics=types.PublishDiagnosticsClientCapabilities(),
+        )
+    )
+    await client.initialize_session(
+        types.InitializeParams(
+            capabilities=capabilities, initialization_options=options(gpu="RTX-4090")
+        )
+    )
+    uri = open_document(client, workdir / "train.py", NOT_FITTING)
+    await diagnostics_for(client, uri, 1)
+    hover = await client.text_document_hover_async(
+        types.HoverParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            position=position_of(NOT_FITTING, "args = TrainingArguments", 9),
+        )
+    )
+    assert hover is not None and isinstance(hover.contents, types.MarkupContent)
+    assert hover.contents.kind == types.MarkupKind.PlainText
+    text = hover.contents.value
+    assert text.startswith("≈ ") and "on RTX-4090" in text.splitlines()[0]
+    assert "**" not in text and "`" not in text and "|---" not in text
 
 
 @pytest.mark.asyncio

@@ -79,20 +79,21 @@ def _breakdown_table(budget: Budget) -> list[str]:
         if term.bytes == 0 and component is not Component.ACTIVATIONS:
             continue
         lines.append(
-            f"| {cell(component.value.replace('_', ' '))} | {format_bytes(term.bytes)} | "
+            f"| {cell(component.value.replace('_', ' '))} | {nowrap(format_bytes(term.bytes))} | "
             f"{100 * term.bytes / total:.0f}% | {cell(term.formula)} |"
         )
     lines.append(
-        f"| **allocated peak** | **{format_bytes(peak.allocated_bytes)}** | | "
+        f"| **allocated peak** | **{nowrap(format_bytes(peak.allocated_bytes))}** | | "
         "torch.cuda.max_memory_allocated |"
     )
     for overhead, term in budget.overheads.items():
         lines.append(
-            f"| + {cell(overhead.value.replace('_', ' '))} | {format_bytes(term.bytes)} | | "
+            f"| + {cell(overhead.value.replace('_', ' '))} | "
+            f"{nowrap(format_bytes(term.bytes))} | | "
             f"{cell(term.formula)} |"
         )
     lines.append(
-        f"| **device total** | **{format_bytes(budget.device_total_bytes)}** | | "
+        f"| **device total** | **{nowrap(format_bytes(budget.device_total_bytes))}** | | "
         "what nvidia-smi shows |"
     )
     return lines
@@ -175,6 +176,78 @@ def budget_hover(analysis: Analysis, *, measured: str | None = None) -> str:
     if measured:
         parts.append(measured)
     return "\n\n".join(parts)
+
+
+# the settings whose hover shows what two nearby values would give: (setup field, how)
+NEARBY = {
+    "per_device_train_batch_size": ("batch", "micro-batch"),
+    "max_seq_length": ("seq", "sequence length"),
+}
+
+
+def setting_hover(
+    analysis: Analysis, field: str, *, in_path: str | None = None, measured: str | None = None
+) -> str:
+    """A setting's own hover, short enough for the first screen of a hover box: the headline
+    for the whole step, then what this setting costs (per sample, per 1k tokens, what it
+    saves), what its nearby values would give and, for the micro-batch, the largest that
+    fits. The full table stays on the trainer call and in Explain."""
+    from llmmem.report.deltas import setting_deltas
+
+    budget, setup = analysis.budget, analysis.setup
+    if budget is None or setup is None or analysis.spec is None:
+        return budget_hover(analysis, measured=measured)
+    parts = [verdict_line(analysis)]
+    sourced = analysis.plan.sourced_fields().get(field)
+    written = f"{field}={sourced.value}" if sourced is not None else field
+    delta = next((d for d in setting_deltas(analysis, in_path) if d.field == field), None)
+    parts.append(code(written) + (f": {delta.detail}" if delta else ""))
+    nearby = NEARBY.get(field)
+    if nearby is not None:
+        attribute, label = nearby
+        now = int(getattr(setup, attribute))
+        values = sorted({max(1, now // 2), now * 2} - {now})
+        items = _what_ifs(analysis, [(f"{label} {v}", {attribute: v}) for v in values])
+        if items:
+            parts.append(
+                " · ".join(
+                    f"at {item.label}: {nowrap(format_bytes(item.device_total_bytes))} "
+                    f"({nowrap(_signed(item.delta_bytes))})"
+                    for item in items
+                )
+            )
+    if field == "per_device_train_batch_size":
+        line = largest_batch_line(analysis)
+        if line:
+            parts.append(line)
+    if measured:
+        parts.append(measured)
+    parts.append("_The whole breakdown: hover the trainer call, or run llmmem: Explain._")
+    return "\n\n".join(part for part in parts if part)
+
+
+def nowrap(text: str) -> str:
+    """A number and its unit kept on one line (a no-break space between them)."""
+    return text.replace(" ", "\u00a0")
+
+
+def plain_text(markdown: str) -> str:
+    """A hover for a client that renders no Markdown: no emphasis marks, code spans or table
+    rules; table rows as `cell · cell`."""
+    import re
+
+    out = []
+    for line in markdown.splitlines():
+        if re.fullmatch(r"\|?(\s*:?-{3,}:?\s*\|)+\s*:?-*:?\s*", line):
+            continue  # a table's header rule
+        if line.startswith("|") and line.endswith("|"):
+            cells = [c.strip().replace("\\|", "|") for c in line.strip("|").split(" | ")]
+            line = " · ".join(c for c in cells if c)
+        line = re.sub(r"\*\*(.+?)\*\*", r"\1", line)
+        line = re.sub(r"(?<![\w`])_(.+?)_(?![\w`])", r"\1", line)
+        line = re.sub(r"`([^`]*)`", r"\1", line)
+        out.append(line)
+    return "\n".join(out)
 
 
 def model_hover(analysis: Analysis) -> str:
