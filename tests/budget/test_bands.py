@@ -44,8 +44,10 @@ WIDER = {
     # README's "not explained yet"
     "hf/full/device/1 GPU": "full fine-tuning's cached segments",
     "hf/full/reserved/1 GPU": "full fine-tuning's cached segments",
-    # fsdp_qlora's own loop and allocator history: every row 8-22% low
+    # fsdp_qlora's own loop and allocator history: every row 8-22% low (its LoRA rows too,
+    # five with the NO_SHARD one)
     "hf/qlora/reserved/FSDP": "fsdp_qlora's reserved memory",
+    "hf/lora/reserved/FSDP": "fsdp_qlora's reserved memory",
 }
 LLAMA_8B = "meta-llama/Llama-3.1-8B"
 
