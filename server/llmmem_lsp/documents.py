@@ -16,6 +16,7 @@ lookup is started; when it lands, the document is analysed again.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 from collections.abc import Awaitable, Callable
@@ -43,6 +44,9 @@ SUFFIX_BY_LANGUAGE = {
 }
 
 
+_RESULT_SERIALS = itertools.count(1)
+
+
 @dataclass
 class Result:
     """One finished analysis of one version of a document."""
@@ -50,6 +54,7 @@ class Result:
     version: int | None
     text: str
     checked: Checked
+    serial: int = field(default_factory=lambda: next(_RESULT_SERIALS))  # one per analysis
 
     @property
     def unreadable(self) -> str | None:

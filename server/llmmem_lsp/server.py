@@ -37,6 +37,7 @@ from llmmem_lsp.settings import read_settings
 if TYPE_CHECKING:  # the analyzer is imported on first use: the server answers `initialize` first
     from llmmem.check import Checked
     from llmmem.plan import SourceRange
+    from llmmem_lsp.workspace import DiskReport
 
 log = logging.getLogger("llmmem_lsp")
 
@@ -112,6 +113,7 @@ class LlmmemServer(LanguageServer):
         self.notebooks: set[str] = set()  # URIs of open notebook documents
         self.parent_watch: asyncio.Task[None] | None = None
         self.verifying: set[asyncio.subprocess.Process] = set()  # `llmmem verify` runs
+        self.disk_reports: dict[Path, DiskReport] = {}  # closed files, for workspace/diagnostic
 
     def stop_work(self) -> None:
         """Stop what runs in the background: analyses and `llmmem verify` subprocesses."""
@@ -347,6 +349,49 @@ class LlmmemServer(LanguageServer):
         result = state.result
         return state, result, text, cell_path(result.checked.analysis.plan.path, index), index
 
+    def workspace_roots(self) -> list[str]:
+        """The workspace's folders on disk (its root where the client names no folders)."""
+        roots = [to_fs_path(folder.uri) for folder in self.workspace.folders.values()]
+        found = [root for root in roots if root]
+        if not found and self.workspace.root_path:
+            found = [self.workspace.root_path]
+        return found
+
+    async def disk_report(self, path: Path) -> DiskReport | None:
+        """A closed file's diagnostics, analysed again only when what it read has changed."""
+        from llmmem.lint_command import read_text
+        from llmmem_lsp.documents import plan_dependencies
+        from llmmem_lsp.workspace import DiskReport, digest, holds_training, state_key
+
+        settings = f"{self.analyzer.settings!r} {self.analyzer.detected_gpu!r}"
+        cached = self.disk_reports.get(path)
+        if cached is not None and state_key(path, cached.dependencies, settings) == cached.key:
+            return cached
+        try:
+            text = read_text(path)
+        except Exception:
+            self.disk_reports.pop(path, None)
+            return None
+        if self.analyzer._analysis_slot is None:
+            self.analyzer._analysis_slot = asyncio.Lock()
+        timeout = self.analyzer.settings.analysis_timeout_s
+        async with self.analyzer._analysis_slot:  # open documents' analyses come in between
+            try:
+                checked = await self.analyzer._analyse_in_thread(path, text, timeout)
+            except Exception:  # too slow, or a gap in the analyzer: nothing to say about it
+                log.info("workspace analysis of %s failed", path, exc_info=True)
+                checked = None
+        dependencies = frozenset(plan_dependencies(checked)) if checked is not None else frozenset()
+        key = state_key(path, dependencies, settings)
+        items: list[types.Diagnostic] = []
+        if checked is not None and holds_training(checked):
+            state = DocumentState(uri=path.as_uri(), path=path)
+            state.result = Result(version=None, text=text, checked=checked)
+            items = self.diagnostics_for(state)
+        report = DiskReport(key=key, result_id=digest(key), items=items, dependencies=dependencies)
+        self.disk_reports[path] = report
+        return report
+
     async def current(self, uri: str, wait_s: float) -> tuple[DocumentState, Result] | None:
         state = self.analyzer.documents.get(uri)
         if state is None:
@@ -566,7 +611,7 @@ def notebook_did_close(ls: LlmmemServer, params: types.DidCloseNotebookDocumentP
 @server.feature(
     types.TEXT_DOCUMENT_DIAGNOSTIC,
     types.DiagnosticOptions(
-        identifier="llmmem", inter_file_dependencies=True, workspace_diagnostics=False
+        identifier="llmmem", inter_file_dependencies=True, workspace_diagnostics=True
     ),
 )
 async def pull_diagnostics(
@@ -582,9 +627,80 @@ async def pull_diagnostics(
     if found is None:
         return types.RelatedFullDocumentDiagnosticReport(items=[])
     state, result = found
+    result_id = _result_id(result)
+    if params.previous_result_id == result_id:
+        return types.RelatedUnchangedDocumentDiagnosticReport(result_id=result_id)
     return types.RelatedFullDocumentDiagnosticReport(
-        items=ls.diagnostics_for(state), result_id=f"{state.uri}@{result.version}"
+        items=ls.diagnostics_for(state), result_id=result_id
     )
+
+
+def _result_id(result: Result) -> str:
+    """One analysis's id: a new version, setting or config re-analyses, and so changes it."""
+    return f"{result.version}#{result.serial}"
+
+
+@server.feature(types.WORKSPACE_DIAGNOSTIC)
+async def workspace_diagnostic(
+    ls: LlmmemServer, params: types.WorkspaceDiagnosticParams
+) -> types.WorkspaceDiagnosticReport:
+    """The findings of every training file in the workspace's folders (the files
+    `llmmem-lint DIR` reads): an open document's from its analysis, a closed file's from disk,
+    "unchanged" for a result id the client sent back that still holds."""
+    from llmmem_lsp.workspace import training_files
+
+    previous = {item.uri: item.value for item in params.previous_result_ids}
+    roots = [Path(p) for p in ls.workspace_roots()]
+    loop = asyncio.get_running_loop()
+    paths = await loop.run_in_executor(None, training_files, roots)
+    open_by_path: dict[str, DocumentState] = {}
+    for document in list(ls.analyzer.documents.values()):
+        try:
+            open_by_path[str(document.path.resolve())] = document
+        except OSError:
+            continue
+    items: list[types.WorkspaceDocumentDiagnosticReport] = []
+    for path in paths:
+        resolved = str(path.resolve())
+        state = open_by_path.get(resolved)
+        if state is not None:
+            if state.uri in ls.notebooks or state.result is None:
+                continue
+            result_id = _result_id(state.result)
+            version = state.result.version
+            if previous.get(state.uri) == result_id:
+                items.append(
+                    types.WorkspaceUnchangedDocumentDiagnosticReport(
+                        uri=state.uri, result_id=result_id, version=version
+                    )
+                )
+            else:
+                items.append(
+                    types.WorkspaceFullDocumentDiagnosticReport(
+                        uri=state.uri,
+                        items=ls.diagnostics_for(state),
+                        result_id=result_id,
+                        version=version,
+                    )
+                )
+            continue
+        report = await ls.disk_report(Path(resolved))
+        if report is None:
+            continue
+        uri = Path(resolved).as_uri()
+        if previous.get(uri) == report.result_id:
+            items.append(
+                types.WorkspaceUnchangedDocumentDiagnosticReport(
+                    uri=uri, result_id=report.result_id, version=None
+                )
+            )
+        else:
+            items.append(
+                types.WorkspaceFullDocumentDiagnosticReport(
+                    uri=uri, items=report.items, result_id=report.result_id, version=None
+                )
+            )
+    return types.WorkspaceDiagnosticReport(items=items)
 
 
 # -- hover ----------------------------------------------------------------------------------

@@ -1,0 +1,145 @@
+"""`workspace/diagnostic`: the findings of the workspace's training files, open or closed, and
+"unchanged" for a result id that still holds."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+from lsp_helpers import FITTING_LORA, NOT_FITTING, open_document, options, uri_of
+from lsprotocol import types
+from pytest_lsp import LanguageClient, client_capabilities
+
+VSCODE = "visual_studio_code"
+
+
+async def pull(
+    client: LanguageClient, previous: list[types.PreviousResultId] | None = None
+) -> dict[str, types.WorkspaceDocumentDiagnosticReport]:
+    report = await client.workspace_diagnostic_async(
+        types.WorkspaceDiagnosticParams(previous_result_ids=previous or [], identifier="llmmem")
+    )
+    return {item.uri: item for item in report.items}
+
+
+def codes(report: types.WorkspaceDocumentDiagnosticReport) -> list[str]:
+    assert isinstance(report, types.WorkspaceFullDocumentDiagnosticReport)
+    return [str(d.code) for d in report.items]
+
+
+@pytest.mark.asyncio
+async def test_workspace_diagnostics_cover_the_training_files_and_say_unchanged(
+    client: LanguageClient, workdir: Path
+) -> None:
+    (workdir / "scripts").mkdir()
+    big = workdir / "scripts" / "full_ft.py"
+    big.write_text(NOT_FITTING, encoding="utf-8")
+    (workdir / "lora.py").write_text(FITTING_LORA, encoding="utf-8")
+    (workdir / "util.py").write_text("def helper():\n    return 1\n", encoding="utf-8")
+    (workdir / "package.json").write_text('{"name": "x"}', encoding="utf-8")
+    (workdir / ".hidden").mkdir()
+    (workdir / ".hidden" / "copy.py").write_text(NOT_FITTING, encoding="utf-8")
+    result = await client.initialize_session(
+        types.InitializeParams(
+            capabilities=client_capabilities(VSCODE),
+            initialization_options=options(gpu="RTX-4090"),
+            workspace_folders=[types.WorkspaceFolder(uri=uri_of(workdir), name="work")],
+        )
+    )
+    provider = result.capabilities.diagnostic_provider
+    assert isinstance(provider, types.DiagnosticOptions) and provider.workspace_diagnostics
+
+    first = await pull(client)
+    # what `llmmem-lint DIR` reads, hidden folders left out; files without a model or a
+    # trainer have nothing to say
+    assert uri_of(workdir / ".hidden" / "copy.py") not in first
+    assert "LLM001" in codes(first[uri_of(big)])
+    assert "LLM001" not in codes(first[uri_of(workdir / "lora.py")])
+    for quiet in ("util.py", "package.json"):
+        report = first.get(uri_of(workdir / quiet))
+        assert report is None or codes(report) == []
+    assert all(item.version is None for item in first.values())  # all closed
+
+    # sent back, every id still holds: "unchanged"
+    previous = [
+        types.PreviousResultId(uri=uri, value=item.result_id)
+        for uri, item in first.items()
+        if item.result_id
+    ]
+    second = await pull(client, previous)
+    assert set(second) == set(first)
+    assert all(
+        isinstance(item, types.WorkspaceUnchangedDocumentDiagnosticReport)
+        for item in second.values()
+    )
+
+    # a file changed on disk is reported again, the others stay unchanged
+    big.write_text(NOT_FITTING.replace("adamw_torch", "paged_adamw_8bit"), encoding="utf-8")
+    stat = big.stat()
+    os.utime(big, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    third = await pull(client, previous)
+    assert isinstance(third[uri_of(big)], types.WorkspaceFullDocumentDiagnosticReport)
+    assert third[uri_of(big)].result_id != first[uri_of(big)].result_id
+    lora = third[uri_of(workdir / "lora.py")]
+    assert isinstance(lora, types.WorkspaceUnchangedDocumentDiagnosticReport)
+
+    # an open document is reported from its analysis, with its version; its id holds until
+    # it changes
+    uri = open_document(client, workdir / "lora.py", NOT_FITTING, version=3)
+    for _ in range(100):  # until its first analysis is done
+        fourth = await pull(client)
+        if uri in fourth and fourth[uri].version == 3:
+            break
+        await asyncio.sleep(0.1)
+    opened = fourth[uri]
+    assert opened.version == 3 and "LLM001" in codes(opened)
+    fifth = await pull(client, [types.PreviousResultId(uri=uri, value=opened.result_id)])
+    assert isinstance(fifth[uri], types.WorkspaceUnchangedDocumentDiagnosticReport)
+    assert fifth[uri].version == 3
+
+    # a setting that changes the findings changes every id
+    client.set_configuration(options(gpu="T4"), section="llmmem")
+    client.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(settings={"llmmem": options(gpu="T4")})
+    )
+    later = [types.PreviousResultId(uri=uri_of(big), value=third[uri_of(big)].result_id)]
+    for _ in range(100):
+        sixth = await pull(client, later)
+        if isinstance(sixth[uri_of(big)], types.WorkspaceFullDocumentDiagnosticReport):
+            break
+        await asyncio.sleep(0.1)
+    report = sixth[uri_of(big)]
+    assert isinstance(report, types.WorkspaceFullDocumentDiagnosticReport)
+    assert any("T4" in d.message for d in report.items)
+    assert not any("RTX-4090" in d.message for d in report.items)
+
+
+@pytest.mark.asyncio
+async def test_a_document_pull_with_a_result_id_that_holds_is_unchanged(
+    client: LanguageClient, workdir: Path
+) -> None:
+    await client.initialize_session(
+        types.InitializeParams(
+            capabilities=client_capabilities(VSCODE), initialization_options=options(gpu="T4")
+        )
+    )
+    uri = open_document(client, workdir / "train.py", NOT_FITTING)
+    params = types.DocumentDiagnosticParams(text_document=types.TextDocumentIdentifier(uri=uri))
+    first = await client.text_document_diagnostic_async(params)
+    assert isinstance(first, types.RelatedFullDocumentDiagnosticReport) and first.result_id
+    assert "LLM001" in [d.code for d in first.items]
+    again = await client.text_document_diagnostic_async(
+        types.DocumentDiagnosticParams(
+            text_document=types.TextDocumentIdentifier(uri=uri), previous_result_id=first.result_id
+        )
+    )
+    assert isinstance(again, types.RelatedUnchangedDocumentDiagnosticReport)
+    assert again.result_id == first.result_id
+    stale = await client.text_document_diagnostic_async(
+        types.DocumentDiagnosticParams(
+            text_document=types.TextDocumentIdentifier(uri=uri), previous_result_id="0#0"
+        )
+    )
+    assert isinstance(stale, types.RelatedFullDocumentDiagnosticReport)
