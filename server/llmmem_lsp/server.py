@@ -725,8 +725,7 @@ def _hover_target(
     ]
     for name, sourced in plan.sourced_fields().items():
         if name != "model_id" and sourced.range is not None and sourced.range.path == in_path:
-            where = keyword_span(text, sourced.range, lines.starts)
-            candidates.append((f"setting:{name}", where))
+            candidates.append((f"setting:{name}", keyword_span(text, sourced.range, lines.starts)))
     if plan.lora is not None:
         for sourced in (plan.lora.r, plan.lora.alpha, plan.lora.target_modules):
             if sourced.range is not None and sourced.range.path == in_path:
