@@ -131,3 +131,38 @@ async def test_code_lens_and_inlay_hints_in_notebook_cells(
         types.ExecuteCommandParams(command="llmmem.explain", arguments=[notebook_uri])
     )
     assert "error" not in report and report["uri"] == notebook_uri
+
+
+@pytest.mark.asyncio
+async def test_completion_and_links_in_a_notebook_cell(
+    client: LanguageClient, workdir: Path
+) -> None:
+    await start(client, VSCODE)
+    (workdir / "ds_zero2.json").write_text("{}", encoding="utf-8")
+    _, cells = open_notebook(client, workdir)
+    trainer_cell = cells[2]
+    text = CELLS[2][1].replace(
+        "    bf16=True,\n", '    bf16=True,\n    deepspeed="ds_zero2.json",\n    optim="pag\n'
+    )
+    client.text_document_did_change(
+        types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=trainer_cell, version=2),
+            content_changes=[types.TextDocumentContentChangeWholeDocument(text=text)],
+        )
+    )
+    line = text.split("\n").index('    optim="pag')
+    result = await client.text_document_completion_async(
+        types.CompletionParams(
+            text_document=types.TextDocumentIdentifier(uri=trainer_cell),
+            position=types.Position(line=line, character=len('    optim="pag')),
+        )
+    )
+    assert isinstance(result, types.CompletionList)
+    assert "paged_adamw_8bit" in {item.label for item in result.items}
+
+    links = await client.text_document_document_link_async(
+        types.DocumentLinkParams(text_document=types.TextDocumentIdentifier(uri=trainer_cell))
+    )
+    assert links is not None and len(links) == 1
+    assert links[0].target == (workdir / "ds_zero2.json").resolve().as_uri()
+    assert links[0].range.start.line == text.split("\n").index('    deepspeed="ds_zero2.json",')
