@@ -39,15 +39,18 @@ export const LANGUAGES = ['python', 'yaml', 'json', 'shellscript'] as const;
 
 export type DocumentFilter =
   | { scheme: string; language: string }
+  | { scheme: string; pattern: string }
   | { notebook: string; language: string };
 
-/** Files on disk and unsaved buffers in the four languages, and Python cells of notebooks. */
+/** Files on disk and unsaved buffers in the four languages, Python cells of notebooks, and
+ * pyproject.toml (GPU names completed in its [tool.llmmem] table). */
 export const DOCUMENT_SELECTOR: DocumentFilter[] = [
   ...LANGUAGES.flatMap((language) => [
     { scheme: 'file', language },
     { scheme: 'untitled', language },
   ]),
   { notebook: 'jupyter-notebook', language: 'python' },
+  { scheme: 'file', pattern: '**/pyproject.toml' },
 ];
 
 /** An `Executable` for vscode-languageclient (stdio is its default transport). */

@@ -31,14 +31,18 @@ describe('the server process', () => {
     });
   });
 
-  it('gets Python, YAML, JSON and shell files and the Python cells of notebooks', () => {
-    const languages = new Set(DOCUMENT_SELECTOR.map((filter) => filter.language));
+  it('gets Python, YAML, JSON and shell files, the Python cells of notebooks and pyproject.toml', () => {
+    const languages = new Set(DOCUMENT_SELECTOR.flatMap((filter) => ('language' in filter ? [filter.language] : [])));
     assert.deepEqual([...languages].sort(), ['json', 'python', 'shellscript', 'yaml']);
+    assert.deepEqual(
+      DOCUMENT_SELECTOR.filter((filter) => 'pattern' in filter),
+      [{ scheme: 'file', pattern: '**/pyproject.toml' }],
+    );
     assert.deepEqual(
       DOCUMENT_SELECTOR.filter((filter) => 'notebook' in filter),
       [{ notebook: 'jupyter-notebook', language: 'python' }],
     );
-    assert.ok(DOCUMENT_SELECTOR.some((f) => 'scheme' in f && f.scheme === 'file' && f.language === 'yaml'));
+    assert.ok(DOCUMENT_SELECTOR.some((f) => 'scheme' in f && f.scheme === 'file' && 'language' in f && f.language === 'yaml'));
   });
 
   it('is installed with pip in a terminal line that survives spaces in the path', () => {
