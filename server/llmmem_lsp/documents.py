@@ -126,6 +126,8 @@ class Analyzer:
         self.on_result = on_result  # called on the event loop for each result that stands
         self.on_abandoned = on_abandoned  # called when an analysis ran past its timeout
         self.settings = ServerSettings()
+        # per workspace folder (its resolved path), where the editor answers for that scope
+        self.folder_settings: dict[str, ServerSettings] = {}
         self.detected_gpu: str | None = None
         self.documents: dict[str, DocumentState] = {}
         self._analysis_slot: asyncio.Lock | None = None  # one analysis at a time
@@ -193,18 +195,33 @@ class Analyzer:
 
     # -- one analysis -----------------------------------------------------------------------
 
-    def _gpu_fallback(self) -> str | None:
-        return self.settings.gpu or self.detected_gpu
+    def settings_for(self, path: Path) -> ServerSettings:
+        """The settings of the workspace folder that holds `path` (the innermost one), else
+        the window's."""
+        if not self.folder_settings:
+            return self.settings
+        try:
+            resolved = path.resolve()
+        except (OSError, RuntimeError):
+            resolved = path
+        best: tuple[int, ServerSettings] | None = None
+        for folder, settings in self.folder_settings.items():
+            if resolved.is_relative_to(folder) and (best is None or len(folder) > best[0]):
+                best = (len(folder), settings)
+        return best[1] if best is not None else self.settings
+
+    def _gpu_fallback(self, settings: ServerSettings | None = None) -> str | None:
+        return (settings or self.settings).gpu or self.detected_gpu
 
     def analyse_now(self, path: Path, text: str) -> Checked:
         """The analysis itself (runs in the worker thread); never touches the network."""
         from llmmem.check import check_text
 
-        settings = self.settings
+        settings = self.settings_for(path)
         return check_text(
             path,
             text,
-            fallback_gpu=self._gpu_fallback(),
+            fallback_gpu=self._gpu_fallback(settings),
             hub=False,
             world_size=settings.world_size,
             severity=settings.severity,

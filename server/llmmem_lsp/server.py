@@ -32,7 +32,7 @@ from llmmem_lsp.convert import Lines, code_action, diagnostic, overlaps, workspa
 from llmmem_lsp.documents import Analyzer, DocumentState, Result, document_path
 from llmmem_lsp.links import document_links
 from llmmem_lsp.protocol import LlmmemProtocol, unparsable
-from llmmem_lsp.settings import read_settings
+from llmmem_lsp.settings import ServerSettings, read_settings
 
 if TYPE_CHECKING:  # the analyzer is imported on first use: the server answers `initialize` first
     from llmmem.check import Checked
@@ -282,7 +282,7 @@ class LlmmemServer(LanguageServer):
         return [
             diagnostic(narrowed(finding, plan, lines), lines, state.uri, rule_url(finding.code))
             for finding in result.checked.findings
-        ] + problem_diagnostics(result.checked, lines, self.analyzer.settings.gpu)
+        ] + problem_diagnostics(result.checked, lines, self.analyzer.settings_for(state.path).gpu)
 
     async def _publish(self, state: DocumentState, result: Result) -> None:
         """A new analysis stands: push its diagnostics (or ask a pulling client to pull)."""
@@ -363,7 +363,7 @@ class LlmmemServer(LanguageServer):
         from llmmem_lsp.documents import plan_dependencies
         from llmmem_lsp.workspace import DiskReport, digest, holds_training, state_key
 
-        settings = f"{self.analyzer.settings!r} {self.analyzer.detected_gpu!r}"
+        settings = f"{self.analyzer.settings_for(path)!r} {self.analyzer.detected_gpu!r}"
         cached = self.disk_reports.get(path)
         if cached is not None and state_key(path, cached.dependencies, settings) == cached.key:
             return cached
@@ -482,18 +482,38 @@ async def initialized(ls: LlmmemServer, params: types.InitializedParams) -> None
 
 
 async def _pull_configuration(ls: LlmmemServer) -> None:
+    """The window's settings, and each workspace folder's (`scopeUri`): a file is analysed
+    with the settings of the folder that holds it."""
+    folders: list[tuple[str, str]] = []
+    for folder in ls.workspace.folders.values():
+        path = to_fs_path(folder.uri)
+        if path:
+            folders.append((folder.uri, path))
+    items = [types.ConfigurationItem(section="llmmem")] + [
+        types.ConfigurationItem(section="llmmem", scope_uri=uri) for uri, _ in folders
+    ]
     try:
         answer = await asyncio.wait_for(
-            ls.workspace_configuration_async(
-                types.ConfigurationParams(items=[types.ConfigurationItem(section="llmmem")])
-            ),
+            ls.workspace_configuration_async(types.ConfigurationParams(items=items)),
             timeout=5,
         )
     except Exception as err:
         log.info("workspace/configuration failed: %s", err)
         return
-    if answer:
-        ls.apply_settings(answer[0])
+    if not answer:
+        return
+    ls.apply_settings(answer[0])
+    per_folder: dict[str, ServerSettings] = {}
+    for (_, folder_path), raw in zip(folders, answer[1:], strict=False):
+        if raw is None or raw == answer[0]:
+            continue  # the folder says what the window says
+        settings, problems = read_settings(raw, ls.analyzer.settings)
+        ls.show_settings_problems(problems)
+        try:
+            per_folder[str(Path(folder_path).resolve())] = settings
+        except (OSError, RuntimeError):
+            continue
+    ls.analyzer.folder_settings = per_folder
 
 
 async def _detect_gpu(ls: LlmmemServer) -> None:
@@ -1489,7 +1509,7 @@ def _verify_command(ls: LlmmemServer, path: Path, options: dict[str, Any]) -> li
         command.append("--simulate")
     elif options.get("device") in ("cpu", "cuda"):
         command += ["--device", str(options["device"])]
-    gpu = ls.analyzer.settings.gpu
+    gpu = ls.analyzer.settings_for(path).gpu
     if gpu:
         command += ["--gpu", gpu]
     if not ls.analyzer.settings.hub:

@@ -143,3 +143,42 @@ async def test_a_document_pull_with_a_result_id_that_holds_is_unchanged(
         )
     )
     assert isinstance(stale, types.RelatedFullDocumentDiagnosticReport)
+
+
+@pytest.mark.asyncio
+async def test_each_workspace_folder_has_its_own_settings(
+    client: LanguageClient, workdir: Path
+) -> None:
+    big_gpu, small_gpu = workdir / "cluster", workdir / "laptop"
+    big_gpu.mkdir()
+    small_gpu.mkdir()
+    client.set_configuration(options(gpu="RTX-4090"), section="llmmem")
+    client.set_configuration(options(gpu="H200"), section="llmmem", scope_uri=uri_of(big_gpu))
+    await client.initialize_session(
+        types.InitializeParams(
+            capabilities=client_capabilities(VSCODE),
+            initialization_options=options(),
+            workspace_folders=[
+                types.WorkspaceFolder(uri=uri_of(big_gpu), name="cluster"),
+                types.WorkspaceFolder(uri=uri_of(small_gpu), name="laptop"),
+            ],
+        )
+    )
+    on_cluster = open_document(client, big_gpu / "train.py", NOT_FITTING)
+    on_laptop = open_document(client, small_gpu / "train.py", NOT_FITTING)
+    reports = {}
+    for uri in (on_cluster, on_laptop):
+        report = await client.text_document_diagnostic_async(
+            types.DocumentDiagnosticParams(text_document=types.TextDocumentIdentifier(uri=uri))
+        )
+        assert isinstance(report, types.RelatedFullDocumentDiagnosticReport)
+        reports[uri] = report.items
+    assert "LLM001" not in [d.code for d in reports[on_cluster]]  # 8B full fine-tune fits 141 GB
+    assert any(d.code == "LLM001" and "RTX-4090" in d.message for d in reports[on_laptop])
+
+    # the workspace pull reads a closed file with its folder's settings too
+    (big_gpu / "other.py").write_text(NOT_FITTING, encoding="utf-8")
+    (small_gpu / "other.py").write_text(NOT_FITTING, encoding="utf-8")
+    pulled = await pull(client)
+    assert "LLM001" not in codes(pulled[uri_of(big_gpu / "other.py")])
+    assert "LLM001" in codes(pulled[uri_of(small_gpu / "other.py")])
