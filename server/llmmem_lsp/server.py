@@ -547,6 +547,18 @@ async def did_change_configuration(
     ls.analyzer.reanalyse_all()
 
 
+@server.feature(types.WORKSPACE_DID_CHANGE_WORKSPACE_FOLDERS)
+async def did_change_workspace_folders(
+    ls: LlmmemServer, params: types.DidChangeWorkspaceFoldersParams
+) -> None:
+    """A folder added or removed (pygls has updated the workspace's list): its settings are
+    asked for, or dropped, and the open files analysed again."""
+    caps = ls.client_capabilities.workspace
+    if caps and caps.configuration:
+        await _pull_configuration(ls)
+        ls.analyzer.reanalyse_all()
+
+
 @server.feature(types.WORKSPACE_DID_CHANGE_WATCHED_FILES)
 def did_change_watched_files(ls: LlmmemServer, params: types.DidChangeWatchedFilesParams) -> None:
     for change in params.changes:

@@ -182,3 +182,35 @@ async def test_each_workspace_folder_has_its_own_settings(
     pulled = await pull(client)
     assert "LLM001" not in codes(pulled[uri_of(big_gpu / "other.py")])
     assert "LLM001" in codes(pulled[uri_of(small_gpu / "other.py")])
+
+
+@pytest.mark.asyncio
+async def test_a_folder_added_brings_its_settings(client: LanguageClient, workdir: Path) -> None:
+    cluster = workdir / "cluster"
+    cluster.mkdir()
+    client.set_configuration(options(gpu="RTX-4090"), section="llmmem")
+    client.set_configuration(options(gpu="H200"), section="llmmem", scope_uri=uri_of(cluster))
+    await client.initialize_session(
+        types.InitializeParams(
+            capabilities=client_capabilities(VSCODE), initialization_options=options()
+        )
+    )
+    uri = open_document(client, cluster / "train.py", NOT_FITTING)
+    params = types.DocumentDiagnosticParams(text_document=types.TextDocumentIdentifier(uri=uri))
+    first = await client.text_document_diagnostic_async(params)
+    assert isinstance(first, types.RelatedFullDocumentDiagnosticReport)
+    assert "LLM001" in [d.code for d in first.items]  # the window's RTX-4090
+    client.workspace_did_change_workspace_folders(
+        types.DidChangeWorkspaceFoldersParams(
+            event=types.WorkspaceFoldersChangeEvent(
+                added=[types.WorkspaceFolder(uri=uri_of(cluster), name="cluster")], removed=[]
+            )
+        )
+    )
+    for _ in range(100):
+        report = await client.text_document_diagnostic_async(params)
+        assert isinstance(report, types.RelatedFullDocumentDiagnosticReport)
+        if "LLM001" not in [d.code for d in report.items]:
+            break
+        await asyncio.sleep(0.1)
+    assert "LLM001" not in [d.code for d in report.items]  # the folder's H200
