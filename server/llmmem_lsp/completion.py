@@ -27,7 +27,7 @@ _PRAGMA_WORD = re.compile(r"(?:^|\s)(?P<prefix>[A-Za-z_][\w-]*)?$")
 _SETTING_VALUE = re.compile(
     r"(?:--(?P<flag>optim|attn_implementation)(?:\s+|=)"
     r"|(?:^|[\s,({\"'])(?P<key>optim|optimizer|attn_implementation)[\"']?\s*[=:]\s*)"
-    r"[\"']?(?P<prefix>[\w.\-]*)$"
+    r"(?P<quote>[\"']?)(?P<prefix>[\w.\-]*)$"
 )
 _TOML_GPU = re.compile(r"^\s*gpu\s*=\s*[\"'](?P<prefix>[^\"']*)$")
 _TOML_KEY = re.compile(r"^\s*(?P<prefix>[A-Za-z_][\w-]*)?$")
@@ -94,6 +94,7 @@ def _items(
     start: int,
     end: int,
     suffix: str = "",
+    prefix_text: str = "",
 ) -> list[types.CompletionItem]:
     """Items whose text replaces `prefix` (columns `start`..`end`, in the client's units)."""
     where = types.Range(
@@ -112,7 +113,7 @@ def _items(
                 detail=detail,
                 sort_text=f"{order:04d}",
                 filter_text=name,
-                text_edit=types.TextEdit(range=where, new_text=name + suffix),
+                text_edit=types.TextEdit(range=where, new_text=prefix_text + name + suffix),
             )
         )
     return out
@@ -132,9 +133,11 @@ def completions(
     col: int,
     to_client: Callable[[int, int], int],
     is_pyproject: bool,
+    quoted_values: bool = False,
 ) -> list[types.CompletionItem] | None:
     """What fits at (line, col) (code points); `to_client(line, col)` converts a column to the
-    client's units. None where nothing is completed."""
+    client's units; `quoted_values`: a setting's value is a string literal (Python, JSON), so a
+    name completed where no quote was typed comes in quotes. None where nothing is completed."""
     if not 0 <= line < len(lines):
         return None
     before = lines[line][:col]
@@ -168,7 +171,14 @@ def completions(
         start, end = edit_range(prefix)
         named = setting.group("flag") or setting.group("key")
         table = attention_items() if named == "attn_implementation" else optimizer_items()
-        return _items(table, types.CompletionItemKind.EnumMember, prefix, line, start, end)
+        quote = (
+            '"'
+            if quoted_values and not setting.group("flag") and not setting.group("quote")
+            else ""
+        )
+        return _items(
+            table, types.CompletionItemKind.EnumMember, prefix, line, start, end, quote, quote
+        )
     return None
 
 

@@ -1288,12 +1288,19 @@ def completion(ls: LlmmemServer, params: types.CompletionParams) -> types.Comple
         text = document.source
     except Exception:
         return None
+    uri = params.text_document.uri
+    suffix = Path(to_fs_path(uri) or "").suffix
+    quoted = (
+        document.language_id in ("python", "json", "jsonc")
+        or suffix in (".py", ".json")
+        or ls.workspace.get_notebook_document(cell_uri=uri) is not None
+    )
 
     lines = ls.lines(text)
     line, col = lines.server_position(params.position)
     path = to_fs_path(params.text_document.uri) or ""
     items = completions(
-        lines.lines, line, col, lines.to_client_col, Path(path).name == "pyproject.toml"
+        lines.lines, line, col, lines.to_client_col, Path(path).name == "pyproject.toml", quoted
     )
     if items is None:
         return None

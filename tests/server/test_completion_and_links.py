@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM, TrainingArguments
 
 model = AutoModelForCausalLM.from_pretrained("Qwen/Qwen2.5-0.5B", attn_implementation="fl")
 args = TrainingArguments(output_dir="out", optim="paged_", deepspeed="ds_zero3.json")
+other = TrainingArguments(output_dir="out", optim=adamw_8)
 """
 
 
@@ -113,6 +114,12 @@ async def test_completion_offers_what_llmmem_knows_where_it_is_written(
     optims = await complete(client, uri, line, col)
     assert {item.label for item in optims} == {n for n in OPTIMIZERS if "paged_" in n}
     assert applied(SCRIPT, optims[0]).count('optim="paged_') == 1  # the prefix is replaced
+    # where no quote was typed, the name comes as a string literal
+    line, col = line_end(SCRIPT, "optim=adamw_8")
+    bare = next(
+        item for item in await complete(client, uri, line, col) if item.label == "adamw_8bit"
+    )
+    assert applied(SCRIPT, bare).endswith('optim="adamw_8bit")')
     # attn_implementation= values
     line, col = line_end(SCRIPT, 'attn_implementation="fl')
     attention = {item.label for item in await complete(client, uri, line, col)}
@@ -132,6 +139,8 @@ async def test_completion_in_yaml_shell_and_pyproject(
     yaml_uri = open_document(client, workdir / "axolotl.yaml", yaml_text, "yaml")
     items = await complete(client, yaml_uri, 1, len("optimizer: adamw_"))
     assert "adamw_8bit" in {item.label for item in items}
+    eight_bit = next(item for item in items if item.label == "adamw_8bit")
+    assert applied(yaml_text, eight_bit) == "optimizer: adamw_8bit"  # YAML: no quotes
 
     shell = "accelerate launch train.py \\\n  --optim pag\n"
     shell_uri = open_document(client, workdir / "run.sh", shell, "shellscript")
