@@ -62,19 +62,36 @@ def digest(key: str) -> str:
     return hashlib.sha1(key.encode("utf-8", errors="surrogatepass")).hexdigest()[:16]
 
 
+def _walk(root: Path) -> list[Path]:
+    """The files `llmmem-lint ROOT` reads (`llmmem.lint_command.iter_files`: the linted
+    suffixes, no hidden, `node_modules` or `__pycache__` folder on the way), sorted; hidden
+    folders are not entered at all (a virtual environment is not read on every pull)."""
+    from llmmem.lint_command import LINTED_SUFFIXES
+
+    def skipped(name: str) -> bool:
+        return name.startswith(".") or name in ("node_modules", "__pycache__")
+
+    out: list[Path] = []
+    if any(skipped(part) for part in root.parts):
+        return out  # iter_files leaves out every file under such a folder
+    for directory, folders, files in os.walk(root):
+        folders[:] = [name for name in folders if not skipped(name)]
+        for name in files:
+            path = Path(directory) / name
+            if path.suffix in LINTED_SUFFIXES and not skipped(name) and path.is_file():
+                out.append(path)
+    return sorted(out)
+
+
 def training_files(roots: list[Path]) -> list[Path]:
     """The files `llmmem-lint` would lint under `roots` (notebooks left out), at most
     `MAX_WORKSPACE_FILES`."""
-    from llmmem.lint_command import MAX_FILE_BYTES, iter_files
+    from llmmem.lint_command import MAX_FILE_BYTES
 
     out: list[Path] = []
     seen: set[Path] = set()
     for root in roots:
-        try:
-            found = iter_files([str(root)])
-        except Exception:  # a folder gone or unreadable since the editor named it
-            continue
-        for path in found:
+        for path in _walk(root):
             if path.suffix == ".ipynb" or path in seen:
                 continue
             try:

@@ -214,3 +214,34 @@ async def test_a_folder_added_brings_its_settings(client: LanguageClient, workdi
             break
         await asyncio.sleep(0.1)
     assert "LLM001" not in [d.code for d in report.items]  # the folder's H200
+
+
+def test_the_workspace_walk_reads_what_llmmem_lint_reads(workdir: Path) -> None:
+    from llmmem.lint_command import iter_files
+    from llmmem_lsp.workspace import training_files
+
+    for name in (
+        "train.py",
+        "configs/ds.json",
+        "configs/axolotl.yml",
+        "run.sh",
+        "notes.md",
+        "nb.ipynb",
+        ".venv/lib/site.py",
+        "node_modules/x/index.json",
+        "pkg/__pycache__/m.py",
+        "pkg/.hidden.py",
+        "pkg/deep/er/model.yaml",
+    ):
+        path = workdir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x: 1\n", encoding="utf-8")
+    linted = [path for path in iter_files([str(workdir)]) if path.suffix != ".ipynb"]
+    assert training_files([workdir]) == linted
+    assert [p.relative_to(workdir).as_posix() for p in linted] == [
+        "configs/axolotl.yml",
+        "configs/ds.json",
+        "pkg/deep/er/model.yaml",
+        "run.sh",
+        "train.py",
+    ]
