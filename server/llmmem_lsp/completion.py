@@ -29,7 +29,7 @@ _SETTING_VALUE = re.compile(
     r"|(?:^|[\s,({\"'])(?P<key>optim|optimizer|attn_implementation)[\"']?\s*[=:]\s*)"
     r"(?P<quote>[\"']?)(?P<prefix>[\w.\-]*)$"
 )
-_TOML_GPU = re.compile(r"^\s*gpu\s*=\s*[\"'](?P<prefix>[^\"']*)$")
+_TOML_VALUE = re.compile(r"^\s*(?P<key>[A-Za-z_][\w-]*)\s*=\s*[\"'](?P<prefix>[^\"']*)$")
 _TOML_KEY = re.compile(r"^\s*(?P<prefix>[A-Za-z_][\w-]*)?$")
 _TOML_TABLE = re.compile(r"^\s*\[\s*(?P<name>[^\]]+?)\s*\]")
 
@@ -79,6 +79,16 @@ def rule_items() -> tuple[tuple[str, str], ...]:
     return tuple((rule.code, f"{rule.name}: {rule.summary}") for rule in all_rules())
 
 
+@lru_cache(maxsize=2)
+def level_items(fail_on: bool) -> tuple[tuple[str, str], ...]:
+    """The levels of `fail_on` (the least severity that fails `llmmem-lint`), or of a rule's
+    severity."""
+    from llmmem.extract.pragmas import FAIL_ON_LEVELS, SEVERITY_LEVELS
+
+    levels = FAIL_ON_LEVELS if fail_on else SEVERITY_LEVELS
+    return tuple((level, "fail_on" if fail_on else "severity") for level in levels)
+
+
 @lru_cache(maxsize=1)
 def precision_items() -> tuple[tuple[str, str], ...]:
     from llmmem.extract.vocabulary import PRECISIONS
@@ -119,12 +129,47 @@ def _items(
     return out
 
 
-def _in_tool_llmmem(lines: list[str], line: int) -> bool:
+def _toml_table(lines: list[str], line: int) -> str | None:
+    """The name of the TOML table `line` is in (`tool.llmmem`), None before the first one."""
     for number in range(line, -1, -1):
         found = _TOML_TABLE.match(lines[number])
         if found is not None:
-            return found.group("name").replace(" ", "") == "tool.llmmem"
-    return False
+            return found.group("name").replace(" ", "").replace('"', "")
+    return None
+
+
+def _toml_completions(
+    lines: list[str], line: int, before: str, span: Callable[[str], tuple[int, int]]
+) -> list[types.CompletionItem] | None:
+    """In `[tool.llmmem]`: its keys, GPU names for `gpu`, the levels for `fail_on`; in
+    `[tool.llmmem.severity]`: rule codes as keys, severity levels as values."""
+    table = _toml_table(lines, line)
+    if table not in ("tool.llmmem", "tool.llmmem.severity"):
+        return None
+    value = _TOML_VALUE.match(before)
+    if value is not None:
+        key, prefix = value.group("key"), value.group("prefix")
+        start, end = span(prefix)
+        kind = types.CompletionItemKind.Value
+        if table == "tool.llmmem.severity":
+            return _items(level_items(False), kind, prefix, line, start, end)
+        if key == "gpu":
+            return _items(gpu_items(), kind, prefix, line, start, end)
+        if key == "fail_on":
+            return _items(level_items(True), kind, prefix, line, start, end)
+        return None
+    bare = _TOML_KEY.match(before)
+    if bare is None:
+        return None
+    prefix = bare.group("prefix") or ""
+    start, end = span(prefix)
+    if table == "tool.llmmem.severity":
+        return _items(
+            rule_items(), types.CompletionItemKind.EnumMember, prefix, line, start, end, ' = "'
+        )
+    return _items(
+        key_items(True), types.CompletionItemKind.Property, prefix, line, start, end, " = "
+    )
 
 
 def completions(
@@ -146,21 +191,7 @@ def completions(
         return to_client(line, col - len(prefix)), to_client(line, col)
 
     if is_pyproject:
-        if not _in_tool_llmmem(lines, line):
-            return None
-        gpu = _TOML_GPU.match(before)
-        if gpu is not None:
-            prefix = gpu.group("prefix")
-            start, end = edit_range(prefix)
-            return _items(gpu_items(), types.CompletionItemKind.Value, prefix, line, start, end)
-        key = _TOML_KEY.match(before)
-        if key is not None:
-            prefix = key.group("prefix") or ""
-            start, end = edit_range(prefix)
-            return _items(
-                key_items(True), types.CompletionItemKind.Property, prefix, line, start, end, " = "
-            )
-        return None
+        return _toml_completions(lines, line, before, edit_range)
 
     pragma = _PRAGMA.search(before)
     if pragma is not None:

@@ -156,6 +156,16 @@ async def test_completion_in_yaml_shell_and_pyproject(
     assert {"gpu", "world_size", "severity"} <= {item.label for item in keys}
     assert await complete(client, toml_uri, 1, len("name = ")) == []  # not in [tool.llmmem]
 
+    toml = '[tool.llmmem]\nfail_on = "w\n\n[tool.llmmem.severity]\nLLM00\nLLM002 = "\n'
+    toml_uri = open_document(client, workdir / "pyproject.toml", toml, "toml", version=2)
+    levels = await complete(client, toml_uri, 1, len('fail_on = "w'))
+    assert [item.label for item in levels] == ["warning"]
+    codes = await complete(client, toml_uri, 4, len("LLM00"))
+    assert [item.label for item in codes] == [r.code for r in all_rules() if "LLM00" in r.code]
+    assert applied(toml, codes[0]) == 'LLM001 = "'
+    severities = await complete(client, toml_uri, 5, len('LLM002 = "'))
+    assert [item.label for item in severities] == ["error", "warning", "info", "hint", "off"]
+
 
 @pytest.mark.asyncio
 async def test_completion_answers_at_once_on_a_large_file(
