@@ -1,7 +1,8 @@
 """Completion: what llmmem knows the names of, offered where a name is written.
 
 - after `gpu=` in a `# llmmem:` comment and after `gpu = "` in `[tool.llmmem]` of
-  pyproject.toml: the GPU catalog (`llmmem.gpus`);
+  pyproject.toml: the GPU catalog (`llmmem.gpus`); that table's keys and `fail_on` levels, and
+  rule codes and their levels in `[tool.llmmem.severity]`;
 - in a `# llmmem:` comment: its keys, and rule codes inside `ignore[...]`;
 - after `optim=` / `optim:` / `--optim` (and axolotl's `optimizer:`): the optimizer names
   llmmem sizes (`llmmem.budget.optimizers`), after `attn_implementation=`: the attention
