@@ -678,8 +678,13 @@ async def workspace_diagnostic(
 ) -> types.WorkspaceDiagnosticReport:
     """The findings of every training file in the workspace's folders (the files
     `llmmem-lint DIR` reads): an open document's from its analysis, a closed file's from disk,
-    "unchanged" for a result id the client sent back that still holds."""
+    "unchanged" for a result id the client sent back that still holds. A client that gives a
+    `partialResultToken` gets the reports as they come (`$/progress`, one after each file
+    analysed afresh), and an empty final result."""
     from llmmem_lsp.workspace import training_files
+
+    token = params.partial_result_token
+    partial_sent = False
 
     previous = {item.uri: item.value for item in params.previous_result_ids}
     roots = [Path(p) for p in ls.workspace_roots()]
@@ -716,6 +721,7 @@ async def workspace_diagnostic(
                     )
                 )
             continue
+        before = ls.disk_reports.get(Path(resolved))
         report = await ls.disk_report(Path(resolved))
         if report is None:
             continue
@@ -732,7 +738,27 @@ async def workspace_diagnostic(
                     uri=uri, items=report.items, result_id=report.result_id, version=None
                 )
             )
+        if token is not None and report is not before:  # analysed now: show what there is
+            _send_partial(ls, token, items)
+            items, partial_sent = [], True
+    if partial_sent:
+        if items:
+            _send_partial(ls, token, items)
+        return types.WorkspaceDiagnosticReport(items=[])
     return types.WorkspaceDiagnosticReport(items=items)
+
+
+def _send_partial(
+    ls: LlmmemServer, token: int | str | None, items: list[types.WorkspaceDocumentDiagnosticReport]
+) -> None:
+    if token is None:
+        return
+    ls.protocol.notify(
+        types.PROGRESS,
+        types.ProgressParams(
+            token=token, value=types.WorkspaceDiagnosticReportPartialResult(items=items)
+        ),
+    )
 
 
 # -- hover ----------------------------------------------------------------------------------

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from pathlib import Path
 
 import pytest
-from lsp_helpers import FITTING_LORA, NOT_FITTING, open_document, options, uri_of
+import pytest_lsp
+from lsp_helpers import FITTING_LORA, NOT_FITTING, SERVER_ENV, open_document, options, uri_of
 from lsprotocol import types
-from pytest_lsp import LanguageClient, client_capabilities
+from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 
 VSCODE = "visual_studio_code"
 
@@ -245,3 +247,80 @@ def test_the_workspace_walk_reads_what_llmmem_lint_reads(workdir: Path) -> None:
         "run.sh",
         "train.py",
     ]
+
+
+def recording_client() -> LanguageClient:
+    """A client that records `$/progress` notifications as they come (partial results)."""
+    from pygls.protocol import default_converter
+    from pytest_lsp.client import DEFAULT_CLIENT_FEATURES, register_lsp_features
+
+    client = LanguageClient(converter_factory=default_converter)
+
+    def on_progress(client: LanguageClient, params: types.ProgressParams) -> None:
+        client.__dict__.setdefault("partials", []).append(params)
+
+    def on_register(client: LanguageClient, params: types.RegistrationParams) -> None:
+        return None
+
+    features = {
+        **DEFAULT_CLIENT_FEATURES,
+        types.PROGRESS: on_progress,
+        types.CLIENT_REGISTER_CAPABILITY: on_register,
+    }
+    register_lsp_features(client, features)
+    return client
+
+
+@pytest_lsp.fixture(
+    config=ClientServerConfig(
+        server_command=[sys.executable, "-m", "llmmem_lsp"],
+        server_env=SERVER_ENV,
+        client_factory=recording_client,
+    )
+)
+async def partial_client(lsp_client: LanguageClient):  # type: ignore[no-untyped-def]
+    yield lsp_client
+    await lsp_client.shutdown_session()
+
+
+@pytest.mark.asyncio
+async def test_a_client_with_a_partial_result_token_gets_the_reports_as_they_come(
+    partial_client: LanguageClient, workdir: Path
+) -> None:
+    client = partial_client
+    for index in range(3):
+        (workdir / f"train_{index}.py").write_text(NOT_FITTING, encoding="utf-8")
+    await client.initialize_session(
+        types.InitializeParams(
+            capabilities=client_capabilities(VSCODE),
+            initialization_options=options(gpu="RTX-4090"),
+            workspace_folders=[types.WorkspaceFolder(uri=uri_of(workdir), name="work")],
+        )
+    )
+    final = await client.workspace_diagnostic_async(
+        types.WorkspaceDiagnosticParams(previous_result_ids=[], partial_result_token="pull-1")
+    )
+    partials = [p for p in client.__dict__.get("partials", []) if p.token == "pull-1"]
+    assert list(final.items) == []  # everything came as partial results
+    assert len(partials) >= 3  # one after each file analysed
+    reported = {item["uri"]: item for p in partials for item in p.value["items"]}
+    assert set(reported) == {uri_of(workdir / f"train_{i}.py") for i in range(3)}
+    assert all(item["kind"] == "full" for item in reported.values())
+    assert all(any(d["code"] == "LLM001" for d in item["items"]) for item in reported.values())
+
+    # nothing analysed afresh: one final result, no partial ones
+    count = len(client.__dict__.get("partials", []))
+    again = await client.workspace_diagnostic_async(
+        types.WorkspaceDiagnosticParams(
+            previous_result_ids=[
+                types.PreviousResultId(uri=uri, value=item["resultId"])
+                for uri, item in reported.items()
+            ],
+            partial_result_token="pull-2",
+        )
+    )
+    assert len(client.__dict__.get("partials", [])) == count
+    assert len(again.items) == 3
+    assert all(
+        isinstance(item, types.WorkspaceUnchangedDocumentDiagnosticReport) for item in again.items
+    )
