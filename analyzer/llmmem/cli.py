@@ -122,9 +122,13 @@ def _add_estimate_parser(sub: Any) -> None:
     p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=None)
     p.add_argument(
         "--offload",
-        action="store_true",
+        nargs="?",
+        const="all",
         default=None,
-        help="offload optimizer states (and ZeRO-3/FSDP parameters) to the CPU",
+        choices=["optimizer", "params", "all"],
+        help="what lives on the CPU: the optimizer states (ZeRO offload_optimizer), the "
+        "parameters (ZeRO-3 offload_param, FSDP CPUOffload: ZeRO-3 or FSDP only), or both "
+        "(no value: both where the parameters can be offloaded, else the states)",
     )
     p.add_argument(
         "--fsdp",

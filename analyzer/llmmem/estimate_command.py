@@ -305,14 +305,22 @@ def build_setup(
     zero = _pick(args, "zero", prov)
     fsdp = getattr(args, "fsdp", None)
     world = _pick(args, "world_size", prov)
-    offload = bool(getattr(args, "offload", False))
+    offload = getattr(args, "offload", None)
+    shards_params = zero == 3 or fsdp is not None
+    if offload == "params" and not shards_params:
+        raise UsageError(
+            "--offload params needs ZeRO stage 3 (--zero 3) or FSDP (--fsdp): only sharded "
+            "parameters can live on the CPU"
+        )
     try:
         distributed = DistributedSetup(
             world_size=world,
             zero_stage=zero,
             fsdp=FsdpShard(fsdp) if fsdp else None,
-            offload_optimizer=offload,
-            offload_params=offload and (zero == 3 or fsdp is not None),
+            # FSDP's CPUOffload moves the parameters and steps them on the CPU: states too
+            offload_optimizer=offload in ("optimizer", "all")
+            or (offload == "params" and fsdp is not None),
+            offload_params=offload in ("params", "all") and shards_params,
         )
         setup = TrainingSetup(
             mode=Mode(_pick(args, "mode", prov)),

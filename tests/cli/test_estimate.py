@@ -151,6 +151,10 @@ BAD_INPUT = [
         ["--model", "meta-llama/Llama-3.1-8B", "--mode", "generate", "--new-tokens", "-1"],
         "new_tokens must be at least 0",
     ),
+    (
+        ["--model", "meta-llama/Llama-3.1-8B", "--offload", "params"],
+        "--offload params needs ZeRO stage 3",
+    ),
 ]
 
 
@@ -167,6 +171,7 @@ BAD_INPUT = [
         "unknown-optimizer",
         "lora-target-missing",
         "negative-new-tokens",
+        "offload-params-unsharded",
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], says: str) -> None:
@@ -281,3 +286,24 @@ def test_a_gpu_inside_the_band_is_tight(capsys: pytest.CaptureFixture[str]) -> N
     below = f"{out['band_low_bytes'] / 2**30 - 0.05:.2f}GiB"
     low = estimate_json(capsys, *QLORA_8B, "--gpu", below)
     assert low["verdict"] == "does not fit"
+
+
+def test_offload_says_what_lives_on_the_cpu(capsys: pytest.CaptureFixture[str]) -> None:
+    """ZeRO-3 over 4 GPUs: `--offload optimizer` moves the states, `--offload params` the
+    parameters, a bare `--offload` both."""
+    base = ["--model", "meta-llama/Llama-3.1-8B", "--method", "full", "--zero", "3"]
+    base += ["--world-size", "4", "--grad-ckpt", "--gpu", "A100-80GB"]
+
+    def held(*extra: str) -> tuple[int, int]:
+        step = estimate_json(capsys, *base, *extra)["phases"]["optimizer_step"]["components"]
+        return step.get("weights", 0), step.get("optimizer_states", 0)
+
+    weights, states = held()
+    assert weights > 0 and states > 0
+    kept_weights, no_states = held("--offload", "optimizer")
+    assert kept_weights == pytest.approx(weights, rel=0.001) and no_states == 0
+    # offloaded parameters: at most ZeRO-3's small persistent ones stay on the GPU
+    on_gpu, kept_states = held("--offload", "params")
+    assert on_gpu < 2**20 and kept_states == states
+    on_gpu, no_states = held("--offload")
+    assert on_gpu < 2**20 and no_states == 0
