@@ -9,19 +9,11 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
-from llmmem.errors import UsageError
+from llmmem.errors import EXIT_USAGE, OneLineParser, UsageError
 
 EXIT_OK = 0
-EXIT_USAGE = 2
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, with usage errors on one line (the full usage is one `--help` away)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _positive_int(text: str) -> int:

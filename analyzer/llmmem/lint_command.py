@@ -27,11 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmmem.errors import UsageError
+from llmmem.errors import EXIT_USAGE, OneLineParser, UsageError
 
 EXIT_CLEAN = 0
 EXIT_FINDINGS = 1
-EXIT_USAGE = 2
 
 FAIL_ON_LEVELS = ("error", "warning", "info")
 DEFAULT_FAIL_ON = "warning"
@@ -401,8 +400,6 @@ def fails(findings: list, fail_on: str) -> bool:
 
 def lint_main(argv: Sequence[str] | None = None) -> int:
     """The `llmmem-lint` entry point."""
-    from llmmem.cli import OneLineParser
-
     parser = OneLineParser(
         prog="llmmem-lint", description="Lint training scripts and configs for GPU memory."
     )
