@@ -34,8 +34,9 @@ from llmmem.budget.setup import (
     TrainingSetup,
 )
 from llmmem.gpus import find_gpu
+from llmmem.models.architectures import spec_from_config
 from llmmem.models.catalog import catalog_entry
-from llmmem.models.spec import ModelSource, ModelSpec, spec_from_config
+from llmmem.models.spec import ModelSource, ModelSpec
 
 REPO = Path(__file__).resolve().parent.parent
 CALIBRATION_FILE = REPO.parent / "shared" / "calibration" / "measured.jsonl"

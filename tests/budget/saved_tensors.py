@@ -640,7 +640,8 @@ def setup_for(case: Case) -> Any:
 
 def predict_case(case: Case) -> Prediction:
     from llmmem.budget.activations import estimate_activations
-    from llmmem.models.spec import ModelSource, spec_from_config
+    from llmmem.models.architectures import spec_from_config
+    from llmmem.models.spec import ModelSource
 
     spec = spec_from_config(
         dict(FAMILY_CONFIGS[case.family]), model_id=f"tiny-{case.family}", source=ModelSource.CONFIG

@@ -30,8 +30,9 @@ from llmmem.budget.setup import (  # noqa: E402
     QuantSetup,
     TrainingSetup,
 )
+from llmmem.models.architectures import spec_from_config  # noqa: E402
 from llmmem.models.catalog import catalog_entry  # noqa: E402
-from llmmem.models.spec import ModelSource, ModelSpec, spec_from_config  # noqa: E402
+from llmmem.models.spec import ModelSource, ModelSpec  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not WIDE_CALIBRATION_FILE.exists(), reason="../shared/calibration is not beside the repo"

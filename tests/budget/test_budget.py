@@ -16,8 +16,9 @@ from llmmem.budget.generation import kv_cache_term
 from llmmem.budget.result import PhaseBudget
 from llmmem.budget.setup import DistributedSetup, LoraSetup, QuantSetup
 from llmmem.budget.weights import build_inventory
+from llmmem.models.architectures import spec_from_config
 from llmmem.models.catalog import catalog_entry
-from llmmem.models.spec import ModelSource, ModelSpec, spec_from_config
+from llmmem.models.spec import ModelSource, ModelSpec
 
 
 def spec_of(model_id: str) -> ModelSpec:

@@ -6,8 +6,9 @@ import pytest
 
 from llmmem.budget import Phase, TrainingSetup, estimate_budget
 from llmmem.budget.setup import DistributedSetup, LoraSetup
+from llmmem.models.architectures import spec_from_config
 from llmmem.models.catalog import catalog_entry, catalog_ids
-from llmmem.models.spec import ModelSource, spec_from_config
+from llmmem.models.spec import ModelSource
 
 SETUPS = {
     "full-bf16": TrainingSetup(batch=2, seq=512),

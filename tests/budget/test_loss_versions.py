@@ -24,7 +24,8 @@ from torch import nn
 
 from llmmem.budget.logits import logits_moments
 from llmmem.budget.setup import Method, Precision, TrainingSetup
-from llmmem.models.spec import ModelSource, spec_from_config
+from llmmem.models.architectures import spec_from_config
+from llmmem.models.spec import ModelSource
 from llmmem.verify.tracker import StorageTracker
 
 BATCH, SEQ, VOCAB, HIDDEN = 2, 128, 3000, 32

@@ -15,7 +15,8 @@ import pytest
 from llmmem.budget.phases import estimate_budget
 from llmmem.budget.result import Component, Phase
 from llmmem.budget.setup import DistributedSetup, SetupError, TrainingSetup
-from llmmem.models.spec import ModelSource, spec_from_config
+from llmmem.models.architectures import spec_from_config
+from llmmem.models.spec import ModelSource
 from llmmem.verify.compare import request_for
 from llmmem.verify.grid import SMALL_CONFIGS
 from llmmem.verify.runner import run_step

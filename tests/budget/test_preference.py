@@ -26,7 +26,8 @@ from llmmem.budget.preference import (  # noqa: E402
 )
 from llmmem.budget.result import Component, Phase  # noqa: E402
 from llmmem.budget.setup import SetupError, TrainingSetup  # noqa: E402
-from llmmem.models.spec import ModelSource, spec_from_config  # noqa: E402
+from llmmem.models.architectures import spec_from_config
+from llmmem.models.spec import ModelSource
 from llmmem.verify.preference_grid import SMALL, Case, measure, predict  # noqa: E402
 
 TOLERANCE = 0.05

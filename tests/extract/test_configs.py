@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from llmmem.extract.configs import detect_framework, extract_config_plan, torchtune_model
 from llmmem.extract.pragmas import ProjectSettings
 from llmmem.extract.yaml_positions import read_positioned_yaml
+from llmmem.models.architectures import spec_from_config
 from llmmem.models.catalog import catalog_entry
-from llmmem.models.spec import ModelSource, spec_from_config
+from llmmem.models.spec import ModelSource
 from llmmem.plan import Provenance, Sourced, SourceRange, TrainingPlan
 from llmmem.scenario import setup_from_plan
 

@@ -40,8 +40,9 @@ from llmmem.models.architectures import (
     FAMILY_OF_MODEL_TYPE,
     SUPPORTED_MODEL_TYPES,
     read_architecture,
+    spec_from_config,
 )
-from llmmem.models.spec import ModelSource, ModelSpec, ModelSpecError, spec_from_config
+from llmmem.models.spec import ModelSource, ModelSpec, ModelSpecError
 
 CONFIGS = Path(__file__).parent / "configs"
 
@@ -834,7 +835,8 @@ def test_reading_a_config_imports_only_its_family() -> None:
     code = (
         "import sys\n"
         "from llmmem.models.catalog import catalog_entry\n"
-        "from llmmem.models.spec import ModelSource, spec_from_config\n"
+        "from llmmem.models.architectures import spec_from_config\n"
+        "from llmmem.models.spec import ModelSource\n"
         "entry = catalog_entry('meta-llama/Llama-3.1-8B')\n"
         "spec_from_config(entry.config, model_id=entry.model_id, source=ModelSource.CATALOG)\n"
         "prefix = 'llmmem.models.architectures.'\n"

@@ -11,7 +11,8 @@ import pytest
 import torch
 import transformers
 
-from llmmem.models.spec import ModelSource, ModelSpecError, spec_from_config
+from llmmem.models.architectures import spec_from_config
+from llmmem.models.spec import ModelSource, ModelSpecError
 
 # Helium (kyutai) has no reader of its own: the Llama layout, grouped-query heads
 HELIUM = {

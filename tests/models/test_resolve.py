@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from llmmem.models import hub as hub_module
+from llmmem.models.architectures import spec_from_config
 from llmmem.models.resolve import (
     LLAMA_SHAPES,
     ModelResolutionError,
@@ -26,7 +27,7 @@ from llmmem.models.resolve import (
     resolve_model,
     size_from_name,
 )
-from llmmem.models.spec import ModelSource, spec_from_config
+from llmmem.models.spec import ModelSource
 
 TINY_LLAMA: dict[str, Any] = {
     "model_type": "llama",

@@ -170,8 +170,9 @@ def test_a_gpu_measurement_is_compared_with_the_workspaces_and_nvidia_smi() -> N
     from llmmem.budget.phases import estimate_budget
     from llmmem.budget.result import Overhead
     from llmmem.budget.setup import Method, Precision, TrainingSetup
+    from llmmem.models.architectures import spec_from_config
     from llmmem.models.catalog import catalog_entry
-    from llmmem.models.spec import ModelSource, spec_from_config
+    from llmmem.models.spec import ModelSource
     from llmmem.verify.compare import compare
     from llmmem.verify.request import PhaseMeasurement
 

@@ -26,7 +26,8 @@ from llmmem.budget.setup import (
     QuantType,
     TrainingSetup,
 )
-from llmmem.models.spec import ModelSource, spec_from_config
+from llmmem.models.architectures import spec_from_config
+from llmmem.models.spec import ModelSource
 from llmmem.verify.compare import request_for
 from llmmem.verify.grid import SMALL_CONFIGS, SMALL_SHAPES, config_for, qlora_cases, run_case
 from llmmem.verify.request import StepRequest

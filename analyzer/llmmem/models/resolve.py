@@ -27,8 +27,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from llmmem.models.architectures import spec_from_config
 from llmmem.models.hub_names import hf_hub_cache_dir, is_hub_repo_id
-from llmmem.models.spec import ModelSource, ModelSpec, ModelSpecError, spec_from_config
+from llmmem.models.spec import ModelSource, ModelSpec, ModelSpecError
 
 CONFIG_FILE = "config.json"
 MAX_CONFIG_BYTES = 16 * 1024 * 1024

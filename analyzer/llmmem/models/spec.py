@@ -13,9 +13,9 @@ the config), so no runtime validation library is imported on the CLI path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Literal
+from typing import Literal
 
 
 class ModelSource(str, Enum):
@@ -214,55 +214,3 @@ class ModelSpec:
 
     def block_linears(self) -> list[tuple[BlockGroup, LinearModule]]:
         return [(group, lin) for group in self.blocks for lin in group.linears]
-
-
-def spec_from_config(
-    config: dict[str, Any],
-    *,
-    model_id: str,
-    source: ModelSource,
-    source_detail: str = "",
-) -> ModelSpec:
-    """Read an HF config dict into a ModelSpec.
-
-    Raises ModelSpecError with a one-line, actionable message for an unsupported `model_type`
-    or a config missing the fields its architecture needs.
-    """
-    from llmmem.models.architectures import read_architecture
-
-    spec = read_architecture(config, model_id=model_id, source=source, source_detail=source_detail)
-    attention_dropout, hidden_dropout = training_dropout(config)
-    return replace(spec, attention_dropout=attention_dropout, hidden_dropout=hidden_dropout)
-
-
-# Config keys of the dropout a model applies while training, by what it drops.
-ATTENTION_DROPOUT_KEYS = (
-    "attention_probs_dropout_prob",
-    "attn_pdrop",
-    "attention_dropout",
-    "dropout_rate",
-    "attention_dropout_prob",
-)
-HIDDEN_DROPOUT_KEYS = (
-    "hidden_dropout_prob",
-    "resid_pdrop",
-    "hidden_dropout",
-    "dropout",
-    "dropout_rate",
-    "resid_dropout",
-)
-
-
-def training_dropout(config: dict[str, Any]) -> tuple[float, float]:
-    """(attention dropout, residual dropout) as the config sets them; 0 when absent."""
-    nested = config.get("text_config")
-    text: dict[str, Any] = nested if isinstance(nested, dict) else config
-
-    def first(keys: tuple[str, ...]) -> float:
-        for key in keys:
-            value = text.get(key)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return float(value)
-        return 0.0
-
-    return first(ATTENTION_DROPOUT_KEYS), first(HIDDEN_DROPOUT_KEYS)

@@ -49,7 +49,8 @@ from llmmem.budget.setup import (
     QuantSetup,
     TrainingSetup,
 )
-from llmmem.models.spec import ModelSource, spec_from_config
+from llmmem.models.architectures import spec_from_config
+from llmmem.models.spec import ModelSource
 from llmmem.verify.compare import request_for
 
 # LoRA on the query and value projections, as each family names them

@@ -319,7 +319,8 @@ CONFIGS = {"small": SMALL, "medium": MEDIUM}
 
 
 def spec_of(case: Case, size: str = "small") -> Any:
-    from llmmem.models.spec import ModelSource, spec_from_config
+    from llmmem.models.architectures import spec_from_config
+    from llmmem.models.spec import ModelSource
 
     config = CONFIGS[size][case.family]
     return spec_from_config(config, model_id=f"{size}-{case.family}", source=ModelSource.CONFIG)
