@@ -26,9 +26,12 @@ class SettingDelta:
     delta_bytes: int  # device total of the alternative minus the current one
 
 
-def setting_deltas(analysis: Analysis, in_path: str | None = None) -> list[SettingDelta]:
+def setting_deltas(
+    analysis: Analysis, in_path: str | None = None, only: str | None = None
+) -> list[SettingDelta]:
     """What changing each setting written in the file would do; `in_path` is the `path` of the
-    ranges to consider (None: the file analysed; a notebook cell's `cell_path`: that cell)."""
+    ranges to consider (None: the file analysed; a notebook cell's `cell_path`: that cell);
+    `only`: that one field's delta (a setting's hover needs no other estimate)."""
     spec, setup, budget, plan = analysis.spec, analysis.setup, analysis.budget, analysis.plan
     if spec is None or setup is None or budget is None:
         return []
@@ -51,6 +54,8 @@ def setting_deltas(analysis: Analysis, in_path: str | None = None) -> list[Setti
     out: list[SettingDelta] = []
 
     def add(field: str, sourced: Sourced[Any] | None, update: dict[str, Any], render: Any) -> None:
+        if only is not None and field != only:
+            return
         where = here(sourced)
         if where is None:
             return

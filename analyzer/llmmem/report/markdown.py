@@ -200,7 +200,7 @@ def setting_hover(
     parts = [verdict_line(analysis)]
     sourced = analysis.plan.sourced_fields().get(field)
     written = f"{field}={sourced.value}" if sourced is not None else field
-    delta = next((d for d in setting_deltas(analysis, in_path) if d.field == field), None)
+    delta = next(iter(setting_deltas(analysis, in_path, only=field)), None)
     parts.append(code(written) + (f": {delta.detail}" if delta else ""))
     nearby = NEARBY.get(field)
     if nearby is not None:
