@@ -1,0 +1,49 @@
+"""What the reading of one script found: the objects it builds, in order, and the lines for
+`problems`. The library tables add to it; the emitter reads it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from llmmem.extract.python.source import SourceMap
+from llmmem.extract.python.values import (
+    ConfigObject,
+    DataLoaderObject,
+    Known,
+    LoraObject,
+    ModelObject,
+    OptimizerObject,
+    QuantObject,
+    TokenizerObject,
+    TrainerObject,
+)
+
+
+class Findings:
+    """The objects that decide memory, as the script builds them (models, training configs,
+    adapters, quantization configs, optimizers, trainers), and the problems met reading it."""
+
+    def __init__(self, source: SourceMap, path: Path) -> None:
+        self.source = source
+        self.path = path
+        self.problems: list[str] = []
+        self.models: list[ModelObject] = []
+        self.configs: list[ConfigObject] = []
+        self.trainers: list[TrainerObject] = []
+        self.loras: list[LoraObject] = []
+        self.quants: list[QuantObject] = []
+        self.optimizers: list[OptimizerObject] = []
+        self.data_loaders: list[DataLoaderObject] = []
+        self.tokenizers: list[TokenizerObject] = []
+        self.tokenizer_lengths: list[Known] = []
+        self.precision_flags: list[tuple[str, Known]] = []  # ("bf16", Known(True)) from autocast
+        self.accumulation: list[Known] = []  # Accelerator(gradient_accumulation_steps=...)
+        self.kbit_calls: list[ast.Call] = []
+        self.command_line_lengths: list[Known] = []  # --block_size and friends
+        self.unsloth = False
+
+    def problem(self, node: ast.AST | None, text: str) -> None:
+        where = self.source.range_of(node)
+        prefix = f"line {where.start_line + 1}: " if where is not None else ""
+        self.problems.append(prefix + text)

@@ -1,0 +1,440 @@
+"""What the libraries' calls mean, as tables: a call the script makes to transformers, TRL,
+PEFT, bitsandbytes, unsloth, torch (optimizers, data loaders, autocast) or accelerate is looked
+up by the name it is called by, and its handler builds the object that later statements change.
+
+Teaching the reader a new call is an entry in `CALLS_BY_LEAF` (or, for a trainer or its config
+class, in `llmmem.extract.vocabulary`'s TRAINER_CLASSES / TRAINER_CONFIG_CLASSES); the
+interpreter itself knows only Python.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable
+from dataclasses import replace
+
+from llmmem.extract.builder import CONFIG_DEFAULTS
+from llmmem.extract.python.findings import Findings
+from llmmem.extract.python.values import (
+    CallArgs,
+    ConfigObject,
+    DataLoaderObject,
+    Known,
+    ListValue,
+    LoraObject,
+    ModelObject,
+    OptimizerObject,
+    PretrainedConfigObject,
+    QuantObject,
+    Symbol,
+    TokenizerObject,
+    TrainerObject,
+    Unknown,
+    Value,
+    _combine_notes,
+    _truth,
+    settle,
+)
+from llmmem.extract.vocabulary import (
+    TRAINER_CLASSES,
+    TRAINER_CONFIG_CLASSES,
+    canonical_key,
+    normalize_dtype,
+    optim_for_optimizer_class,
+)
+from llmmem.plan import Provenance
+
+# a handler: what the call builds, or None when this call is not the one the table meant
+Handler = Callable[[Findings, Symbol, CallArgs], Value | None]
+
+
+_UNSLOTH_LOADERS = frozenset({"FastLanguageModel", "FastModel", "FastVisionModel"})
+_MODEL_CLASS_ENDINGS = (
+    "ForCausalLM",
+    "LMHeadModel",
+    "ForConditionalGeneration",
+    "ForSeq2SeqLM",
+    "ForSequenceClassification",
+    "ForTokenClassification",
+    "ForQuestionAnswering",
+    "ForMaskedLM",
+    "ForImageTextToText",
+    "ForVision2Seq",
+    "Model",
+)
+_PEFT_MODEL_CLASSES = frozenset({"PeftModel", "PeftModelForCausalLM", "PeftModelForSeq2SeqLM"})
+_MODEL_METHODS_RETURNING_THE_MODEL = frozenset(
+    {
+        "to",
+        "cuda",
+        "cpu",
+        "half",
+        "bfloat16",
+        "float",
+        "train",
+        "eval",
+        "requires_grad_",
+        "gradient_checkpointing_enable",
+        "gradient_checkpointing_disable",
+        "activation_checkpointing_enable",
+        "activation_checkpointing_disable",
+        "add_adapter",
+        "load_adapter",
+    }
+)
+
+# PEFT's LoraConfig defaults are applied by the builder; unsloth's get_peft_model has its own
+_UNSLOTH_LORA_DEFAULTS: dict[str, object] = {
+    "lora.r": 16,
+    "lora.alpha": 16,
+    "lora.dropout": 0.0,
+    "lora.target_modules": [
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ],
+}
+
+
+def is_model_class(name: str) -> bool:
+    if any(word in name for word in ("Tokenizer", "Processor", "Config", "FeatureExtractor")):
+        return False
+    if name.startswith("Auto") and "Model" in name:
+        return True
+    return name.endswith(_MODEL_CLASS_ENDINGS)
+
+
+def config_class_of(name: str) -> str | None:
+    return name if name in TRAINER_CONFIG_CLASSES else None
+
+
+def config_default(config: ConfigObject, name: str) -> Value:
+    """`args.bf16` for a field the script did not set: the config class's default."""
+    table = CONFIG_DEFAULTS.get(TRAINER_CONFIG_CLASSES.get(config.class_name, ""), {})
+    key = canonical_key(name)
+    if key is not None and key in table:
+        return Known(table[key], None, Provenance.DEFAULT, f"{config.class_name} default")
+    if name in ("bf16", "fp16") and "bf16" not in table:
+        return Known(False, None, Provenance.DEFAULT, f"{config.class_name} default")
+    return Unknown(f"{config.declared_name}.{name}")
+
+
+# -- models ----------------------------------------------------------------------------------
+
+
+def new_model(
+    found: Findings, node: ast.Call, model_id: Value, keywords: dict[str, Value], loader: str = ""
+) -> ModelObject:
+    model = ModelObject(node, model_id, keywords, loader or "transformers")
+    quantization = keywords.get("quantization_config")
+    if isinstance(quantization, QuantObject):
+        quantization.used = True
+    found.models.append(model)
+    return model
+
+
+def _trained_adapter(node: ast.Call) -> LoraObject:
+    return LoraObject(
+        node,
+        {},
+        [],
+        used=True,
+        default_note="a trained adapter: its settings are in adapter_config.json",
+    )
+
+
+def load_pretrained(found: Findings, callee: Symbol, args: CallArgs) -> Value:
+    owner = callee.owner
+    node = args.node
+    model_id = args.get("pretrained_model_name_or_path", 0)
+    if owner in _UNSLOTH_LOADERS:
+        found.unsloth = True
+        model_id = args.get("model_name", 0)
+        model = new_model(
+            found, node, model_id or Unknown("unsloth's default model"), args.keywords, "unsloth"
+        )
+        return ListValue([model, TokenizerObject(node)], node)
+    if owner in _PEFT_MODEL_CLASSES:
+        base = args.get("model", 0)
+        adapter = _trained_adapter(node)
+        found.loras.append(adapter)
+        if isinstance(base, ModelObject):
+            base.lora = adapter
+            return base
+        return Unknown("a PEFT model")
+    if owner.startswith("AutoPeftModel"):
+        model = new_model(
+            found, node, model_id or Unknown("no model id"), args.keywords, "peft-adapter"
+        )
+        adapter = _trained_adapter(node)
+        found.loras.append(adapter)
+        model.lora = adapter
+        return model
+    if "Tokenizer" in owner or "Processor" in owner:
+        tokenizer = TokenizerObject(node, args.keywords.get("model_max_length"))
+        found.tokenizers.append(tokenizer)
+        return tokenizer
+    if owner.endswith("Config"):
+        return PretrainedConfigObject(model_id or Unknown("no model id"), node)
+    if is_model_class(owner):
+        return new_model(found, node, model_id or Unknown("no model id"), args.keywords)
+    return Unknown(f"the result of {callee.name}()")
+
+
+def from_config(found: Findings, callee: Symbol, args: CallArgs) -> Value | None:
+    if not is_model_class(callee.owner):
+        return None
+    config = args.get("config", 0)
+    model_id: Value = Unknown("a model built from a config")
+    if isinstance(config, PretrainedConfigObject):
+        model_id = config.model_id
+    return new_model(found, args.node, model_id, args.keywords)
+
+
+def load_pipeline(found: Findings, callee: Symbol, args: CallArgs) -> Value:
+    model = args.get("model", 1)
+    if isinstance(model, ModelObject):
+        return model
+    if model is None:
+        return Unknown("a pipeline with the task's default model")
+    return new_model(found, args.node, model, args.keywords, "pipeline")
+
+
+def model_method(model: ModelObject, method: str, args: CallArgs) -> Value:
+    node = args.node
+    if method in ("gradient_checkpointing_enable", "activation_checkpointing_enable"):
+        model.checkpointing = Known(True, node)
+    elif method in ("gradient_checkpointing_disable", "activation_checkpointing_disable"):
+        model.checkpointing = Known(False, node)
+    elif method in ("half", "bfloat16", "float"):
+        dtype = {"half": "float16", "bfloat16": "bfloat16", "float": "float32"}[method]
+        model.dtype = Known(dtype, node)
+    elif method == "to":
+        for value in [*args.positional, args.keywords.get("dtype")]:
+            known = settle(value) if value is not None else None
+            if known is not None and normalize_dtype(known.value) in (
+                "bfloat16",
+                "float16",
+                "float32",
+            ):
+                model.dtype = known
+    elif method in ("add_adapter", "load_adapter"):
+        adapter = args.get("adapter_config", 0) or args.get("peft_config", 0)
+        if isinstance(adapter, LoraObject):
+            adapter.used = True
+            model.lora = adapter
+    elif method not in _MODEL_METHODS_RETURNING_THE_MODEL:
+        return Unknown(f"the result of model.{method}()")
+    return model
+
+
+# -- tokenizers ------------------------------------------------------------------------------
+
+TOKENIZER_METHODS = frozenset(
+    {"__call__", "encode", "encode_plus", "batch_encode_plus", "apply_chat_template"}
+)
+
+
+def tokenizer_method(found: Findings, method: str, args: CallArgs) -> Value:
+    if method in TOKENIZER_METHODS:
+        read_tokenizer_call(found, args)
+    return Unknown("tokenized text")
+
+
+def read_tokenizer_call(found: Findings, args: CallArgs) -> None:
+    length = args.keywords.get("max_length")
+    known = settle(length) if length is not None else None
+    if known is not None and isinstance(known.value, int) and not isinstance(known.value, bool):
+        found.tokenizer_lengths.append(
+            replace(known, note=_combine_notes(known.note, "tokenizer max_length"))
+        )
+
+
+# -- training configs and trainers -----------------------------------------------------------
+
+
+def training_config(found: Findings, callee: Symbol, args: CallArgs) -> Value:
+    leaf = callee.leaf
+    config = ConfigObject(leaf, leaf, args.node, dict(args.keywords), list(args.unread))
+    found.configs.append(config)
+    return config
+
+
+def make_trainer(found: Findings, class_name: str, args: CallArgs) -> TrainerObject:
+    trainer = TrainerObject(class_name, args)
+    found.trainers.append(trainer)
+    peft = args.get("peft_config")
+    if isinstance(peft, LoraObject):
+        peft.used = True
+    return trainer
+
+
+def trainer_call(found: Findings, callee: Symbol, args: CallArgs) -> Value:
+    return make_trainer(found, callee.leaf, args)
+
+
+# -- PEFT and bitsandbytes -------------------------------------------------------------------
+
+
+def lora_config(found: Findings, callee: Symbol, args: CallArgs) -> Value:
+    lora = LoraObject(args.node, dict(args.keywords), list(args.unread))
+    found.loras.append(lora)
+    return lora
+
+
+def bitsandbytes_config(found: Findings, callee: Symbol, args: CallArgs) -> Value:
+    quant = QuantObject(args.node, dict(args.keywords))
+    found.quants.append(quant)
+    return quant
+
+
+def get_peft_model(found: Findings, callee: Symbol, args: CallArgs) -> Value:
+    model = args.get("model", 0)
+    if callee.owner in _UNSLOTH_LOADERS:
+        lora = LoraObject(
+            args.node,
+            dict(args.keywords),
+            list(args.unread),
+            defaults=_UNSLOTH_LORA_DEFAULTS,
+            default_note="unsloth get_peft_model default",
+            used=True,
+        )
+        found.loras.append(lora)
+        if isinstance(model, ModelObject):
+            checkpointing = args.keywords.get("use_gradient_checkpointing")
+            if checkpointing is None:
+                model.checkpointing = Known(
+                    True,
+                    args.node,
+                    Provenance.DEFAULT,
+                    "unsloth get_peft_model default (use_gradient_checkpointing='unsloth')",
+                )
+            else:
+                known = settle(checkpointing)
+                if known is not None:
+                    turned_on = known.value is True or known.value == "unsloth"
+                    note = "unsloth's offloaded checkpointing" if known.value == "unsloth" else ""
+                    model.checkpointing = replace(
+                        known, value=turned_on, note=_combine_notes(known.note, note)
+                    )
+    else:
+        lora_value = args.get("peft_config", 1)
+        if isinstance(lora_value, LoraObject):
+            lora = lora_value
+        else:
+            lora = LoraObject(
+                args.node,
+                {},
+                [],
+                used=True,
+                default_note="the adapter config passed to get_peft_model could not be read",
+            )
+            found.loras.append(lora)
+        lora.used = True
+    if isinstance(model, ModelObject):
+        model.lora = lora
+        return model
+    return Unknown("a PEFT model")
+
+
+def prepare_kbit(found: Findings, callee: Symbol, args: CallArgs) -> Value:
+    model = args.get("model", 0)
+    found.kbit_calls.append(args.node)
+    if not isinstance(model, ModelObject):
+        return Unknown("a prepared model")
+    model.kbit_prepared = args.node
+    checkpointing = args.get("use_gradient_checkpointing", 1)
+    if checkpointing is None:
+        model.checkpointing = Known(
+            True,
+            args.node,
+            Provenance.DEFAULT,
+            "prepare_model_for_kbit_training enables it (use_gradient_checkpointing=True)",
+        )
+    else:
+        known = settle(checkpointing)
+        if known is not None:
+            model.checkpointing = known
+    return model
+
+
+# -- torch and accelerate --------------------------------------------------------------------
+
+
+def data_loader(found: Findings, callee: Symbol, args: CallArgs) -> Value:
+    batch = args.get("batch_size", 1)
+    if batch is None:
+        batch = Known(1, args.node, Provenance.DEFAULT, "torch DataLoader default")
+    loader = DataLoaderObject(batch)
+    found.data_loaders.append(loader)
+    return loader
+
+
+def autocast(found: Findings, callee: Symbol, args: CallArgs) -> Value | None:
+    name = callee.name
+    if "torch" not in name and "amp" not in name:
+        return None
+    enabled = args.keywords.get("enabled")
+    if enabled is not None and _truth(enabled) is False:
+        return Unknown("an autocast context")
+    dtype_value = args.get("dtype", 1 if name.endswith("torch.autocast") else None)
+    if dtype_value is None:
+        device = settle(args.get("device_type", 0))
+        if device is not None and device.value == "cpu":
+            return Unknown("an autocast context")
+        found.precision_flags.append(
+            ("fp16", Known(True, args.node, Provenance.DEFAULT, "autocast on CUDA: float16"))
+        )
+        return Unknown("an autocast context")
+    known = settle(dtype_value)
+    dtype = normalize_dtype(known.value) if known is not None else None
+    if known is not None and dtype in ("bfloat16", "float16"):
+        flag = "bf16" if dtype == "bfloat16" else "fp16"
+        found.precision_flags.append((flag, replace(known, value=True, note="autocast")))
+    return Unknown("an autocast context")
+
+
+def accelerator(found: Findings, callee: Symbol, args: CallArgs) -> Value:
+    mixed = settle(args.keywords.get("mixed_precision"))
+    if mixed is not None and mixed.value in ("bf16", "fp16"):
+        found.precision_flags.append((str(mixed.value), replace(mixed, value=True)))
+    accumulation = settle(args.keywords.get("gradient_accumulation_steps"))
+    if accumulation is not None:
+        found.accumulation.append(accumulation)
+    return Unknown("an Accelerator")
+
+
+def optimizer(found: Findings, callee: Symbol, args: CallArgs) -> Value | None:
+    fused = args.get("fused")
+    optim = optim_for_optimizer_class(
+        callee.name, fused=fused is not None and _truth(fused) is True
+    )
+    if optim is None or not callee.leaf[:1].isupper():
+        return None
+    made = OptimizerObject(Known(optim, callee.node))
+    found.optimizers.append(made)
+    return made
+
+
+# -- the tables ------------------------------------------------------------------------------
+
+# by the last part of the called name: `transformers.AutoModelForCausalLM.from_pretrained` and
+# `AM.from_pretrained` both end in `from_pretrained`
+CALLS_BY_LEAF: dict[str, Handler] = {
+    "from_pretrained": load_pretrained,
+    "from_config": from_config,
+    **{name: training_config for name in TRAINER_CONFIG_CLASSES},
+    **{name: trainer_call for name in TRAINER_CLASSES},
+    "LoraConfig": lora_config,
+    "BitsAndBytesConfig": bitsandbytes_config,
+    "get_peft_model": get_peft_model,
+    "prepare_model_for_kbit_training": prepare_kbit,
+    "pipeline": load_pipeline,
+    "DataLoader": data_loader,
+    "autocast": autocast,
+    "Accelerator": accelerator,
+}
