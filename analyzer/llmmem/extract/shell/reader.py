@@ -1,0 +1,926 @@
+"""The plan of a launcher script: the training command chosen among the file's commands, its
+world size and launcher options, and the script or config it starts when that file lies beside
+the shell file (or where the path points, relative to it); the flags after it override what
+that file says.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields as dataclass_fields
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from llmmem.extract.builder import PlanBuilder
+from llmmem.extract.configs import (
+    FRAMEWORK_CONFIG_CLASSES,
+    FSDP_STRATEGY_NAMES,
+    LITGPT_LORA_DEFAULTS,
+    ConfigReading,
+    Override,
+    Setting,
+    apply_file_pragmas,
+    display_path,
+    plan_from_problems,
+    read_config,
+    read_text_file,
+    resolve_reference,
+    torchtune_model,
+)
+from llmmem.extract.pragmas import ProjectSettings, apply_project_settings
+from llmmem.extract.shell.expand import ShellExpander, ShellWord
+from llmmem.extract.shell.launchers import (
+    CONFIG_SUFFIXES,
+    FILE_VALUE_HINTS,
+    LAUNCHER_FRAMEWORKS,
+    LIST_FLAGS,
+    OVERRIDE_KEY,
+    TRL_COMMANDS,
+    CommandOption,
+    Launch,
+    WordSlice,
+    _is_number,
+    interpret_command,
+    option_name,
+    parse_override_value,
+    program_options,
+)
+from llmmem.extract.shell.lexer import (
+    HereDocument,
+    LiteralPart,
+    ShellScanner,
+    describe_offset,
+    offset_to_position,
+)
+from llmmem.plan import Provenance, Sourced, SourceRange, TrainingPlan
+
+
+def extract_shell_plan(
+    path: Path, text: str | None = None, *, settings: ProjectSettings | None = None
+) -> TrainingPlan:
+    """The TrainingPlan a launcher script describes, with the script or config it starts when
+    that file can be found. Never raises."""
+    path = Path(path)
+    problems: list[str] = []
+    if text is None:
+        text = read_text_file(path, problems)
+    if text is None:
+        return plan_from_problems(path, "shell", settings, problems)
+    try:
+        return ShellPlanReader(path, text).plan(settings)
+    except RecursionError:
+        return plan_from_problems(path, "shell", settings, ["the file nests too deeply to read"])
+    except Exception as error:  # a gap in the reader must not take the editor down
+        problem = f"internal error while reading the script: {error!r}"
+        return plan_from_problems(path, "shell", settings, [problem])
+
+
+class ShellPlanReader:
+    """Reads one shell file: picks its training launch and gathers what it and the files it
+    starts say, then builds the plan."""
+
+    def __init__(self, path: Path, text: str) -> None:
+        self.path = path
+        self.text = text
+        self.settings: list[Setting] = []
+        self.readings: list[ConfigReading] = []
+        self.problems: list[str] = []
+        self.written_files: dict[str, HereDocument] = {}  # `cat > ds.json <<EOF`
+        self.framework = "hf"
+        self.config_class: str | None = None
+        # the calls a launched script makes, for the builder to point its defaults at
+        self.call_ranges: dict[str, SourceRange | None] = {}
+
+    # -- the whole file
+
+    def plan(self, project_settings: ProjectSettings | None) -> TrainingPlan:
+        launch = self.choose_launch()
+        if launch is None:
+            self.problems.append(
+                "no training command found (python, torchrun, accelerate launch, deepspeed, "
+                "llamafactory-cli, tune run, trl, axolotl or litgpt)"
+            )
+        else:
+            self.read_launch(launch)
+        builder = PlanBuilder()
+        builder.trainer_range = self.call_ranges.get("trainer")
+        builder.model_range = self.call_ranges.get("model")
+        builder.lora_range = self.call_ranges.get("lora")
+        builder.quantization_range = self.call_ranges.get("quantization")
+        if project_settings is not None:
+            apply_project_settings(builder, project_settings)
+        for setting in self.settings:
+            builder.set(setting.key, setting.value, setting.source, setting.range, setting.note)
+        for reading in self.readings:
+            if reading.range_path is not None:
+                apply_file_pragmas(builder, reading.text, reading.range_path)
+        apply_file_pragmas(builder, self.text, None)
+        plan = builder.build(
+            str(self.path),
+            "shell",
+            self.framework,
+            config_class=self.config_class
+            or FRAMEWORK_CONFIG_CLASSES.get(self.framework, "TrainingArguments"),
+        )
+        for problem in self.problems:
+            if problem not in plan.problems:
+                plan.problems.append(problem)
+        return plan
+
+    def choose_launch(self) -> Launch | None:
+        scanner = ShellScanner(self.text)
+        commands = scanner.commands()
+        self.problems.extend(scanner.problems)
+        launches: list[Launch] = []
+        for command in ShellExpander(self.text).expanded_commands(commands):
+            for target in command.raw.output_targets:
+                for document in command.raw.here_documents:
+                    name = "".join(
+                        part.text for part in target.parts if isinstance(part, LiteralPart)
+                    )
+                    self.written_files[name] = document
+            launch = interpret_command(command)
+            if launch is not None:
+                launches.append(launch)
+        if not launches:
+            return None
+        best = max(launch.priority for launch in launches)
+        chosen = [launch for launch in launches if launch.priority == best]
+        if len(chosen) > 1:
+            first_line = self.line_of(chosen[0].command.words[0].start)
+            self.problems.append(
+                f"{len(chosen)} training commands in this file; the first one "
+                f"(line {first_line + 1}) is read"
+            )
+        return chosen[0]
+
+    # -- one launch
+
+    def read_launch(self, launch: Launch) -> None:
+        self.framework = LAUNCHER_FRAMEWORKS.get(launch.launcher, "hf")
+        if launch.launcher == "trl" and launch.subcommand is not None:
+            self.config_class = TRL_COMMANDS[launch.subcommand]
+        self.read_world_size(launch)
+        self.read_launcher_options(launch)
+        directory = self.working_directory(launch)
+        overrides, positionals = self.argument_overrides(launch)
+        target_path = self.target_path(launch, directory)
+        if launch.target_kind == "script" and target_path is not None:
+            self.read_script(launch, target_path, overrides, positionals, directory)
+            return
+        builtin_config: ShellWord | None = None
+        if launch.target_kind == "config" and target_path is None and launch.target is not None:
+            if launch.launcher == "tune":
+                builtin_config = launch.target
+            else:
+                self.problem_at(launch.target, f"'{launch.target.text}' not found")
+        elif launch.target_kind in ("script", "module") and launch.target is not None:
+            self.problem_at(
+                launch.target,
+                f"'{launch.target.text}' not found next to this file; only the command line "
+                "is read",
+            )
+        config_path = target_path if launch.target_kind == "config" else None
+        if config_path is None:
+            config_path = self.positional_config(positionals, directory)
+        self.read_config_with_overrides(config_path, overrides, directory, launch)
+        if builtin_config is not None:
+            self.read_torchtune_builtin(builtin_config)
+
+    def read_config_with_overrides(
+        self,
+        config_path: Path | None,
+        overrides: list[Override],
+        directory: Path,
+        launch: Launch,
+    ) -> None:
+        framework = LAUNCHER_FRAMEWORKS.get(launch.launcher)
+        if config_path is not None:
+            reading = read_config(
+                config_path,
+                range_path=display_path(config_path),
+                overrides=overrides,
+                framework=framework,
+                search_directories=[directory],
+            )
+        elif overrides or framework is not None:
+            reading = read_config(
+                self.path,
+                "",
+                overrides=overrides,
+                framework=framework,
+                search_directories=[directory],
+            )
+        else:
+            return
+        self.add_reading(reading)
+        if launch.launcher == "litgpt" and launch.subcommand == "finetune_lora":
+            self.settings.append(
+                Setting(
+                    "lora.enabled",
+                    True,
+                    Provenance.EXPLICIT,
+                    self.word_range(launch.command.words[1]),
+                    "litgpt finetune_lora",
+                )
+            )
+            for key, value, note in LITGPT_LORA_DEFAULTS:
+                self.settings.append(Setting(key, value, Provenance.DEFAULT, None, note))
+
+    def add_reading(self, reading: ConfigReading) -> None:
+        self.readings.append(reading)
+        self.settings.extend(reading.settings)
+        self.problems.extend(reading.problems)
+        if reading.framework not in ("deepspeed", "accelerate") and (
+            reading.settings or reading.range_path is not None
+        ):
+            self.framework = reading.framework
+
+    def read_script(
+        self,
+        launch: Launch,
+        script: Path,
+        overrides: list[Override],
+        positionals: list[WordSlice],
+        directory: Path,
+    ) -> None:
+        """A Python script: its own plan, then a YAML it is given, then the flags; a flag
+        beats what the script leaves to a default or an argparse default, not what it
+        hard-codes."""
+        from llmmem.extract.python import extract_python_plan
+
+        script_text = read_text_file(script, self.problems, display_path(script))
+        if script_text is None:
+            self.read_config_with_overrides(None, overrides, directory, launch)
+            return
+        script_plan = extract_python_plan(script, script_text)
+        script_settings = settings_of_plan(script_plan, display_path(script))
+        flag_settings = self.flag_settings_for_script(script_plan, overrides, directory, launch)
+        config_path = self.positional_config(positionals, directory)
+        if config_path is not None:
+            reading = read_config(
+                config_path,
+                range_path=display_path(config_path),
+                search_directories=[directory],
+            )
+            self.readings.append(reading)
+            self.problems.extend(reading.problems)
+            script_settings.extend(reading.settings)
+        self.settings.extend(flag_settings)
+        self.settings.extend(script_settings)
+        self.framework = script_plan.framework
+        self.call_ranges = {
+            "trainer": in_file(script_plan.trainer_range, display_path(script)),
+            "model": in_file(script_plan.model_range, display_path(script)),
+            "lora": in_file(
+                script_plan.lora.range if script_plan.lora else None, display_path(script)
+            ),
+            "quantization": in_file(
+                script_plan.quantization.range if script_plan.quantization else None,
+                display_path(script),
+            ),
+        }
+        self.problems.extend(
+            f"{display_path(script)}: {problem}" for problem in script_plan.problems
+        )
+
+    def flag_settings_for_script(
+        self,
+        script_plan: TrainingPlan,
+        overrides: list[Override],
+        directory: Path,
+        launch: Launch,
+    ) -> list[Setting]:
+        """Flags as plan settings: through the script's own argparse options where it has
+        them, else through the HF names (HfArgumentParser scripts take TrainingArguments
+        fields as flags)."""
+        argparse_keys = argparse_options_of(script_plan)
+        mapped: list[Override] = []
+        settings: list[Setting] = []
+        for override in overrides:
+            name = ".".join(str(step) for step in override.path)
+            key = argparse_keys.get(name)
+            if key == "distributed.deepspeed_config":
+                # the script's own --deepspeed option: the file is read all the same
+                mapped.append(Override(("deepspeed",), override.value, override.range))
+            elif key is not None:
+                settings.append(
+                    Setting(
+                        key,
+                        override.value,
+                        Provenance.EXPLICIT,
+                        override.range,
+                        f"--{name} on the command line",
+                    )
+                )
+            else:
+                mapped.append(override)
+        if mapped:
+            reading = read_config(
+                self.path, "", overrides=mapped, framework="hf", search_directories=[directory]
+            )
+            self.readings.append(reading)
+            self.problems.extend(reading.problems)
+            settings.extend(
+                setting for setting in reading.settings if setting.source is not Provenance.DEFAULT
+            )
+        return settings
+
+    # -- launcher options
+
+    def read_world_size(self, launch: Launch) -> None:
+        options = launch.options
+        environment = {**launch.command.variables, **launch.command.environment}
+        processes: WordSlice | None = None
+        nodes: WordSlice | None = None
+        total = False
+        if launch.uses("torchrun", "tune") or "nproc_per_node" in options:
+            processes = self.option_value(options, "nproc_per_node")
+            nodes = self.option_value(options, "nnodes")
+        if launch.uses("accelerate") or "num_processes" in options:
+            processes = self.option_value(options, "num_processes") or processes
+            total = "num_processes" in options
+        if launch.uses("deepspeed") or "num_gpus" in options:
+            processes = self.option_value(options, "num_gpus") or processes
+            nodes = self.option_value(options, "num_nodes") or nodes
+            include = self.option_value(options, "include")
+            if processes is None and include is not None:
+                devices = include.text.split("@")[0].split(":", 1)[-1].count(",") + 1
+                self.settings.append(
+                    Setting(
+                        "distributed.world_size",
+                        devices,
+                        Provenance.EXPLICIT,
+                        self.slice_range(include),
+                        f"--include {include.text}",
+                    )
+                )
+                return
+        if launch.launcher == "llamafactory" and processes is None:
+            processes = self.environment_value(environment, "NPROC_PER_NODE")
+            nodes = self.environment_value(environment, "NNODES")
+        if launch.launcher == "trl":
+            trl_options = program_options(launch.arguments)
+            if "num_processes" in trl_options:
+                processes = self.option_value(trl_options, "num_processes")
+                total = True
+        if launch.launcher == "python" and launch.scheduler_options and processes is None:
+            self.read_scheduler_tasks(launch.scheduler_options)
+            return
+        if processes is not None and processes.text in ("gpu", "auto"):
+            processes = None
+        if processes is None:
+            self.world_size_from_visible_devices(launch, environment)
+            return
+        count = self.integer(processes, "the number of processes")
+        if count is None:
+            return
+        node_count = self.integer(nodes, "the number of nodes") if nodes is not None else None
+        if node_count is not None and not total and node_count > 1:
+            note = f"{count} per node × {node_count} nodes"
+            self.settings.append(
+                Setting(
+                    "distributed.world_size",
+                    count * node_count,
+                    Provenance.EXPLICIT,
+                    self.slice_range(processes),
+                    note,
+                )
+            )
+            return
+        self.settings.append(
+            Setting(
+                "distributed.world_size",
+                count,
+                Provenance.EXPLICIT,
+                self.slice_range(processes),
+                "",
+            )
+        )
+
+    def read_scheduler_tasks(self, options: dict[str, CommandOption]) -> None:
+        """One rank per task: `srun --ntasks 8`, `-N 2 --ntasks-per-node 4`, `mpirun -np 4`."""
+        total = next(
+            (
+                value
+                for name in ("ntasks", "n", "np")
+                if (value := self.option_value(options, name))
+            ),
+            None,
+        )
+        if total is not None:
+            count = self.integer(total, "the number of tasks")
+            if count is not None:
+                self.settings.append(
+                    Setting(
+                        "distributed.world_size",
+                        count,
+                        Provenance.EXPLICIT,
+                        self.slice_range(total),
+                        "one rank per task",
+                    )
+                )
+            return
+        per_node = self.option_value(options, "ntasks_per_node") or self.option_value(
+            options, "npernode"
+        )
+        if per_node is None:
+            return
+        count = self.integer(per_node, "the number of tasks per node")
+        nodes = self.option_value(options, "nodes") or self.option_value(options, "N")
+        node_count = self.integer(nodes, "the number of nodes") if nodes is not None else 1
+        if count is not None and node_count is not None:
+            self.settings.append(
+                Setting(
+                    "distributed.world_size",
+                    count * node_count,
+                    Provenance.EXPLICIT,
+                    self.slice_range(per_node),
+                    f"{count} tasks per node × {node_count} nodes",
+                )
+            )
+
+    def world_size_from_visible_devices(
+        self, launch: Launch, environment: dict[str, ShellWord]
+    ) -> None:
+        """Launchers that start one process per visible GPU when not told how many."""
+        if not launch.uses("torchrun", "tune", "accelerate", "llamafactory"):
+            return
+        if launch.uses("accelerate") and "multi_gpu" not in launch.options:
+            return
+        visible = environment.get("CUDA_VISIBLE_DEVICES")
+        if visible is None or not visible.is_known or not visible.text.strip():
+            return
+        count = len([device for device in visible.text.split(",") if device.strip()])
+        self.settings.append(
+            Setting(
+                "distributed.world_size",
+                count,
+                Provenance.EXPLICIT,
+                self.word_range(visible),
+                "one process per GPU in CUDA_VISIBLE_DEVICES",
+            )
+        )
+
+    def read_launcher_options(self, launch: Launch) -> None:
+        options = launch.options
+        directory = self.working_directory(launch)
+        config_file = self.option_value(options, "config_file")
+        if launch.uses("accelerate") and config_file is not None:
+            self.read_referenced_config(config_file, directory, expected="accelerate")
+        mixed = self.option_value(options, "mixed_precision")
+        if mixed is not None and mixed.text.lower() in ("bf16", "fp16"):
+            self.settings.append(
+                Setting(
+                    mixed.text.lower(),
+                    True,
+                    Provenance.CONFIG,
+                    self.slice_range(mixed),
+                    "accelerate launch --mixed_precision: used where the script sets none",
+                )
+            )
+        if "use_deepspeed" in options or "zero_stage" in options:
+            stage = self.option_value(options, "zero_stage")
+            if stage is not None and (count := self.integer(stage, "zero_stage")) is not None:
+                self.settings.append(
+                    Setting(
+                        "distributed.zero_stage",
+                        count,
+                        Provenance.EXPLICIT,
+                        self.slice_range(stage),
+                    )
+                )
+            for name, key in (
+                ("offload_optimizer_device", "distributed.offload_optimizer"),
+                ("offload_param_device", "distributed.offload_params"),
+            ):
+                device = self.option_value(options, name)
+                if device is not None:
+                    self.settings.append(
+                        Setting(
+                            key,
+                            device.text.lower() in ("cpu", "nvme"),
+                            Provenance.EXPLICIT,
+                            self.slice_range(device),
+                            f"--{name} {device.text}",
+                        )
+                    )
+            deepspeed_file = self.option_value(options, "deepspeed_config_file")
+            if deepspeed_file is not None:
+                self.read_deepspeed_file(deepspeed_file, directory)
+        if "use_fsdp" in options:
+            strategy = self.option_value(options, "fsdp_sharding_strategy")
+            value = (
+                FSDP_STRATEGY_NAMES.get(strategy.text.lower(), "full_shard")
+                if strategy
+                else "full_shard"
+            )
+            located = (
+                self.slice_range(strategy)
+                if strategy
+                else self.word_range(options["use_fsdp"].flag)
+            )
+            self.settings.append(
+                Setting("distributed.fsdp", value, Provenance.EXPLICIT, located, "--use_fsdp")
+            )
+            offload = self.option_value(options, "fsdp_offload_params")
+            if offload is not None and offload.text.lower() in ("true", "1", "yes"):
+                for key in ("distributed.offload_params", "distributed.offload_optimizer"):
+                    self.settings.append(
+                        Setting(key, True, Provenance.EXPLICIT, self.slice_range(offload))
+                    )
+        if launch.launcher == "trl":
+            trl_options = program_options(launch.arguments)
+            accelerate_config = trl_options.get("accelerate_config")
+            if accelerate_config is not None and accelerate_config.value is not None:
+                self.read_trl_accelerate_config(accelerate_config.value, directory)
+
+    def read_trl_accelerate_config(self, value: WordSlice, directory: Path) -> None:
+        """`trl sft --accelerate_config zero3`: TRL ships configs named by scheme."""
+        name = value.text.lower()
+        located = self.slice_range(value)
+        bundled = re.fullmatch(r"zero([1-3])|fsdp([12])?|multi_gpu|single_gpu", name)
+        if bundled is None:
+            self.read_referenced_config(value, directory, expected="accelerate")
+            return
+        if bundled.group(1):
+            self.settings.append(
+                Setting(
+                    "distributed.zero_stage",
+                    int(bundled.group(1)),
+                    Provenance.EXPLICIT,
+                    located,
+                    f"TRL's {name} config",
+                )
+            )
+        elif name.startswith("fsdp"):
+            self.settings.append(
+                Setting(
+                    "distributed.fsdp",
+                    "full_shard",
+                    Provenance.EXPLICIT,
+                    located,
+                    f"TRL's {name} config",
+                )
+            )
+
+    def read_referenced_config(self, value: WordSlice, directory: Path, expected: str) -> None:
+        target = self.find_file(value.text, directory)
+        if target is None:
+            self.problem_at_slice(value, f"'{value.text}' not found")
+            return
+        reading = read_config(
+            target, range_path=display_path(target), search_directories=[directory]
+        )
+        if reading.framework != expected and reading.settings:
+            self.problem_at_slice(value, f"'{value.text}' does not look like an {expected} config")
+        self.readings.append(reading)
+        self.settings.extend(reading.settings)
+        self.problems.extend(reading.problems)
+
+    def read_deepspeed_file(self, value: WordSlice, directory: Path) -> None:
+        self.settings.append(
+            Setting(
+                "distributed.deepspeed_config",
+                value.text,
+                Provenance.EXPLICIT,
+                self.slice_range(value),
+            )
+        )
+        target = self.find_file(value.text, directory)
+        if target is None:
+            self.problem_at_slice(value, f"DeepSpeed config '{value.text}' not found")
+            return
+        reading = read_config(target, range_path=display_path(target))
+        self.readings.append(reading)
+        self.settings.extend(reading.settings)
+        self.problems.extend(reading.problems)
+
+    # -- the program's arguments
+
+    def argument_overrides(self, launch: Launch) -> tuple[list[Override], list[WordSlice]]:
+        """The program's `--name value` flags and `key=value` overrides as config overrides,
+        and its positional words."""
+        consumed = (
+            {"config", "accelerate_config", "num_processes"}
+            if launch.launcher in ("trl", "tune", "litgpt")
+            else set()
+        )
+        overrides: list[Override] = []
+        positionals: list[WordSlice] = []
+        words = launch.arguments
+        index = 0
+        while index < len(words):
+            word = words[index]
+            text = word.text
+            index += 1
+            if text.startswith("--") and len(text) > 2:
+                if "=" in text:
+                    name = option_name(text.split("=", 1)[0])
+                    values = [WordSlice(word, text.index("=") + 1)]
+                else:
+                    name = option_name(text)
+                    values = []
+                    while index < len(words) and self.is_flag_value(name, words[index]):
+                        values.append(WordSlice(words[index]))
+                        index += 1
+                        if name not in LIST_FLAGS:
+                            break
+                if name in consumed:
+                    continue
+                override = self.flag_override(name, word, values)
+                if override is not None:
+                    overrides.append(override)
+            elif (
+                not text.startswith("-")
+                and "=" in text
+                and OVERRIDE_KEY.match(text.split("=", 1)[0])
+            ):
+                name = text.split("=", 1)[0].replace("-", "_")
+                value = WordSlice(word, len(name) + 1)
+                if not value.is_known:
+                    self.unknown_value(word, f"{name}")
+                    continue
+                overrides.append(
+                    Override(
+                        tuple(name.split(".")),
+                        parse_override_value(value.text),
+                        self.slice_range(value),
+                    )
+                )
+            elif text.startswith("-"):
+                continue  # a short option the program reads itself
+            else:
+                positionals.append(WordSlice(word))
+        if (
+            launch.launcher == "litgpt"
+            and positionals
+            and not positionals[0].text.endswith(CONFIG_SUFFIXES)
+        ):
+            checkpoint = positionals.pop(0)
+            overrides.insert(
+                0, Override(("checkpoint_dir",), checkpoint.text, self.slice_range(checkpoint))
+            )
+        return overrides, positionals
+
+    @staticmethod
+    def is_flag_value(name: str, word: ShellWord) -> bool:
+        text = word.text
+        if text.startswith("-") and not _is_number(text):
+            return False
+        if text.endswith(CONFIG_SUFFIXES + (".py",)):
+            return any(hint in name for hint in FILE_VALUE_HINTS)
+        return "=" not in text or not OVERRIDE_KEY.match(text.split("=", 1)[0])
+
+    def flag_override(self, name: str, flag: ShellWord, values: list[WordSlice]) -> Override | None:
+        path = tuple(part for part in name.split(".") if part)
+        if name == "deepspeed_config":
+            path = ("deepspeed",)
+        if not path:
+            return None
+        if not values:
+            return Override(path, True, self.word_range(flag))
+        unknown = [value for value in values if not value.is_known]
+        if unknown:
+            self.unknown_value(unknown[0].word, f"--{name}")
+            return None
+        if (
+            path == ("deepspeed",)
+            and values[0].text in self.written_files
+            and not (self.find_file(values[0].text, Path(self.path.parent)))
+        ):
+            self.read_written_deepspeed(values[0])
+            return None
+        if len(values) == 1:
+            return Override(path, values[0].text, self.slice_range(values[0]))
+        first = self.slice_range(values[0])
+        last = self.slice_range(values[-1])
+        spanning = replace(first, end_line=last.end_line, end_col=last.end_col)
+        return Override(path, [value.text for value in values], spanning)
+
+    def read_written_deepspeed(self, value: WordSlice) -> None:
+        """`cat > ds.json <<EOF ... EOF` then `--deepspeed ds.json`: the here-document is the
+        DeepSpeed config, and its ranges are in this file."""
+        document = self.written_files[value.text]
+        self.settings.append(
+            Setting(
+                "distributed.deepspeed_config",
+                value.text,
+                Provenance.EXPLICIT,
+                self.slice_range(value),
+            )
+        )
+        body = self.text[document.start : document.end]
+        first_line = self.line_of(document.start)
+        reading = read_config(Path(value.text), body, range_path=HERE_DOCUMENT_PATH)
+        for setting in reading.settings:
+            located = setting.range
+            if located is not None and located.path == HERE_DOCUMENT_PATH:
+                located = replace(
+                    located,
+                    path=None,
+                    start_line=located.start_line + first_line,
+                    end_line=located.end_line + first_line,
+                )
+            self.settings.append(
+                Setting(setting.key, setting.value, Provenance.EXPLICIT, located, setting.note)
+            )
+        self.problems.extend(
+            problem.replace(HERE_DOCUMENT_PATH, f"here-document for {value.text}")
+            for problem in reading.problems
+        )
+
+    def positional_config(self, positionals: list[WordSlice], directory: Path) -> Path | None:
+        """`python train.py config.yaml` (HfArgumentParser.parse_yaml_file) and friends."""
+        for positional in positionals:
+            if positional.text.endswith(CONFIG_SUFFIXES):
+                found = self.find_file(positional.text, directory)
+                if found is None:
+                    self.problem_at_slice(positional, f"'{positional.text}' not found")
+                return found
+        return None
+
+    # -- built-in torchtune configs
+
+    def read_torchtune_builtin(self, name_word: ShellWord) -> None:
+        """`--config llama3_1/8B_lora`: a config shipped inside torchtune; its model and method
+        follow from its name, the rest from torchtune's recipe defaults."""
+        name = name_word.text
+        located = self.word_range(name_word)
+        family, _, variant = name.partition("/")
+        match = re.match(r"^(?P<size>[0-9.]+[BbMm]|mini)_(?P<method>q?lora|dora|full)", variant)
+        if not family or match is None:
+            self.problem_at(name_word, f"torchtune config '{name}' not found")
+            return
+        method = match.group("method")
+        prefix = {"lora": "lora_", "qlora": "qlora_", "dora": "dora_"}.get(method, "")
+        size = match.group("size").lower().replace(".", "_")
+        model_id, _ = torchtune_model(f"{prefix}{family}_{size}")
+        note = f"torchtune built-in config {name}: model and method from its name"
+        if model_id is not None:
+            self.settings.append(Setting("model_id", model_id, Provenance.ASSUMED, located, note))
+        method_settings: list[tuple[str, Any]] = []
+        if method in ("lora", "qlora", "dora"):
+            method_settings.append(("lora.enabled", True))
+        if method == "qlora":
+            method_settings += [("quantization.bits", 4), ("quantization.quant_type", "nf4")]
+        for key, value in method_settings:
+            self.settings.append(Setting(key, value, Provenance.ASSUMED, located, note))
+        # what torchtune's shipped configs have in common; set after the recipe defaults, so
+        # they replace them, and below anything the command line says
+        for key, value, shared_note in TORCHTUNE_BUILTIN_COMMON:
+            self.settings.append(Setting(key, value, Provenance.DEFAULT, located, shared_note))
+        self.problems.append(
+            f"{describe_offset(self.text, name_word.start)}: torchtune's built-in config "
+            f"'{name}' is not read; copy it (`tune cp {name} .`) to have its values read"
+        )
+
+    # -- small things
+
+    def working_directory(self, launch: Launch) -> Path:
+        return self.path.parent / launch.command.working_directory
+
+    def target_path(self, launch: Launch, directory: Path) -> Path | None:
+        if launch.target is None or not launch.target.is_known:
+            return None
+        name = launch.target.text
+        if launch.target_kind == "module":
+            module_path = name.replace(".", "/")
+            return self.find_file(f"{module_path}.py", directory) or self.find_file(
+                f"{module_path}/__main__.py", directory
+            )
+        found = self.find_file(name, directory)
+        if found is None and launch.launcher == "tune" and not name.endswith(CONFIG_SUFFIXES):
+            found = self.find_file(f"{name}.yaml", directory)
+        if found is not None and launch.target_kind == "module":
+            launch.target_kind = "script"
+        return found
+
+    def find_file(self, name: str, directory: Path) -> Path | None:
+        return resolve_reference(name, directory / "launch", [self.path.parent])
+
+    def option_value(self, options: dict[str, CommandOption], name: str) -> WordSlice | None:
+        option = options.get(name)
+        if option is None or option.value is None:
+            return None
+        if not option.value.is_known:
+            self.unknown_value(option.value.word, f"--{name}")
+            return None
+        return option.value
+
+    def environment_value(self, environment: dict[str, ShellWord], name: str) -> WordSlice | None:
+        word = environment.get(name)
+        if word is None:
+            return None
+        if not word.is_known:
+            self.unknown_value(word, name)
+            return None
+        return WordSlice(word)
+
+    def integer(self, value: WordSlice | None, what: str) -> int | None:
+        if value is None:
+            return None
+        text = value.text.split(":")[0].strip()  # torchrun --nnodes MIN:MAX: the fewest
+        if text.isdigit() and int(text) > 0:
+            return int(text)
+        self.problem_at_slice(value, f"{what} must be a positive whole number, got '{value.text}'")
+        return None
+
+    def unknown_value(self, word: ShellWord, what: str) -> None:
+        expansion = word.unknown[0] if word.unknown else word.text
+        if expansion in ("$@", "$*"):
+            return
+        self.problems.append(
+            f"{describe_offset(self.text, word.start)}: {what} comes from {expansion}, known "
+            "only when the script runs; add a `# llmmem:` pragma to say what it is"
+        )
+
+    def problem_at(self, word: ShellWord, message: str) -> None:
+        self.problems.append(f"{describe_offset(self.text, word.start)}: {message}")
+
+    def problem_at_slice(self, value: WordSlice, message: str) -> None:
+        start, _ = value.offsets()
+        self.problems.append(f"{describe_offset(self.text, start)}: {message}")
+
+    def line_of(self, offset: int) -> int:
+        return offset_to_position(self.text, offset)[0]
+
+    def offsets_range(self, start: int, end: int) -> SourceRange:
+        start_line, start_col = offset_to_position(self.text, start)
+        end_line, end_col = offset_to_position(self.text, end)
+        return SourceRange(
+            start_line=start_line, start_col=start_col, end_line=end_line, end_col=end_col
+        )
+
+    def slice_range(self, value: WordSlice) -> SourceRange:
+        return self.offsets_range(*value.offsets())
+
+    def word_range(self, word: ShellWord) -> SourceRange:
+        return self.offsets_range(*word.span())
+
+
+HERE_DOCUMENT_PATH = "<here-document>"
+TORCHTUNE_BUILTIN_COMMON: tuple[tuple[str, Any, str], ...] = (
+    ("precision", "bf16-true", "torchtune's built-in configs train in dtype bf16"),
+    (
+        "gradient_checkpointing",
+        True,
+        "torchtune's built-in configs enable activation checkpointing",
+    ),
+    ("loss", "chunked", "torchtune's built-in configs use CEWithChunkedOutputLoss"),
+)
+
+
+def in_file(located: SourceRange | None, range_path: str) -> SourceRange | None:
+    """A range of another file's plan, naming that file (ranges naming a third file stay)."""
+    if located is None or located.path is not None:
+        return located
+    return replace(located, path=range_path)
+
+
+def settings_of_plan(plan: TrainingPlan, range_path: str) -> list[Setting]:
+    """A plan's values as settings again, their ranges naming the plan's file, so that a
+    launcher's plan can take them in beside its own."""
+    settings: list[Setting] = []
+
+    def add(key: str, value: Sourced[Any] | None) -> None:
+        if value is not None:
+            located = in_file(value.range, range_path)
+            settings.append(Setting(key, value.value, value.source, located, value.note))
+
+    for name, value in plan.sourced_fields().items():
+        add(name, value)
+    for section, prefix in (
+        (plan.lora, "lora."),
+        (plan.quantization, "quantization."),
+        (plan.distributed, "distributed."),
+    ):
+        if section is None:
+            continue
+        for item in dataclass_fields(section):
+            field_value = getattr(section, item.name)
+            if isinstance(field_value, Sourced):
+                add(prefix + item.name, field_value)
+    if plan.lora is not None:
+        settings.append(Setting("lora.enabled", True, plan.lora.r.source, None))
+    for name, value in plan.extra.items():
+        if isinstance(value, Sourced):
+            add(name, value)
+    return settings
+
+
+def argparse_options_of(plan: TrainingPlan) -> dict[str, str]:
+    """Which plan key each of a script's argparse options feeds, from the notes the Python
+    extractor leaves on `cli-default` values."""
+    options: dict[str, str] = {}
+    for key, value in settings_by_key(plan).items():
+        if value.source is not Provenance.CLI_DEFAULT:
+            continue
+        for option in re.findall(r"--([A-Za-z0-9_\-.]+)", value.note):
+            options[option.replace("-", "_")] = key
+    return options
+
+
+def settings_by_key(plan: TrainingPlan) -> dict[str, Setting]:
+    return {setting.key: setting for setting in settings_of_plan(plan, plan.path)}
