@@ -24,11 +24,13 @@ from llmmem.extract.python.libraries import (
     CALLS_BY_LEAF as LIBRARY_CALLS_BY_LEAF,
 )
 from llmmem.extract.python.libraries import (
+    TOKENIZER_METHODS,
     Handler,
     config_class_of,
     config_default,
     make_trainer,
     model_method,
+    named_like_tokenizer,
     optimizer,
     read_tokenizer_call,
     tokenizer_method,
@@ -303,9 +305,9 @@ class ScriptReader(Findings):
 
     # -- definitions -------------------------------------------------------------------------
 
-    def define_function(self, node: ast.FunctionDef | ast.AsyncFunctionDef, scope: Scope) -> None:
+    def parameter_defaults(self, arguments: ast.arguments, scope: Scope) -> dict[str, Value]:
+        """A function's or lambda's parameter defaults, evaluated where it is defined."""
         defaults: dict[str, Value] = {}
-        arguments = node.args
         positional = [*arguments.posonlyargs, *arguments.args]
         for parameter, default in zip(
             positional[len(positional) - len(arguments.defaults) :], arguments.defaults, strict=True
@@ -316,6 +318,10 @@ class ScriptReader(Findings):
         ):
             if keyword_default is not None:
                 defaults[parameter.arg] = self.eval(keyword_default, scope)
+        return defaults
+
+    def define_function(self, node: ast.FunctionDef | ast.AsyncFunctionDef, scope: Scope) -> None:
+        defaults = self.parameter_defaults(node.args, scope)
         decorators = " ".join(self.source.text_of(item, 200) for item in node.decorator_list)
         command_line = bool(re.search(r"\b(command|main|callback)\b", decorators))
         function = FunctionValue(node, scope, defaults, command_line=command_line)
@@ -439,6 +445,8 @@ class ScriptReader(Findings):
             value = self.eval(node.value, scope)
             self.assign(node.target, value, scope)
             return value
+        if isinstance(node, ast.Lambda):
+            return FunctionValue(node, scope, self.parameter_defaults(node.args, scope))
         return Unknown(f"a {type(node).__name__} expression")
 
     def eval_attribute(self, node: ast.Attribute, scope: Scope) -> Value:
@@ -642,10 +650,31 @@ class ScriptReader(Findings):
             owner = self.eval(node.func.value, scope)
             args = self.eval_arguments(node, scope)
             if isinstance(owner, Symbol):
-                return self.call_symbol(Symbol(f"{owner.name}.{node.func.attr}", node.func), args)
-            return self.call_method(owner, node.func.attr, args)
-        callee = self.eval(node.func, scope)
-        args = self.eval_arguments(node, scope)
+                result = self.call_symbol(Symbol(f"{owner.name}.{node.func.attr}", node.func), args)
+            else:
+                result = self.call_method(owner, node.func.attr, args)
+            if isinstance(owner, (Symbol, Unknown)) and (
+                named_like_tokenizer(node.func.attr)
+                or (
+                    node.func.attr in TOKENIZER_METHODS
+                    and named_like_tokenizer(_dotted_name(node.func.value))
+                )
+            ):
+                read_tokenizer_call(self, args)  # `self.tokenizer(...)`, `tok.encode(...)`
+        else:
+            callee = self.eval(node.func, scope)
+            args = self.eval_arguments(node, scope)
+            result = self.call_value(callee, args, node)
+            if isinstance(callee, (Symbol, Unknown)) and named_like_tokenizer(
+                _dotted_name(node.func)
+            ):
+                read_tokenizer_call(self, args)  # a tokenizer handed in as a parameter
+            if isinstance(callee, FunctionValue):
+                return result  # the script's own function: its parameters got the callbacks
+        self.follow_callbacks(args)
+        return result
+
+    def call_value(self, callee: Value, args: CallArgs, node: ast.Call) -> Value:
         if isinstance(callee, Symbol):
             return self.call_symbol(callee, args)
         if isinstance(callee, FunctionValue):
@@ -661,6 +690,19 @@ class ScriptReader(Findings):
             return Unknown("tokenized text")
         return Unknown("the result of a call")
 
+    def follow_callbacks(self, args: CallArgs) -> None:
+        """The script's functions and lambdas handed to a call (`ds.map(tokenize)`,
+        `ds.map(lambda b: tokenizer(...))`) run there, once, with their parameters unknown:
+        what they build or pass to a tokenizer is read where the script hands them over.
+        `Dataset.map`'s `fn_kwargs={...}` are their keyword arguments."""
+        extra = args.keywords.get("fn_kwargs")
+        given = None
+        if isinstance(extra, DictValue) and extra.entries:
+            given = CallArgs(args.node, [], dict(extra.entries), list(extra.unread))
+        for value in [*args.positional, *args.keywords.values()]:
+            if isinstance(value, FunctionValue) and value.runs == 0:
+                self.call_function(value, given, None)
+
     def call_function(
         self, function: FunctionValue, args: CallArgs | None, node: ast.Call | None
     ) -> Value:
@@ -670,25 +712,28 @@ class ScriptReader(Findings):
             or len(self.call_stack) >= MAX_CALL_DEPTH
             or self.function_runs >= MAX_FUNCTION_RUNS
         ):
-            return Unknown(f"the result of {function.node.name}()")
+            return Unknown(f"the result of {function.name}()")
         self.function_runs += 1
         local = Scope(function.scope)
         self.bind_parameters(function, args, local)
         self.call_stack.append(function)
         self.return_values.append(None)
         try:
-            self.exec_block(function.node.body, local)
+            if isinstance(function.node, ast.Lambda):
+                self.return_values[-1] = self.eval(function.node.body, local)
+            else:
+                self.exec_block(function.node.body, local)
         finally:
             self.call_stack.pop()
             result = self.return_values.pop()
-        return result if result is not None else Unknown(f"the result of {function.node.name}()")
+        return result if result is not None else Unknown(f"the result of {function.name}()")
 
     def bind_parameters(self, function: FunctionValue, args: CallArgs | None, local: Scope) -> None:
         arguments = function.node.args
         positional = [*arguments.posonlyargs, *arguments.args]
         given_positional = list(args.positional) if args is not None else []
         given_keywords = dict(args.keywords) if args is not None else {}
-        name = function.node.name
+        name = function.name
         for index, parameter in enumerate([*positional, *arguments.kwonlyargs]):
             if index < len(positional) and index < len(given_positional):
                 local.bind(parameter.arg, given_positional[index])

@@ -245,13 +245,35 @@ def tokenizer_method(found: Findings, method: str, args: CallArgs) -> Value:
     return Unknown("tokenized text")
 
 
+def named_like_tokenizer(dotted_name: str) -> bool:
+    """`tokenizer`, `self.tokenizer`, `tok`, `llama_tokenizer`: a name that is a tokenizer
+    where its value is not known (a parameter, an attribute, an import from another file)."""
+    leaf = dotted_name.rsplit(".", 1)[-1].lower()
+    return "tokenizer" in leaf or "tokeniser" in leaf or leaf == "tok"
+
+
 def read_tokenizer_call(found: Findings, args: CallArgs) -> None:
+    """`tokenizer(text, truncation=True, max_length=4096)`: every sequence is cut (or padded,
+    with `padding="max_length"`) to 4096 tokens, the sequence length where nothing that
+    reaches the trainer says otherwise. A `max_length` that neither cuts nor pads says nothing
+    about the length of the sequences that are trained on."""
     length = args.keywords.get("max_length")
     known = settle(length) if length is not None else None
-    if known is not None and isinstance(known.value, int) and not isinstance(known.value, bool):
-        found.tokenizer_lengths.append(
-            replace(known, note=_combine_notes(known.note, "tokenizer max_length"))
-        )
+    if known is None or not isinstance(known.value, int) or isinstance(known.value, bool):
+        return
+    truncation = settle(args.keywords.get("truncation")) if "truncation" in args.keywords else None
+    padding = settle(args.keywords.get("padding")) if "padding" in args.keywords else None
+    if truncation is not None and (
+        truncation.value is True
+        or truncation.value in ("longest_first", "only_first", "only_second")
+    ):
+        how = "truncation"
+    elif padding is not None and padding.value == "max_length":
+        how = "padding='max_length'"
+    else:
+        return
+    note = f"tokenizer max_length, {how}"
+    found.tokenizer_lengths.append(replace(known, note=_combine_notes(known.note, note)))
 
 
 # -- training configs and trainers -----------------------------------------------------------

@@ -228,11 +228,18 @@ class ArgumentsParserObject(Value):
 
 @dataclass(eq=False)
 class FunctionValue(Value):
-    node: ast.FunctionDef | ast.AsyncFunctionDef
+    """A function or lambda defined in the script: calls to it are followed (see
+    ScriptReader.call_function)."""
+
+    node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
     scope: Scope
     defaults: dict[str, Value]
     command_line: bool = False  # its parameters come from the command line (fire, typer...)
     runs: int = 0
+
+    @property
+    def name(self) -> str:
+        return "<lambda>" if isinstance(self.node, ast.Lambda) else self.node.name
 
 
 @dataclass(eq=False)

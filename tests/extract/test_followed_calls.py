@@ -1,0 +1,191 @@
+"""Calls into the script's own functions and lambdas: a tokenizer's `max_length` reached through
+`dataset.map(...)`, the bound on how deep calls are followed, and the package's layering."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from llmmem.extract.pragmas import ProjectSettings
+from llmmem.extract.python import extract_python_plan
+from llmmem.plan import Provenance, SourceRange, TrainingPlan
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "python" / "followed"
+PACKAGE = Path(__file__).resolve().parents[2] / "analyzer" / "llmmem" / "extract" / "python"
+NO_SETTINGS = ProjectSettings()
+
+
+def read(name: str) -> tuple[TrainingPlan, str]:
+    path = FIXTURES / name
+    text = path.read_text(encoding="utf-8")
+    return extract_python_plan(path, text, settings=NO_SETTINGS), text
+
+
+def plan_of(source: str) -> TrainingPlan:
+    return extract_python_plan(Path("train.py"), source, settings=NO_SETTINGS)
+
+
+def covered(text: str, where: SourceRange | None) -> tuple[int, str]:
+    """The 1-based line and the text a one-line range covers."""
+    assert where is not None and where.start_line == where.end_line
+    line = text.split("\n")[where.start_line]
+    return where.start_line + 1, line[where.start_col : where.end_col]
+
+
+HEAD = """\
+from datasets import load_dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
+
+tokenizer = AutoTokenizer.from_pretrained("Qwen/Qwen2.5-0.5B")
+model = AutoModelForCausalLM.from_pretrained("Qwen/Qwen2.5-0.5B")
+ds = load_dataset("json", data_files="train.jsonl", split="train")
+"""
+TAIL = """
+args = TrainingArguments(output_dir="out", per_device_train_batch_size=2)
+Trainer(model=model, args=args, train_dataset=ds).train()
+"""
+
+
+# -- the fixtures ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "length", "line", "written"),
+    [
+        ("tokenize_function.py", 4096, 22, "4096"),  # def tokenize_function + ds.map(...)
+        ("tokenize_lambda.py", 1024, 14, "1024"),  # ds.map(lambda batch: tok(...))
+        ("tokenize_fn_kwargs.py", 2048, 8, "2048"),  # fn_kwargs={"max_length": CONTEXT}
+    ],
+)
+def test_a_tokenizer_max_length_inside_dataset_map_is_the_sequence_length(
+    name: str, length: int, line: int, written: str
+) -> None:
+    plan, text = read(name)
+    found = plan.max_seq_length
+    assert found.value == length
+    assert found.source is Provenance.EXPLICIT
+    assert covered(text, found.range) == (line, written)
+    assert "tokenizer max_length" in found.note
+    assert plan.problems == []
+
+
+# -- which tokenizer calls count ----------------------------------------------------------------
+
+
+def test_a_named_function_and_a_lambda_give_the_same_length() -> None:
+    named = HEAD + (
+        "def tokenize(batch):\n"
+        '    return tokenizer(batch["text"], truncation=True, max_length=4096)\n'
+        "ds = ds.map(tokenize, batched=True)\n"
+    )
+    inline = HEAD + (
+        'ds = ds.map(lambda b: tokenizer(b["text"], truncation=True, max_length=4096), '
+        "batched=True)\n"
+    )
+    for source in (named + TAIL, inline + TAIL):
+        plan = plan_of(source)
+        assert (plan.max_seq_length.value, plan.max_seq_length.source) == (
+            4096,
+            Provenance.EXPLICIT,
+        )
+        assert plan.max_seq_length.range is not None
+        assert "max_length=4096" in source.split("\n")[plan.max_seq_length.range.start_line]
+
+
+def test_max_length_that_neither_truncates_nor_pads_says_nothing() -> None:
+    source = HEAD + (
+        'ds = ds.map(lambda b: tokenizer(b["text"], max_length=4096), batched=True)\n'
+        'ds = ds.map(lambda b: tokenizer(b["text"], truncation=False, max_length=8192))\n'
+    )
+    plan = plan_of(source + TAIL)
+    assert plan.max_seq_length.source is Provenance.ASSUMED
+    assert plan.max_seq_length.value not in (4096, 8192)
+
+
+def test_padding_to_max_length_counts_without_truncation() -> None:
+    source = HEAD + (
+        'ds = ds.map(lambda b: tokenizer(b["text"], padding="max_length", max_length=768))\n'
+    )
+    plan = plan_of(source + TAIL)
+    assert (plan.max_seq_length.value, plan.max_seq_length.source) == (768, Provenance.EXPLICIT)
+
+
+def test_a_tokenizer_known_only_by_its_name_counts_an_other_callable_does_not() -> None:
+    by_name = HEAD + (
+        "def encode(batch, tokenizer):\n"
+        '    return tokenizer(batch["text"], truncation=True, max_length=3072)\n'
+        "ds = ds.map(encode)\n"
+    )
+    assert plan_of(by_name + TAIL).max_seq_length.value == 3072
+    other = HEAD + (
+        "def encode(batch, encoder):\n"
+        '    return encoder(batch["text"], truncation=True, max_length=3072)\n'
+        "ds = ds.map(encode)\n"
+    )
+    assert plan_of(other + TAIL).max_seq_length.source is Provenance.ASSUMED
+
+
+def test_the_trainers_own_length_wins_over_the_tokenizers() -> None:
+    source = (
+        "from datasets import load_dataset\n"
+        "from transformers import AutoTokenizer\n"
+        "from trl import SFTConfig, SFTTrainer\n"
+        'tokenizer = AutoTokenizer.from_pretrained("Qwen/Qwen2.5-0.5B")\n'
+        'ds = load_dataset("json", data_files="t.jsonl", split="train")\n'
+        'ds = ds.map(lambda b: tokenizer(b["text"], truncation=True, max_length=4096))\n'
+        'config = SFTConfig(output_dir="o", max_length=2048)\n'
+        'SFTTrainer(model="Qwen/Qwen2.5-0.5B", args=config, train_dataset=ds).train()\n'
+    )
+    plan = plan_of(source)
+    assert (plan.max_seq_length.value, plan.max_seq_length.source) == (2048, Provenance.EXPLICIT)
+    assert plan.max_seq_length.range is not None
+    assert plan.max_seq_length.range.start_line == 6  # the SFTConfig line
+
+
+def test_a_lambda_called_in_the_script_gives_its_value() -> None:
+    source = (
+        "from trl import SFTConfig, SFTTrainer\n"
+        "double = lambda n: n * 2\n"
+        'config = SFTConfig(output_dir="o", max_length=double(1536))\n'
+        'SFTTrainer(model="Qwen/Qwen2.5-0.5B", args=config).train()\n'
+    )
+    plan = plan_of(source)
+    assert (plan.max_seq_length.value, plan.max_seq_length.source) == (3072, Provenance.EXPLICIT)
+
+
+# -- bounds --------------------------------------------------------------------------------------
+
+
+def test_recursion_and_long_call_chains_end_silently() -> None:
+    chain = "".join(f"def step{i}(b):\n    return step{i + 1}(b)\n" for i in range(40))
+    source = HEAD + (
+        "def ping(b):\n    return pong(b)\n"
+        "def pong(b):\n    return ping(b)\n"
+        "def loop(b):\n    return loop(b)\n"
+        f"{chain}"
+        "def step40(b):\n    return tokenizer(b, truncation=True, max_length=9999)\n"
+        "ds = ds.map(ping).map(loop).map(lambda b: (lambda c: c)(b))\n"
+        "ds = ds.map(step0)\n"
+    )
+    plan = plan_of(source + TAIL)
+    assert plan.problems == []  # a bound reached is not a problem to report
+    assert plan.model_id.value == "Qwen/Qwen2.5-0.5B"
+
+
+# -- the package --------------------------------------------------------------------------------
+
+LAYERS = ["source", "values", "findings", "libraries", "arguments", "interpreter", "emitter"]
+
+
+@pytest.mark.parametrize("module", [*LAYERS, "__init__"])
+def test_each_module_imports_only_the_layers_below_it(module: str) -> None:
+    text = (PACKAGE / f"{module}.py").read_text(encoding="utf-8")
+    assert len(text.splitlines()) < 1000
+    below = set(LAYERS if module == "__init__" else LAYERS[: LAYERS.index(module)])
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            assert node.module != "llmmem.extract.configs"
+            if node.module.startswith("llmmem.extract.python."):
+                assert node.module.rsplit(".", 1)[-1] in below, node.module
