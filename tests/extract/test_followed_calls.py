@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -172,6 +173,98 @@ def test_recursion_and_long_call_chains_end_silently() -> None:
     plan = plan_of(source + TAIL)
     assert plan.problems == []  # a bound reached is not a problem to report
     assert plan.model_id.value == "Qwen/Qwen2.5-0.5B"
+
+
+# -- the script's own defaults -------------------------------------------------------------------
+
+CLI = Provenance.CLI_DEFAULT
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "line", "written"),
+    [
+        ("model_id", "meta-llama/Llama-2-7b-hf", 24, '"meta-llama/Llama-2-7b-hf"'),
+        ("quantization.bits", 4, 27, "True"),  # load_in_4bit: bool = True
+        ("lora.r", 64, 28, "64"),  # lora_r: int = 64
+        ("lora.alpha", 16, 29, "16"),
+        ("lora.dropout", 0.05, 30, "0.05"),
+        ("max_seq_length", 2048, 34, "2048"),  # through tokenize() in dataset.map
+    ],
+)
+def test_dataclass_field_defaults_are_the_scripts_own_defaults(
+    key: str, value: object, line: int, written: str
+) -> None:
+    plan, text = read("sft_script_arguments.py")
+    owner: Any = plan
+    for part in key.split("."):
+        owner = getattr(owner, part)
+    assert owner.value == value
+    assert owner.source is CLI
+    assert covered(text, owner.range) == (line, written)
+    assert "ScriptArguments." in owner.note
+
+
+def test_a_default_factory_and_the_remaining_strings_of_the_parser() -> None:
+    plan, text = read("sft_script_arguments.py")
+    targets = plan.lora.target_modules if plan.lora is not None else None
+    assert targets is not None
+    assert sorted(targets.value) == ["k_proj", "o_proj", "q_proj", "v_proj"]
+    assert targets.source is CLI
+    assert targets.range is not None and targets.range.start_line + 1 == 32
+    assert plan.problems == []  # `script_args, training_args, _ = ...` unpacks
+
+
+def test_argparse_and_fire_defaults_name_their_flag() -> None:
+    argparse_source = (
+        "import argparse\n"
+        "from peft import LoraConfig\n"
+        "from transformers import AutoModelForCausalLM, Trainer, TrainingArguments\n"
+        "parser = argparse.ArgumentParser()\n"
+        'parser.add_argument("--model", default="Qwen/Qwen2.5-7B")\n'
+        'parser.add_argument("--lora_r", type=int, default=64)\n'
+        "args = parser.parse_args()\n"
+        "model = AutoModelForCausalLM.from_pretrained(args.model)\n"
+        'Trainer(model=model, args=TrainingArguments("o"), peft_config=LoraConfig(r=args.lora_r))\n'
+    )
+    fire_source = (
+        "import fire\n"
+        "from peft import LoraConfig, get_peft_model\n"
+        "from transformers import AutoModelForCausalLM, Trainer, TrainingArguments\n"
+        'def train(model: str = "Qwen/Qwen2.5-7B", lora_r: int = 64):\n'
+        "    m = AutoModelForCausalLM.from_pretrained(model)\n"
+        "    m = get_peft_model(m, LoraConfig(r=lora_r))\n"
+        '    Trainer(model=m, args=TrainingArguments("o")).train()\n'
+        'if __name__ == "__main__":\n'
+        "    fire.Fire(train)\n"
+    )
+    for source, line in ((argparse_source, 6), (fire_source, 4)):
+        plan = plan_of(source)
+        assert plan.lora is not None
+        r = plan.lora.r
+        assert (r.value, r.source) == (64, CLI)
+        assert r.range is not None and r.range.start_line + 1 == line
+        assert "--lora_r" in r.note
+        assert (plan.model_id.value, plan.model_id.source) == ("Qwen/Qwen2.5-7B", CLI)
+
+
+def test_a_factory_not_known_is_unknown_not_an_error() -> None:
+    source = (
+        "from dataclasses import dataclass, field\n"
+        "from peft import LoraConfig\n"
+        "from transformers import AutoModelForCausalLM, HfArgumentParser, Trainer\n"
+        "from transformers import TrainingArguments\n"
+        "from mylib import default_modules\n"
+        "@dataclass\n"
+        "class Args:\n"
+        "    targets: list = field(default_factory=default_modules)\n"
+        "(args,) = HfArgumentParser(Args).parse_args_into_dataclasses()\n"
+        'model = AutoModelForCausalLM.from_pretrained("Qwen/Qwen2.5-0.5B")\n'
+        "config = LoraConfig(target_modules=args.targets)\n"
+        'Trainer(model=model, args=TrainingArguments("o"), peft_config=config).train()\n'
+    )
+    plan = plan_of(source)
+    assert any("`args.targets`" in line and "default_factory" in line for line in plan.problems)
+    assert not any("internal error" in line for line in plan.problems)
 
 
 # -- the package --------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from llmmem.extract.python.values import (
     Unknown,
     Value,
     _combine_notes,
+    _truth,
     settle,
 )
 from llmmem.extract.vocabulary import TRAINER_CONFIG_CLASSES, sequence_length_names
@@ -161,6 +162,9 @@ def dataclass_parser_method(
     instances: list[Value] = []
     for item in parser.classes:
         instances.append(parsed_instance(found, item, parser.node, overrides))
+    remaining = args.keywords.get("return_remaining_strings")
+    if method == "parse_args_into_dataclasses" and remaining is not None and _truth(remaining):
+        instances.append(Unknown("the command-line strings no dataclass reads"))
     return ListValue(instances, args.node)
 
 

@@ -369,8 +369,24 @@ class ScriptReader(Findings):
                 for keyword in expression.keywords:
                     if keyword.arg == "default":
                         return self.eval(keyword.value, scope)
+                    if keyword.arg == "default_factory":
+                        return self._factory_default(keyword.value, scope)
                 return Unknown("a dataclass field without a plain default")
         return self.eval(expression, scope)
+
+    def _factory_default(self, expression: ast.expr, scope: Scope) -> Value:
+        """`field(default_factory=lambda: ["q_proj", "v_proj"])`: what the factory returns,
+        read whole where every part is known; `list`/`dict` give an empty one."""
+        factory = self.eval(expression, scope)
+        made: Value = Unknown("a dataclass field whose default_factory is not known")
+        if isinstance(factory, FunctionValue):
+            made = self.call_function(factory, None, None)
+        elif isinstance(factory, Symbol) and factory.name in ("list", "tuple", "set"):
+            made = Known([], expression)
+        elif isinstance(factory, Symbol) and factory.name == "dict":
+            made = Known({}, expression)
+        known = settle(made) if isinstance(made, (ListValue, DictValue)) else None
+        return known if known is not None else made
 
     # -- expressions -------------------------------------------------------------------------
 
