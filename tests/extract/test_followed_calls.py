@@ -267,6 +267,55 @@ def test_a_factory_not_known_is_unknown_not_an_error() -> None:
     assert not any("internal error" in line for line in plan.problems)
 
 
+# -- unsloth's checkpointing --------------------------------------------------------------------
+
+
+def test_unsloth_checkpointing_asked_for_at_loading_is_on_and_offloaded() -> None:
+    plan, text = read("unsloth_fastmodel.py")
+    found = plan.gradient_checkpointing
+    assert (found.value, found.source) == (True, Provenance.EXPLICIT)
+    assert covered(text, found.range) == (12, '"unsloth"')
+    assert "offloaded" in found.note and "CPU" in found.note
+    assert plan.problems == []
+
+
+UNSLOTH = """\
+from unsloth import FastLanguageModel
+from trl import SFTConfig, SFTTrainer
+model, tokenizer = FastLanguageModel.from_pretrained(
+    model_name="unsloth/Qwen2.5-7B", max_seq_length=4096, load_in_4bit=True{loading}
+)
+model = FastLanguageModel.get_peft_model(model, r=16{adapter})
+SFTTrainer(model=model, tokenizer=tokenizer, args=SFTConfig(output_dir="o")).train()
+"""
+
+
+@pytest.mark.parametrize(
+    ("loading", "adapter", "value", "source", "offloaded"),
+    [
+        ("", "", True, Provenance.DEFAULT, True),  # get_peft_model's default is "unsloth"
+        ("", ', use_gradient_checkpointing="unsloth"', True, Provenance.EXPLICIT, True),
+        ("", ", use_gradient_checkpointing=True", True, Provenance.EXPLICIT, False),
+        ("", ", use_gradient_checkpointing=False", False, Provenance.EXPLICIT, False),
+        (", use_gradient_checkpointing=False", "", False, Provenance.EXPLICIT, False),
+        (
+            ", use_gradient_checkpointing=False",
+            ', use_gradient_checkpointing="unsloth"',
+            True,
+            Provenance.EXPLICIT,
+            True,
+        ),
+    ],
+)
+def test_unsloth_use_gradient_checkpointing(
+    loading: str, adapter: str, value: bool, source: Provenance, offloaded: bool
+) -> None:
+    plan = plan_of(UNSLOTH.format(loading=loading, adapter=adapter))
+    found = plan.gradient_checkpointing
+    assert (found.value, found.source) == (value, source)
+    assert ("offloaded" in found.note) is offloaded
+
+
 # -- the package --------------------------------------------------------------------------------
 
 LAYERS = ["source", "values", "findings", "libraries", "arguments", "interpreter", "emitter"]

@@ -157,6 +157,9 @@ def load_pretrained(found: Findings, callee: Symbol, args: CallArgs) -> Value:
         model = new_model(
             found, node, model_id or Unknown("unsloth's default model"), args.keywords, "unsloth"
         )
+        given = args.keywords.get("use_gradient_checkpointing")
+        if given is not None:
+            model.checkpointing = unsloth_checkpointing(given) or model.checkpointing
         return ListValue([model, TokenizerObject(node)], node)
     if owner in _PEFT_MODEL_CLASSES:
         base = args.get("model", 0)
@@ -327,22 +330,20 @@ def get_peft_model(found: Findings, callee: Symbol, args: CallArgs) -> Value:
         )
         found.loras.append(lora)
         if isinstance(model, ModelObject):
+            # its own keyword, else the one given to from_pretrained, else unsloth's default
             checkpointing = args.keywords.get("use_gradient_checkpointing")
             if checkpointing is None:
+                checkpointing = model.keywords.get("use_gradient_checkpointing")
+            if checkpointing is not None:
+                model.checkpointing = unsloth_checkpointing(checkpointing) or model.checkpointing
+            else:
                 model.checkpointing = Known(
                     True,
                     args.node,
                     Provenance.DEFAULT,
-                    "unsloth get_peft_model default (use_gradient_checkpointing='unsloth')",
+                    "unsloth get_peft_model default (use_gradient_checkpointing='unsloth'): "
+                    + _UNSLOTH_OFFLOAD,
                 )
-            else:
-                known = settle(checkpointing)
-                if known is not None:
-                    turned_on = known.value is True or known.value == "unsloth"
-                    note = "unsloth's offloaded checkpointing" if known.value == "unsloth" else ""
-                    model.checkpointing = replace(
-                        known, value=turned_on, note=_combine_notes(known.note, note)
-                    )
     else:
         lora_value = args.get("peft_config", 1)
         if isinstance(lora_value, LoraObject):
@@ -361,6 +362,23 @@ def get_peft_model(found: Findings, callee: Symbol, args: CallArgs) -> Value:
         model.lora = lora
         return model
     return Unknown("a PEFT model")
+
+
+_UNSLOTH_OFFLOAD = (
+    "unsloth's offloaded gradient checkpointing, the saved activations wait in CPU memory"
+)
+
+
+def unsloth_checkpointing(value: Value) -> Known | None:
+    """unsloth's `use_gradient_checkpointing`: "unsloth" (its default) is checkpointing with the
+    saved activations offloaded to CPU memory, True is transformers' checkpointing, False off."""
+    known = settle(value)
+    if known is None:
+        return None
+    if known.value == "unsloth":
+        note = f'use_gradient_checkpointing="unsloth": {_UNSLOTH_OFFLOAD}'
+        return replace(known, value=True, note=_combine_notes(known.note, note))
+    return replace(known, value=known.value is True)
 
 
 def prepare_kbit(found: Findings, callee: Symbol, args: CallArgs) -> Value:
