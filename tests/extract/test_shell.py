@@ -323,6 +323,181 @@ def test_shell_pragmas() -> None:
     assert plan.gpu.source is Provenance.PRAGMA
 
 
+# -- DeepSpeed-Chat training scripts --------------------------------------------------------------
+
+DEEPSPEED_CHAT_MAIN = """import argparse
+
+import deepspeed
+from transformers import AutoModelForCausalLM
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--model_name_or_path", type=str, required=True)
+parser.add_argument("--per_device_train_batch_size", type=int, default=16)
+parser.add_argument("--max_seq_len", type=int, default=512)
+parser.add_argument("--offload", action="store_true")
+parser.add_argument("--dtype", type=str, default="fp16", choices=["fp16", "bf16"])
+parser.add_argument("--zero_stage", type=int, default=0)
+parser.add_argument("--lora_dim", type=int, default=0)
+parser.add_argument("--only_optimize_lora", action="store_true")
+parser = deepspeed.add_config_arguments(parser)
+args = parser.parse_args()
+model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path)
+"""
+
+
+def test_deepspeed_chat_lora_on_zero3_with_offload() -> None:
+    plan = plan_of("deepspeed_chat_lora.sh")
+    # ZERO_STAGE=$2, then 3 when the script is run without arguments
+    expect(plan, "distributed.zero_stage", 3, EXPLICIT, "3", line=10)
+    expect(plan, "distributed.world_size", 8, EXPLICIT, "8", line=14)
+    expect(plan, "model_id", "meta-llama/Llama-2-7b-hf", EXPLICIT, "meta-llama/Llama-2-7b-hf")
+    expect(plan, "per_device_train_batch_size", 4, EXPLICIT, "4", line=18)
+    expect(plan, "gradient_accumulation_steps", 2, EXPLICIT, "2")
+    expect(plan, "max_seq_length", 1024, EXPLICIT, "1024", line=20)
+    expect(plan, "gradient_checkpointing", True, EXPLICIT, "--gradient_checkpointing", line=28)
+    # DeepSpeed's bf16 engine keeps fp32 master weights: mixed precision, not pure bf16
+    expect(plan, "precision", "bf16", EXPLICIT, "bf16", line=29)
+    # --offload: the optimizer on the CPU, and under ZeRO-3 the parameters too
+    expect(plan, "distributed.offload_optimizer", True, EXPLICIT, "--offload", line=31)
+    expect(plan, "distributed.offload_params", True, EXPLICIT, "--offload", line=31)
+    assert plan.lora is not None
+    expect(plan, "lora.r", 64, EXPLICIT, "64", line=33)
+    expect(plan, "lora.target_modules", ["all-linear"], EXPLICIT, "layers.", line=34)
+    # the bare --deepspeed is DeepSpeed's own switch, not a config path; only main.py is missing
+    assert len(plan.problems) == 1, plan.problems
+    assert "'main.py' not found" in plan.problems[0]
+
+
+def test_deepspeed_chat_full_fine_tune() -> None:
+    plan = plan_of("deepspeed_chat_full.sh")
+    assert plan.lora is None
+    expect(plan, "distributed.world_size", 4, EXPLICIT, "localhost:0,1,2,3", line=6)
+    expect(plan, "distributed.zero_stage", 2, EXPLICIT, "2", line=3)
+    expect(plan, "precision", "fp16", EXPLICIT, "fp16", line=20)
+    expect(plan, "max_seq_length", 512, EXPLICIT, "512")
+    expect(plan, "per_device_train_batch_size", 8, EXPLICIT, "8", line=10)
+    assert plan.distributed.offload_optimizer.value is False
+    assert plan.distributed.offload_params.value is False
+
+
+def test_deepspeed_chat_flags_left_out_take_its_defaults() -> None:
+    plan = inline(
+        "deepspeed main.py --model_name_or_path facebook/opt-350m --lora_dim 8 "
+        "--only_optimize_lora\n"
+    )
+    # DeepSpeed-Chat's main.py defaults: --dtype fp16, --max_seq_len 512, LoRA on every Linear
+    # layer of decoder.layers., ZeRO off
+    expect(plan, "precision", "fp16", CLI_DEFAULT)
+    expect(plan, "max_seq_length", 512, CLI_DEFAULT)
+    expect(plan, "lora.r", 8, EXPLICIT, "8")
+    expect(plan, "lora.target_modules", ["all-linear"], CLI_DEFAULT)
+    assert plan.distributed.zero_stage.value == 0
+    assert not any("only_optimize_lora" in problem for problem in plan.problems)
+
+
+def test_deepspeed_chat_lora_that_also_trains_the_rest_says_so() -> None:
+    plan = inline("deepspeed main.py --model_name_or_path facebook/opt-350m --lora_dim 16\n")
+    expect(plan, "lora.r", 16, EXPLICIT, "16")
+    assert any("--only_optimize_lora" in problem for problem in plan.problems), plan.problems
+
+
+def test_deepspeed_chat_lora_dim_zero_is_no_lora() -> None:
+    plan = inline(
+        "deepspeed main.py --model_name_or_path facebook/opt-350m --zero_stage 1 --lora_dim 0\n"
+    )
+    assert plan.lora is None
+    expect(plan, "distributed.zero_stage", 1, EXPLICIT, "1")
+
+
+def test_deepspeed_chat_wrong_values_are_reported() -> None:
+    plan = inline(
+        "deepspeed main.py --model_name_or_path facebook/opt-350m --zero_stage 5 --dtype fp8 "
+        "--max_seq_len long --lora_dim 4 --only_optimize_lora\n"
+    )
+    problems = "\n".join(plan.problems)
+    assert "--zero_stage must be a whole number from 0 to 3; got '5'" in problems
+    assert "--dtype must be fp16, bf16 or fp32; got 'fp8'" in problems
+    assert "--max_seq_len must be a whole number 1 or more; got 'long'" in problems
+    assert plan.distributed.zero_stage.value == 0
+    assert plan.precision.source is not EXPLICIT
+    assert plan.max_seq_length.source is not EXPLICIT
+
+
+def test_deepspeed_chat_offload_needs_a_zero_stage() -> None:
+    plan = inline(
+        "deepspeed main.py --model_name_or_path facebook/opt-350m --lora_dim 8 "
+        "--only_optimize_lora --offload\n"
+    )
+    assert plan.distributed.offload_optimizer.value is False
+    assert any("--offload needs --zero_stage" in problem for problem in plan.problems)
+    # a stage known only at run time: the offload is counted, the parameters stay on the GPU
+    plan = inline(
+        "deepspeed main.py --model_name_or_path facebook/opt-350m --zero_stage $1 --offload\n"
+    )
+    expect(plan, "distributed.offload_optimizer", True, EXPLICIT, "--offload")
+    assert plan.distributed.offload_params.value is False
+    assert any("$1" in problem for problem in plan.problems)
+
+
+def test_deepspeed_chat_script_beside_the_launcher(tmp_path: Path) -> None:
+    (tmp_path / "main.py").write_text(DEEPSPEED_CHAT_MAIN, encoding="utf-8")
+    launcher = tmp_path / "run.sh"
+    launcher.write_text(
+        "deepspeed --num_gpus 2 main.py --model_name_or_path facebook/opt-1.3b \\\n"
+        "    --per_device_train_batch_size 2 --max_seq_len 256 --dtype bf16 \\\n"
+        "    --zero_stage 2 --offload --lora_dim 32 --only_optimize_lora --deepspeed\n",
+        encoding="utf-8",
+    )
+    plan = extract_shell_plan(launcher)
+    expect(plan, "distributed.world_size", 2, EXPLICIT, "2", line=0)
+    expect(plan, "distributed.zero_stage", 2, EXPLICIT, "2", line=2)
+    expect(plan, "distributed.offload_optimizer", True, EXPLICIT, "--offload", line=2)
+    assert plan.distributed.offload_params.value is False  # ZeRO-2 keeps them on the GPU
+    expect(plan, "precision", "bf16", EXPLICIT, "bf16", line=1)
+    expect(plan, "max_seq_length", 256, EXPLICIT, "256", line=1)
+    expect(plan, "lora.r", 32, EXPLICIT, "32", line=2)
+    assert not any("not found" in problem for problem in plan.problems), plan.problems
+    assert not any("must be the path" in problem for problem in plan.problems), plan.problems
+
+
+HF_SCRIPT_WITH_LIKE_NAMED_FIELDS = """from dataclasses import dataclass, field
+
+from transformers import AutoModelForCausalLM, HfArgumentParser, Trainer, TrainingArguments
+
+
+@dataclass
+class ModelArguments:
+    model_name_or_path: str = field(default="facebook/opt-350m")
+    dtype: str = field(default="float32")
+    lora_dim: int = field(default=0)
+
+
+parser = HfArgumentParser((ModelArguments, TrainingArguments))
+model_args, training_args = parser.parse_args_into_dataclasses()
+model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, dtype=model_args.dtype)
+Trainer(model=model, args=training_args).train()
+"""
+
+
+def test_hf_scripts_keep_the_meaning_of_like_named_flags(tmp_path: Path) -> None:
+    (tmp_path / "sft.py").write_text(HF_SCRIPT_WITH_LIKE_NAMED_FIELDS, encoding="utf-8")
+    launcher = tmp_path / "run.sh"
+    launcher.write_text(
+        "torchrun --nproc_per_node 2 sft.py --dtype bfloat16 --lora_dim 16 --zero_stage 3\n",
+        encoding="utf-8",
+    )
+    plan = extract_shell_plan(launcher)
+    # --dtype is the model's load dtype (pure bf16), and the script has no ZeRO or LoRA of its
+    # own: DeepSpeed-Chat's meanings are not applied to an HfArgumentParser script
+    expect(plan, "precision", "bf16-true", EXPLICIT, "bfloat16")
+    assert plan.distributed.zero_stage.value == 0
+    assert plan.lora is None
+    # without any DeepSpeed-Chat flag, a script that is not found keeps the HF names too
+    plan = inline("python finetune_elsewhere.py --dtype bf16 --max_seq_len 2048\n")
+    expect(plan, "precision", "bf16-true", EXPLICIT, "bf16")
+    assert plan.max_seq_length.value != 2048
+
+
 # -- the scanner and the expansion ----------------------------------------------------------------
 
 

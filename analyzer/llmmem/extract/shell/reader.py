@@ -7,6 +7,7 @@ that file says.
 from __future__ import annotations
 
 import re
+from collections.abc import Container
 from dataclasses import fields as dataclass_fields
 from dataclasses import replace
 from pathlib import Path
@@ -32,6 +33,7 @@ from llmmem.extract.pragmas import ProjectSettings, apply_project_settings
 from llmmem.extract.shell.expand import ShellExpander, ShellWord
 from llmmem.extract.shell.launchers import (
     CONFIG_SUFFIXES,
+    DEEPSPEED_CHAT_FLAGS,
     FILE_VALUE_HINTS,
     LAUNCHER_FRAMEWORKS,
     LIST_FLAGS,
@@ -41,7 +43,9 @@ from llmmem.extract.shell.launchers import (
     Launch,
     WordSlice,
     _is_number,
+    deepspeed_chat_meanings,
     interpret_command,
+    is_deepspeed_chat,
     option_name,
     parse_override_value,
     program_options,
@@ -184,6 +188,7 @@ class ShellPlanReader:
         config_path = target_path if launch.target_kind == "config" else None
         if config_path is None:
             config_path = self.positional_config(positionals, directory)
+        overrides = self.deepspeed_chat_flags(launch, overrides, None)
         self.read_config_with_overrides(config_path, overrides, directory, launch)
         if builtin_config is not None:
             self.read_torchtune_builtin(builtin_config)
@@ -252,11 +257,14 @@ class ShellPlanReader:
 
         script_text = read_text_file(script, self.problems, display_path(script))
         if script_text is None:
+            overrides = self.deepspeed_chat_flags(launch, overrides, None)
             self.read_config_with_overrides(None, overrides, directory, launch)
             return
         script_plan = extract_python_plan(script, script_text)
         script_settings = settings_of_plan(script_plan, display_path(script))
-        flag_settings = self.flag_settings_for_script(script_plan, overrides, directory, launch)
+        flag_settings = self.flag_settings_for_script(
+            script_plan, script_text, overrides, directory, launch
+        )
         config_path = self.positional_config(positionals, directory)
         if config_path is not None:
             reading = read_config(
@@ -288,6 +296,7 @@ class ShellPlanReader:
     def flag_settings_for_script(
         self,
         script_plan: TrainingPlan,
+        script_text: str,
         overrides: list[Override],
         directory: Path,
         launch: Launch,
@@ -296,6 +305,7 @@ class ShellPlanReader:
         them, else through the HF names (HfArgumentParser scripts take TrainingArguments
         fields as flags)."""
         argparse_keys = argparse_options_of(script_plan)
+        overrides = self.deepspeed_chat_flags(launch, overrides, script_text, argparse_keys)
         mapped: list[Override] = []
         settings: list[Setting] = []
         for override in overrides:
@@ -326,6 +336,48 @@ class ShellPlanReader:
                 setting for setting in reading.settings if setting.source is not Provenance.DEFAULT
             )
         return settings
+
+    def deepspeed_chat_flags(
+        self,
+        launch: Launch,
+        overrides: list[Override],
+        script_text: str | None,
+        script_options: Container[str] = frozenset(),
+    ) -> list[Override]:
+        """A DeepSpeed-Chat script's own flags (`--lora_dim`, `--zero_stage`, `--dtype`,
+        `--offload`, `--max_seq_len`) as plan settings; the other flags are returned, to be
+        read by their HF names. Flags the script's own argparse options map (`script_options`)
+        keep that meaning."""
+        written = set(program_options(launch.arguments))
+        if not is_deepspeed_chat(launch, written, script_text):
+            return overrides
+        rest: list[Override] = []
+        chat: list[Override] = []
+        for override in overrides:
+            name = ".".join(str(step) for step in override.path)
+            if name in script_options:
+                rest.append(override)
+            elif name == "deepspeed" and override.value is True:
+                continue  # DeepSpeed's own `--deepspeed` switch; the config is built in code
+            elif name in DEEPSPEED_CHAT_FLAGS:
+                chat.append(override)
+            else:
+                rest.append(override)
+        meanings, problems = deepspeed_chat_meanings(
+            chat, {name for name in written if name not in script_options}
+        )
+        for meaning in meanings:
+            self.settings.append(
+                Setting(meaning.key, meaning.value, meaning.source, meaning.range, meaning.note)
+            )
+        for located, message in problems:
+            where = (
+                f"line {located.start_line + 1}, column {located.start_col + 1}: "
+                if located is not None and located.path is None
+                else ""
+            )
+            self.problems.append(where + message)
+        return rest
 
     # -- launcher options
 
