@@ -89,10 +89,10 @@ def test_reference_handling_follows_trl() -> None:
         estimate_preference_budget(spec, full, PreferenceSetup(reference=Reference.ADAPTER))
 
 
-def test_grpo_and_ppo_are_not_sized_as_sft() -> None:
+def test_ppo_is_not_sized_as_sft() -> None:
     spec = _spec("llama")
     setup = TrainingSetup(batch=2, seq=64)
-    for objective in (Objective.GRPO, Objective.PPO):
+    for objective in (Objective.PPO,):
         with pytest.raises(SetupError, match="not modelled"):
             estimate_preference_budget(spec, setup, PreferenceSetup(objective=objective))
 

@@ -26,13 +26,15 @@ TRL 1.x replaced the full logits by a fused, tiled LM head (`add_fused_lm_head` 
 trl/trainer/utils.py at 1.16.0): the logits are never whole there. This module follows the 0.x
 trainers, read at 0.29.1 (KTO: trl/experimental/kto/kto_trainer.py).
 
-GRPO and PPO (generation inside the step, vLLM, value and reward models) are not modelled here.
+GRPO (generation inside the step, vLLM) is budgeted in llmmem.budget.grpo, reached from here
+through `PreferenceSetup.grpo`; PPO (value and reward models beside the policy) is not modelled.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import Enum
+from typing import Any
 
 from llmmem.budget.activations import dtypes_for, estimate_activations
 from llmmem.budget.overheads import overhead_terms, reserved_and_device_total
@@ -78,6 +80,8 @@ class PreferenceSetup:
     objective: Objective = Objective.DPO
     reference: Reference | None = None  # None: what TRL does for the objective and the method
     num_labels: int = 1  # reward models: TRL requires 1
+    # GRPO: a llmmem.budget.grpo.GrpoSetup (None: GRPOConfig's defaults)
+    grpo: Any = None
 
     def __post_init__(self) -> None:
         try:
@@ -93,7 +97,11 @@ class PreferenceSetup:
 def reference_for(pref: PreferenceSetup, setup: TrainingSetup) -> Reference:
     """How the reference log-probabilities are made: as asked, else TRL's default. Under PEFT
     with `ref_model=None` TRL disables the adapter (trl/trainer/dpo_trainer.py: `use_adapter`);
-    in full fine-tuning it loads a second copy of the model."""
+    in full fine-tuning it loads a second copy of the model. GRPO's follows `beta`."""
+    if pref.objective is Objective.GRPO:
+        from llmmem.budget.grpo import GrpoSetup, reference_of
+
+        return reference_of(pref.grpo or GrpoSetup(), setup)
     if pref.objective not in WITH_REFERENCE:
         return Reference.NONE
     if pref.reference is not None:
@@ -203,11 +211,15 @@ def estimate_preference_budget(
 ) -> Budget:
     """One step of a preference trainer: the SFT step of the concatenated batch, with the
     log-probability computation in place of the causal-LM loss, the reference model beside
-    it, and the reference forward as its own phase."""
+    it, and the reference forward as its own phase. GRPO's step is llmmem.budget.grpo's."""
+    if pref.objective is Objective.GRPO:
+        from llmmem.budget.grpo import GrpoSetup, estimate_grpo_budget
+
+        return estimate_grpo_budget(spec, setup, pref.grpo or GrpoSetup(), gpu)
     if pref.objective not in MODELLED:
         raise SetupError(
             f"the memory of a {pref.objective.value.upper()} step (generation inside the step, "
-            "reference, reward and value models) is not modelled yet"
+            "a reference, a reward and a value model beside the policy) is not modelled yet"
         )
     reference = reference_for(pref, setup)
     rows = sequences_per_step(pref, setup)

@@ -37,6 +37,7 @@ class Component(str, Enum):
     LOGITS = "logits"
     TEMPORARIES = "temporaries"  # recompute of one layer, optimizer step buffers, collectives
     KV_CACHE = "kv_cache"
+    VLLM_ENGINE = "vllm_engine"  # GRPO: a colocated vLLM engine's share of the GPU
 
 
 class Overhead(str, Enum):

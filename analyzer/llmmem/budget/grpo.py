@@ -1,0 +1,474 @@
+"""GRPO (TRL's GRPOTrainer): generation inside the step, then the SFT step over the completions.
+
+Read in TRL 0.29.1 (`trl/trainer/grpo_trainer.py`, `trl/trainer/grpo_config.py`,
+`trl/generation/vllm_generation.py`, `trl/trainer/utils.py`) and transformers 5.24's `generate`
+(`generation/utils.py`, `cache_utils.py` `DynamicLayer.update`). One optimizer step goes through
+four phases, one after the other:
+
+- generation (`_generate_single_turn`): a generation batch of `per_device_train_batch_size ×
+  steps_per_generation` completions (`per_device_train_batch_size` counts completions, not
+  prompts: the sampler repeats each prompt `num_generations` times, and
+  `generation_batch_size` must divide by `num_generations`), each up to
+  `max_completion_length` tokens after its prompt. Without vLLM the policy itself generates,
+  under `torch.no_grad()` with its KV cache: a `DynamicCache` grown by `torch.cat` one token at
+  a time, so at the last token it holds prompt + completion − 1 tokens per row, and the layer
+  being updated has its old keys (or values) beside the new ones. `generate` asks the model
+  for the last position's logits only (`logits_to_keep=1`). With vLLM `colocate` the engine
+  lives in the training process and holds `vllm_gpu_memory_utilization` × the GPU's memory
+  for the whole run; with `vllm_enable_sleep_mode` it sleeps (weights and cache released,
+  `llm.sleep(level=2)`) outside generation. With vLLM `server` the completions come from
+  another GPU.
+- log-probabilities without gradient (`_generate_and_score_completions`): with `beta != 0`
+  the reference model's per-token log-probabilities over the completions, and the policy's
+  own ("old") ones when vLLM's importance-sampling correction is on (the default) or when
+  `gradient_accumulation_steps` is not a multiple of `steps_per_generation × num_iterations`.
+  Both run in chunks of `per_device_train_batch_size` rows (`_get_per_token_logps_and_entropies`
+  with `batch_size`), each with `logits_to_keep = completion + 1`. `beta` defaults to 0.0 at
+  0.29.1: no reference model is loaded at all. With `beta != 0` the reference is a second copy
+  in full fine-tuning (`create_model_from_path`) and the policy with its adapter disabled
+  under PEFT (`use_adapter(model, None)`: no copy).
+- the policy's forward and backward (`_compute_loss`): one micro-batch of
+  `per_device_train_batch_size` completions, prompt + completion tokens through the model with
+  gradient, the logits of the last completion + 1 positions only; `logits[:, :-1]`,
+  `logits[:, -C:]` (views), `logits / temperature` (a copy, always made), then
+  `selective_log_softmax` and, without gradient, `entropy_from_logits` (128 rows at a time:
+  a log-softmax, its exp and their product alive together). Gradient checkpointing as for SFT.
+- the optimizer step, as for SFT.
+
+`steps_per_generation` (default `gradient_accumulation_steps`) sets how many micro-batches one
+generation makes; `num_iterations` reuses them. The buffered generation batch between phases
+is token ids and per-token log-probabilities (a few bytes per token), not counted.
+
+TRL 1.x computes the policy's log-probabilities with a fused, tiled LM head; this module
+follows 0.29.1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from llmmem.budget.activations import dtypes_for
+from llmmem.budget.generation import kv_cache_term
+from llmmem.budget.phases import estimate_budget
+from llmmem.budget.preference import (
+    LogProbMoments,
+    Reference,
+    _backward_phase,
+    _budget,
+    _last_block_moment,
+    _later_backward_moments,
+    _replace_logits,
+    _with,
+)
+from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
+from llmmem.budget.setup import Method, Mode, SetupError, TrainingSetup
+from llmmem.models.spec import ModelSpec
+from llmmem.units import format_bytes, format_count
+
+# the TRL release whose GRPOTrainer this budget follows
+TRL_RELEASE = "0.29.1"
+VLLM_MODES = ("colocate", "server")
+# trl/trainer/utils.py `entropy_from_logits(logits, chunk_size=128)`
+ENTROPY_CHUNK = 128
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GrpoSetup:
+    """GRPOConfig's fields that change the memory, with TRL 0.29.1's defaults."""
+
+    num_generations: int = 8
+    max_prompt_length: int = 512  # the longest prompt: TRL 0.29.1 no longer truncates prompts
+    max_completion_length: int = 256
+    beta: float = 0.0
+    vllm: str | None = None  # None (the policy generates), "colocate" or "server"
+    vllm_gpu_memory_utilization: float = 0.3
+    vllm_enable_sleep_mode: bool = False
+    vllm_importance_sampling_correction: bool = True
+    steps_per_generation: int | None = None  # None: gradient_accumulation_steps
+    num_iterations: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("num_generations", "max_prompt_length", "max_completion_length"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SetupError(f"{name} must be a whole number of at least 1, got {value!r}")
+        if self.num_generations < 2:
+            raise SetupError(
+                f"num_generations must be at least 2 (GRPO compares completions of one prompt), "
+                f"got {self.num_generations}"
+            )
+        if self.vllm is not None and self.vllm not in VLLM_MODES:
+            raise SetupError(f"vllm_mode must be colocate or server, got {self.vllm!r}")
+        if not 0 < self.vllm_gpu_memory_utilization <= 1:
+            raise SetupError(
+                "vllm_gpu_memory_utilization is a fraction of the GPU's memory, above 0 and at "
+                f"most 1, got {self.vllm_gpu_memory_utilization}"
+            )
+        if not self.beta >= 0:  # also NaN
+            raise SetupError(f"beta must be 0 or more, got {self.beta}")
+        if self.steps_per_generation is not None and self.steps_per_generation < 1:
+            raise SetupError(
+                f"steps_per_generation must be at least 1, got {self.steps_per_generation}"
+            )
+        if self.num_iterations < 1:
+            raise SetupError(f"num_iterations must be at least 1, got {self.num_iterations}")
+
+    @property
+    def seq(self) -> int:
+        return self.max_prompt_length + self.max_completion_length
+
+
+def steps_per_generation(grpo: GrpoSetup, setup: TrainingSetup) -> int:
+    return grpo.steps_per_generation or setup.grad_accum
+
+
+def generation_rows(grpo: GrpoSetup, setup: TrainingSetup) -> int:
+    """The completions one device generates at once: `per_device_train_batch_size ×
+    steps_per_generation` (grpo_trainer.py `_prepare_inputs`: one generation for the whole
+    generation batch, split into micro-batches afterwards)."""
+    return setup.batch * steps_per_generation(grpo, setup)
+
+
+def check_grpo(grpo: GrpoSetup, setup: TrainingSetup) -> None:
+    """GRPOConfig.__post_init__'s checks that concern the sizes (grpo_config.py)."""
+    spg = steps_per_generation(grpo, setup)
+    world = setup.distributed.world_size
+    global_batch = setup.batch * world * spg
+    if global_batch % grpo.num_generations:
+        raise SetupError(
+            f"the generation batch ({setup.batch} completions per device × {world} devices × "
+            f"{spg} steps per generation = {global_batch}) must divide by num_generations "
+            f"({grpo.num_generations}): the batch counts completions, num_generations of "
+            "each prompt"
+        )
+    if setup.mode is Mode.GENERATE:
+        raise SetupError("GRPO is a training objective: drop --mode generate")
+
+
+def reference_of(grpo: GrpoSetup, setup: TrainingSetup) -> Reference:
+    """grpo_trainer.py `__init__`: no reference with beta = 0, the adapter disabled under
+    PEFT, else a second model."""
+    if grpo.beta == 0:
+        return Reference.NONE
+    return Reference.COPY if setup.method is Method.FULL else Reference.ADAPTER
+
+
+def old_log_probs(grpo: GrpoSetup, setup: TrainingSetup) -> bool:
+    """Whether the policy's own log-probabilities are computed without gradient before
+    training (grpo_trainer.py `_generate_and_score_completions`)."""
+    every = steps_per_generation(grpo, setup) * grpo.num_iterations
+    vllm_correction = grpo.vllm is not None and grpo.vllm_importance_sampling_correction
+    return setup.grad_accum % every != 0 or vllm_correction
+
+
+@dataclass(frozen=True)
+class GrpoLogProbs:
+    """The completion log-probabilities' memory, in bytes, for `rows` rows of `C` tokens."""
+
+    forward_end: Term  # with gradient, at the end of the policy's forward
+    no_grad: Term  # the reference (or old-policy) pass: one chunk's logits
+    inside_kernel: int  # of `no_grad`: fp32 logsumexp's row temporary (a GPU sees it)
+    backward_peak: Term
+
+
+def grpo_log_probs(spec: ModelSpec, setup: TrainingSetup, grpo: GrpoSetup) -> GrpoLogProbs:
+    """`_get_per_token_logps_and_entropies` on `per_device_train_batch_size` rows.
+
+    L⁺ = rows × (C + 1) × V logits come out of the model in the compute dtype e (called
+    without labels); L = rows × C × V is `logits / temperature`, a copy. While the copy is made
+    both are alive; the model's logits then die (nothing saves them). `selective_log_softmax`
+    keeps, for autograd, the divided logits themselves (fp32: per-row logsumexp) or every
+    row's log-softmax (16-bit), and `entropy_from_logits` holds three 128-row × V tensors at
+    once. Backward takes what preference training's log-probabilities take over L."""
+    e = dtypes_for(setup).compute
+    vocab = spec.vocab_size
+    rows = setup.batch
+    c = grpo.max_completion_length
+    plus = rows * (c + 1) * vocab
+    kept = rows * c * vocab
+    chunk = min(ENTROPY_CHUNK, rows * c)
+    count = f"L⁺ = {rows}×{c + 1}×{format_count(vocab)}, L = {rows}×{c}×{format_count(vocab)}"
+    division = e * plus + e * kept
+    if e == 4:
+        saved, saved_text = 4 * kept, "4 B × L (the divided logits, kept by logsumexp)"
+    else:
+        saved = 2 * e * kept
+        saved_text = f"{e} B × L (divided) + {e} B × L (every row's log-softmax, kept)"
+    entropy = saved + 3 * e * chunk * vocab
+    if division >= entropy:
+        forward = Term(
+            bytes=division,
+            formula=f"{e} B × {count}: the model's logits and their copy divided by the "
+            "temperature",
+        )
+    else:
+        forward = Term(
+            bytes=entropy,
+            formula=f"{saved_text} + 3 × {e} B × {chunk} rows × V (the entropy's chunk: "
+            f"log-softmax, exp, product; {count})",
+        )
+    row = c * vocab
+    inside = 4 * row if e == 4 else 0
+    no_grad = Term(
+        bytes=division + inside,
+        formula=f"{e} B × {count}: one chunk's logits and their divided copy"
+        + (" + one row's fp32 logsumexp temporary" if inside else ""),
+    )
+    if e == 4:
+        backward = Term(
+            bytes=16 * kept,
+            formula="16 B × L (the saved divided logits, the gather's gradient, the "
+            "logsumexp gradients' buffer and one row's)",
+        )
+    else:
+        backward = Term(
+            bytes=2 * e * kept,
+            formula=f"{2 * e} B × L (the saved log-softmax and its gradient buffer)",
+        )
+    return GrpoLogProbs(forward, no_grad, inside, backward)
+
+
+def _held(phase: PhaseBudget) -> dict[Component, Term]:
+    """What lives between steps: the weights and the optimizer states (the gradients are
+    freed by zero_grad before the next generation)."""
+    return {
+        k: v
+        for k, v in phase.components.items()
+        if k in (Component.WEIGHTS, Component.OPTIMIZER_STATES)
+    }
+
+
+def _vllm_term(grpo: GrpoSetup, gpu: GpuTarget | None) -> Term:
+    if gpu is None:
+        raise SetupError(
+            "vllm colocate reserves a fraction of the GPU's memory "
+            "(vllm_gpu_memory_utilization): name the GPU (--gpu NAME or a capacity such as "
+            "80GiB)"
+        )
+    size = int(grpo.vllm_gpu_memory_utilization * gpu.capacity_bytes)
+    return Term(
+        bytes=size,
+        formula=f"vllm_gpu_memory_utilization {grpo.vllm_gpu_memory_utilization:g} × "
+        f"{format_bytes(gpu.capacity_bytes)} ({gpu.name}): the colocated engine's weights and "
+        "KV cache",
+    )
+
+
+def generation_phase(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    grpo: GrpoSetup,
+    held: dict[Component, Term],
+    vllm: Term | None,
+) -> PhaseBudget:
+    """The generation of the whole generation batch."""
+    rows = generation_rows(grpo, setup)
+    if grpo.vllm == "server":
+        return PhaseBudget(
+            phase=Phase.GENERATE,
+            moment="completions from the vLLM server (another GPU); weights synced to it",
+            components=dict(held),
+        )
+    if grpo.vllm == "colocate":
+        assert vllm is not None
+        return PhaseBudget(
+            phase=Phase.GENERATE,
+            moment="the colocated vLLM engine generates"
+            + (" (woken from sleep)" if grpo.vllm_enable_sleep_mode else ""),
+            components={**held, Component.VLLM_ENGINE: vllm},
+        )
+    p, c = grpo.max_prompt_length, grpo.max_completion_length
+    e = dtypes_for(setup).compute
+    blocks = sum(g.count for g in spec.blocks if g.name != "encoder")
+    # the cache at the last token: every token but the last generated one went through
+    cached = max(p + c - 1, 1)
+    gen = replace(setup, batch=rows, seq=cached, new_tokens=0)
+    kv = kv_cache_term(spec, gen)
+    # the layer being updated: its old keys beside the new ones (torch.cat)
+    one_layer = kv.bytes // max(2 * blocks, 1) if blocks else 0
+    ids = 8 * rows * (p + c) * 2  # input_ids and attention mask (int64), grown by torch.cat
+    logits = 4 * rows * spec.vocab_size * 2  # the last position's logits in fp32, probabilities
+    last = kv.bytes + one_layer + ids + logits
+    # the prefill: the prompt's cache, one block's intermediates without gradient
+    prefill_cache = kv_cache_term(spec, replace(gen, seq=p)).bytes
+    n = rows * p
+    block = e * n * (3 * spec.intermediate_size + 4 * spec.hidden_size)
+    if prefill_cache + block > last:
+        return PhaseBudget(
+            phase=Phase.GENERATE,
+            moment=f"prefill of {rows} prompts × {num_generations_text(grpo)}",
+            components={
+                **held,
+                Component.KV_CACHE: Term(
+                    bytes=prefill_cache, formula=f"the prompts' cache ({p} tokens)"
+                ),
+                Component.ACTIVATIONS: Term(
+                    bytes=block,
+                    formula=f"{e}·N·(3·I + 4·h), N = {rows}×{p}: one block's intermediates",
+                ),
+            },
+        )
+    return PhaseBudget(
+        phase=Phase.GENERATE,
+        moment=f"last generated token of {rows} completions (KV cache of {cached} tokens)",
+        components={
+            **held,
+            Component.KV_CACHE: kv,
+            Component.TEMPORARIES: Term(
+                bytes=one_layer + ids + logits,
+                formula="one layer's keys copied as the cache grows + the token ids and mask "
+                "(int64) + the last position's fp32 logits and probabilities",
+            ),
+        },
+    )
+
+
+def num_generations_text(grpo: GrpoSetup) -> str:
+    return f"{grpo.num_generations} generations each"
+
+
+def no_grad_phase(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    grpo: GrpoSetup,
+    held: dict[Component, Term],
+    lp: GrpoLogProbs,
+    reference: Reference,
+) -> PhaseBudget | None:
+    """The reference's (and the old policy's) log-probabilities, chunk by chunk, without
+    gradient: the larger of one block's intermediates and one chunk's logits."""
+    old = old_log_probs(grpo, setup)
+    if reference is Reference.NONE and not old:
+        return None
+    e = dtypes_for(setup).compute
+    n = setup.batch * grpo.seq
+    block = e * n * (3 * spec.intermediate_size + 4 * spec.hidden_size)
+    what = []
+    if old:
+        what.append("the policy's own (old) log-probabilities")
+    if reference is Reference.COPY:
+        what.append("the reference copy's")
+    elif reference is Reference.ADAPTER:
+        what.append("the reference's (the adapter disabled)")
+    parts = dict(held)
+    if block > lp.no_grad.bytes:
+        parts[Component.ACTIVATIONS] = Term(
+            bytes=block,
+            formula=f"{e}·N·(3·I + 4·h), N = {setup.batch}×{grpo.seq}: one block's "
+            "intermediates without gradient",
+        )
+    else:
+        parts[Component.LOGITS] = lp.no_grad
+    return PhaseBudget(
+        phase=Phase.REFERENCE_FORWARD,
+        moment=" and ".join(what) + f", {setup.batch} rows at a time, without gradient",
+        components=parts,
+    )
+
+
+def estimate_grpo_budget(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    grpo: GrpoSetup,
+    gpu: GpuTarget | None = None,
+) -> Budget:
+    """One optimizer step of TRL 0.29.1's GRPOTrainer: generation, the log-probabilities
+    without gradient, the policy's forward and backward over the completions, the step.
+    `setup.batch` is `per_device_train_batch_size` (completions); its `seq` is replaced by
+    prompt + completion."""
+    check_grpo(grpo, setup)
+    reference = reference_of(grpo, setup)
+    policy_setup = replace(setup, seq=grpo.seq, use_cache=False)
+    sft = estimate_budget(spec, policy_setup, gpu)
+    forward = sft.phase(Phase.FORWARD)
+    backward = sft.phase(Phase.BACKWARD)
+    step = sft.phase(Phase.OPTIMIZER_STEP)
+
+    extra: dict[Component, Term] = {}
+    if reference is Reference.COPY:
+        size = setup.precision.weight_bytes
+        extra[Component.REFERENCE_MODEL] = Term(
+            bytes=spec.total_params * size,
+            formula=f"{format_count(spec.total_params)} params × {size} B (the frozen "
+            "reference copy, beta != 0)",
+        )
+    vllm = _vllm_term(grpo, gpu) if grpo.vllm == "colocate" else None
+    # asleep outside generation with sleep mode, else reserved throughout
+    training_extra = dict(extra)
+    if vllm is not None and not grpo.vllm_enable_sleep_mode:
+        training_extra[Component.VLLM_ENGINE] = vllm
+    held_training = {**_held(step), **training_extra}
+
+    phases = [generation_phase(spec, setup, grpo, held_training, vllm)]
+    lp = grpo_log_probs(spec, policy_setup, grpo)
+    no_grad = no_grad_phase(spec, policy_setup, grpo, held_training, lp, reference)
+    if no_grad is not None:
+        phases.append(no_grad)
+    policy_forward = _replace_logits(
+        forward,
+        "end of the policy's forward: completion log-probabilities and entropies taken",
+        lp.forward_end,
+        training_extra,
+    )
+    phases.append(policy_forward)
+    last_block = _last_block_moment(spec, policy_setup, forward)
+    later = _later_backward_moments(spec, policy_setup, forward, step)
+    moments = LogProbMoments(
+        lp.forward_end.bytes,
+        lp.no_grad.bytes,
+        lp.inside_kernel,
+        lp.backward_peak.bytes,
+        lp.forward_end.formula,
+        lp.no_grad.formula,
+        lp.backward_peak.formula,
+    )
+    phases.append(
+        _backward_phase(backward, policy_forward, moments, training_extra, last_block, later)
+    )
+    phases.append(_with(step, training_extra))
+
+    notes = list(sft.notes)
+    rows = generation_rows(grpo, setup)
+    notes.append(
+        f"grpo (TRL {TRL_RELEASE}): {rows} completions generated per device "
+        f"({rows // grpo.num_generations if rows >= grpo.num_generations else 'part of'} "
+        f"prompt(s) × {grpo.num_generations}), up to {grpo.max_completion_length} tokens after "
+        f"prompts of {grpo.max_prompt_length}; {setup.batch} completions of {grpo.seq} tokens "
+        "per micro-batch through the policy"
+    )
+    notes.append(
+        {
+            Reference.NONE: "beta = 0: no reference model (TRL's default)",
+            Reference.COPY: f"beta = {grpo.beta:g}: a frozen reference copy of the model",
+            Reference.ADAPTER: f"beta = {grpo.beta:g}: the reference is the policy with its "
+            "adapter disabled (no copy)",
+            Reference.PRECOMPUTED: "",
+        }[reference]
+    )
+    if grpo.vllm == "server":
+        notes.append("vllm server: generation runs on another GPU, sized separately")
+    elif grpo.vllm == "colocate":
+        notes.append(
+            "vllm colocate: the engine's reservation "
+            + (
+                "is released while the policy trains (sleep mode)"
+                if grpo.vllm_enable_sleep_mode
+                else "stays through the whole step (no sleep mode)"
+            )
+        )
+    if setup.distributed.zero_stage == 3 or setup.distributed.fsdp is not None:
+        notes.append(
+            "ZeRO-3/FSDP: generation gathers the whole model on each device "
+            "(ds3_gather_for_generation); that gather is not counted"
+        )
+    budget = _budget(sft, phases, notes, spec, policy_setup, reference)
+    return _with_first_step(budget, spec, setup, grpo, gpu)
+
+
+def _with_first_step(
+    budget: Budget, spec: ModelSpec, setup: TrainingSetup, grpo: GrpoSetup, gpu: GpuTarget | None
+) -> Budget:
+    if setup.first_step or budget.first_step_allocated_peak_bytes is None:
+        return budget
+    first = estimate_grpo_budget(spec, replace(setup, first_step=True), grpo, gpu)
+    return replace(budget, first_step_allocated_peak_bytes=first.allocated_peak_bytes)
