@@ -13,9 +13,11 @@ The script is read in layers, one module each, every one importing only those ab
 3. `launchers`: which program a command runs (python, torchrun, `python -m
    torch.distributed.run`, accelerate launch, deepspeed, llamafactory-cli, tune run, trl,
    axolotl, litgpt) and how its options are taken apart;
-4. `reader`: the plan: the launcher's own options give the world size; the training script or
-   config it starts is read when it lies beside the shell file (or where the path points,
-   relative to it), and the flags after it override what that file says.
+4. `options`: what the launcher's own options say (world size, mixed precision, ZeRO, FSDP,
+   the accelerate and DeepSpeed files they name), and the ranges and problems of words;
+5. `reader`: the plan: the training script or config the launcher starts is read when it lies
+   beside the shell file (or where the path points, relative to it), and the flags after it
+   override what that file says; DeepSpeed-Chat's scripts have their own flags.
 """
 
 from __future__ import annotations
