@@ -461,20 +461,36 @@ def optimizer(found: Findings, callee: Symbol, args: CallArgs) -> Value | None:
 
 
 # -- the tables ------------------------------------------------------------------------------
+# keyed by the last part of the called name: `transformers.AutoModelForCausalLM.from_pretrained`
+# and `AM.from_pretrained` both end in `from_pretrained`
 
-# by the last part of the called name: `transformers.AutoModelForCausalLM.from_pretrained` and
-# `AM.from_pretrained` both end in `from_pretrained`
-CALLS_BY_LEAF: dict[str, Handler] = {
-    "from_pretrained": load_pretrained,
+# transformers and TRL: loading, pipelines, the training config classes and the trainers (the
+# last two from the vocabulary's TRAINER_CONFIG_CLASSES and TRAINER_CLASSES)
+TRANSFORMERS_CALLS: dict[str, Handler] = {
+    "from_pretrained": load_pretrained,  # also unsloth's FastLanguageModel and PEFT's models
     "from_config": from_config,
+    "pipeline": load_pipeline,
     **{name: training_config for name in TRAINER_CONFIG_CLASSES},
     **{name: trainer_call for name in TRAINER_CLASSES},
+}
+
+# PEFT; unsloth's `FastLanguageModel.get_peft_model` is told apart by its owner
+PEFT_CALLS: dict[str, Handler] = {
     "LoraConfig": lora_config,
-    "BitsAndBytesConfig": bitsandbytes_config,
     "get_peft_model": get_peft_model,
     "prepare_model_for_kbit_training": prepare_kbit,
-    "pipeline": load_pipeline,
-    "DataLoader": data_loader,
-    "autocast": autocast,
-    "Accelerator": accelerator,
+}
+
+BITSANDBYTES_CALLS: dict[str, Handler] = {"BitsAndBytesConfig": bitsandbytes_config}
+
+# torch (optimizer classes are matched by `optimizer`, after every table) and accelerate
+TORCH_CALLS: dict[str, Handler] = {"DataLoader": data_loader, "autocast": autocast}
+ACCELERATE_CALLS: dict[str, Handler] = {"Accelerator": accelerator}
+
+CALLS_BY_LEAF: dict[str, Handler] = {
+    **TRANSFORMERS_CALLS,
+    **PEFT_CALLS,
+    **BITSANDBYTES_CALLS,
+    **TORCH_CALLS,
+    **ACCELERATE_CALLS,
 }
