@@ -148,6 +148,24 @@ def test_missing_deepspeed_file_is_a_problem_and_its_name_a_guess() -> None:
     expect(plan, "per_device_train_batch_size", 2, EXPLICIT, "2")
 
 
+def test_a_deepspeed_reference_to_another_frameworks_file_is_one_problem(tmp_path: Path) -> None:
+    (tmp_path / "train.yaml").write_text(
+        "base_model: meta-llama/Llama-3.1-8B\nmicro_batch_size: 2\ndeepspeed: other.yaml\n"
+    )
+    # an axolotl config, not a DeepSpeed one: nothing in it is taken, and its own mistakes
+    # (a bad micro_batch_size, a DeepSpeed file that is not there) are not reported
+    (tmp_path / "other.yaml").write_text(
+        "base_model: x\nmicro_batch_size: true\ndeepspeed: zero3.json\n"
+    )
+    plan = extract_config_plan(tmp_path / "train.yaml")
+    assert plan.problems == [
+        "line 3, column 12: 'other.yaml' does not look like a DeepSpeed config"
+    ]
+    expect(plan, "per_device_train_batch_size", 2, EXPLICIT, "2")
+    # not stage 3 from the name of the file the other config names
+    expect(plan, "distributed.zero_stage", 0, DEFAULT)
+
+
 # -- LLaMA-Factory ------------------------------------------------------------------------------
 
 

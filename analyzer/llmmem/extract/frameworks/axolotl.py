@@ -1,0 +1,277 @@
+"""axolotl YAML: base_model, micro_batch_size, sequence_len, adapter: lora|qlora, rl:, and the
+DeepSpeed file or FSDP block it names.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmmem.extract.frameworks.accelerate import FSDP_STRATEGY_NAMES, read_fsdp_config_block
+from llmmem.extract.frameworks.common import (
+    DocumentReader,
+    Setting,
+    as_attention,
+    as_bool,
+    as_float,
+    as_int,
+    as_name_list,
+    as_quant_storage,
+    as_text,
+    lora_targets,
+)
+from llmmem.extract.frameworks.deepspeed import read_deepspeed_reference
+from llmmem.extract.frameworks.hf_yaml import read_hf_fsdp
+from llmmem.extract.vocabulary import AXOLOTL_RL_OBJECTIVES
+from llmmem.plan import Provenance
+
+AXOLOTL_KEYS = frozenset(
+    {"base_model", "micro_batch_size", "sequence_len", "adapter", "base_model_config"}
+)
+
+
+def is_axolotl_config(value: dict[str, Any]) -> bool:
+    return bool(set(value) & AXOLOTL_KEYS)
+
+
+def read_axolotl(reader: DocumentReader) -> None:
+    reader.take(("base_model",), "model_id", as_text)
+    micro_batch = reader.take(("micro_batch_size",), "per_device_train_batch_size", as_int)
+    accumulation = reader.take(
+        ("gradient_accumulation_steps",), "gradient_accumulation_steps", as_int
+    )
+    if accumulation is None and reader.is_set(("batch_size",)):
+        batch_size = reader.converted(("batch_size",), as_int)
+        if batch_size is not None:
+            reader.put(
+                "gradient_accumulation_steps",
+                max(1, batch_size // (micro_batch or 1)),
+                ("batch_size",),
+                "batch_size / micro_batch_size",
+            )
+    reader.take(("sequence_len",), "max_seq_length", as_int)
+    for name in ("sample_packing", "pad_to_sequence_len", "sequence_parallel_degree"):
+        reader.keep(name, (name,))
+    read_axolotl_objective(reader)
+    read_axolotl_checkpointing(reader)
+    uses_deepspeed = reader.is_set(("deepspeed",))
+    read_axolotl_precision(reader, uses_deepspeed)
+    reader.take(("optimizer",), "optim", as_text)
+    read_axolotl_attention(reader)
+    read_axolotl_loss(reader)
+    read_axolotl_adapter(reader)
+    read_deepspeed_reference(reader, ("deepspeed",))
+    read_axolotl_fsdp(reader)
+    defaults = AXOLOTL_DEFAULTS
+    for key, value, note in defaults:
+        reader.default(key, value, note)
+
+
+AXOLOTL_DEFAULTS: tuple[tuple[str, Any, str], ...] = (
+    ("per_device_train_batch_size", 1, "axolotl micro_batch_size default"),
+    ("gradient_accumulation_steps", 1, "axolotl gradient_accumulation_steps default"),
+    ("max_seq_length", 512, "axolotl sequence_len default"),
+    ("gradient_checkpointing", False, "axolotl gradient_checkpointing default"),
+    ("precision", "fp32", "axolotl loads float32 weights unless bf16 or fp16 is set"),
+    ("optim", "adamw_torch_fused", "axolotl optimizer default"),
+    ("attn_implementation", "sdpa", "transformers' default attention (no axolotl flag set)"),
+)
+
+
+def read_axolotl_objective(reader: DocumentReader) -> None:
+    """`rl: dpo|ipo|orpo|kto|simpo|grpo`: axolotl trains with TRL's trainer of that name; an
+    unknown value is kept, and sized as nothing rather than as SFT."""
+    rl = reader.converted(("rl",), as_text)
+    if rl is None or not rl.strip() or rl.strip().lower() in ("false", "none"):
+        return
+    name = rl.strip().lower()
+    objective = AXOLOTL_RL_OBJECTIVES.get(name, name)
+    note = f"rl: {rl}" + (" (TRL's DPO forward with the IPO loss)" if name == "ipo" else "")
+    if name == "simpo":
+        note = "rl: simpo (TRL's CPO trainer with loss_type simpo)"
+    reader.put("objective", objective, ("rl",), note)
+    reader.keep("rl_adapter_ref_model", ("rl_adapter_ref_model",))
+    reader.keep("precompute_ref_log_probs", ("precompute_ref_log_probs",))
+
+
+def read_axolotl_checkpointing(reader: DocumentReader) -> None:
+    path = ("gradient_checkpointing",)
+    if not reader.is_set(path):
+        return
+    raw = reader.get(path)
+    if isinstance(raw, str) and raw.lower() in ("unsloth", "offload", "offload_disk"):
+        reader.put("gradient_checkpointing", True, path, f"gradient_checkpointing: {raw}")
+        reader.put("activation_offloading", raw, path)
+        return
+    reader.take(path, "gradient_checkpointing", as_bool)
+
+
+def read_axolotl_precision(reader: DocumentReader, uses_deepspeed: bool) -> None:
+    """axolotl loads the model in bfloat16 when bf16 is set (torch_dtype follows it), so a full
+    fine-tune keeps weights, gradients and AdamW states in bf16 ("bf16-true"); under DeepSpeed
+    the ZeRO optimizer keeps fp32 master weights instead ("bf16")."""
+    for key, true_precision, amp_precision in (
+        ("bf16", "bf16-true", "bf16"),
+        ("bfloat16", "bf16-true", "bf16-true"),
+        ("fp16", "fp16-true", "fp16"),
+        ("float16", "fp16-true", "fp16-true"),
+    ):
+        path = (key,)
+        if not reader.is_set(path):
+            continue
+        raw = reader.get(path)
+        if isinstance(raw, str) and raw.strip().lower() == "auto":
+            precision = amp_precision if uses_deepspeed else true_precision
+            reader.put("precision", precision, path, f"{key}: auto, where the GPU supports bf16")
+            return
+        enabled = reader.converted(path, as_bool)
+        if enabled:
+            precision = amp_precision if uses_deepspeed else true_precision
+            note = (
+                "DeepSpeed keeps fp32 master weights"
+                if uses_deepspeed and precision == amp_precision
+                else f"axolotl loads the model in {'bfloat16' if 'bf' in key else 'float16'}"
+            )
+            reader.put("precision", precision, path, note)
+            return
+    reader.keep("tf32", ("tf32",))
+
+
+def read_axolotl_attention(reader: DocumentReader) -> None:
+    for key, attention in (
+        ("flash_attention", "flash_attention_2"),
+        ("sdp_attention", "sdpa"),
+        ("flex_attention", "sdpa"),
+        ("xformers_attention", "sdpa"),
+        ("eager_attention", "eager"),
+    ):
+        if reader.converted((key,), as_bool):
+            note = (
+                "xformers: memory-efficient attention, no seq² scores"
+                if key.startswith("xformers")
+                else ""
+            )
+            reader.put("attn_implementation", attention, (key,), note)
+            return
+    reader.take(("attn_implementation",), "attn_implementation", as_attention)
+
+
+def read_axolotl_loss(reader: DocumentReader) -> None:
+    for key, loss, note in (
+        ("liger_fused_linear_cross_entropy", "liger", "Liger fused linear cross-entropy"),
+        ("cut_cross_entropy", "liger", "Cut Cross-Entropy: logits never materialised whole"),
+        ("chunked_cross_entropy", "chunked", "chunked cross-entropy"),
+    ):
+        if reader.converted((key,), as_bool):
+            reader.put("loss", loss, (key,), note)
+            return
+
+
+def read_axolotl_adapter(reader: DocumentReader) -> None:
+    adapter = reader.converted(("adapter",), as_text)
+    load_in_4bit = reader.converted(("load_in_4bit",), as_bool)
+    load_in_8bit = reader.converted(("load_in_8bit",), as_bool)
+    if adapter is not None and adapter.lower() in ("lora", "qlora"):
+        reader.put("lora.enabled", True, ("adapter",), f"adapter: {adapter}")
+        reader.take(("lora_r",), "lora.r", as_int)
+        reader.take(("lora_alpha",), "lora.alpha", as_float)
+        reader.take(("lora_dropout",), "lora.dropout", as_float)
+        if reader.converted(("lora_target_linear",), as_bool):
+            reader.put(
+                "lora.target_modules",
+                ["all-linear"],
+                ("lora_target_linear",),
+                "lora_target_linear: every linear layer",
+            )
+        else:
+            reader.take(("lora_target_modules",), "lora.target_modules", lora_targets)
+        reader.take(("lora_modules_to_save",), "lora.modules_to_save", as_name_list)
+        reader.take(("peft_use_dora",), "lora.dora", as_bool)
+        if not reader.reading.has("lora.r"):
+            reader.reading.settings.append(
+                Setting("lora.r", 8, Provenance.ASSUMED, None, "axolotl needs lora_r; assumed 8")
+            )
+        if not reader.reading.has("lora.alpha"):
+            rank = reader.reading.value_of("lora.r") or 8
+            reader.reading.settings.append(
+                Setting(
+                    "lora.alpha",
+                    float(rank * 2),
+                    Provenance.ASSUMED,
+                    None,
+                    "axolotl needs lora_alpha; assumed 2 × lora_r",
+                )
+            )
+    elif adapter is not None:
+        reader.problem(("adapter",), f"adapter '{adapter}' is not read (lora and qlora are)")
+    if load_in_4bit or (adapter is not None and adapter.lower() == "qlora"):
+        path = ("load_in_4bit",) if load_in_4bit else ("adapter",)
+        reader.put("quantization.bits", 4, path)
+        reader.put("quantization.quant_type", "nf4", path, "axolotl QLoRA: nf4")
+        reader.put("quantization.double_quant", True, path, "axolotl QLoRA: double quantization")
+        reader.put(
+            "quantization.prepare_for_kbit_training",
+            True,
+            path,
+            "axolotl calls prepare_model_for_kbit_training for k-bit adapters",
+        )
+        reader.put(
+            "quantization.compute_dtype",
+            "bfloat16"
+            if reader.reading.value_of("precision") in ("bf16", "bf16-true")
+            else (
+                "float16"
+                if reader.reading.value_of("precision") in ("fp16", "fp16-true")
+                else "float32"
+            ),
+            path,
+            "axolotl computes in the model's dtype",
+        )
+        # axolotl's QLoRA loader stores the packed 4-bit weights in bf16 (FSDP can shard them)
+        # unless bnb_config_kwargs says otherwise
+        storage_path = ("bnb_config_kwargs", "bnb_4bit_quant_storage")
+        if reader.take(storage_path, "quantization.quant_storage", as_quant_storage) is None:
+            reader.put(
+                "quantization.quant_storage",
+                "bfloat16",
+                path,
+                "axolotl QLoRA: bnb_4bit_quant_storage bfloat16",
+            )
+    elif load_in_8bit:
+        reader.put("quantization.bits", 8, ("load_in_8bit",))
+        reader.put("quantization.quant_type", "int8", ("load_in_8bit",))
+        reader.put(
+            "quantization.prepare_for_kbit_training",
+            adapter is not None,
+            ("load_in_8bit",),
+            "axolotl calls prepare_model_for_kbit_training for k-bit adapters",
+        )
+
+
+def read_axolotl_fsdp(reader: DocumentReader) -> None:
+    if reader.is_set(("fsdp",)):
+        read_hf_fsdp(reader, ("fsdp",), ("fsdp_config",))
+        return
+    if not reader.is_set(("fsdp_config",)):
+        return
+    block = ("fsdp_config",)
+    for prefix in ("fsdp_", ""):
+        strategy_path = (*block, f"{prefix}sharding_strategy")
+        if reader.is_set(strategy_path):
+            raw = str(reader.get(strategy_path)).strip().lower()
+            strategy = FSDP_STRATEGY_NAMES.get(raw, "full_shard")
+            if strategy is not None:
+                reader.put("distributed.fsdp", strategy, strategy_path)
+            break
+        reshard_path = (*block, f"{prefix}reshard_after_forward")
+        if reader.is_set(reshard_path):
+            reshard = reader.converted(reshard_path, as_bool)
+            reader.put(
+                "distributed.fsdp",
+                "shard_grad_op" if reshard is False else "full_shard",
+                reshard_path,
+                "reshard_after_forward decides full or grad-op sharding",
+            )
+            break
+    else:
+        reader.put("distributed.fsdp", "full_shard", block, "FSDP's default: full sharding")
+    read_fsdp_config_block(reader, block)
