@@ -74,7 +74,8 @@ def _add_estimate_parser(sub: Any) -> None:
         default=None,
         help="what the step trains for (default sft): chosen and rejected concatenated for "
         "dpo, orpo, cpo/simpo and reward, a reference forward for dpo and kto; --batch counts "
-        "pairs (grpo and ppo are not modelled yet)",
+        "pairs; grpo generates in the step (--num-generations ..., --batch counts completions); "
+        "ppo is not modelled yet",
     )
     p.add_argument(
         "--ref-model",

@@ -141,6 +141,208 @@ def add_plan_flags(parser: argparse.ArgumentParser) -> None:
         "environment.yml), else the releases the tests pin",
     )
 
+    add_grpo_flags(parser)
+
+
+def _count(text: str) -> int:
+    """A count from 1 to 10**9 (`llmmem.extract.numbers.parse_count`)."""
+    from llmmem.extract.numbers import parse_count
+
+    try:
+        return parse_count(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _number(text: str) -> float:
+    """A finite number (the range is checked with the setup, which names the flag)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text[:24]}'") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got '{text[:24]}'")
+    return value
+
+
+# GRPOConfig's fields as flags: (flag, dest, what GRPOConfig calls it)
+GRPO_FLAGS = (
+    ("--num-generations", "num_generations", "num_generations"),
+    ("--max-prompt-length", "max_prompt_length", "max_prompt_length"),
+    ("--max-completion-length", "max_completion_length", "max_completion_length"),
+    ("--beta", "beta", "beta"),
+    ("--vllm", "vllm", "vllm_mode"),
+    (
+        "--vllm-gpu-memory-utilization",
+        "vllm_gpu_memory_utilization",
+        "vllm_gpu_memory_utilization",
+    ),
+    ("--vllm-sleep-mode", "vllm_sleep_mode", "vllm_enable_sleep_mode"),
+    ("--steps-per-generation", "steps_per_generation", "steps_per_generation"),
+    ("--num-iterations", "num_iterations", "num_iterations"),
+)
+
+
+def add_grpo_flags(parser: argparse.ArgumentParser) -> None:
+    """`--objective grpo`'s flags: GRPOConfig's fields that change the memory (TRL 0.29.1)."""
+    group = parser.add_argument_group(
+        "GRPO (--objective grpo; TRL 0.29.1 GRPOTrainer, --batch counts completions)"
+    )
+    group.add_argument(
+        "--num-generations",
+        type=_count,
+        default=None,
+        help="completions per prompt (default 8); the generation batch must divide by it",
+    )
+    group.add_argument(
+        "--max-prompt-length",
+        type=_count,
+        default=None,
+        help="the longest prompt in tokens (default 512; TRL 0.29 does not truncate prompts)",
+    )
+    group.add_argument(
+        "--max-completion-length",
+        type=_count,
+        default=None,
+        help="tokens generated per completion (default 256)",
+    )
+    group.add_argument(
+        "--beta",
+        type=_number,
+        default=None,
+        help="KL coefficient (default 0.0: no reference model); above 0 a reference copy in "
+        "full fine-tuning, the adapter disabled under LoRA",
+    )
+    group.add_argument(
+        "--vllm",
+        choices=["colocate", "server"],
+        default=None,
+        help="generate with vLLM: colocate (the engine shares this GPU) or server (another GPU)",
+    )
+    group.add_argument(
+        "--vllm-gpu-memory-utilization",
+        type=_number,
+        default=None,
+        help="--vllm colocate: the fraction of the GPU the engine reserves (default 0.3)",
+    )
+    group.add_argument(
+        "--vllm-sleep-mode",
+        action="store_true",
+        default=None,
+        help="--vllm colocate: vllm_enable_sleep_mode, the engine releases its memory "
+        "outside generation",
+    )
+    group.add_argument(
+        "--steps-per-generation",
+        type=_count,
+        default=None,
+        help="micro-batches one generation makes (default: --grad-accum)",
+    )
+    group.add_argument(
+        "--num-iterations",
+        type=_count,
+        default=None,
+        help="times each generation batch is trained on (default 1)",
+    )
+
+
+def grpo_from_args(args: argparse.Namespace, objective: str | None) -> Any:
+    """The GrpoSetup the flags ask for (None unless --objective grpo), with UsageError for
+    the combinations that mean nothing."""
+    given = [flag for flag, dest, _ in GRPO_FLAGS if getattr(args, dest, None) is not None]
+    if objective != "grpo":
+        if given:
+            raise UsageError(f"{', '.join(given)}: only with --objective grpo")
+        return None
+    from llmmem.budget.grpo import GrpoSetup
+
+    if getattr(args, "seq", None) is not None:
+        raise UsageError(
+            "--seq does not apply to --objective grpo: the sequence is --max-prompt-length + "
+            "--max-completion-length"
+        )
+    if getattr(args, "ref_model", None) is not None:
+        raise UsageError(
+            "--ref-model does not apply to --objective grpo: --beta above 0 loads the "
+            "reference (a copy in full fine-tuning, the adapter disabled under LoRA)"
+        )
+    if getattr(args, "max_seq", False):
+        raise UsageError(
+            "--max-seq does not apply to --objective grpo: vary --max-completion-length"
+        )
+    vllm = getattr(args, "vllm", None)
+    for flag, dest in (
+        ("--vllm-gpu-memory-utilization", "vllm_gpu_memory_utilization"),
+        ("--vllm-sleep-mode", "vllm_sleep_mode"),
+    ):
+        if getattr(args, dest, None) is not None and vllm != "colocate":
+            raise UsageError(
+                f"{flag} needs --vllm colocate: "
+                + (
+                    "a vLLM server's memory is set where the server starts"
+                    if vllm == "server"
+                    else "without --vllm the policy generates itself"
+                )
+            )
+    values: dict[str, Any] = {
+        "num_generations": args.num_generations,
+        "max_prompt_length": args.max_prompt_length,
+        "max_completion_length": args.max_completion_length,
+        "beta": args.beta,
+        "vllm": vllm,
+        "vllm_gpu_memory_utilization": args.vllm_gpu_memory_utilization,
+        "vllm_enable_sleep_mode": args.vllm_sleep_mode,
+        "steps_per_generation": args.steps_per_generation,
+        "num_iterations": args.num_iterations,
+    }
+    try:
+        return GrpoSetup(**{k: v for k, v in values.items() if v is not None})
+    except SetupError as err:
+        raise UsageError(str(err)) from None
+
+
+def grpo_lines(
+    grpo: Any, args: argparse.Namespace, setup: TrainingSetup
+) -> list[tuple[str, str, str]]:
+    """The GRPO rows of the setup table, each with where it came from."""
+    from llmmem.budget.grpo import generation_rows
+
+    def source(dest: str) -> str:
+        return "flag" if getattr(args, dest, None) is not None else "TRL default"
+
+    rows = generation_rows(grpo, setup)
+    lines = [
+        (
+            "generations",
+            f"{grpo.num_generations} per prompt; {rows} completions generated per device",
+            source("num_generations"),
+        ),
+        (
+            "prompt + completion",
+            f"{grpo.max_prompt_length} + {grpo.max_completion_length} tokens",
+            f"{source('max_prompt_length')}, {source('max_completion_length')}",
+        ),
+        ("beta", f"{grpo.beta:g}", source("beta")),
+    ]
+    if grpo.vllm:
+        text = grpo.vllm
+        if grpo.vllm == "colocate":
+            text += f", {grpo.vllm_gpu_memory_utilization:g} of the GPU"
+            text += ", sleeps while training" if grpo.vllm_enable_sleep_mode else ""
+        lines.append(("vLLM", text, "flag"))
+    return lines
+
+
+def grpo_values(grpo: Any, setup: TrainingSetup) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    from llmmem.budget.grpo import generation_rows, steps_per_generation
+
+    out = asdict(grpo)
+    out["steps_per_generation"] = steps_per_generation(grpo, setup)
+    out["generation_batch"] = generation_rows(grpo, setup)
+    return out
+
 
 def _pick(args: argparse.Namespace, name: str, provenance: dict[str, str]) -> Any:
     value = getattr(args, name, None)
@@ -421,15 +623,18 @@ def preference_from_args(args: argparse.Namespace) -> Any:
         objective, args.method = args.method, "full"
     reference = getattr(args, "ref_model", None)
     if objective in (None, "sft"):
+        grpo_from_args(args, objective)  # GRPO's flags without --objective grpo
         if reference is not None:
             raise UsageError("--ref-model needs a preference objective (--objective dpo or kto)")
         return None
     if objective == "simpo":
         objective = "cpo"  # TRL's CPOTrainer with loss_type simpo
+    grpo = grpo_from_args(args, objective)
     try:
         return PreferenceSetup(
             objective=Objective(objective),
             reference=Reference(reference) if reference else None,
+            grpo=grpo,
         )
     except SetupError as err:
         raise UsageError(str(err)) from None
@@ -439,7 +644,16 @@ def run_estimate(args: argparse.Namespace) -> int:
     gpu, gpu_prov = resolve_gpu(args.gpu)
     spec = resolve_spec(args.model, args.offline)
     preference = preference_from_args(args)
+    grpo = getattr(preference, "grpo", None)
+    if grpo is not None:
+        args.seq = grpo.seq  # the policy's sequence: prompt + completion
     setup, prov = build_setup(args, spec, gpu)
+    if grpo is not None:
+        prov["seq"] = "max prompt + max completion"
+        if args.max_batch and args.batch is None:
+            # TRL's default 8 need not divide by num_generations: the search decides
+            setup = replace(setup, batch=_grpo_batch_unit(grpo, setup))
+            prov["batch"] = "the smallest the generations allow (--max-batch searches)"
     try:
         if preference is None:
             budget = estimate_budget(spec, setup, gpu)
@@ -466,7 +680,19 @@ def run_estimate(args: argparse.Namespace) -> int:
         def sized(spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget | None) -> Budget:
             return estimate_preference_budget(spec, setup, preference, gpu)
 
-    if args.max_batch and gpu is not None:
+    if args.max_batch and gpu is not None and grpo is not None:
+        # the micro-batch moves in steps that keep the generation batch a multiple of
+        # num_generations
+        unit = _grpo_batch_unit(grpo, setup)
+
+        def in_units(spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget | None) -> Budget:
+            return estimate_preference_budget(
+                spec, replace(setup, batch=setup.batch * unit), preference, gpu
+            )
+
+        best, at_best = largest_batch(spec, replace(setup, batch=1), gpu, in_units)
+        limits["max_batch"] = _limit_dict(best * unit, at_best)
+    elif args.max_batch and gpu is not None:
         best, at_best = largest_batch(spec, setup, gpu, sized)
         limits["max_batch"] = _limit_dict(best, at_best)
     if args.max_seq and gpu is not None:
@@ -482,6 +708,9 @@ def run_estimate(args: argparse.Namespace) -> int:
 
             values["objective"] = preference.objective.value
             values["reference"] = reference_for(preference, setup).value
+            if grpo is not None:
+                values["seq"] = grpo.seq
+                values["grpo"] = grpo_values(grpo, setup)
         out["setup"] = {
             "values": values,
             "provenance": prov | {"gpu": gpu_prov},
@@ -511,8 +740,23 @@ def run_estimate(args: argparse.Namespace) -> int:
         reference = reference_for(preference, setup)
         lines.insert(1, ("objective", preference.objective.value, "flag"))
         lines.insert(2, ("reference", reference.value, "" if args.ref_model else "TRL default"))
+        if grpo is not None:
+            beta = "beta (flag)" if args.beta is not None else "beta (TRL default 0.0)"
+            lines[2] = ("reference", reference.value, beta)
+            lines[3:3] = grpo_lines(grpo, args, setup)
     render_budget(budget, spec, setup_lines=lines, extra_lines=extra)
     return 0
+
+
+def _grpo_batch_unit(grpo: Any, setup: TrainingSetup) -> int:
+    """The smallest micro-batch step that keeps `batch × devices × steps_per_generation` a
+    multiple of num_generations."""
+    from math import gcd
+
+    from llmmem.budget.grpo import steps_per_generation
+
+    per_step = setup.distributed.world_size * steps_per_generation(grpo, setup)
+    return grpo.num_generations // gcd(grpo.num_generations, per_step)
 
 
 def _limit_dict(best: int, budget: Budget | None) -> dict[str, Any]:

@@ -46,12 +46,117 @@ def test_precomputed_reference_and_lora(capsys: pytest.CaptureFixture[str]) -> N
     assert "reference_forward" not in pre["phases"]
 
 
-def test_grpo_says_it_is_not_modelled(capsys: pytest.CaptureFixture[str]) -> None:
+def test_ppo_says_it_is_not_modelled(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(
-        ["estimate", "--offline", "--model", "Qwen/Qwen2.5-0.5B-Instruct", "--objective", "grpo"]
+        ["estimate", "--offline", "--model", "Qwen/Qwen2.5-0.5B-Instruct", "--objective", "ppo"]
     )
-    assert code != 0
+    assert code == 2
     assert "not modelled yet" in capsys.readouterr().err
+
+
+GRPO = ("--model", "Qwen/Qwen2.5-0.5B-Instruct", "--objective", "grpo", "--batch", "8")
+
+
+def test_grpo_names_its_phases(capsys: pytest.CaptureFixture[str]) -> None:
+    lengths = ("--max-prompt-length", "256", "--max-completion-length", "512")
+    out = _json(capsys, "estimate", "--offline", *GRPO, "--num-generations", "4", *lengths)
+    values = out["setup"]["values"]
+    assert values["objective"] == "grpo"
+    assert values["seq"] == 768
+    assert values["reference"] == "none"  # beta 0.0, TRL 0.29's default
+    assert values["grpo"]["generation_batch"] == 8
+    assert set(out["phases"]) == {"generate", "forward", "backward", "optimizer_step"}
+    # at the last generated token the cache holds prompt + completion − 1 tokens of all 8
+    # completions: 24 blocks × 2 kv heads × 64 × 2 (K, V) × 2 B (bf16 autocast) per token
+    long = ("--max-prompt-length", "256", "--max-completion-length", "4096")
+    longer = _json(capsys, "estimate", "--offline", *GRPO, "--num-generations", "4", *long)
+    kv = longer["phases"]["generate"]["components"]["kv_cache"]
+    assert kv == 24 * 2 * 64 * 2 * 2 * (256 + 4096 - 1) * 8
+    with_ref = _json(
+        capsys, "estimate", "--offline", *GRPO, "--num-generations", "4", *lengths, "--beta", "0.04"
+    )
+    assert with_ref["setup"]["values"]["reference"] == "copy"
+    assert "reference_forward" in with_ref["phases"]
+    assert with_ref["allocated_peak_bytes"] > out["allocated_peak_bytes"]
+    main(["estimate", "--offline", *GRPO, "--num-generations", "4", *lengths, "--beta", "0.04"])
+    text = capsys.readouterr().out
+    for phase in ("generate", "reference_forward", "forward", "backward", "optimizer_step"):
+        assert phase in text
+    assert "4 per prompt" in text
+
+
+def test_grpo_with_vllm_colocate_holds_the_engines_share(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ("estimate", "--offline", *GRPO, "--vllm", "colocate", "--gpu", "80GiB")
+    out = _json(capsys, *args, "--vllm-gpu-memory-utilization", "0.4")
+    share = int(0.4 * 80 * 2**30)
+    for phase in out["phases"].values():
+        assert phase["components"]["vllm_engine"] == share
+    asleep = _json(capsys, *args, "--vllm-gpu-memory-utilization", "0.4", "--vllm-sleep-mode")
+    assert asleep["phases"]["generate"]["components"]["vllm_engine"] == share
+    assert "vllm_engine" not in asleep["phases"]["backward"]["components"]
+    server = _json(capsys, "estimate", "--offline", *GRPO, "--vllm", "server")
+    assert "kv_cache" not in server["phases"]["generate"]["components"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--objective", "grpo", "--num-generations", "3"), "must divide by num_generations"),
+        (("--num-generations", "4"), "only with --objective grpo"),
+        (("--objective", "dpo", "--beta", "0.1"), "only with --objective grpo"),
+        (("--objective", "grpo", "--seq", "512"), "--max-prompt-length"),
+        (("--objective", "grpo", "--vllm-sleep-mode"), "needs --vllm colocate"),
+        (
+            ("--objective", "grpo", "--vllm", "server", "--vllm-gpu-memory-utilization", "0.5"),
+            "needs --vllm colocate",
+        ),
+        (("--objective", "grpo", "--vllm", "colocate"), "name the GPU"),
+        (
+            ("--objective", "grpo", "--vllm", "colocate", "--gpu", "H100"),
+            None,
+        ),
+        (
+            ("--objective", "grpo", "--vllm", "colocate", "--gpu", "H100")
+            + ("--vllm-gpu-memory-utilization", "1.5"),
+            "at most 1",
+        ),
+        (("--objective", "grpo", "--beta", "-0.1"), "beta must be 0 or more"),
+        (("--objective", "grpo", "--num-generations", "1"), "at least 2"),
+        (("--objective", "grpo", "--ref-model", "copy"), "--beta"),
+    ],
+)
+def test_grpo_flags_that_mean_nothing_are_usage_errors(
+    capsys: pytest.CaptureFixture[str], args: tuple[str, ...], message: str | None
+) -> None:
+    code = main(["estimate", "--offline", "--model", "Qwen/Qwen2.5-0.5B-Instruct", *args])
+    err = capsys.readouterr().err
+    if message is None:
+        assert code == 0, err
+        return
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_grpo_largest_micro_batch_is_a_multiple_of_the_generations(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ("--model", "Qwen/Qwen2.5-0.5B-Instruct", "--objective", "grpo", "--gpu", "24GiB")
+    out = _json(capsys, "estimate", "--offline", *args, "--num-generations", "6", "--max-batch")
+    best = out["max_batch"]["value"]
+    assert best > 0 and best % 6 == 0
+    # the next multiple does not fit
+    code = main(
+        ["estimate", "--offline", *args, "--num-generations", "6", "--batch", str(best + 6)]
+    )
+    assert code == 0
+    capsys.readouterr()
+    over = _json(
+        capsys, "estimate", "--offline", *args, "--num-generations", "6", "--batch", str(best + 6)
+    )
+    assert over["device_total_bytes"] > 24 * 2**30
 
 
 @pytest.mark.parametrize(

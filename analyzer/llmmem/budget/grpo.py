@@ -296,7 +296,7 @@ def generation_phase(
     if prefill_cache + block > last:
         return PhaseBudget(
             phase=Phase.GENERATE,
-            moment=f"prefill of {rows} prompts × {num_generations_text(grpo)}",
+            moment=f"prefill of {rows} prompts ({_prompts_text(grpo, rows)})",
             components={
                 **held,
                 Component.KV_CACHE: Term(
@@ -323,8 +323,10 @@ def generation_phase(
     )
 
 
-def num_generations_text(grpo: GrpoSetup) -> str:
-    return f"{grpo.num_generations} generations each"
+def _prompts_text(grpo: GrpoSetup, rows: int) -> str:
+    if rows >= grpo.num_generations:
+        return f"{rows // grpo.num_generations} distinct, each {grpo.num_generations} times"
+    return f"each repeated {grpo.num_generations} times across devices"
 
 
 def no_grad_phase(
@@ -398,10 +400,17 @@ def estimate_grpo_budget(
     if vllm is not None and not grpo.vllm_enable_sleep_mode:
         training_extra[Component.VLLM_ENGINE] = vllm
     held_training = {**_held(step), **training_extra}
+    # autocast's 16-bit copies of the weights (cached for the forward, whether or not grad is
+    # enabled) and a k-bit layer's dequantized weight live in every forward, generation's too
+    copies = forward.components.get(Component.WEIGHT_COPIES)
+    running = {**held_training, Component.WEIGHT_COPIES: copies} if copies else held_training
 
-    phases = [generation_phase(spec, setup, grpo, held_training, vllm)]
+    generating = running if grpo.vllm is None else held_training
+    phases = [generation_phase(spec, setup, grpo, generating, vllm)]
     lp = grpo_log_probs(spec, policy_setup, grpo)
-    no_grad = no_grad_phase(spec, policy_setup, grpo, held_training, lp, reference)
+    # autocast caches the casts of trainable weights only: a frozen reference casts per op
+    no_grad_held = running if old_log_probs(grpo, setup) else held_training
+    no_grad = no_grad_phase(spec, policy_setup, grpo, no_grad_held, lp, reference)
     if no_grad is not None:
         phases.append(no_grad)
     policy_forward = _replace_logits(
