@@ -24,6 +24,8 @@ def is_accelerate_config(value: dict[str, Any]) -> bool:
     )
 
 
+# fsdp_sharding_strategy by name or number; FULL_SHARD when unset (accelerate 1.15.0,
+# utils/dataclasses.py FullyShardedDataParallelPlugin)
 FSDP_STRATEGY_NAMES = {
     "full_shard": "full_shard",
     "1": "full_shard",

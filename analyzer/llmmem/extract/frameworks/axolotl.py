@@ -66,6 +66,9 @@ def read_axolotl(reader: DocumentReader) -> None:
         reader.default(key, value, note)
 
 
+# read from axolotl 0.18.0: utils/schemas/training.py (micro_batch_size,
+# gradient_accumulation_steps, optimizer), utils/schemas/config.py (sequence_len,
+# gradient_checkpointing)
 AXOLOTL_DEFAULTS: tuple[tuple[str, Any, str], ...] = (
     ("per_device_train_batch_size", 1, "axolotl micro_batch_size default"),
     ("gradient_accumulation_steps", 1, "axolotl gradient_accumulation_steps default"),

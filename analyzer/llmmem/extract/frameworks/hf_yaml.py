@@ -99,6 +99,7 @@ def read_hf_peft(reader: DocumentReader) -> None:
         reader.default(key, value, note)
 
 
+# read from TRL 1.9.0, trl/trainer/model_config.py (ModelConfig)
 TRL_MODEL_CONFIG_DEFAULTS: tuple[tuple[str, Any, str], ...] = (
     ("lora.r", 16, "TRL ModelConfig lora_r default"),
     ("lora.alpha", 32.0, "TRL ModelConfig lora_alpha default"),

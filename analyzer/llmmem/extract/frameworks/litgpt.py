@@ -119,6 +119,8 @@ def read_litgpt(reader: DocumentReader) -> None:
         reader.default(key, value, note)
 
 
+# read from LitGPT 0.5.13: litgpt/finetune/lora.py setup() (train.global_batch_size 16,
+# micro_batch_size 1, optimizer AdamW; no precision: bf16-mixed where the GPU has bf16)
 LITGPT_DEFAULTS: tuple[tuple[str, Any, str], ...] = (
     ("per_device_train_batch_size", 1, "LitGPT train.micro_batch_size default"),
     ("gradient_checkpointing", False, "LitGPT checkpoints only under FSDP"),
@@ -211,6 +213,8 @@ def read_litgpt_lora(reader: DocumentReader) -> None:
         reader.default(key, value, note)
 
 
+# read from LitGPT 0.5.13: litgpt/finetune/lora.py setup() (lora_r, lora_alpha, lora_dropout,
+# lora_query and lora_value on)
 LITGPT_LORA_DEFAULTS: tuple[tuple[str, Any, str], ...] = (
     ("lora.r", 8, "LitGPT lora_r default"),
     ("lora.alpha", 16.0, "LitGPT lora_alpha default"),

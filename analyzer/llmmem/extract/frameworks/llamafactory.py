@@ -192,6 +192,9 @@ def read_llamafactory(reader: DocumentReader) -> None:
         reader.default(key, value, note)
 
 
+# read from LLaMA-Factory 0.9.5: hparams/data_args.py (cutoff_len), model_args.py (flash_attn,
+# disable_gradient_checkpointing), finetuning_args.py (finetuning_type, lora_rank, lora_alpha,
+# lora_dropout, lora_target, set in read_llamafactory)
 LLAMAFACTORY_DEFAULTS: tuple[tuple[str, Any, str], ...] = (
     ("per_device_train_batch_size", 8, "TrainingArguments default, as LLaMA-Factory keeps it"),
     ("gradient_accumulation_steps", 1, "TrainingArguments default"),

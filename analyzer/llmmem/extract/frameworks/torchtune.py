@@ -147,6 +147,8 @@ def read_torchtune(reader: DocumentReader) -> None:
         reader.default(key, value, note)
 
 
+# read from torchtune 0.6.1: recipes/lora_finetune_single_device.py and full_finetune_*.py
+# (enable_activation_checkpointing False), training/precision.py get_dtype (no dtype: float32)
 TORCHTUNE_DEFAULTS: tuple[tuple[str, Any, str], ...] = (
     ("gradient_accumulation_steps", 1, "torchtune recipes' default"),
     ("gradient_checkpointing", False, "torchtune enable_activation_checkpointing default"),
