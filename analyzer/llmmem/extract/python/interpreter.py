@@ -711,13 +711,21 @@ class ScriptReader(Findings):
         `ds.map(lambda b: tokenizer(...))`) run there, once, with their parameters unknown:
         what they build or pass to a tokenizer is read where the script hands them over.
         `Dataset.map`'s `fn_kwargs={...}` are their keyword arguments."""
+        callbacks = [
+            value
+            for values in (args.positional, args.keywords.values())
+            for value in values
+            if isinstance(value, FunctionValue) and value.runs == 0
+        ]
+        if not callbacks:
+            return
         extra = args.keywords.get("fn_kwargs")
         given = None
         if isinstance(extra, DictValue) and extra.entries:
             given = CallArgs(args.node, [], dict(extra.entries), list(extra.unread))
-        for value in [*args.positional, *args.keywords.values()]:
-            if isinstance(value, FunctionValue) and value.runs == 0:
-                self.call_function(value, given, None)
+        for callback in callbacks:
+            if callback.runs == 0:
+                self.call_function(callback, given, None)
 
     def call_function(
         self, function: FunctionValue, args: CallArgs | None, node: ast.Call | None
