@@ -12,17 +12,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from llmmem.extract.configs import (
-    FSDP_STRATEGY_NAMES,
-    ConfigReading,
-    Setting,
-    display_path,
-    read_config,
-    resolve_reference,
-)
+from llmmem.extract.configs import FSDP_STRATEGY_NAMES, ConfigReading, Setting, read_config
 from llmmem.extract.shell.expand import ShellWord
 from llmmem.extract.shell.launchers import CommandOption, Launch, WordSlice, program_options
 from llmmem.extract.shell.lexer import describe_offset, offset_to_position
+from llmmem.extract.text import display_path, resolve_reference
 from llmmem.plan import Provenance, SourceRange
 
 

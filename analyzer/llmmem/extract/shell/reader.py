@@ -20,11 +20,7 @@ from llmmem.extract.configs import (
     ConfigReading,
     Override,
     Setting,
-    apply_file_pragmas,
-    display_path,
-    plan_from_problems,
     read_config,
-    read_text_file,
     torchtune_model,
 )
 from llmmem.extract.pragmas import ProjectSettings, apply_project_settings
@@ -54,6 +50,12 @@ from llmmem.extract.shell.lexer import (
     describe_offset,
 )
 from llmmem.extract.shell.options import LaunchOptionReader
+from llmmem.extract.text import (
+    apply_file_pragmas,
+    display_path,
+    plan_from_problems,
+    read_text_file,
+)
 from llmmem.plan import Provenance, Sourced, SourceRange, TrainingPlan
 
 
