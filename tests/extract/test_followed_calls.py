@@ -172,7 +172,7 @@ def test_recursion_and_long_call_chains_end_silently() -> None:
     )
     plan = plan_of(source + TAIL)
     assert plan.problems == []  # a bound reached is not a problem to report
-    assert plan.model_id.value == "Qwen/Qwen2.5-0.5B"
+    assert plan.model_id is not None and plan.model_id.value == "Qwen/Qwen2.5-0.5B"
 
 
 # -- the script's own defaults -------------------------------------------------------------------
@@ -208,7 +208,7 @@ def test_a_default_factory_and_the_remaining_strings_of_the_parser() -> None:
     plan, text = read("sft_script_arguments.py")
     targets = plan.lora.target_modules if plan.lora is not None else None
     assert targets is not None
-    assert sorted(targets.value) == ["k_proj", "o_proj", "q_proj", "v_proj"]
+    assert sorted(targets.value or []) == ["k_proj", "o_proj", "q_proj", "v_proj"]
     assert targets.source is CLI
     assert targets.range is not None and targets.range.start_line + 1 == 32
     assert plan.problems == []  # `script_args, training_args, _ = ...` unpacks
@@ -244,6 +244,7 @@ def test_argparse_and_fire_defaults_name_their_flag() -> None:
         assert (r.value, r.source) == (64, CLI)
         assert r.range is not None and r.range.start_line + 1 == line
         assert "--lora_r" in r.note
+        assert plan.model_id is not None
         assert (plan.model_id.value, plan.model_id.source) == ("Qwen/Qwen2.5-7B", CLI)
 
 
