@@ -47,11 +47,55 @@ def reference_of(plan: TrainingPlan) -> tuple[Reference | None, str]:
     return None, ""
 
 
+# GRPOConfig's fields (TRL 0.29.1) the GRPO budget reads, as a plan keeps them
+GRPO_KEYS: dict[str, str] = {
+    "num_generations": "num_generations",
+    "max_prompt_length": "max_prompt_length",
+    "max_completion_length": "max_completion_length",
+    "beta": "beta",
+    "vllm_gpu_memory_utilization": "vllm_gpu_memory_utilization",
+    "vllm_enable_sleep_mode": "vllm_enable_sleep_mode",
+    "vllm_importance_sampling_correction": "vllm_importance_sampling_correction",
+    "steps_per_generation": "steps_per_generation",
+    "num_iterations": "num_iterations",
+}
+_GRPO_BOOLEANS = frozenset({"vllm_enable_sleep_mode", "vllm_importance_sampling_correction"})
+_GRPO_FLOATS = frozenset({"beta", "vllm_gpu_memory_utilization"})
+
+
+def grpo_setup(plan: TrainingPlan) -> Any:
+    """The GrpoSetup of a GRPO plan: the GRPOConfig fields the file sets, TRL 0.29.1's
+    defaults for the others (`use_vllm` off, `vllm_mode` "server" when on). A field written
+    as something other than a number is left at its default."""
+    from llmmem.budget.grpo import GrpoSetup
+
+    values: dict[str, Any] = {}
+    for key, field_name in GRPO_KEYS.items():
+        value = _kept(plan, key)
+        if value is None:
+            continue
+        try:
+            if key in _GRPO_BOOLEANS:
+                values[field_name] = _truthy(value)
+            elif key in _GRPO_FLOATS:
+                values[field_name] = float(value)
+            else:
+                values[field_name] = int(value)
+        except (TypeError, ValueError):
+            continue
+    if _truthy(_kept(plan, "use_vllm")):
+        mode = str(_kept(plan, "vllm_mode") or "server").strip().lower()
+        values["vllm"] = mode
+    return GrpoSetup(**values)  # SetupError for values TRL refuses too
+
+
 def preference_setup(plan: TrainingPlan) -> PreferenceSetup | None:
     objective = objective_of(plan)
     if objective is None:
         return None
     reference, _ = reference_of(plan)
+    if objective is Objective.GRPO:
+        return PreferenceSetup(objective=objective, grpo=grpo_setup(plan))
     return PreferenceSetup(objective=objective, reference=reference)
 
 
@@ -59,7 +103,7 @@ REFERENCE_TEXT = {
     Reference.COPY: "a second, frozen copy of the model",
     Reference.ADAPTER: "the policy with its LoRA adapter disabled (no copy)",
     Reference.PRECOMPUTED: "none during training (log-probabilities precomputed)",
-    Reference.NONE: "none (the objective has no reference model)",
+    Reference.NONE: "none (no reference model)",
 }
 
 
@@ -73,6 +117,25 @@ def reference_row(plan: TrainingPlan, method: Any) -> Sourced[str] | None:
     if objective is None or method is None:
         return None
     reference, why = reference_of(plan)
+    if objective is Objective.GRPO:
+        beta = _kept(plan, "beta")
+        try:
+            with_reference = float(beta) != 0 if beta is not None else False
+        except (TypeError, ValueError):
+            with_reference = False
+        full = str(getattr(method, "value", method)) == "full"
+        if not with_reference:
+            reference = Reference.NONE
+            why = "beta = 0" + (" (TRL 0.29's default)" if beta is None else "")
+        else:
+            reference = Reference.COPY if full else Reference.ADAPTER
+            why = f"beta = {beta}: " + ("a second model" if full else "the adapter disabled")
+        return Sourced(
+            value=f"{reference.value}: {REFERENCE_TEXT[reference]}",
+            source=Provenance.DEFAULT if beta is None else Provenance.EXPLICIT,
+            range=plan.trainer_range,
+            note=why,
+        )
     if objective not in WITH_REFERENCE:
         reference, why = Reference.NONE, f"{objective.value} compares no reference"
         source = Provenance.DEFAULT

@@ -189,3 +189,16 @@ def test_the_largest_micro_batch_is_searched_with_the_preference_step(
     sft = _json(capsys, "estimate", "--offline", *args, "--max-batch")
     dpo = _json(capsys, "estimate", "--offline", *args, "--method", "dpo", "--max-batch")
     assert 0 < dpo["max_batch"]["value"] < sft["max_batch"]["value"]
+
+
+def test_explain_sizes_the_grpo_example_with_generation(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _json(capsys, "explain", str(EXAMPLES / "grpo_vllm_colocate.py"), "--gpu", "A100-80GB")
+    assert out["plan"]["objective"]["value"] == "grpo"
+    phases = out["budget"]["phases"]
+    assert {"generate", "forward", "backward", "optimizer_step"} <= set(phases)
+    # the file's max_completion_length (1024) after TRL's prompt default (512)
+    assert any("up to 1024 tokens after prompts of 512" in n for n in out["budget"]["notes"])
+    main(["explain", str(EXAMPLES / "grpo_vllm_colocate.py"), "--gpu", "A100-80GB"])
+    text = capsys.readouterr().out
+    assert "generate" in text
+    assert "beta = 0" in text
