@@ -460,6 +460,18 @@ def test_deepspeed_chat_script_beside_the_launcher(tmp_path: Path) -> None:
     assert not any("must be the path" in problem for problem in plan.problems), plan.problems
 
 
+def test_zero_stage_alone_is_not_deepspeed_chat() -> None:
+    # OpenRLHF's trainers take --zero_stage too, with --max_len and --bf16: DeepSpeed-Chat's
+    # defaults (fp16, 512 tokens) must not be put on them
+    plan = inline(
+        "deepspeed --module openrlhf.cli.train_sft --pretrain meta-llama/Llama-3.1-8B "
+        "--max_len 2048 --zero_stage 2 --bf16 --micro_train_batch_size 2\n"
+    )
+    assert plan.precision.value != "fp16"
+    assert plan.max_seq_length.source is not CLI_DEFAULT
+    assert not any("DeepSpeed-Chat" in found.note for found in plan.sourced_fields().values())
+
+
 HF_SCRIPT_WITH_LIKE_NAMED_FIELDS = """from dataclasses import dataclass, field
 
 from transformers import AutoModelForCausalLM, HfArgumentParser, Trainer, TrainingArguments

@@ -31,12 +31,15 @@ from llmmem.extract.shell.expand import (
 )
 from llmmem.extract.shell.launchers import (
     CONFIG_SUFFIXES,
+    DEEPSPEED_CHAT_FLAGS,
     LIST_FLAGS,
     OVERRIDE_KEY,
     CommandOption,
     Launch,
     WordSlice,
+    deepspeed_chat_meanings,
     interpret_command,
+    is_deepspeed_chat,
     option_name,
     parse_override_value,
     program_options,
@@ -60,6 +63,7 @@ from llmmem.extract.shell.reader import (
 
 __all__ = [
     "CONFIG_SUFFIXES",
+    "DEEPSPEED_CHAT_FLAGS",
     "LIST_FLAGS",
     "OVERRIDE_KEY",
     "CommandOption",
@@ -75,10 +79,12 @@ __all__ = [
     "ShellWord",
     "WordSlice",
     "argparse_options_of",
+    "deepspeed_chat_meanings",
     "describe_offset",
     "evaluate_integer_expression",
     "extract_shell_plan",
     "interpret_command",
+    "is_deepspeed_chat",
     "offset_to_position",
     "option_name",
     "parse_override_value",

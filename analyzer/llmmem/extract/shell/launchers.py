@@ -536,13 +536,14 @@ def parse_override_value(text: str) -> Any:
 #   --offload           offload_optimizer and offload_param on the CPU (the latter matters
 #                       under ZeRO-3 only)
 #   --max_seq_len N     the length every sample is padded to (default 512)
-# HF's TrainingArguments has none of the marker names, so a command line carrying one of them
-# is read this way; one started by HfArgumentParser or TrlParser is not.
+# HF's TrainingArguments has none of these names. A command line is read this way when it carries
+# one of the flags only DeepSpeed-Chat's scripts take, or --zero_stage (common to DeepSpeed
+# training scripts: OpenRLHF's take it too, with --max_len and --bf16) beside --dtype, --offload
+# or --max_seq_len; a script parsing its flags with HfArgumentParser or TrlParser is not.
 
-DEEPSPEED_CHAT_MARKERS = frozenset(
-    {"lora_dim", "lora_module_name", "only_optimize_lora", "zero_stage"}
-)
-DEEPSPEED_CHAT_FLAGS = DEEPSPEED_CHAT_MARKERS | {"dtype", "offload", "max_seq_len"}
+DEEPSPEED_CHAT_OWN_FLAGS = frozenset({"lora_dim", "lora_module_name", "only_optimize_lora"})
+DEEPSPEED_CHAT_BESIDE_ZERO_STAGE = frozenset({"dtype", "offload", "max_seq_len"})
+DEEPSPEED_CHAT_FLAGS = DEEPSPEED_CHAT_OWN_FLAGS | DEEPSPEED_CHAT_BESIDE_ZERO_STAGE | {"zero_stage"}
 DEEPSPEED_CHAT_LAUNCHERS = frozenset({"python", "torchrun", "deepspeed", "accelerate"})
 HF_ARGUMENT_PARSERS = re.compile(r"\b(HfArgumentParser|TrlParser)\b")
 TRUE_WORDS = ("true", "1", "yes")
@@ -575,13 +576,17 @@ class FlagMeaning:
 
 def is_deepspeed_chat(launch: Launch, written: Iterable[str], script_text: str | None) -> bool:
     """Whether the program started is read as a DeepSpeed-Chat training script: it is a
-    Python script or module, its command line carries one of DeepSpeed-Chat's own flags, and
-    (when the script was found) it does not parse its flags into HF dataclasses."""
+    Python script or module, its command line carries DeepSpeed-Chat's own flags (`written`:
+    the flag names, dashes stripped), and (when the script was found) it does not parse its
+    flags into HF dataclasses."""
     if launch.launcher not in DEEPSPEED_CHAT_LAUNCHERS or launch.outer_launcher is not None:
         return False
     if launch.target_kind not in ("script", "module"):
         return False
-    if not DEEPSPEED_CHAT_MARKERS.intersection(written):
+    written = set(written)
+    if not written & DEEPSPEED_CHAT_OWN_FLAGS and not (
+        "zero_stage" in written and written & DEEPSPEED_CHAT_BESIDE_ZERO_STAGE
+    ):
         return False
     return script_text is None or HF_ARGUMENT_PARSERS.search(script_text) is None
 
