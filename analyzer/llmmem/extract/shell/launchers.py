@@ -532,7 +532,8 @@ def parse_override_value(text: str) -> Any:
 #                       (default "decoder.layers."); 0, the default, is no LoRA; the base weights
 #                       of those layers are frozen, the rest trains unless --only_optimize_lora
 #   --zero_stage N      ZeRO stage (default 0)
-#   --dtype fp16|bf16   DeepSpeed's fp16 or bf16 engine, fp32 master weights (default fp16)
+#   --dtype fp16|bf16   DeepSpeed's fp16 or bf16 engine, fp32 master weights (default fp16);
+#                       fp32, not among that commit's choices, is read as plain fp32
 #   --offload           offload_optimizer and offload_param on the CPU (the latter matters
 #                       under ZeRO-3 only)
 #   --max_seq_len N     the length every sample is padded to (default 512)
