@@ -17,6 +17,9 @@ following the trainer's code (trl/trainer/grpo_trainer.py at 0.29.1):
   log-probabilities, the k3 KL term when `beta != 0`, summed over the completion tokens;
 - backward and an AdamW step.
 
+The cases run in fp32, in bf16 and under bf16 autocast over fp32 weights (accelerate's mixed
+precision: the models' forward wrapped in autocast, generation's steps included).
+
 A warm-up step makes the optimizer states; the second is measured with the project's
 StorageTracker, one peak per phase. The no-gradient pass's budget counts one row's fp32
 logsumexp temporary that aten makes inside the kernel (a GPU allocates it, a dispatch-level
@@ -81,6 +84,9 @@ CASES = [
     Case(2, 32, 0.04, dtype="bf16-true"),
     Case(4, 64, 0.0, dtype="bf16-true"),
     Case(4, 32, 0.0, batch=8, grad_ckpt=True),
+    Case(2, 32, 0.0, dtype="bf16"),
+    Case(2, 64, 0.04, dtype="bf16"),
+    Case(4, 32, 0.0, dtype="bf16", grad_ckpt=True),
 ]
 
 
@@ -153,6 +159,11 @@ def measure(case: Case) -> dict[str, int]:
     ref = None
     if case.beta and case.method == "full":
         ref = copy.deepcopy(model).eval().requires_grad_(False)
+    if case.dtype == "bf16":
+        # mixed precision: accelerate wraps each prepared model's forward in autocast (the
+        # reference's too); generate calls that forward, the loss runs outside it
+        for wrapped in [model] + ([ref] if ref is not None else []):
+            wrapped.forward = torch.autocast("cpu", dtype=torch.bfloat16)(wrapped.forward)
     if case.grad_ckpt:
         model.gradient_checkpointing_enable()
     if case.method == "lora":
