@@ -270,6 +270,11 @@ def grpo_from_args(args: argparse.Namespace, objective: str | None) -> Any:
         raise UsageError(
             "--max-seq does not apply to --objective grpo: vary --max-completion-length"
         )
+    if getattr(args, "loss", None) not in (None, "standard"):
+        raise UsageError(
+            f"--loss {args.loss} does not apply to --objective grpo: its loss is the completion "
+            "log-probabilities' (TRL's use_liger_loss for GRPO is not modelled)"
+        )
     vllm = getattr(args, "vllm", None)
     for flag, dest in (
         ("--vllm-gpu-memory-utilization", "vllm_gpu_memory_utilization"),

@@ -125,6 +125,7 @@ def test_grpo_with_vllm_colocate_holds_the_engines_share(
         (("--objective", "grpo", "--beta", "-0.1"), "beta must be 0 or more"),
         (("--objective", "grpo", "--num-generations", "1"), "at least 2"),
         (("--objective", "grpo", "--ref-model", "copy"), "--beta"),
+        (("--objective", "grpo", "--loss", "liger"), "use_liger_loss"),
     ],
 )
 def test_grpo_flags_that_mean_nothing_are_usage_errors(
