@@ -89,6 +89,25 @@ def grpo_setup(plan: TrainingPlan) -> Any:
     return GrpoSetup(**values)  # SetupError for values TRL refuses too
 
 
+def grpo_assumed_note(plan: TrainingPlan) -> str | None:
+    """For a GRPO plan, the GRPOConfig fields that change the memory and that the plan does
+    not carry: the budget takes TRL 0.29.1's defaults for them."""
+    if objective_of(plan) is not Objective.GRPO:
+        return None
+    defaults = {
+        "num_generations": "8",
+        "beta": "0.0",
+        "use_vllm": "False",
+        "steps_per_generation": "gradient_accumulation_steps",
+    }
+    missing = [f"{key}={value}" for key, value in defaults.items() if _kept(plan, key) is None]
+    if not missing:
+        return None
+    return (
+        "grpo: TRL 0.29.1's defaults taken for " + ", ".join(missing) + " (not read from the file)"
+    )
+
+
 def preference_setup(plan: TrainingPlan) -> PreferenceSetup | None:
     objective = objective_of(plan)
     if objective is None:

@@ -290,6 +290,11 @@ def analyze(
             trl_note = trl_release_note(analysis.versions)
             if trl_note:
                 analysis.budget.notes.append(trl_note)
+            from llmmem.preference_plan import grpo_assumed_note
+
+            assumed = grpo_assumed_note(plan)
+            if assumed:
+                analysis.budget.notes.append(assumed)
         from llmmem.calibrate import with_local_evidence
 
         analysis.budget = with_local_evidence(analysis.budget, Path(plan.path), plan.framework)

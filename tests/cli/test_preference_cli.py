@@ -199,6 +199,8 @@ def test_explain_sizes_the_grpo_example_with_generation(capsys: pytest.CaptureFi
     assert {"generate", "forward", "backward", "optimizer_step"} <= set(phases)
     # the file's max_completion_length (1024) after TRL's prompt default (512)
     assert any("up to 1024 tokens after prompts of 512" in n for n in out["budget"]["notes"])
+    # what the plan does not say is named, with the default taken
+    assert any("num_generations=8" in n for n in out["budget"]["notes"])
     main(["explain", str(EXAMPLES / "grpo_vllm_colocate.py"), "--gpu", "A100-80GB"])
     text = capsys.readouterr().out
     assert "generate" in text
