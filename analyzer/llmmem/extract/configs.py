@@ -10,6 +10,8 @@ framework's reader in `llmmem.extract.frameworks`:
     llamafactory  finetuning_type, stage, lora_rank, cutoff_len (and its v1 schema: model,
                   peft_config, quant_config, dist_config, micro_batch_size)
     axolotl       base_model, micro_batch_size, sequence_len, adapter: lora|qlora
+    verl          actor_rollout_ref (RL), or data.micro_batch_size_per_gpu and
+                  model.partial_pretrain (FSDP SFT); trainer.n_gpus_per_node × nnodes GPUs
     trl / hf      HfArgumentParser / TrlParser keys: model_name_or_path, per_device_train_batch_size
 
 A reader turns keys into `Setting`s: a plan key (see `llmmem.extract.builder`), the value in the
@@ -51,6 +53,7 @@ from llmmem.extract.frameworks.hf_yaml import is_trl_config, read_hf
 from llmmem.extract.frameworks.litgpt import LITGPT_LORA_DEFAULTS, is_litgpt_config, read_litgpt
 from llmmem.extract.frameworks.llamafactory import is_llamafactory_config, read_llamafactory
 from llmmem.extract.frameworks.torchtune import is_torchtune_config, read_torchtune, torchtune_model
+from llmmem.extract.frameworks.verl import is_verl_config, read_verl
 from llmmem.extract.pragmas import ProjectSettings, apply_project_settings
 from llmmem.extract.text import (
     apply_file_pragmas,
@@ -91,6 +94,7 @@ __all__ = [
 
 # the first test that holds names the framework; "hf" when none does
 FRAMEWORK_TESTS: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
+    ("verl", is_verl_config),
     ("deepspeed", is_deepspeed_config),
     ("accelerate", is_accelerate_config),
     ("torchtune", is_torchtune_config),
@@ -120,6 +124,7 @@ FRAMEWORK_READERS: dict[str, Callable[[DocumentReader], None]] = {
     "litgpt": read_litgpt,
     "deepspeed": read_deepspeed_file,
     "accelerate": read_accelerate,
+    "verl": read_verl,
 }
 
 
@@ -225,6 +230,7 @@ FRAMEWORK_CONFIG_CLASSES = {
     "litgpt": "none",
     "deepspeed": "none",
     "accelerate": "none",
+    "verl": "none",
 }
 
 
