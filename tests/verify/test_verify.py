@@ -318,7 +318,11 @@ def test_verify_command_measures_and_compares(project: Path, where: list[str]) -
     assert measured["stage"] == "done"
     assert rows["allocated peak"]["measured_bytes"] == measured["allocated_peak_bytes"]
     assert abs(rows["allocated peak"]["error"]) < 0.05
-    assert {row["what"] for row in report["not_seen"]} >= {"cuda context", "allocator slack"}
+    # without a GPU: the context stays an estimate; the allocator's reserved peak is the step's
+    # own allocations replayed through the caching allocator's rules
+    not_seen = {row["what"] for row in report["not_seen"]}
+    assert "cuda context" in not_seen and "allocator slack" not in not_seen
+    assert rows["reserved peak"]["measured_bytes"] >= measured["allocated_peak_bytes"]
     assert "allocated at its peak" in report["summary"]
 
 

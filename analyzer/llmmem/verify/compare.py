@@ -141,8 +141,17 @@ def compare(budget: Budget, measured: StepMeasurement) -> list[Row]:
             measured.optimizer_state_bytes or None,
         )
     )
-    if measured.device == "cuda" and measured.reserved_peak_bytes:
-        rows.append(Row("reserved peak", budget.reserved_peak_bytes, measured.reserved_peak_bytes))
+    if measured.reserved_peak_bytes:
+        rows.append(
+            Row(
+                "reserved peak",
+                budget.reserved_peak_bytes,
+                measured.reserved_peak_bytes,
+                ""
+                if measured.device == "cuda"
+                else "replayed: the step's allocation order through the caching allocator's rules",
+            )
+        )
     if measured.device == "cuda" and measured.device_used_peak_bytes:
         whole = measured.device_used_source == "device"
         rows.append(
@@ -168,9 +177,13 @@ def unseen_overheads(budget: Budget, measured: StepMeasurement) -> list[Row]:
     """What a simulated or CPU step cannot see, as the estimate has it."""
     if measured.device == "cuda":
         return []
+    # a replayed reserved peak holds the allocator's slack and the cuBLAS workspaces
+    in_replay = (Overhead.ALLOCATOR_SLACK, Overhead.CUBLAS_WORKSPACES)
+    replayed = in_replay if measured.reserved_peak_bytes else ()
     return [
         Row(overhead.value.replace("_", " "), term.bytes, None, "estimated: " + term.formula)
         for overhead, term in budget.overheads.items()
+        if overhead not in replayed
     ]
 
 

@@ -33,6 +33,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from llmmem.budget.overheads import CUBLAS_WORKSPACE
 from llmmem.verify.request import (
     ACTIVATIONS,
     GRADIENTS,
@@ -372,7 +373,11 @@ def _run(request: StepRequest, result: StepMeasurement, meters: list[_Meter]) ->
         from llmmem.verify.tracker import StorageTracker
 
         # FSDP2 and ZeRO-3 free gathered parameters by resizing or swapping storages
-        meter = _TrackedMeter(StorageTracker(resizable=request.world_size > 1), result)
+        tracker = StorageTracker(resizable=request.world_size > 1)
+        if request.world_size == 1 and request.sharding != "zero":
+            # one process, storages that are born and die whole: the order is replayable
+            tracker.events = []
+        meter = _TrackedMeter(tracker, result)
         meters.append(meter)
         if device == "fake":
             from torch._subclasses.fake_tensor import FakeTensorMode
@@ -765,6 +770,25 @@ class _TrackedMeter(_Meter):
 
     def left_by_backward(self) -> int:
         return int(self.tracker.refile(TEMPORARIES, GRADIENTS))
+
+    def finish(self) -> None:
+        events = self.tracker.events
+        if not events:
+            return
+        from llmmem.verify.allocator import CachingAllocator, OutOfMemory
+
+        # a GPU allocates cuBLAS's workspaces (one per handle: the forward thread's and
+        # autograd's backward thread's) from the same allocator, at their first matmul
+        workspaces = [("cublas-forward", CUBLAS_WORKSPACE), ("cublas-backward", CUBLAS_WORKSPACE)]
+        try:
+            allocator = CachingAllocator().replay(workspaces + events)
+        except OutOfMemory:  # no capacity is given: cannot happen, but never fail a result
+            return
+        self.result.reserved_peak_bytes = allocator.peak_reserved
+        self.result.notes.append(
+            "reserved peak: this step's allocations, in their order, replayed through the CUDA "
+            "caching allocator's rules (with two 32 MiB cuBLAS workspaces)"
+        )
 
 
 class _CudaMeter(_Meter):

@@ -77,6 +77,9 @@ class StorageTracker(TorchDispatchMode):
         self.peak = 0
         self.peak_by_category: dict[str, int] = dict(self.totals)
         self.lock = threading.RLock()  # frees can come from communication threads
+        # when a list: every allocation as (key, bytes) and every free as (key, -1), in order,
+        # for a replay through the caching allocator's rules (verify/allocator.py)
+        self.events: list[tuple[int, int]] | None = None
 
     # -- bookkeeping ------------------------------------------------------------------------
 
@@ -87,6 +90,8 @@ class StorageTracker(TorchDispatchMode):
             size = self.sizes.pop(key, None)
             if size is None:
                 return
+            if self.events is not None:
+                self.events.append((key, -1))
             self.current -= size
             self.totals[self.category.pop(key, OTHER)] -= size
 
@@ -109,6 +114,8 @@ class StorageTracker(TorchDispatchMode):
             return
         size = int(storage.nbytes())
         self.sizes[key] = size
+        if self.events is not None:
+            self.events.append((key, size))
         chosen = category or self.new_category
         self.category[key] = chosen
         self.totals[chosen] += size
