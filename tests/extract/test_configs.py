@@ -166,6 +166,61 @@ def test_a_deepspeed_reference_to_another_frameworks_file_is_one_problem(tmp_pat
     expect(plan, "distributed.zero_stage", 0, DEFAULT)
 
 
+def axolotl_plan(tmp_path: Path, lines: str) -> TrainingPlan:
+    path = tmp_path / "axolotl.yml"
+    path.write_text("base_model: Qwen/Qwen2.5-0.5B\nmicro_batch_size: 2\n" + lines)
+    return extract_config_plan(path)
+
+
+def test_axolotl_bf16_auto_says_what_an_older_gpu_gets(tmp_path: Path) -> None:
+    plan = axolotl_plan(tmp_path, "bf16: auto\n")
+    found = expect(plan, "precision", "bf16-true", EXPLICIT, "auto")
+    assert "where the GPU supports it" in found.note and "fp16" in found.note
+    assert plan.extra["bf16_auto_fallback"].value == "fp16"
+    # fp16: false leaves float32 on an older GPU
+    plan = axolotl_plan(tmp_path, "bf16: auto\nfp16: false\n")
+    found = expect(plan, "precision", "bf16-true", EXPLICIT, "auto")
+    assert "float32" in found.note
+    assert plan.extra["bf16_auto_fallback"].value == "fp32"
+    # fp16: true beside auto wins: axolotl turns bf16 off
+    plan = axolotl_plan(tmp_path, "bf16: auto\nfp16: true\n")
+    expect(plan, "precision", "fp16-true", EXPLICIT, "true")
+    assert plan.problems == []
+
+
+def test_axolotl_without_bf16_trains_in_bf16(tmp_path: Path) -> None:
+    # bf16 defaults to auto in axolotl: no bf16 key is not float32
+    plan = axolotl_plan(tmp_path, "")
+    found = expect(plan, "precision", "bf16-true", DEFAULT)
+    assert "default auto" in found.note
+    # under DeepSpeed bf16 is mixed precision over fp32 master weights
+    plan = axolotl_plan(tmp_path, "deepspeed: deepspeed_configs/zero2.json\n")
+    expect(plan, "precision", "bf16", DEFAULT)
+    # a QLoRA adapter computes in the model's bf16
+    plan = axolotl_plan(tmp_path, "adapter: qlora\nload_in_4bit: true\n")
+    expect(plan, "quantization.compute_dtype", "bfloat16", EXPLICIT)
+    # only bf16: false (and no fp16) loads float32
+    plan = axolotl_plan(tmp_path, "bf16: false\n")
+    expect(plan, "precision", "fp32", DEFAULT)
+
+
+def test_axolotl_auto_is_for_bf16_only(tmp_path: Path) -> None:
+    plan = axolotl_plan(tmp_path, "fp16: auto\n")
+    assert plan.problems == ["line 3, column 7: fp16 takes true or false; only bf16 takes auto"]
+    expect(plan, "precision", "bf16-true", DEFAULT)
+
+
+def test_hf_yaml_bf16_auto_is_true_with_a_problem(tmp_path: Path) -> None:
+    path = tmp_path / "sft.yaml"
+    path.write_text("model_name_or_path: Qwen/Qwen2.5-0.5B\nmax_length: 512\nbf16: auto\n")
+    plan = extract_config_plan(path)
+    # no fp16 fallback in TrainingArguments: HfArgumentParser reads the text as true
+    found = expect(plan, "precision", "bf16", EXPLICIT, "auto")
+    assert "no fp16 fallback" in found.note
+    assert len(plan.problems) == 1
+    assert "TrlParser" in plan.problems[0] and "write true or false" in plan.problems[0]
+
+
 # -- LLaMA-Factory ------------------------------------------------------------------------------
 
 

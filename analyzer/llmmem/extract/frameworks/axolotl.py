@@ -68,13 +68,12 @@ def read_axolotl(reader: DocumentReader) -> None:
 
 # read from axolotl 0.18.0: utils/schemas/training.py (micro_batch_size,
 # gradient_accumulation_steps, optimizer), utils/schemas/config.py (sequence_len,
-# gradient_checkpointing)
+# gradient_checkpointing); precision (bf16 default auto) is set in read_axolotl_precision
 AXOLOTL_DEFAULTS: tuple[tuple[str, Any, str], ...] = (
     ("per_device_train_batch_size", 1, "axolotl micro_batch_size default"),
     ("gradient_accumulation_steps", 1, "axolotl gradient_accumulation_steps default"),
     ("max_seq_length", 512, "axolotl sequence_len default"),
     ("gradient_checkpointing", False, "axolotl gradient_checkpointing default"),
-    ("precision", "fp32", "axolotl loads float32 weights unless bf16 or fp16 is set"),
     ("optim", "adamw_torch_fused", "axolotl optimizer default"),
     ("attn_implementation", "sdpa", "transformers' default attention (no axolotl flag set)"),
 )
@@ -109,34 +108,86 @@ def read_axolotl_checkpointing(reader: DocumentReader) -> None:
 
 
 def read_axolotl_precision(reader: DocumentReader, uses_deepspeed: bool) -> None:
-    """axolotl loads the model in bfloat16 when bf16 is set (torch_dtype follows it), so a full
+    """axolotl loads the model in bfloat16 when bf16 is on (torch_dtype follows it), so a full
     fine-tune keeps weights, gradients and AdamW states in bf16 ("bf16-true"); under DeepSpeed
-    the ZeRO optimizer keeps fp32 master weights instead ("bf16")."""
-    for key, true_precision, amp_precision in (
-        ("bf16", "bf16-true", "bf16"),
-        ("bfloat16", "bf16-true", "bf16-true"),
-        ("fp16", "fp16-true", "fp16"),
-        ("float16", "fp16-true", "fp16-true"),
-    ):
-        path = (key,)
-        if not reader.is_set(path):
-            continue
-        raw = reader.get(path)
-        if isinstance(raw, str) and raw.strip().lower() == "auto":
-            precision = amp_precision if uses_deepspeed else true_precision
-            reader.put("precision", precision, path, f"{key}: auto, where the GPU supports bf16")
-            return
-        enabled = reader.converted(path, as_bool)
-        if enabled:
-            precision = amp_precision if uses_deepspeed else true_precision
-            note = (
-                "DeepSpeed keeps fp32 master weights"
-                if uses_deepspeed and precision == amp_precision
-                else f"axolotl loads the model in {'bfloat16' if 'bf' in key else 'float16'}"
-            )
-            reader.put("precision", precision, path, note)
-            return
+    the ZeRO optimizer keeps fp32 master weights instead ("bf16").
+
+    `bf16: auto`, also what an unset bf16 means (utils/schemas/config.py, axolotl 0.18.0 and
+    since 0.10), is resolved on the GPU (utils/config resolve_dtype): bf16 where the GPU has it;
+    on an older GPU bf16 is off and fp16 on, unless `fp16: false` leaves float32. `fp16: true`
+    beside `auto` wins. fp16, bfloat16 and float16 take true or false only."""
+    for key in ("fp16", "bfloat16", "float16"):
+        if is_auto(reader, (key,)):
+            reader.problem((key,), f"{key} takes true or false; only bf16 takes auto")
+    bf16_path = ("bf16",)
+    auto = not reader.is_set(bf16_path) or is_auto(reader, bf16_path)
+    flags = {
+        key: None if is_auto(reader, (key,)) else reader.converted((key,), as_bool)
+        for key in ("fp16", "bfloat16", "float16")
+    }
+    if not auto and reader.converted(bf16_path, as_bool):
+        put_axolotl_precision(reader, "bf16", uses_deepspeed)
+    elif flags["bfloat16"]:
+        put_axolotl_precision(reader, "bfloat16", uses_deepspeed)
+    elif flags["fp16"]:
+        put_axolotl_precision(reader, "fp16", uses_deepspeed)
+    elif auto:
+        read_axolotl_bf16_auto(reader, uses_deepspeed, fp16=flags["fp16"])
+    elif flags["float16"]:
+        put_axolotl_precision(reader, "float16", uses_deepspeed)
+    else:
+        reader.default("precision", "fp32", "bf16: false and no fp16: axolotl loads float32")
     reader.keep("tf32", ("tf32",))
+
+
+# key -> (precision without DeepSpeed, with DeepSpeed, the dtype axolotl loads the model in)
+AXOLOTL_PRECISIONS = {
+    "bf16": ("bf16-true", "bf16", "bfloat16"),
+    "bfloat16": ("bf16-true", "bf16-true", "bfloat16"),
+    "fp16": ("fp16-true", "fp16", "float16"),
+    "float16": ("fp16-true", "fp16-true", "float16"),
+}
+
+
+def is_auto(reader: DocumentReader, path: tuple[str, ...]) -> bool:
+    raw = reader.get(path)
+    return isinstance(raw, str) and raw.strip().lower() == "auto"
+
+
+def put_axolotl_precision(reader: DocumentReader, key: str, uses_deepspeed: bool) -> None:
+    true_precision, deepspeed_precision, dtype = AXOLOTL_PRECISIONS[key]
+    precision = deepspeed_precision if uses_deepspeed else true_precision
+    note = (
+        "DeepSpeed keeps fp32 master weights"
+        if uses_deepspeed and precision != true_precision
+        else f"axolotl loads the model in {dtype}"
+    )
+    reader.put("precision", precision, (key,), note)
+
+
+def read_axolotl_bf16_auto(
+    reader: DocumentReader, uses_deepspeed: bool, *, fp16: bool | None
+) -> None:
+    """bf16 on a GPU that has it (Ampere and newer, the GPUs these configs are written for);
+    what an older GPU gets instead is said in the note and kept as `bf16_auto_fallback`."""
+    precision = "bf16" if uses_deepspeed else "bf16-true"
+    fallback = "fp32" if fp16 is False else "fp16"
+    older = "float32 (fp16: false)" if fallback == "fp32" else "fp16 (the same bytes per value)"
+    meaning = f"bf16 where the GPU supports it (Ampere and newer), else {older}"
+    path = ("bf16",)
+    if reader.is_set(path):
+        reader.put("precision", precision, path, f"bf16: auto: {meaning}")
+    else:
+        reader.reading.settings.append(
+            Setting(
+                "precision",
+                precision,
+                Provenance.DEFAULT,
+                None,
+                f"axolotl bf16 default auto: {meaning}",
+            )
+        )
+    reader.derived("bf16_auto_fallback", fallback, "what bf16: auto gives on a GPU without bf16")
 
 
 def read_axolotl_attention(reader: DocumentReader) -> None:

@@ -58,7 +58,7 @@ def read_hf(reader: DocumentReader) -> None:
         if reader.take((key,), "max_seq_length", as_int) is not None:
             break
     reader.take(("gradient_checkpointing",), "gradient_checkpointing", as_bool)
-    reader.take(("bf16",), "bf16", as_bool)
+    read_hf_bf16(reader)
     reader.take(("fp16",), "fp16", as_bool)
     for dtype_path in (("torch_dtype",), ("dtype",), ("model_init_kwargs", "torch_dtype")):
         if reader.take(dtype_path, "torch_dtype", as_dtype) is not None:
@@ -73,6 +73,31 @@ def read_hf(reader: DocumentReader) -> None:
     read_hf_peft(reader)
     read_hf_quantization(reader)
     read_hf_distributed(reader)
+
+
+def read_hf_bf16(reader: DocumentReader) -> None:
+    """`bf16: auto` is axolotl's spelling; TrainingArguments' bf16 is a bool and neither of its
+    YAML readers falls back to fp16 on a GPU without bf16: TrlParser (`trl sft --config`) stops
+    on it ("Truthy value expected"), HfArgumentParser.parse_yaml_file passes the text through
+    and TrainingArguments takes it as true (and stops on a GPU without bf16). Read as true,
+    with a problem line saying so."""
+    path = ("bf16",)
+    raw = reader.get(path)
+    if not (isinstance(raw, str) and raw.strip().lower() == "auto"):
+        reader.take(path, "bf16", as_bool)
+        return
+    reader.put(
+        "bf16",
+        True,
+        path,
+        "bf16: auto is taken as true by HfArgumentParser.parse_yaml_file; no fp16 fallback",
+    )
+    reader.problem(
+        path,
+        "bf16: auto is not a TrainingArguments value: TrlParser (trl sft --config) stops on it, "
+        "HfArgumentParser.parse_yaml_file takes it as true, bf16 on every GPU (an error on one "
+        "without bf16); write true or false",
+    )
 
 
 def read_hf_peft(reader: DocumentReader) -> None:
