@@ -262,6 +262,54 @@ def test_each_phase_within_five_percent_of_a_cpu_step(case: Case) -> None:
         )
 
 
+@pytest.mark.parametrize(("rows", "prompt", "completion"), [(4, 16, 64), (8, 16, 128), (8, 64, 16)])
+def test_generation_beside_the_weights_within_five_percent(
+    rows: int, prompt: int, completion: int
+) -> None:
+    """What `generate` adds to the weights (its KV cache, the token ids, the last position's
+    logits, a block's intermediates at the prefill), measured alone: in the step above the
+    weights and optimizer states dwarf it."""
+    import transformers
+
+    config = dict(SMALL["llama"])
+    config.pop("architectures")
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model(**config), attn_implementation="sdpa"
+    )
+    model.train()
+    tracker = StorageTracker()
+    with tracker:
+        for tensor in list(model.parameters()) + list(model.buffers()):
+            tracker.track(tensor, "weights")
+        weights = tracker.current
+        tracker.reset_peak("activations")
+        prompts = torch.randint(3, config["vocab_size"], (rows, prompt))
+        with torch.no_grad():
+            model.generate(
+                input_ids=prompts,
+                attention_mask=torch.ones_like(prompts),
+                max_new_tokens=completion,
+                min_new_tokens=completion,
+                do_sample=True,
+                pad_token_id=0,
+                eos_token_id=None,
+                use_cache=True,
+                disable_compile=True,
+            )
+        measured = tracker.peak - weights
+    setup = TrainingSetup(batch=rows, seq=prompt + completion, precision="fp32", optim="sgd")
+    grpo = GrpoSetup(num_generations=2, max_prompt_length=prompt, max_completion_length=completion)
+    generate = estimate_grpo_budget(_spec(), setup, grpo, None).phase(Phase.GENERATE)
+    predicted = generate.allocated_bytes - sum(
+        term.bytes
+        for component, term in generate.components.items()
+        if component in (Component.WEIGHTS, Component.OPTIMIZER_STATES)
+    )
+    error = (predicted - measured) / measured
+    assert abs(error) <= TOLERANCE, f"measured {measured} B, predicted {predicted} B ({error:+.1%})"
+
+
 def _budget(case: Case, **grpo: Any) -> Any:
     fields = {
         "num_generations": case.generations,

@@ -287,7 +287,9 @@ def generation_phase(
     # the layer being updated: its old keys beside the new ones (torch.cat)
     one_layer = kv.bytes // max(2 * blocks, 1) if blocks else 0
     ids = 8 * rows * (p + c) * 2  # input_ids and attention mask (int64), grown by torch.cat
-    logits = 4 * rows * spec.vocab_size * 2  # the last position's logits in fp32, probabilities
+    # the last position's logits copied to fp32, the processed scores and the sampling
+    # probabilities: a step's are alive through the next step's forward
+    logits = 4 * rows * spec.vocab_size * 3
     last = kv.bytes + one_layer + ids + logits
     # the prefill: the prompt's cache, one block's intermediates without gradient
     prefill_cache = kv_cache_term(spec, replace(gen, seq=p)).bytes
@@ -317,7 +319,8 @@ def generation_phase(
             Component.TEMPORARIES: Term(
                 bytes=one_layer + ids + logits,
                 formula="one layer's keys copied as the cache grows + the token ids and mask "
-                "(int64) + the last position's fp32 logits and probabilities",
+                "(int64) + 3 × 4 B × rows × V (the last position's fp32 logits, processed "
+                "scores and sampling probabilities)",
             ),
         },
     )
