@@ -268,6 +268,51 @@ def test_a_factory_not_known_is_unknown_not_an_error() -> None:
     assert not any("internal error" in line for line in plan.problems)
 
 
+# -- deepspeed.add_config_arguments --------------------------------------------------------------
+
+
+def test_deepspeed_add_config_arguments_keeps_the_scripts_own_options() -> None:
+    # DeepSpeed-Chat's main.py: `parser = deepspeed.add_config_arguments(parser)` returns the
+    # same parser with DeepSpeed's --deepspeed/--deepspeed_config added
+    plan, text = read("deepspeed_chat_main.py")
+    batch = plan.per_device_train_batch_size
+    assert (batch.value, batch.source) == (16, CLI)
+    assert covered(text, batch.range) == (27, "16")
+    assert "--per_device_train_batch_size" in batch.note
+    assert (plan.max_seq_length.value, plan.max_seq_length.source) == (512, CLI)
+    assert not any("add_config_arguments" in line for line in plan.problems), plan.problems
+    # --model_name_or_path is required and has no default: the file alone does not name the
+    # model, and the problem says where it comes from
+    (problem,) = plan.problems
+    assert "model id" in problem and "--model_name_or_path is required" in problem
+
+
+def test_deepspeed_add_config_arguments_leaves_no_model_problem() -> None:
+    source = (
+        "import argparse\n"
+        "import deepspeed\n"
+        "from transformers import AutoModelForCausalLM\n"
+        "def parse_args():\n"
+        "    parser = argparse.ArgumentParser()\n"
+        '    parser.add_argument("--model_name_or_path", type=str, default="facebook/opt-1.3b")\n'
+        '    parser.add_argument("--zero_stage", type=int, default=0)\n'
+        "    parser = deepspeed.add_config_arguments(parser)\n"
+        "    return parser.parse_args()\n"
+        "args = parse_args()\n"
+        "model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path)\n"
+        "if args.deepspeed and args.deepspeed_config is None:\n"
+        "    model.gradient_checkpointing_enable()\n"
+    )
+    plan = plan_of(source)
+    assert plan.problems == []
+    assert plan.model_id is not None
+    assert (plan.model_id.value, plan.model_id.source) == ("facebook/opt-1.3b", CLI)
+    assert plan.model_id.range is not None and plan.model_id.range.start_line + 1 == 6
+    # a parser not known stays unknown: no options are made up for it
+    unknown = source.replace("parser = argparse.ArgumentParser()", "parser = make_parser()")
+    assert any("model id" in line for line in plan_of(unknown).problems)
+
+
 # -- unsloth's checkpointing --------------------------------------------------------------------
 
 

@@ -63,7 +63,27 @@ CALLS_BY_LEAF: dict[str, Handler] = {
     "TrlParser": dataclass_parser,
 }
 
+
+def deepspeed_arguments(found: Findings, callee: Symbol, args: CallArgs) -> Value | None:
+    """`parser = deepspeed.add_config_arguments(parser)`: DeepSpeed adds its own options to the
+    parser it is given and returns that parser (deepspeed/__init__.py `_add_core_arguments`,
+    DeepSpeed 0.19.8: the switches `--deepspeed` and `--deepscale`, the paths
+    `--deepspeed_config` and `--deepscale_config`, defaults False and None). The script's own
+    options stay as they are."""
+    parser = args.get("parser", 0)
+    if not isinstance(parser, ArgParserObject):
+        return None
+    for flag in ("--deepspeed", "--deepscale"):
+        note = f"{flag} not given (deepspeed.add_config_arguments)"
+        parser.arguments.setdefault(flag[2:], Known(False, args.node, Provenance.CLI_DEFAULT, note))
+    for flag in ("--deepspeed_config", "--deepscale_config"):
+        note = f"{flag} has no default (deepspeed.add_config_arguments)"
+        parser.arguments.setdefault(flag[2:], Known(None, args.node, Provenance.CLI_DEFAULT, note))
+    return parser
+
+
 CALLS_BY_NAME: dict[str, Handler] = {
+    "deepspeed.add_config_arguments": deepspeed_arguments,
     "argparse.ArgumentParser": argument_parser,
     "ArgumentParser": argument_parser,
     "os.environ.get": environment_default,
@@ -129,7 +149,13 @@ def add_argument(found: Findings, parser: ArgParserObject, args: CallArgs) -> No
             f"{flag} not given",
         )
     elif flag.startswith("-"):
-        value = Known(None, args.node, Provenance.CLI_DEFAULT, f"{flag} has no default")
+        required = args.keywords.get("required")
+        note = (
+            f"{flag} is required and has no default: its value is given when the script is run"
+            if required is not None and _truth(required)
+            else f"{flag} has no default"
+        )
+        value = Known(None, args.node, Provenance.CLI_DEFAULT, note)
     else:
         value = Unknown(f"the command-line argument {flag}")
     parser.arguments[dest] = value
