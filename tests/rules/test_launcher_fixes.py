@@ -8,6 +8,9 @@ kept) and its estimate read again, which is the title's number.
 
 from __future__ import annotations
 
+import argparse
+import re
+import shlex
 import shutil
 from pathlib import Path
 
@@ -291,3 +294,191 @@ def test_litgpt_launcher_qlora_and_micro_batch_are_its_own_flags(tmp_path: Path)
     after = fixed(path, HALVE)
     # the accumulation follows from the global batch, which stays
     assert after == text.replace("micro_batch_size 4", "micro_batch_size 2")
+
+
+# -- DeepSpeed-Chat launchers --------------------------------------------------------------------
+#
+# DeepSpeed-Chat's step 1 script (applications/DeepSpeed-Chat/training/
+# step1_supervised_finetuning/main.py, microsoft/DeepSpeedExamples f5c0ef6d) parses its flags with
+# its own argparse and `deepspeed.add_config_arguments`; a flag it does not declare stops it with
+# "unrecognized arguments". Its declarations, by kind, as that file writes them:
+DEEPSPEED_CHAT_LISTS = ("data_path", "sft_only_data_path")  # nargs="*"
+DEEPSPEED_CHAT_STRINGS = (
+    "data_split",
+    "data_output_path",
+    "model_name_or_path",
+    "output_dir",
+    "lora_module_name",
+    "tensorboard_path",
+    "eot_token",
+    "lr_scheduler_type",
+)
+DEEPSPEED_CHAT_INTS = (
+    "per_device_train_batch_size",
+    "per_device_eval_batch_size",
+    "max_seq_len",
+    "num_train_epochs",
+    "gradient_accumulation_steps",
+    "num_warmup_steps",
+    "seed",
+    "local_rank",
+    "zero_stage",
+    "lora_dim",
+)
+DEEPSPEED_CHAT_FLOATS = ("learning_rate", "weight_decay", "dropout", "lora_learning_rate")
+DEEPSPEED_CHAT_SWITCHES = (  # action="store_true"
+    "gradient_checkpointing",
+    "offload",
+    "only_optimize_lora",
+    "compute_fp32_loss",
+    "enable_tensorboard",
+    "add_eot_token",
+    "print_loss",
+    "deepspeed",  # deepspeed.add_config_arguments (DeepSpeed 0.19.8), as --deepscale
+    "deepscale",
+)
+DEEPSPEED_CHAT_PATHS = ("deepspeed_config", "deepscale_config")  # add_config_arguments
+DEEPSPEED_CHAT_DTYPES = ("fp16", "bf16")  # --dtype choices
+DEEPSPEED_CHAT_FIXTURES = ("deepspeed_chat_full.sh", "deepspeed_chat_lora.sh")
+# the variables the fixtures expand, as they are when the scripts run without arguments
+DEEPSPEED_CHAT_VARIABLES = {"$OUTPUT": "out", "$ZERO_STAGE": "3"}
+
+
+def deepspeed_chat_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="main.py", exit_on_error=False)
+    for name in DEEPSPEED_CHAT_LISTS:
+        parser.add_argument(f"--{name}", nargs="*")
+    for name in DEEPSPEED_CHAT_STRINGS + DEEPSPEED_CHAT_PATHS:
+        parser.add_argument(f"--{name}", type=str)
+    for name in DEEPSPEED_CHAT_INTS:
+        parser.add_argument(f"--{name}", type=int)
+    for name in DEEPSPEED_CHAT_FLOATS:
+        parser.add_argument(f"--{name}", type=float)
+    for name in DEEPSPEED_CHAT_SWITCHES:
+        parser.add_argument(f"--{name}", action="store_true")
+    parser.add_argument("--dtype", type=str, default="fp16", choices=DEEPSPEED_CHAT_DTYPES)
+    return parser
+
+
+def deepspeed_chat_arguments(text: str) -> argparse.Namespace:
+    """The launcher's `main.py ...` arguments parsed as main.py parses them; fails the test on
+    an argument main.py would stop on."""
+    joined = re.sub(r"\\\r?\n", " ", text)
+    for variable, value in DEEPSPEED_CHAT_VARIABLES.items():
+        joined = joined.replace(variable, value)
+    (line,) = [line for line in joined.splitlines() if " main.py " in line]
+    words = shlex.split(line.split(" main.py ", 1)[1], comments=True)
+    if "&>" in words:
+        words = words[: words.index("&>")]
+    parser = deepspeed_chat_parser()
+    try:
+        parsed, unknown = parser.parse_known_args(words)
+    except (argparse.ArgumentError, SystemExit) as error:
+        pytest.fail(f"main.py stops on {words}: {error}")
+    assert unknown == [], f"main.py stops on unrecognized arguments {unknown}"
+    return parsed
+
+
+def all_fixes(path: Path, text: str) -> dict[str, Fix]:
+    found: dict[str, Fix] = {}
+    for gpu in ("T4", "RTX-3080-10GB", "RTX-4090", "A100-40GB"):
+        for title, fix in fixes_of(path, text, gpu).items():
+            found.setdefault(f"{title} [{gpu}]", fix)
+    return found
+
+
+def lora_variant(tmp_path: Path, old: str, new: str) -> Path:
+    text = (SHELL / "deepspeed_chat_lora.sh").read_text(encoding="utf-8")
+    assert old in text
+    return write(tmp_path / "deepspeed_chat_lora.sh", text.replace(old, new))
+
+
+@pytest.mark.parametrize("name", DEEPSPEED_CHAT_FIXTURES)
+def test_deepspeed_chat_fixes_keep_the_command_line_that_main_py_parses(name: str) -> None:
+    path = SHELL / name
+    text = path.read_text(encoding="utf-8")
+    deepspeed_chat_arguments(text)  # the fixture as written runs
+    fixes = all_fixes(path, text)
+    for fix in fixes.values():
+        deepspeed_chat_arguments(apply_edits(text, fix.edits))
+    if name == "deepspeed_chat_full.sh":  # 15.8 GiB in fp16 without checkpointing
+        assert any(title.startswith(CHECKPOINTING) for title in fixes), sorted(fixes)
+        assert any(title.startswith(HALVE) for title in fixes), sorted(fixes)
+
+
+@pytest.mark.parametrize("name", DEEPSPEED_CHAT_FIXTURES)
+def test_deepspeed_chat_has_no_8bit_optimizer_liger_or_qlora_fix(name: str) -> None:
+    # main.py builds DeepSpeed's FusedAdam (DeepSpeedCPUAdam with --offload) itself and has no
+    # flag for a fused loss or 4-bit base weights
+    # (the LoRA run with 16 sequences a step, 8-bit AdamW and Liger would save memory)
+    path = SHELL / name
+    text = path.read_text(encoding="utf-8")
+    for batch in ("4", "8"):
+        text = text.replace(
+            f"--per_device_train_batch_size {batch} ", "--per_device_train_batch_size 16 "
+        )
+    titles = all_fixes(path, text)
+    assert titles, "the runs are made not to fit somewhere"
+    for title in titles:
+        assert "8-bit" not in title and LIGER not in title and QLORA not in title, title
+
+
+def test_deepspeed_chat_checkpointing_is_the_bare_switch() -> None:
+    path = SHELL / "deepspeed_chat_full.sh"
+    text = path.read_text(encoding="utf-8")
+    after = fixed(path, CHECKPOINTING, gpu="T4")
+    assert after == text.replace(
+        "   --output_dir $OUTPUT \\\n",
+        "   --output_dir $OUTPUT \\\n   --gradient_checkpointing \\\n",
+    )
+    plan = check_text(path, after, gpu="T4", hub=False).analysis.plan
+    assert plan.gradient_checkpointing.value is True
+    assert deepspeed_chat_arguments(after).gradient_checkpointing is True
+
+
+def test_deepspeed_chat_halving_edits_its_batch_and_accumulation_flags(tmp_path: Path) -> None:
+    path = lora_variant(
+        tmp_path, "   --gradient_checkpointing \\\n", ""
+    )  # 4 sequences of 1024 tokens on each GPU, every activation kept
+    text = path.read_text(encoding="utf-8")
+    after = fixed(path, HALVE, gpu="RTX-3080-10GB")
+    assert after == text.replace(
+        "--per_device_train_batch_size 4 ", "--per_device_train_batch_size 2 "
+    ).replace("--gradient_accumulation_steps 2 ", "--gradient_accumulation_steps 4 ")
+    plan = check_text(path, after, gpu="RTX-3080-10GB", hub=False).analysis.plan
+    assert plan.per_device_train_batch_size.value == 2
+    assert plan.gradient_accumulation_steps.value == 4
+    parsed = deepspeed_chat_arguments(after)
+    assert (parsed.per_device_train_batch_size, parsed.gradient_accumulation_steps) == (2, 4)
+
+
+def test_deepspeed_chat_bf16_is_its_dtype_flag(tmp_path: Path) -> None:
+    # `--dtype fp32` is read as fp32 (main.py at f5c0ef6d itself takes only fp16 or bf16): the
+    # fix writes a value it takes
+    path = lora_variant(tmp_path, "--dtype bf16", "--dtype fp32")
+    text = path.read_text(encoding="utf-8")
+    after = fixed(path, "Train in bf16 mixed precision", gpu="RTX-3080-10GB")
+    assert after == text.replace("--dtype fp32", "--dtype bf16")
+    plan = check_text(path, after, gpu="RTX-3080-10GB", hub=False).analysis.plan
+    assert plan.precision.value == "bf16"
+    assert deepspeed_chat_arguments(after).dtype == "bf16"
+
+
+def test_deepspeed_chat_script_beside_the_file_declares_what_is_added(tmp_path: Path) -> None:
+    # main.py beside the launcher: a flag is added only where main.py declares it
+    main = (FIXTURES / "python" / "followed" / "deepspeed_chat_main.py").read_text("utf-8")
+    shutil.copy(SHELL / "deepspeed_chat_full.sh", tmp_path / "run.sh")
+    path = tmp_path / "run.sh"
+    text = path.read_text(encoding="utf-8")
+    write(tmp_path / "main.py", main)
+    titles = fixes_of(path, text, "T4")
+    assert any(title.startswith(CHECKPOINTING) for title in titles), sorted(titles)
+    assert not any("8-bit" in title or LIGER in title for title in titles), sorted(titles)
+    without = main.replace(
+        '    parser.add_argument("--gradient_checkpointing", action="store_true")\n', ""
+    )
+    assert without != main
+    write(tmp_path / "main.py", without)
+    titles = fixes_of(path, text, "T4")
+    assert not any(title.startswith(CHECKPOINTING) for title in titles), sorted(titles)
+    assert any(title.startswith(HALVE) for title in titles), sorted(titles)

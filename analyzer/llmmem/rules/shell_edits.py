@@ -10,6 +10,9 @@ A lever (`fixes.CANDIDATES`) is spelled the way the program the launcher starts 
   (`--gradient_checkpointing`, `--optim adamw_bnb_8bit`), a boolean as the bare flag;
 - a script with its own `argparse` options: only those options (a flag it does not define would
   stop it with "unrecognized arguments"), a `store_true` option as the bare flag;
+- a DeepSpeed-Chat training script (`deepspeed main.py --zero_stage 3 --lora_dim 64 ...`, as
+  `extract/shell` recognises it): the flags of its own argparse (`DEEPSPEED_CHAT` below), and
+  no fix where it has none;
 - `tune run`: torchtune's `key=value` overrides (`enable_activation_checkpointing=True`),
   `llamafactory-cli train`: LLaMA-Factory's (`disable_gradient_checkpointing=false`),
   `litgpt`: its `--train.micro_batch_size 2` flags; keys and values from the framework's table
@@ -42,13 +45,15 @@ from llmmem.extract.shell import (
     ShellPlanReader,
     ShellWord,
     WordSlice,
+    is_deepspeed_chat,
     option_name,
     parse_override_value,
+    program_options,
     settings_by_key,
 )
 from llmmem.plan import Provenance, SourceRange
 from llmmem.rules.finding import TextEdit
-from llmmem.rules.spellings import HF, SPELLINGS, TRL, KeyWrite
+from llmmem.rules.spellings import HF, SPELLINGS, TRL, KeyWrite, Spelling
 from llmmem.scenario import Analysis
 
 # programs whose flags are HF TrainingArguments names: a script that reads them with one of these
@@ -66,6 +71,28 @@ HF_FLAG_NAMES = frozenset(
 )
 # the plan key each HF flag feeds, where a script's own argparse option may stand for it
 PLAN_KEYS = {"bf16": "precision"}
+
+# DeepSpeed-Chat's step 1 script (applications/DeepSpeed-Chat/training/
+# step1_supervised_finetuning/main.py, microsoft/DeepSpeedExamples f5c0ef6d) reads only its own
+# argparse options plus DeepSpeed's (`deepspeed.add_config_arguments`: --deepspeed,
+# --deepspeed_config); anything else stops it with "unrecognized arguments". The levers it has
+# a flag for:
+#   micro-batch     --per_device_train_batch_size N, --gradient_accumulation_steps N (int)
+#   checkpointing   --gradient_checkpointing (store_true: bare)
+#   precision       --dtype bf16 (choices fp16, bf16; default fp16)
+# and, for changes llmmem does not offer as fixes, --zero_stage N (int, default 0), --offload
+# (store_true: ZeRO-Offload of the optimizer, and of the parameters under ZeRO-3), --lora_dim N
+# with --only_optimize_lora (store_true). It builds its optimizer in code (DeepSpeed's
+# FusedAdam, DeepSpeedCPUAdam with --offload): no 8-bit optimizer; no Liger loss, no 4-bit base
+# weights (QLoRA): those levers have no entry, so no fix is offered for them.
+DEEPSPEED_CHAT: dict[str, Spelling] = {
+    "grad-ckpt": (KeyWrite(("gradient_checkpointing",), True),),
+    "bf16": (KeyWrite(("dtype",), "bf16"),),
+    "halve-batch": HF["halve-batch"],
+}
+ADD_ARGUMENT = re.compile(
+    r"""\.add_argument\(\s*(?:['"]-[^'"]*['"]\s*,\s*)*['"]--([A-Za-z0-9_\-]+)['"]"""
+)
 
 
 @dataclass(frozen=True)
@@ -92,8 +119,9 @@ class Dialect:
     bare_true: bool  # a new boolean flag is written bare
     table: dict[str, tuple[KeyWrite, ...]] | None  # lever -> keys
     script_options: dict[str, ScriptOption] | None = None  # plan key -> option (argparse)
-    hf_flags: bool = True  # the program takes HF names it does not define itself
+    hf_flags: bool = True  # the program takes the table's names (HF's) it does not define itself
     add: bool = True  # flags not on the command line may be added
+    defined: frozenset[str] | None = None  # the only flags that may be added (None: any)
 
 
 def launcher_edits(analysis: Analysis, text: str, lever: str) -> list[TextEdit] | None:
@@ -177,28 +205,47 @@ def launcher_dialect(
         return Dialect("flag", "True", True, TRL)
     if launch.target_kind == "config":
         return None
-    return _script_dialect(reader, launch, written)
+    path, script_text = _launched_script(reader, launch)
+    names = set(program_options(launch.arguments))
+    if is_deepspeed_chat(launch, names, script_text):
+        return _deepspeed_chat_dialect(script_text)
+    return _script_dialect(launch, written, path, script_text)
 
 
 def _table(dialect: str) -> dict[str, tuple[KeyWrite, ...]]:
     return SPELLINGS.get(dialect, {})
 
 
-def _script_dialect(reader: ShellPlanReader, launch: Launch, written: list[Written]) -> Dialect:
+def _launched_script(reader: ShellPlanReader, launch: Launch) -> tuple[Path | None, str | None]:
+    """The started script's path and text, where it is beside the file and readable."""
+    if launch.target is None or launch.target_kind not in ("script", "module"):
+        return None, None
+    path = reader.target_path(launch, reader.working_directory(launch))
+    if path is None:
+        return None, None
+    try:
+        return path, path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return path, None
+
+
+def _deepspeed_chat_dialect(script_text: str | None) -> Dialect:
+    """DeepSpeed-Chat's own flags; where its script is beside the file, a flag is added only
+    when the script declares it (`parser.add_argument("--gradient_checkpointing", ...)`)."""
+    defined = None
+    if script_text is not None:
+        defined = frozenset(name.replace("-", "_") for name in ADD_ARGUMENT.findall(script_text))
+    return Dialect("flag", "True", True, DEEPSPEED_CHAT, defined=defined)
+
+
+def _script_dialect(
+    launch: Launch, written: list[Written], path: Path | None, script_text: str | None
+) -> Dialect:
     """HF flags for a script parsing them (or one not found whose command line uses them);
     only its own options for an argparse script. A script given a config file
     (`python train.py config.yaml`, read with `parse_yaml_file`) reads its settings from that
     file, not from flags: flags already written are edited, none is added."""
     given_config = _positional_config(launch)
-    script_text: str | None = None
-    path: Path | None = None
-    if launch.target is not None and launch.target_kind in ("script", "module"):
-        path = reader.target_path(launch, reader.working_directory(launch))
-    if path is not None:
-        try:
-            script_text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            script_text = None
     if script_text is None:
         hf = any(flag.name in HF_FLAG_NAMES for flag in written)
         return Dialect("flag", "True", True, HF, {}, hf_flags=hf, add=hf and not given_config)
@@ -446,6 +493,8 @@ def _new_flag(key: str, value: Any, dialect: Dialect) -> str | None:
         return None
     if dialect.style == "override":
         return f"{key}={_quoted(_literal(value, dialect))}"
+    if dialect.defined is not None and key not in dialect.defined:
+        return None  # the script does not declare the flag: it would stop on it
     option = _script_option_for(key, dialect)
     if option is not None:
         if option.flag_only:
