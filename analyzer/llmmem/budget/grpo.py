@@ -411,8 +411,10 @@ def estimate_grpo_budget(
     generating = running if grpo.vllm is None else held_training
     phases = [generation_phase(spec, setup, grpo, generating, vllm)]
     lp = grpo_log_probs(spec, policy_setup, grpo)
-    # autocast caches the casts of trainable weights only: a frozen reference casts per op
-    no_grad_held = running if old_log_probs(grpo, setup) else held_training
+    # autocast caches the casts of trainable weights only: a frozen reference casts per op;
+    # a k-bit base is dequantized in every forward, with or without its adapter
+    cached = old_log_probs(grpo, setup) or setup.quant is not None
+    no_grad_held = running if cached else held_training
     no_grad = no_grad_phase(spec, policy_setup, grpo, no_grad_held, lp, reference)
     if no_grad is not None:
         phases.append(no_grad)
