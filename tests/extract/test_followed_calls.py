@@ -145,6 +145,65 @@ def test_the_trainers_own_length_wins_over_the_tokenizers() -> None:
     assert plan.max_seq_length.range.start_line == 6  # the SFTConfig line
 
 
+SFT_HEAD = (
+    "from datasets import load_dataset\n"
+    "from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments\n"
+    "from trl import SFTConfig, SFTTrainer\n"
+    'tokenizer = AutoTokenizer.from_pretrained("Qwen/Qwen2.5-0.5B")\n'
+    'ds = load_dataset("json", data_files="t.jsonl", split="train")\n'
+    'ds = ds.map(lambda b: tokenizer(b["text"], truncation=True, max_length={length}))\n'
+)
+SFT_RUN = 'SFTTrainer(model="Qwen/Qwen2.5-0.5B", args=config, train_dataset=ds).train()\n'
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        'config = SFTConfig(output_dir="o")\n',
+        'config = TrainingArguments(output_dir="o")\n',  # SFTTrainer makes it an SFTConfig
+        "config = None\n",  # SFTTrainer's own SFTConfig
+    ],
+)
+def test_sft_trainer_cuts_a_tokenized_dataset_to_its_default_max_length(config: str) -> None:
+    # TRL 0.29.1 SFTTrainer._prepare_dataset truncates a dataset that already has input_ids to
+    # SFTConfig.max_length, 1024 unless written: the step sees 1024 tokens, not the 4096 the
+    # tokenizer was allowed
+    plan = plan_of(SFT_HEAD.format(length=4096) + config + SFT_RUN)
+    found = plan.max_seq_length
+    assert (found.value, found.source) == (1024, Provenance.DEFAULT)
+    assert "TRL 0.29.1" in found.note and "max_length=4096" in found.note
+    assert found.range is not None
+    assert found.range.start_line == (6 if config != "config = None\n" else 7)
+
+
+def test_sft_trainer_keeps_a_shorter_tokenizer_length() -> None:
+    source = SFT_HEAD.format(length=512) + 'config = SFTConfig(output_dir="o")\n' + SFT_RUN
+    found = plan_of(source).max_seq_length
+    assert (found.value, found.source) == (512, Provenance.EXPLICIT)
+    assert found.range is not None and found.range.start_line == 5  # the tokenizer call
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        'config = SFTConfig(output_dir="o", max_length=None)\n',  # no cut
+        'config = SFTConfig(output_dir="o", dataset_kwargs={"skip_prepare_dataset": True})\n',
+    ],
+)
+def test_sft_trainer_that_does_not_cut_keeps_the_tokenizers_length(config: str) -> None:
+    found = plan_of(SFT_HEAD.format(length=4096) + config + SFT_RUN).max_seq_length
+    assert (found.value, found.source) == (4096, Provenance.EXPLICIT)
+
+
+def test_hf_trainer_keeps_the_tokenizers_length() -> None:
+    source = SFT_HEAD.format(length=4096) + (
+        'model = AutoModelForCausalLM.from_pretrained("Qwen/Qwen2.5-0.5B")\n'
+        'Trainer(model=model, args=TrainingArguments("o"), train_dataset=ds).train()\n'
+    )
+    found = plan_of(source).max_seq_length
+    assert (found.value, found.source) == (4096, Provenance.EXPLICIT)
+
+
 def test_a_lambda_called_in_the_script_gives_its_value() -> None:
     source = (
         "from trl import SFTConfig, SFTTrainer\n"

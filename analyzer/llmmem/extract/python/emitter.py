@@ -44,6 +44,8 @@ from llmmem.files import UnreadableFile, read_file_bytes
 from llmmem.plan import Provenance
 
 MAX_DEEPSPEED_CONFIG_BYTES = 1_000_000
+# TRL 0.29.1 SFTConfig.max_length (trl/trainer/sft_config.py)
+SFT_DEFAULT_MAX_LENGTH = 1024
 
 
 class PlanEmitter:
@@ -93,8 +95,12 @@ class PlanEmitter:
             known = settle(tokenizer.model_max_length)
             if known is not None and isinstance(known.value, int) and known.value < 1_000_000:
                 self.set_known("max_seq_length", known, "tokenizer model_max_length")
+        cut = self.sft_truncation(trainer, config)
         for length in reader.tokenizer_lengths:
-            self.set_known("max_seq_length", length)
+            if cut is not None and isinstance(length.value, int) and length.value > cut:
+                self.set_sft_truncation(trainer, config, cut, length)
+            else:
+                self.set_known("max_seq_length", length)
         for flag, known in reader.precision_flags:
             self.set_known(flag, known)
         for known in reader.accumulation:
@@ -142,6 +148,55 @@ class PlanEmitter:
                 self.source.range_of(trainer.args.node),
             )
         return framework, config_class
+
+    # -- TRL's SFTTrainer cuts a tokenized dataset -------------------------------------------
+
+    def sft_truncation(
+        self, trainer: TrainerObject | None, config: ConfigObject | None
+    ) -> int | None:
+        """The length TRL's SFTTrainer cuts every sequence of its dataset to, where the script
+        leaves `max_length` to its default: TRL 0.29.1 `SFTTrainer._prepare_dataset` truncates
+        to `SFTConfig.max_length` (default 1024) a dataset already tokenized (an `input_ids`
+        column) as much as text it tokenizes itself, unless `dataset_kwargs` says
+        `skip_prepare_dataset` (a `TrainingArguments` given to it becomes an `SFTConfig` with
+        that default). None where it does not apply: another trainer (HF `Trainer` keeps the
+        tokenizer's length), a `max_length` written (None included: no cut), packing (the
+        sequence is then the packed length, not modelled here)."""
+        if trainer is None or trainer.class_name != "SFTTrainer":
+            return None
+        if any(name in trainer.args.keywords for name in ("max_length", "max_seq_length")):
+            return None
+        if config is None:  # no `args`: SFTTrainer makes an SFTConfig of its defaults
+            given = trainer.args.get("args", TRAINER_CLASSES[trainer.class_name][1])
+            if given is not None and not (isinstance(given, Known) and given.value is None):
+                return None
+            return SFT_DEFAULT_MAX_LENGTH
+        fields = config.fields
+        if config.unread or any(name in fields for name in ("max_length", "max_seq_length")):
+            return None
+        if "packing" in fields and _truth(fields["packing"]) is not False:
+            return None
+        if "dataset_kwargs" in fields:
+            given = fields["dataset_kwargs"]
+            if not isinstance(given, DictValue) or given.unread:
+                return None
+            skip = given.entries.get("skip_prepare_dataset")
+            if skip is not None and _truth(skip) is not False:
+                return None
+        return SFT_DEFAULT_MAX_LENGTH
+
+    def set_sft_truncation(
+        self, trainer: TrainerObject | None, config: ConfigObject | None, cut: int, length: Known
+    ) -> None:
+        node = config.node if config is not None else trainer.args.node if trainer else None
+        self.builder.set(
+            "max_seq_length",
+            cut,
+            Provenance.DEFAULT,
+            self.source.range_of(node) if node is not None else None,
+            f"SFTTrainer truncates the tokenized dataset to SFTConfig.max_length, default {cut} "
+            f"(TRL 0.29.1), shorter than the tokenizer's max_length={length.value}",
+        )
 
     # -- choices -----------------------------------------------------------------------------
 
