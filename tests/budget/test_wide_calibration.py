@@ -38,25 +38,16 @@ pytestmark = pytest.mark.skipif(
     not WIDE_CALIBRATION_FILE.exists(), reason="../shared/calibration is not beside the repo"
 )
 
-MEDIAN_BOUND = 0.06  # reached: 5.6% over all 43 rows
-WITHIN_10_AT_LEAST = 27  # of 43
+MEDIAN_BOUND = 0.04  # reached: 3.7% over all 43 rows
+WITHIN_10_AT_LEAST = 39  # of 43
 ROW_BOUND = 0.12
 OUTSIDE = {
-    # the nvidia-smi column is sampled in a side process: the caching allocator keeps more beside
-    # the allocated peak than the slack term explains (the allocated peak of the same runs is
-    # within 4%)
-    "fms-mistral7b-qlora-bs4-nvml": "allocator cache under nvidia-smi, not explained",
-    "fms-mistral7b-qlora-bs8-nvml": "allocator cache under nvidia-smi, not explained",
     "fms-llama2-70b-qlora-fsdp2-bs2": "FSDP-QLoRA of a 70B reads 10 GiB low: not explained",
-    # fsdp_qlora's reserved peaks: its own loop and allocator history, not modelled
-    "aai-l2-7b-qlora-fsdp-ctx512-bs1": "fsdp_qlora's reserved memory reads low",
-    "aai-l2-7b-qlora-noshard-ctx2048-bs8": "fsdp_qlora's reserved memory reads low",
-    "aai-l2-7b-qlora-fsdp-ctx2048-bs4": "fsdp_qlora's reserved memory reads low",
-    "aai-l2-7b-qlora-fsdp-ctx2048-bs10": "fsdp_qlora's reserved memory reads low",
-    "aai-l2-7b-lora-fsdp-ctx2048-bs4": "fsdp_qlora's reserved memory reads low",
-    "aai-l2-7b-lora-fsdp-ctx2048-bs6": "fsdp_qlora's reserved memory reads low",
-    "aai-l2-70b-qlora-fsdp-cpuoffload-ctx2048-bs2": "FSDP CPU offload's device buffers",
-    "aai-mistral-7b-v02-qlora-fsdp-cpuoffload-ctx24576-bs1": "FSDP CPU offload's device buffers",
+    # max_memory_reserved over the whole run, model loading included: fsdp_qlora loads and
+    # quantizes the model layer by layer on the GPU before wrapping it; at 512 tokens the
+    # step's own reserved peak (4.1 GiB) stays under what loading left, at 2048 it does not
+    # (that row is within 0.1%). Loading is not modelled.
+    "aai-l2-7b-qlora-fsdp-ctx512-bs1": "the run's peak is at model loading, not in the step",
 }
 SKIPPED: dict[str, str] = {}  # every row is expressible
 

@@ -162,7 +162,8 @@ def test_trainer_runs_narrow_the_band_of_the_same_setup(cpu_run: Path, workspace
     assert "local run" not in before["band_basis"]
     class_width = before["band_high_bytes"] - before["band_low_bytes"]
     allocated = predicted_allocated(before)
-    for n, ratio in enumerate((1.01, 1.02, 1.03)):
+    # three runs that agree within 0.4%: the band they give is narrower than the class's
+    for n, ratio in enumerate((1.010, 1.012, 1.014)):
         run = as_gpu_run(cpu_run, workspace / f"run{n}", round(allocated * ratio))
         out = llmmem(
             "calibrate", "add", str(run), "--for", "train.py", "--gpu", "A100-80GB", cwd=workspace

@@ -22,6 +22,8 @@ Measured on an H100 80GB (torch 2.11.0+cu130, CUDA 13.0, driver 580.159, transfo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from llmmem.budget.result import Overhead, Term
 from llmmem.budget.setup import TrainingSetup
 from llmmem.units import MIB, format_bytes
@@ -39,7 +41,37 @@ CUBLAS_HANDLES = 2  # the forward/optimizer thread and autograd's backward threa
 NCCL_BUFFERS = 768 * MIB  # NCCL_BUFFSIZE × channels × peers for an 8-GPU node, typical
 
 
-def allocator_slack(transient_bytes: int, live_tensors: int, logits_hole_bytes: int = 0) -> Term:
+@dataclass(frozen=True)
+class CachedAtLoss:
+    """Blocks the allocator holds unused while a later step computes its loss, beyond the
+    allocated peak: `bytes` in all, of which `recomputed` are the last backward's recomputed
+    block and `states_spill` the loss blocks the first step's optimizer states were cut from."""
+
+    bytes: int
+    recomputed: int
+    states_spill: int
+
+    def text(self) -> str:
+        parts = []
+        if self.recomputed:
+            parts.append(f"the recomputed block's {format_bytes(self.recomputed)}")
+        if self.states_spill:
+            parts.append(
+                f"{format_bytes(self.states_spill)} of the loss's blocks that the first step's "
+                "optimizer states were cut from"
+            )
+        return (
+            f" + {format_bytes(self.bytes)} cached but too small for the loss's tensors when it "
+            f"runs (over the allocated peak): {' and '.join(parts)}"
+        )
+
+
+def allocator_slack(
+    transient_bytes: int,
+    live_tensors: int,
+    logits_hole_bytes: int = 0,
+    cached_at_loss: CachedAtLoss | None = None,
+) -> Term:
     rounding = live_tensors * SEGMENT_ROUNDING // 2
     fragmentation = round(FRAGMENTATION_SHARE * transient_bytes)
     hole = (
@@ -48,11 +80,13 @@ def allocator_slack(transient_bytes: int, live_tensors: int, logits_hole_bytes: 
         if logits_hole_bytes
         else ""
     )
+    cached = cached_at_loss.bytes if cached_at_loss is not None else 0
+    cached_text = cached_at_loss.text() if cached_at_loss is not None else ""
     return Term(
-        bytes=rounding + fragmentation + logits_hole_bytes,
+        bytes=rounding + fragmentation + logits_hole_bytes + cached,
         formula=(
             f"{FRAGMENTATION_SHARE:.0%} of the {format_bytes(transient_bytes)} that churn in a step"
-            f" + ½ × 2 MiB rounding × {live_tensors} large tensors{hole}"
+            f" + ½ × 2 MiB rounding × {live_tensors} large tensors{hole}{cached_text}"
         ),
         note="reserved minus allocated; "
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True shrinks it",
@@ -88,11 +122,17 @@ def nccl_buffers(setup: TrainingSetup) -> Term | None:
 
 
 def overhead_terms(
-    setup: TrainingSetup, transient_bytes: int, live_tensors: int, logits_hole_bytes: int = 0
+    setup: TrainingSetup,
+    transient_bytes: int,
+    live_tensors: int,
+    logits_hole_bytes: int = 0,
+    cached_at_loss: CachedAtLoss | None = None,
 ) -> dict[Overhead, Term]:
     terms = {
         Overhead.CUBLAS_WORKSPACES: cublas_workspaces(),
-        Overhead.ALLOCATOR_SLACK: allocator_slack(transient_bytes, live_tensors, logits_hole_bytes),
+        Overhead.ALLOCATOR_SLACK: allocator_slack(
+            transient_bytes, live_tensors, logits_hole_bytes, cached_at_loss
+        ),
         Overhead.CUDA_CONTEXT: cuda_context(setup),
     }
     nccl = nccl_buffers(setup)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from llmmem.budget.activations import (
+    ActivationEstimate,
     checkpoint_input_bytes,
     dtypes_for,
     estimate_activations,
@@ -34,9 +35,9 @@ from llmmem.budget.distributed import (
     reduce_bucket_elements,
     sharding_for,
 )
-from llmmem.budget.logits import logits_hole, logits_moments
+from llmmem.budget.logits import LogitsMoments, logits_count, logits_hole, logits_moments
 from llmmem.budget.optimizers import OptimizerSpec, find_optimizer
-from llmmem.budget.overheads import overhead_terms, reserved_and_device_total
+from llmmem.budget.overheads import CachedAtLoss, overhead_terms, reserved_and_device_total
 from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
 from llmmem.budget.setup import Method, Mode, Precision, TrainingSetup
 from llmmem.budget.weights import Inventory, ParameterGroup, build_inventory
@@ -756,7 +757,8 @@ def estimate_budget(
     # the big persistent tensors each waste up to a segment's rounding: parameters, their
     # gradients and states, and the per-block activations
     live_tensors = sum(g.tensors for g in inv.groups if g.numel * g.bytes_per_param > 2**20)
-    overheads = overhead_terms(setup, transient, live_tensors, logits_hole(spec, setup))
+    cached = _cached_at_the_loss(spec, run, setup, phases, peak, recompute, acts, logits)
+    overheads = overhead_terms(setup, transient, live_tensors, logits_hole(spec, setup), cached)
     reserved, device_total = reserved_and_device_total(peak.allocated_bytes, overheads)
     if shard.shard_group > 1:
         notes.append(f"per device, {shard.label}")
@@ -782,6 +784,52 @@ def estimate_budget(
 
 
 FSDP_GRAD_BLOCKS = 2
+
+
+def _cached_at_the_loss(
+    spec: ModelSpec,
+    run: TrainingSetup,
+    setup: TrainingSetup,
+    phases: list[PhaseBudget],
+    peak: PhaseBudget,
+    recompute: int,
+    acts: ActivationEstimate,
+    logits: LogitsMoments,
+) -> CachedAtLoss | None:
+    """What the caching allocator holds, unused, when the loss is computed in a later step:
+    blocks cut for earlier moments that are too small for the logits' tensors. Found by
+    replaying simulated steps through the allocator's rules and checked against reserved peaks
+    measured on an H100 (bench/allocator_replay.py):
+
+    - with checkpointing, the recomputed block's tensors of the last backward, cached in blocks
+      sized for them, are all free while the loss runs;
+    - optimizer states made lazily in the first step (torch and bitsandbytes optimizers) are
+      carved from the cached blocks that step freed, smallest first: what the activations'
+      blocks cannot take lands in the loss's, which the next step's loss has to make again.
+    """
+    if not spec.is_causal_lm or setup.mode is Mode.GENERATE:
+        return None
+    at_loss = [p.allocated_bytes for p in phases if p.phase in (Phase.FORWARD, Phase.BACKWARD)]
+    if not at_loss:
+        return None
+    recomputed = recompute if setup.grad_ckpt else 0
+    states_term = peak.components.get(Component.OPTIMIZER_STATES)
+    states = states_term.bytes if states_term is not None else 0
+    lazy_states = not (
+        setup.first_step or setup.optimizer_in_backward or setup.distributed.zero_stage
+    )
+    spill = 0
+    if states and lazy_states:
+        # the activations' blocks freed by the first backward: with checkpointing one block's
+        # tensors and their gradients, without it every block's
+        activation_blocks = 2 * recompute if setup.grad_ckpt else acts.full_bytes
+        e = dtypes_for(run).compute
+        loss_blocks = logits.backward_start + (e * logits_count(spec, run) if e != 4 else 0)
+        spill = min(max(0, states - activation_blocks), loss_blocks)
+    extra = max(at_loss) + recomputed + spill - peak.allocated_bytes
+    if extra <= 0:
+        return None
+    return CachedAtLoss(extra, recomputed, spill)
 
 
 def _fsdp_block_moments(
