@@ -40,9 +40,9 @@ pytestmark = pytest.mark.skipif(
 
 BAND_EDGE = 0.12  # each end of a band within ±12% of the estimate, where the evidence allows
 WIDER = {
-    # one fsdp_qlora row whose reserved peak is at model loading (512 tokens: the step's own
-    # peak stays under what layer-by-layer quantization on the GPU left reserved)
-    "hf/qlora/reserved/FSDP": "a run whose reserved peak is at model loading",
+    # one fsdp_qlora row reads 0.9 GiB above the estimate at 512 tokens (the same setup at 2048
+    # tokens is within 0.1%): not explained, see test_wide_calibration.OUTSIDE
+    "hf/qlora/reserved/FSDP": "one fsdp_qlora row not explained",
 }
 LLAMA_8B = "meta-llama/Llama-3.1-8B"
 
