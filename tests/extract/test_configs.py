@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmmem.extract.configs import detect_framework, extract_config_plan, torchtune_model
+from llmmem.extract.configs import detect_framework, extract_config_plan
+from llmmem.extract.frameworks.torchtune import torchtune_model
 from llmmem.extract.pragmas import ProjectSettings
 from llmmem.extract.yaml_positions import read_positioned_yaml
 from llmmem.models.architectures import spec_from_config

@@ -34,35 +34,23 @@ from pathlib import Path
 from typing import Any
 
 from llmmem.extract.builder import PlanBuilder
-from llmmem.extract.frameworks.accelerate import (
-    FSDP_STRATEGY_NAMES,
-    is_accelerate_config,
-    read_accelerate,
-)
+from llmmem.extract.frameworks.accelerate import is_accelerate_config, read_accelerate
 from llmmem.extract.frameworks.axolotl import is_axolotl_config, read_axolotl
 from llmmem.extract.frameworks.common import (
     ConfigReading,
     DocumentReader,
-    Setting,
     config_kind,
     holds_mapping,
     parse_config_text,
 )
 from llmmem.extract.frameworks.deepspeed import is_deepspeed_config, read_deepspeed_file
 from llmmem.extract.frameworks.hf_yaml import is_trl_config, read_hf
-from llmmem.extract.frameworks.litgpt import LITGPT_LORA_DEFAULTS, is_litgpt_config, read_litgpt
+from llmmem.extract.frameworks.litgpt import is_litgpt_config, read_litgpt
 from llmmem.extract.frameworks.llamafactory import is_llamafactory_config, read_llamafactory
-from llmmem.extract.frameworks.torchtune import is_torchtune_config, read_torchtune, torchtune_model
+from llmmem.extract.frameworks.torchtune import is_torchtune_config, read_torchtune
 from llmmem.extract.frameworks.verl import is_verl_config, read_verl
 from llmmem.extract.pragmas import ProjectSettings, apply_project_settings
-from llmmem.extract.text import (
-    apply_file_pragmas,
-    decode_text,
-    display_path,
-    plan_from_problems,
-    read_text_file,
-    resolve_reference,
-)
+from llmmem.extract.text import apply_file_pragmas, plan_from_problems
 from llmmem.extract.yaml_positions import KeyPath, PositionedYaml
 from llmmem.plan import SourceRange, TrainingPlan
 
@@ -76,17 +64,6 @@ __all__ = [
     "extract_config_plan",
     "overlay_document",
     "read_config",
-    # re-exported for shell/notebook until they import llmmem.extract.text
-    "FSDP_STRATEGY_NAMES",
-    "LITGPT_LORA_DEFAULTS",
-    "Setting",
-    "apply_file_pragmas",
-    "decode_text",
-    "display_path",
-    "plan_from_problems",
-    "read_text_file",
-    "resolve_reference",
-    "torchtune_model",
 ]
 
 # --------------------------------------------------------------------------------------------

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmmem.extract.configs import decode_text, plan_from_problems
 from llmmem.extract.pragmas import ProjectSettings
+from llmmem.extract.text import decode_text, plan_from_problems
 from llmmem.plan import SourceRange, TrainingPlan
 
 MAX_NOTEBOOK_BYTES = 50_000_000  # outputs with images make notebooks large

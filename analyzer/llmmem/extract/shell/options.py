@@ -12,7 +12,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from llmmem.extract.configs import FSDP_STRATEGY_NAMES, ConfigReading, Setting, read_config
+from llmmem.extract.configs import ConfigReading, read_config
+from llmmem.extract.frameworks.accelerate import FSDP_STRATEGY_NAMES
+from llmmem.extract.frameworks.common import Setting
 from llmmem.extract.shell.expand import ShellWord
 from llmmem.extract.shell.launchers import CommandOption, Launch, WordSlice, program_options
 from llmmem.extract.shell.lexer import describe_offset, offset_to_position

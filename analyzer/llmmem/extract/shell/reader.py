@@ -14,15 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from llmmem.extract.builder import PlanBuilder
-from llmmem.extract.configs import (
-    FRAMEWORK_CONFIG_CLASSES,
-    LITGPT_LORA_DEFAULTS,
-    ConfigReading,
-    Override,
-    Setting,
-    read_config,
-    torchtune_model,
-)
+from llmmem.extract.configs import FRAMEWORK_CONFIG_CLASSES, ConfigReading, Override, read_config
+from llmmem.extract.frameworks.common import Setting
+from llmmem.extract.frameworks.litgpt import LITGPT_LORA_DEFAULTS
+from llmmem.extract.frameworks.torchtune import torchtune_model
 from llmmem.extract.pragmas import ProjectSettings, apply_project_settings
 from llmmem.extract.shell.expand import ShellExpander, ShellWord
 from llmmem.extract.shell.launchers import (
