@@ -91,7 +91,9 @@ def grpo_setup(plan: TrainingPlan) -> Any:
 
 def grpo_assumed_note(plan: TrainingPlan) -> str | None:
     """For a GRPO plan, the GRPOConfig fields that change the memory and that the plan does
-    not carry: the budget takes TRL 0.29.1's defaults for them."""
+    not carry: the budget takes TRL 0.29.1's defaults for them. A Python script's plan carries
+    them all (the file's values, else TRL's defaults with their provenance); a config file's
+    reader may not."""
     if objective_of(plan) is not Objective.GRPO:
         return None
     defaults = {
@@ -100,7 +102,7 @@ def grpo_assumed_note(plan: TrainingPlan) -> str | None:
         "use_vllm": "False",
         "steps_per_generation": "gradient_accumulation_steps",
     }
-    missing = [f"{key}={value}" for key, value in defaults.items() if _kept(plan, key) is None]
+    missing = [f"{key}={value}" for key, value in defaults.items() if key not in plan.extra]
     if not missing:
         return None
     return (
@@ -137,22 +139,31 @@ def reference_row(plan: TrainingPlan, method: Any) -> Sourced[str] | None:
         return None
     reference, why = reference_of(plan)
     if objective is Objective.GRPO:
+        kept = plan.extra.get("beta")
         beta = _kept(plan, "beta")
+        if isinstance(kept, Sourced):
+            source, where = kept.source, kept.range or plan.trainer_range
+        else:
+            source = Provenance.DEFAULT if beta is None else Provenance.EXPLICIT
+            where = plan.trainer_range
         try:
             with_reference = float(beta) != 0 if beta is not None else False
         except (TypeError, ValueError):
             with_reference = False
         full = str(getattr(method, "value", method)) == "full"
+        default = " (TRL 0.29.1's default)" if source is Provenance.DEFAULT else ""
         if not with_reference:
             reference = Reference.NONE
-            why = "beta = 0" + (" (TRL 0.29's default)" if beta is None else "")
+            why = "beta = 0" + default
         else:
             reference = Reference.COPY if full else Reference.ADAPTER
-            why = f"beta = {beta}: " + ("a second model" if full else "the adapter disabled")
+            why = f"beta = {beta}{default}: " + (
+                "a second model" if full else "the adapter disabled"
+            )
         return Sourced(
             value=f"{reference.value}: {REFERENCE_TEXT[reference]}",
-            source=Provenance.DEFAULT if beta is None else Provenance.EXPLICIT,
-            range=plan.trainer_range,
+            source=source,
+            range=where,
             note=why,
         )
     if objective not in WITH_REFERENCE:

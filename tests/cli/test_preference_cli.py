@@ -199,8 +199,10 @@ def test_explain_sizes_the_grpo_example_with_generation(capsys: pytest.CaptureFi
     assert {"generate", "forward", "backward", "optimizer_step"} <= set(phases)
     # the file's max_completion_length (1024) after TRL's prompt default (512)
     assert any("up to 1024 tokens after prompts of 512" in n for n in out["budget"]["notes"])
-    # what the plan does not say is named, with the default taken
-    assert any("num_generations=8" in n for n in out["budget"]["notes"])
+    # the file's use_vllm/vllm_mode/vllm_gpu_memory_utilization are read: 0.3 of the GPU
+    gpu = out["budget"]["gpu"]["capacity_bytes"]
+    assert out["budget"]["components"]["vllm_engine"] == pytest.approx(0.3 * gpu, rel=1e-6)
+    assert not any("not read from the file" in n for n in out["budget"]["notes"])
     main(["explain", str(EXAMPLES / "grpo_vllm_colocate.py"), "--gpu", "A100-80GB"])
     text = capsys.readouterr().out
     assert "generate" in text

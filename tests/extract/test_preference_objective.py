@@ -212,3 +212,157 @@ def test_the_fit_search_sizes_the_preference_step(tmp_path: Path) -> None:
     unchanged = _evaluate(analysis, (), 0)
     assert unchanged is not None
     assert unchanged.device_bytes == analysis.budget.device_total_bytes
+
+
+# a GRPO script written the way TRL's GRPO documentation writes one (vLLM in colocate mode)
+GRPO_VLLM = """\
+from datasets import load_dataset
+from peft import LoraConfig
+from trl import GRPOConfig, GRPOTrainer
+
+dataset = load_dataset("trl-lib/tldr", split="train")
+
+
+def reward_unique_letters(completions, **kwargs):
+    return [float(len(set(completion))) for completion in completions]
+
+
+training_args = GRPOConfig(
+    output_dir="Qwen2.5-0.5B-GRPO",
+    per_device_train_batch_size=8,
+    num_generations=8,{fields}
+    use_vllm=True,
+    vllm_mode="{mode}",
+    vllm_gpu_memory_utilization=0.3,
+)
+trainer = GRPOTrainer(
+    model="Qwen/Qwen2.5-0.5B-Instruct",
+    reward_funcs=reward_unique_letters,
+    args=training_args,
+    train_dataset=dataset,{peft}
+)
+trainer.train()
+"""
+LORA_KEYWORD = '\n    peft_config=LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"),'
+
+
+def _grpo_explained(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    *,
+    fields: str = "",
+    mode: str = "colocate",
+    peft: str = "",
+) -> dict:
+    from llmmem.cli import main
+
+    path = tmp_path / "grpo.py"
+    path.write_text(GRPO_VLLM.format(fields=fields, mode=mode, peft=peft), encoding="utf-8")
+    code = main(["explain", str(path), "--format", "json", "--gpu", "A100-80GB"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    import json
+
+    return json.loads(out)
+
+
+def test_grpo_config_fields_are_kept_with_their_provenance(tmp_path: Path) -> None:
+    fields = "\n    beta=0.04,\n    steps_per_generation=4,\n    vllm_enable_sleep_mode=True,"
+    plan = _plan(tmp_path, "grpo.py", GRPO_VLLM.format(fields=fields, mode="colocate", peft=""))
+    extra = plan.extra
+    for key, value in (
+        ("num_generations", 8),
+        ("beta", 0.04),
+        ("use_vllm", True),
+        ("vllm_mode", "colocate"),
+        ("vllm_gpu_memory_utilization", 0.3),
+        ("vllm_enable_sleep_mode", True),
+        ("steps_per_generation", 4),
+    ):
+        assert extra[key].value == value, key
+        assert extra[key].source is Provenance.EXPLICIT, key
+        assert extra[key].range is not None, key
+    # the fields the script leaves out carry TRL 0.29.1's defaults, said to be defaults
+    assert extra["num_iterations"].value == 1
+    assert extra["num_iterations"].source is Provenance.DEFAULT
+    assert "TRL 0.29.1" in extra["num_iterations"].note
+    assert plan.gradient_accumulation_steps.source is Provenance.DEFAULT
+    assert plan.per_device_train_batch_size.value == 8
+
+
+def test_grpo_defaults_are_named_when_the_script_leaves_them_out(tmp_path: Path) -> None:
+    plan = _plan(
+        tmp_path, "grpo.py", TRAINER_ONLY.format(config="GRPOConfig", trainer="GRPOTrainer")
+    )
+    for key, value in (("num_generations", 8), ("beta", 0.0), ("use_vllm", False)):
+        assert plan.extra[key].value == value
+        assert plan.extra[key].source is Provenance.DEFAULT
+        assert "TRL 0.29.1" in plan.extra[key].note
+    assert plan.extra["steps_per_generation"].value is None
+    assert "gradient_accumulation_steps" in plan.extra["steps_per_generation"].note
+    analysis = analyze(plan)
+    assert analysis.budget is not None, analysis.problems
+    # every default is carried by the plan: nothing left to say it was assumed
+    assert not any("not read from the file" in note for note in analysis.budget.notes)
+    reference = reference_row(plan, analysis.setup.method)
+    assert reference is not None and reference.source is Provenance.DEFAULT
+    assert reference.value.startswith("none")
+
+
+def test_grpo_vllm_colocate_script_is_explained_with_generation_and_the_engine(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = _grpo_explained(tmp_path, capsys)
+    assert out["problems"] == []
+    budget = out["budget"]
+    assert "generate" in budget["phases"]
+    assert "colocated vLLM engine" in budget["phases"]["generate"]["moment"]
+    capacity = budget["gpu"]["capacity_bytes"]
+    engine = budget["components"]["vllm_engine"]
+    assert engine == pytest.approx(0.3 * capacity, rel=1e-6)
+    # the engine stays through the step without sleep mode: in every phase
+    for phase in budget["phases"].values():
+        assert phase["components"]["vllm_engine"] == engine
+    # beta left at TRL's 0.0: no reference model anywhere
+    assert any("beta = 0" in note and "no reference" in note for note in budget["notes"])
+    assert "reference_model" not in budget["components"]
+    assert not any("not read from the file" in note for note in budget["notes"])
+
+
+def test_grpo_beta_with_lora_disables_the_adapter_and_full_keeps_a_copy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    adapter = _grpo_explained(tmp_path, capsys, fields="\n    beta=0.04,", peft=LORA_KEYWORD)
+    notes = adapter["budget"]["notes"]
+    assert any("0.04" in note and "adapter disabled" in note for note in notes)
+    assert "adapter disabled" in adapter["budget"]["phases"]["reference_forward"]["moment"]
+    assert "reference_model" not in adapter["budget"]["components"]
+
+    full = _grpo_explained(tmp_path, capsys, fields="\n    beta=0.04,")
+    assert any("0.04" in note and "copy" in note for note in full["budget"]["notes"])
+    copy = full["budget"]["components"]["reference_model"]
+    weights = full["budget"]["components"]["weights"]
+    assert copy == weights  # a second model of the policy's size
+    assert full["budget"]["allocated_peak_bytes"] > adapter["budget"]["allocated_peak_bytes"]
+
+
+def test_grpo_sleep_mode_and_server_mode_change_what_the_training_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    colocate = _grpo_explained(tmp_path, capsys)
+    sleeping = _grpo_explained(tmp_path, capsys, fields="\n    vllm_enable_sleep_mode=True,")
+    assert "vllm_engine" in sleeping["budget"]["phases"]["generate"]["components"]
+    assert "vllm_engine" not in sleeping["budget"]["phases"]["backward"]["components"]
+    server = _grpo_explained(tmp_path, capsys, mode="server")
+    assert "vllm_engine" not in server["budget"]["components"]
+    assert any("another GPU" in note for note in server["budget"]["notes"])
+    peaks = [out["budget"]["allocated_peak_bytes"] for out in (colocate, sleeping, server)]
+    assert peaks[0] > peaks[1] >= peaks[2]
+
+
+def test_a_grpo_value_trl_refuses_is_a_problem_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = _grpo_explained(tmp_path, capsys, mode="remote")
+    assert out["budget"] is None
+    assert any("vllm_mode" in problem for problem in out["problems"])

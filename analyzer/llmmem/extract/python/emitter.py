@@ -46,6 +46,26 @@ from llmmem.plan import Provenance
 MAX_DEEPSPEED_CONFIG_BYTES = 1_000_000
 # TRL 0.29.1 SFTConfig.max_length (trl/trainer/sft_config.py)
 SFT_DEFAULT_MAX_LENGTH = 1024
+# GRPOConfig's fields that change the memory and are kept in the plan under their own names
+# (read by `preference_plan.grpo_setup`), with TRL 0.29.1's defaults (trl/trainer/grpo_config.py);
+# the lengths, batch, accumulation and checkpointing are the plan's own fields
+GRPO_CONFIG_DEFAULTS: dict[str, object] = {
+    "num_generations": 8,
+    "beta": 0.0,
+    "use_vllm": False,
+    "vllm_mode": "server",
+    "vllm_gpu_memory_utilization": 0.3,
+    "vllm_enable_sleep_mode": False,
+    "vllm_importance_sampling_correction": True,
+    "steps_per_generation": None,
+    "num_iterations": 1,
+}
+GRPO_DEFAULT_NOTES: dict[str, str] = {
+    "steps_per_generation": (
+        "TRL 0.29.1 GRPOConfig default None: one generation per gradient_accumulation_steps"
+    ),
+    "vllm_mode": 'TRL 0.29.1 GRPOConfig default "server" (used only with use_vllm=True)',
+}
 
 
 class PlanEmitter:
@@ -138,6 +158,8 @@ class PlanEmitter:
             config_class = TRAINER_CLASSES[trainer.class_name][0]
         else:
             config_class = "none"
+        if config_class == "GRPOConfig":
+            self.emit_grpo_defaults()
         if reader.unsloth:
             self.builder.set("unsloth", True, Provenance.EXPLICIT, None)
         if trainer is not None:
@@ -364,6 +386,13 @@ class PlanEmitter:
                 loss = "chunked" if "chunk" in known.value else "standard"
                 self.set_known("loss", replace(known, value=loss))
             return
+        if config.class_name == "GRPOConfig" and name in GRPO_CONFIG_DEFAULTS:
+            known = settle(value)
+            if known is None:
+                self.unread(f"{config.declared_name}.{name}", value, config.node, name)
+            elif known.value is not None:
+                self.set_known(name, known)
+            return
         flag = flag_setting(name)
         if flag is not None:
             known = settle(value)
@@ -381,6 +410,13 @@ class PlanEmitter:
         if known.value is None:
             return  # None means "not set" for every key read here
         self.set_known(canonical, known)
+
+    def emit_grpo_defaults(self) -> None:
+        """TRL 0.29.1's GRPOConfig defaults for the fields the file leaves out; a value the file
+        gives outranks them."""
+        for key, default in GRPO_CONFIG_DEFAULTS.items():
+            note = GRPO_DEFAULT_NOTES.get(key, f"TRL 0.29.1 GRPOConfig default {default!r}")
+            self.builder.set(key, default, Provenance.DEFAULT, self.builder.trainer_range, note)
 
     def emit_deepspeed(self, value: Value) -> None:
         known = settle(value)
