@@ -1072,10 +1072,14 @@ def _resolve_quick_fix(
 @server.feature(types.CODE_ACTION_RESOLVE)
 async def resolve_code_action(ls: LlmmemServer, action: types.CodeAction) -> types.CodeAction:
     """The edit of an action offered without one, made now for the document's current
-    version: a quick fix's own edits, or for `source.fixAll.llmmem` every safe fix applied one
-    at a time with a re-analysis after each, as `llmmem-lint --fix` does."""
+    version: a quick fix's own edits (in a file or in a notebook's cells), or for
+    `source.fixAll.llmmem` every safe fix applied one at a time with a re-analysis after each,
+    as `llmmem-lint --fix` does."""
     data = action.data if isinstance(action.data, dict) else {}
     uri = data.get("uri")
+    if data.get("action") == "cellFix" and isinstance(uri, str):
+        action.edit = await _resolve_cell_fix(ls, data)
+        return action
     if data.get("action") not in ("fixAll", "fix", "silence") or not isinstance(uri, str):
         return action
     found = await ls.current(uri, PULL_WAIT_S)
@@ -1113,7 +1117,9 @@ async def resolve_code_action(ls: LlmmemServer, action: types.CodeAction) -> typ
 async def _cell_code_actions(
     ls: LlmmemServer, params: types.CodeActionParams
 ) -> list[types.CodeAction] | None:
-    """Quick fixes in a notebook cell: each fix's edits go to the cells they name."""
+    """Quick fixes in a notebook cell: each fix's edits go to the cells they name. As for a
+    file, a client that resolves edits gets the list without them (`codeAction/resolve`
+    makes each for the cells' current text)."""
     cell = ls.cell_of(params.text_document.uri)
     if cell is None:
         return None
@@ -1146,17 +1152,56 @@ async def _cell_code_actions(
             if fix.title in by_title:
                 by_title[fix.title].diagnostics = [*(by_title[fix.title].diagnostics or []), diag]
                 continue
-            edit = _cell_edit(ls, notebook, plan_path, fix.edits)
-            if edit is None:
-                continue
-            by_title[fix.title] = types.CodeAction(
+            if not _in_cells(notebook, plan_path, fix.edits):
+                continue  # an edit outside the notebook's cells (a config file it names)
+            action = types.CodeAction(
                 title=fix.title,
                 kind=types.CodeActionKind.QuickFix,
                 diagnostics=[diag],
-                edit=edit,
                 is_preferred=bool(fix.fits),
             )
+            if ls.resolve_edits:
+                action.data = {
+                    "uri": params.text_document.uri,
+                    "action": "cellFix",
+                    "code": finding.code,
+                    "title": fix.title,
+                }
+            else:
+                action.edit = _cell_edit(ls, notebook, plan_path, fix.edits)
+            by_title[fix.title] = action
     return list(by_title.values())
+
+
+def _in_cells(notebook: types.NotebookDocument, plan_path: str, edits: Any) -> bool:
+    """Whether every edit lies in one of the notebook's cells (and there is one)."""
+    from llmmem.extract.notebook import cell_index
+
+    indexes = [cell_index(edit.range, plan_path) for edit in edits]
+    return bool(indexes) and all(i is not None and i < len(notebook.cells) for i in indexes)
+
+
+async def _resolve_cell_fix(ls: LlmmemServer, data: dict[str, Any]) -> types.WorkspaceEdit | None:
+    """The edit of a notebook cell's quick fix listed without one, for the cells' current
+    text: the fix of the same rule with the same title, None where the text changed so that
+    there is none."""
+    cell = ls.cell_of(str(data.get("uri")))
+    if cell is None:
+        return None
+    state = cell[0]
+    await ls.analyzer.wait_current(state, PULL_WAIT_S)
+    result = state.result
+    notebook = ls.workspace.get_notebook_document(notebook_uri=state.uri)
+    if result is None or result.unreadable or notebook is None:
+        return None
+    plan_path = result.checked.analysis.plan.path
+    for finding in result.checked.findings:
+        if finding.code != data.get("code"):
+            continue
+        for fix in finding.fixes:
+            if fix.title == data.get("title"):
+                return _cell_edit(ls, notebook, plan_path, fix.edits)
+    return None
 
 
 def _cell_edit(

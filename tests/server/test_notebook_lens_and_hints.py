@@ -1,12 +1,13 @@
 """A notebook's cells get what a file gets: the code lens above the trainer in its cell, inlay
-hints behind the settings of a cell, and the commands (Explain, Verify) with a cell's URI."""
+hints behind the settings of a cell, the commands (Explain, Verify) with a cell's URI, and quick
+fixes whose edits are made when the editor resolves them."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from lsp_helpers import published, start, wait_until
+from lsp_helpers import apply_lsp_edits, published, start, wait_until
 from lsprotocol import types
 from pytest_lsp import LanguageClient
 
@@ -34,12 +35,14 @@ CELLS = [
 ]
 
 
-def open_notebook(client: LanguageClient, workdir: Path) -> tuple[str, list[str]]:
+def open_notebook(
+    client: LanguageClient, workdir: Path, cells: list[tuple[types.NotebookCellKind, str]] = CELLS
+) -> tuple[str, list[str]]:
     notebook = workdir / "finetune.ipynb"
     notebook.write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
     cell_uris = [
         f"vscode-notebook-cell:{notebook.as_posix()}#W{index}sZmlsZQ%3D%3D"
-        for index in range(len(CELLS))
+        for index in range(len(cells))
     ]
     client.notebook_document_did_open(
         types.DidOpenNotebookDocumentParams(
@@ -49,7 +52,7 @@ def open_notebook(client: LanguageClient, workdir: Path) -> tuple[str, list[str]
                 version=1,
                 cells=[
                     types.NotebookCell(kind=kind, document=uri)
-                    for (kind, _), uri in zip(CELLS, cell_uris, strict=True)
+                    for (kind, _), uri in zip(cells, cell_uris, strict=True)
                 ],
             ),
             cell_text_documents=[
@@ -59,7 +62,7 @@ def open_notebook(client: LanguageClient, workdir: Path) -> tuple[str, list[str]
                     version=1,
                     text=text,
                 )
-                for (kind, text), uri in zip(CELLS, cell_uris, strict=True)
+                for (kind, text), uri in zip(cells, cell_uris, strict=True)
             ],
         )
     )
@@ -166,3 +169,64 @@ async def test_completion_and_links_in_a_notebook_cell(
     assert links is not None and len(links) == 1
     assert links[0].target == (workdir / "ds_zero2.json").resolve().as_uri()
     assert links[0].range.start.line == text.split("\n").index('    deepspeed="ds_zero2.json",')
+
+
+@pytest.mark.asyncio
+async def test_a_quick_fix_in_a_cell_gets_its_edit_when_resolved(
+    client: LanguageClient, workdir: Path
+) -> None:
+    """As in a file: VS Code lists a cell's quick fixes without edits and resolves the one the
+    user picks, for the cells' text at that moment."""
+    await start(client, VSCODE)
+    trainer = CELLS[2][1].replace("    gradient_checkpointing=True,\n", "")
+    notebook_uri, cells = open_notebook(client, workdir, [*CELLS[:2], (CELLS[2][0], trainer)])
+    trainer_cell = cells[2]
+    await wait_until(
+        lambda: any(p.uri == trainer_cell and p.diagnostics for p in published(client))
+    )
+    diagnostics = next(p for p in published(client) if p.uri == trainer_cell).diagnostics
+    will_not_fit = next(d for d in diagnostics if d.code == "LLM001")
+    answer = await client.text_document_code_action_async(
+        types.CodeActionParams(
+            text_document=types.TextDocumentIdentifier(uri=trainer_cell),
+            range=will_not_fit.range,
+            context=types.CodeActionContext(
+                diagnostics=[will_not_fit], only=[types.CodeActionKind.QuickFix]
+            ),
+        )
+    )
+    actions = [a for a in answer or [] if isinstance(a, types.CodeAction)]
+    assert actions and all(a.edit is None and a.data for a in actions)
+    checkpointing = next(a for a in actions if a.title.startswith("Enable gradient checkpointing"))
+
+    made = await client.code_action_resolve_async(checkpointing)
+    assert made.edit is not None and made.edit.document_changes
+    (change,) = made.edit.document_changes
+    assert isinstance(change, types.TextDocumentEdit)
+    assert change.text_document.uri == trainer_cell
+    fixed = apply_lsp_edits(trainer, [e for e in change.edits if isinstance(e, types.TextEdit)])
+    assert "    gradient_checkpointing=True," in fixed.split("\n")
+
+    # with the fix in the cell, the action listed before it has nothing left to make
+    count = len(published(client))
+    client.notebook_document_did_change(
+        types.DidChangeNotebookDocumentParams(
+            notebook_document=types.VersionedNotebookDocumentIdentifier(
+                uri=notebook_uri, version=2
+            ),
+            change=types.NotebookDocumentChangeEvent(
+                cells=types.NotebookDocumentCellChanges(
+                    text_content=[
+                        types.NotebookDocumentCellContentChanges(
+                            document=types.VersionedTextDocumentIdentifier(
+                                uri=trainer_cell, version=2
+                            ),
+                            changes=[types.TextDocumentContentChangeWholeDocument(text=fixed)],
+                        )
+                    ]
+                )
+            ),
+        )
+    )
+    await wait_until(lambda: any(p.uri == trainer_cell for p in published(client)[count:]))
+    assert (await client.code_action_resolve_async(checkpointing)).edit is None
