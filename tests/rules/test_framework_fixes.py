@@ -262,3 +262,57 @@ def test_axolotl_liger_with_the_plugin_listed_only_adds_the_key(tmp_path: Path) 
     after = edited_text(path, text, LIGER, "RTX-4090")
     assert after == text + "liger_fused_linear_cross_entropy: true\n"
     assert after.count(AXOLOTL_LIGER) == 1
+
+
+def verl_plan(path: Path, text: str) -> Any:
+    from llmmem.extract.configs import extract_config_plan
+
+    return extract_config_plan(path, text)
+
+
+def test_verl_sft_checkpointing_turns_its_model_switch_back_on(tmp_path: Path) -> None:
+    text = (CONFIGS / "verl_sft_lora.yaml").read_text(encoding="utf-8")
+    text = text.replace(
+        "enable_gradient_checkpointing: true", "enable_gradient_checkpointing: false"
+    )
+    path = tmp_path / "verl_sft.yaml"
+    document = offered(path, "RTX-4090", CHECKPOINTING, text)
+    assert document["model"]["enable_gradient_checkpointing"] is True
+    assert "gradient_checkpointing" not in document
+    assert "actor_rollout_ref" not in document
+    fixed = apply_edits(text, fixes_of(path, text, "RTX-4090")[CHECKPOINTING].edits)
+    assert verl_plan(path, fixed).gradient_checkpointing.value is True
+
+
+def test_verl_sft_halves_the_micro_batch_and_keeps_the_global_batch(tmp_path: Path) -> None:
+    text = (CONFIGS / "verl_sft_lora.yaml").read_text(encoding="utf-8")
+    text = text.replace(
+        "enable_gradient_checkpointing: true", "enable_gradient_checkpointing: false"
+    )
+    path = tmp_path / "verl_sft.yaml"
+    document = offered(path, "RTX-4090", HALVE, text)
+    assert document["data"]["micro_batch_size_per_gpu"] == 1
+    assert document["data"]["train_batch_size"] == 64
+    before = verl_plan(path, text)
+    after = verl_plan(path, apply_edits(text, fixes_of(path, text, "RTX-4090")[HALVE].edits))
+    assert after.per_device_train_batch_size.value == 1
+    # 64 rows over 4 GPUs: 8 micro-batches of 2 become 16 of 1
+    assert before.gradient_accumulation_steps.value == 8
+    assert after.gradient_accumulation_steps.value == 16
+
+
+def test_verl_grpo_fixes_write_the_actor_keys(tmp_path: Path) -> None:
+    text = (CONFIGS / "verl_grpo.yaml").read_text(encoding="utf-8")
+    document = offered(CONFIGS / "verl_grpo.yaml", "RTX-4090", HALVE, text)
+    actor = document["actor_rollout_ref"]["actor"]
+    assert actor["ppo_micro_batch_size_per_gpu"] == 8
+    assert actor["ppo_mini_batch_size"] == 256
+    assert "micro_batch_size_per_gpu" not in document["data"]
+
+    text = text.replace(
+        "enable_gradient_checkpointing: true", "enable_gradient_checkpointing: false"
+    )
+    path = tmp_path / "verl_grpo.yaml"
+    document = offered(path, "A100-40GB", CHECKPOINTING, text)
+    assert document["actor_rollout_ref"]["model"]["enable_gradient_checkpointing"] is True
+    assert "model" not in document

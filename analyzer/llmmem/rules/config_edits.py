@@ -231,6 +231,8 @@ def spelled_edits(
     for write in writes:
         document = read_positioned_yaml(edited, is_json=json_file)
         found, current = document.lookup(write.path)
+        if write.layout_key and not found:
+            continue  # another layout's key: the file writes its own
         value = write.value(setup, current) if callable(write.value) else write.value
         if value is None:
             return None

@@ -14,6 +14,7 @@ from llmmem.extract.frameworks.common import (
     as_text,
 )
 from llmmem.extract.frameworks.deepspeed import follow_deepspeed_file
+from llmmem.extract.frameworks.spelling import KeyWrite, Spelling
 from llmmem.extract.yaml_positions import KeyPath
 
 
@@ -121,3 +122,12 @@ def read_fsdp_config_block(reader: DocumentReader, config_path: KeyPath) -> None
                 checkpointing_path,
                 "FSDP activation checkpointing",
             )
+
+
+# --------------------------------------------------------------------------------------------
+# how a fix is written in this framework's config (`llmmem.extract.frameworks.spelling`)
+
+# accelerate config (accelerate/commands/config/config_args.py): mixed_precision only.
+FIX_SPELLINGS: dict[str, Spelling] = {
+    "bf16": (KeyWrite(("mixed_precision",), "bf16"),),
+}

@@ -21,6 +21,7 @@ from llmmem.extract.frameworks.common import (
 )
 from llmmem.extract.frameworks.deepspeed import read_deepspeed_reference
 from llmmem.extract.frameworks.hf_yaml import read_hf_fsdp
+from llmmem.extract.frameworks.spelling import KeyWrite, Spelling, halve
 from llmmem.extract.vocabulary import AXOLOTL_RL_OBJECTIVES
 from llmmem.plan import Provenance
 
@@ -329,3 +330,40 @@ def read_axolotl_fsdp(reader: DocumentReader) -> None:
     else:
         reader.put("distributed.fsdp", "full_shard", block, "FSDP's default: full sharding")
     read_fsdp_config_block(reader, block)
+
+
+# --------------------------------------------------------------------------------------------
+# how a fix is written in this framework's config (`llmmem.extract.frameworks.spelling`)
+
+# axolotl 0.19: axolotl/utils/schemas/config.py (gradient_checkpointing, bf16),
+# axolotl/utils/schemas/training.py (micro_batch_size, gradient_accumulation_steps, optimizer:
+# HF `optim` names), axolotl/integrations/liger/args.py (liger_fused_linear_cross_entropy, read
+# only with the Liger plugin listed under `plugins`), adapter: qlora with load_in_4bit
+AXOLOTL_LIGER_PLUGIN = "axolotl.integrations.liger.LigerPlugin"
+
+
+def with_liger_plugin(current: Any) -> Any:
+    """`plugins` with the Liger plugin: a new one-item list; a list that has it, unchanged;
+    any other list with the plugin appended (written at its end, in its own block or flow
+    style); a `plugins` that is not a list of names is not edited (no fix)."""
+    if current is None:
+        return [AXOLOTL_LIGER_PLUGIN]
+    if not isinstance(current, list) or not all(isinstance(item, str) for item in current):
+        return None
+    if AXOLOTL_LIGER_PLUGIN in current:
+        return current
+    return [*current, AXOLOTL_LIGER_PLUGIN]
+
+
+FIX_SPELLINGS: dict[str, Spelling] = {
+    "grad-ckpt": (KeyWrite(("gradient_checkpointing",), True),),
+    "bf16": (KeyWrite(("bf16",), True),),
+    "optim-8bit": (KeyWrite(("optimizer",), "adamw_bnb_8bit"),),
+    "optim-paged-8bit": (KeyWrite(("optimizer",), "paged_adamw_8bit"),),
+    "liger": (
+        KeyWrite(("plugins",), lambda _s, current: with_liger_plugin(current)),
+        KeyWrite(("liger_fused_linear_cross_entropy",), True),
+    ),
+    "halve-batch": halve(("micro_batch_size",), ("gradient_accumulation_steps",)),
+    "qlora": (KeyWrite(("adapter",), "qlora"), KeyWrite(("load_in_4bit",), True)),
+}

@@ -26,6 +26,12 @@ from llmmem.extract.frameworks.common import (
     holds_mapping,
     parse_config_text,
 )
+from llmmem.extract.frameworks.spelling import (
+    KeyWrite,
+    Spelling,
+    double_accumulation,
+    half_batch,
+)
 from llmmem.extract.text import display_path, resolve_reference
 from llmmem.extract.yaml_positions import KeyPath, describe_location
 from llmmem.plan import Provenance
@@ -285,3 +291,18 @@ def read_referenced_deepspeed(target: Path) -> ConfigReading:
             DocumentReader(document, reading, range_path=range_path, file_path=target)
         )
     return reading
+
+
+# --------------------------------------------------------------------------------------------
+# how a fix is written in this framework's config (`llmmem.extract.frameworks.spelling`)
+
+# DeepSpeed JSON: deepspeed/runtime/config.py (bf16.enabled, train_micro_batch_size_per_gpu,
+# gradient_accumulation_steps); its activation_checkpointing block only acts on models that call
+# deepspeed.checkpointing, so no checkpointing entry.
+FIX_SPELLINGS: dict[str, Spelling] = {
+    "bf16": (KeyWrite(("bf16", "enabled"), True, only_if_written=True),),
+    "halve-batch": (
+        KeyWrite(("train_micro_batch_size_per_gpu",), half_batch, only_if_written=True),
+        KeyWrite(("gradient_accumulation_steps",), double_accumulation, only_if_written=True),
+    ),
+}

@@ -21,6 +21,7 @@ from llmmem.extract.frameworks.common import (
     lora_targets,
 )
 from llmmem.extract.frameworks.deepspeed import read_deepspeed_reference
+from llmmem.extract.frameworks.spelling import KeyWrite, Spelling, halve
 from llmmem.extract.yaml_positions import KeyPath
 
 # keys only TRL's parsers (SFTConfig, DPOConfig, ModelConfig) know: the builder then defaults
@@ -182,3 +183,24 @@ def read_hf_fsdp(reader: DocumentReader, fsdp_path: KeyPath, config_path: KeyPat
         reader.put("distributed.offload_params", True, fsdp_path, "fsdp option 'offload'")
         reader.put("distributed.offload_optimizer", True, fsdp_path, "fsdp option 'offload'")
     read_fsdp_config_block(reader, config_path)
+
+
+# --------------------------------------------------------------------------------------------
+# how a fix is written in this framework's config (`llmmem.extract.frameworks.spelling`)
+
+# HF TrainingArguments / TRL SFTConfig + ModelConfig YAML (`trl sft --config`,
+# HfArgumentParser.parse_yaml_file): transformers/training_args.py, trl/trainer/model_config.py
+FIX_SPELLINGS: dict[str, Spelling] = {
+    "grad-ckpt": (KeyWrite(("gradient_checkpointing",), True),),
+    "bf16": (KeyWrite(("bf16",), True),),
+    "optim-8bit": (KeyWrite(("optim",), "adamw_bnb_8bit"),),
+    "optim-paged-8bit": (KeyWrite(("optim",), "paged_adamw_8bit"),),
+    "liger": (KeyWrite(("use_liger_kernel",), True),),
+    "halve-batch": halve(("per_device_train_batch_size",), ("gradient_accumulation_steps",)),
+}
+
+# TRL's ModelConfig adds 4-bit loading (`load_in_4bit`, read with `use_peft`)
+TRL_FIX_SPELLINGS: dict[str, Spelling] = {
+    **FIX_SPELLINGS,
+    "qlora": (KeyWrite(("load_in_4bit",), True),),
+}

@@ -15,6 +15,7 @@ from llmmem.extract.frameworks.common import (
     as_text,
     optimizer_name,
 )
+from llmmem.extract.frameworks.spelling import KeyWrite, Spelling, halve_keeping_global
 from llmmem.extract.yaml_positions import KeyPath
 from llmmem.plan import Provenance
 
@@ -221,3 +222,19 @@ LITGPT_LORA_DEFAULTS: tuple[tuple[str, Any, str], ...] = (
     ("lora.dropout", 0.05, "LitGPT lora_dropout default"),
     ("lora.target_modules", ["q_proj", "v_proj"], "LitGPT lora_query and lora_value defaults"),
 )
+
+# --------------------------------------------------------------------------------------------
+# how a fix is written in this framework's config (`llmmem.extract.frameworks.spelling`)
+
+# LitGPT 0.5: litgpt/finetune/lora.py (precision, quantize, train.micro_batch_size with the
+# accumulation derived from train.global_batch_size). No gradient checkpointing setting; with
+# `quantize` any AdamW becomes bitsandbytes' 32-bit PagedAdamW (litgpt/utils.py
+# instantiate_bnb_optimizer), so the 8-bit optimizer only without it; no fused loss.
+FIX_SPELLINGS: dict[str, Spelling] = {
+    "bf16": (KeyWrite(("precision",), "bf16-true"),),
+    "optim-8bit": (KeyWrite(("optimizer", "class_path"), "bitsandbytes.optim.AdamW8bit", True),),
+    "halve-batch": halve_keeping_global(
+        ("train", "micro_batch_size"), ("train", "global_batch_size")
+    ),
+    "qlora": (KeyWrite(("quantize",), "bnb.nf4-dq"),),
+}

@@ -18,6 +18,7 @@ from llmmem.extract.frameworks.common import (
 )
 from llmmem.extract.frameworks.deepspeed import follow_deepspeed_file, read_deepspeed_reference
 from llmmem.extract.frameworks.hf_yaml import read_hf_fsdp
+from llmmem.extract.frameworks.spelling import KeyWrite, Spelling, halve, halve_keeping_global
 from llmmem.extract.vocabulary import (
     LLAMAFACTORY_PREF_LOSS_OBJECTIVES,
     LLAMAFACTORY_STAGE_OBJECTIVES,
@@ -320,3 +321,41 @@ LLAMAFACTORY_V1_DEFAULTS: tuple[tuple[str, Any, str], ...] = (
     ("precision", "fp32", "LLaMA-Factory v1 bf16 default: false"),
     ("attn_implementation", "sdpa", "LLaMA-Factory v1 flash_attn default"),
 )
+
+# --------------------------------------------------------------------------------------------
+# how a fix is written in this framework's config (`llmmem.extract.frameworks.spelling`)
+
+# LLaMA-Factory 0.9 (flat keys): llamafactory/hparams/model_args.py (disable_gradient_checkpointing,
+# enable_liger_kernel, quantization_bit), the rest are HF Seq2SeqTrainingArguments
+FIX_SPELLINGS: dict[str, Spelling] = {
+    "grad-ckpt": (KeyWrite(("disable_gradient_checkpointing",), False, only_if_written=True),),
+    "bf16": (KeyWrite(("bf16",), True),),
+    "optim-8bit": (KeyWrite(("optim",), "adamw_bnb_8bit"),),
+    "optim-paged-8bit": (KeyWrite(("optim",), "paged_adamw_8bit"),),
+    "liger": (KeyWrite(("enable_liger_kernel",), True),),
+    "halve-batch": halve(("per_device_train_batch_size",), ("gradient_accumulation_steps",)),
+    "qlora": (KeyWrite(("quantization_bit",), 4),),
+}
+
+# LLaMA-Factory v1 (`model:`, `peft_config:`): llamafactory/v1/config/training_args.py
+# (enable_activation_checkpointing, bf16, micro_batch_size, global_batch_size). No 8-bit
+# optimizer plugin (v1/plugins/trainer_plugins/optimizer.py is empty), and its liger_kernel
+# kernel_config keeps the logits while training (v1/core/model_engine.py: require_logits), so
+# no optimizer or fused-loss entry.
+#
+# QLoRA in v1 is the model's `quant_config` plugin: `name: bnb` with `quantization_bit: 4`
+# loads the base weights as bitsandbytes NF4 with double quantization (LLaMA-Factory
+# src/llamafactory/v1/config/model_args.py `quant_config`, v1/plugins/model_plugins/
+# quantization.py BnbParams, at commit 1bc8a836); only with a LoRA `peft_config` (the lever's
+# own condition) and never over a `quant_config` already written.
+V1_FIX_SPELLINGS: dict[str, Spelling] = {
+    "grad-ckpt": (KeyWrite(("enable_activation_checkpointing",), True),),
+    "bf16": (KeyWrite(("bf16",), True),),
+    "halve-batch": halve_keeping_global(("micro_batch_size",), ("global_batch_size",)),
+    "qlora": (
+        KeyWrite(
+            ("quant_config",),
+            lambda _s, current: {"name": "bnb", "quantization_bit": 4} if current is None else None,
+        ),
+    ),
+}

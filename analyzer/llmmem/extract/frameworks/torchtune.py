@@ -17,6 +17,7 @@ from llmmem.extract.frameworks.common import (
     as_text,
     optimizer_name,
 )
+from llmmem.extract.frameworks.spelling import KeyWrite, Spelling, halve
 
 
 def is_torchtune_config(value: dict[str, Any]) -> bool:
@@ -205,3 +206,67 @@ def read_torchtune_lora(reader: DocumentReader, method: str) -> None:
             located,
             "torchtune does not upcast the frozen weights",
         )
+
+
+# --------------------------------------------------------------------------------------------
+# how a fix is written in this framework's config (`llmmem.extract.frameworks.spelling`)
+
+# torchtune 0.6.1's QLoRA builders: `qlora_<name>` is `partial(lora_<name>, quantize_base=True)`
+# (NF4 base weights, torchtune/models/*/_model_builders.py); a LoRA builder without a QLoRA twin
+# (Qwen, for one) has no QLoRA fix.
+TORCHTUNE_QLORA_BUILDERS = frozenset(
+    {
+        "qlora_code_llama2_7b",
+        "qlora_code_llama2_13b",
+        "qlora_code_llama2_70b",
+        "qlora_gemma_2b",
+        "qlora_gemma_7b",
+        "qlora_gemma2_2b",
+        "qlora_gemma2_9b",
+        "qlora_gemma2_27b",
+        "qlora_llama2_7b",
+        "qlora_llama2_13b",
+        "qlora_llama2_70b",
+        "qlora_llama2_reward_7b",
+        "qlora_llama3_8b",
+        "qlora_llama3_70b",
+        "qlora_llama3_1_8b",
+        "qlora_llama3_1_70b",
+        "qlora_llama3_1_405b",
+        "qlora_llama3_2_1b",
+        "qlora_llama3_2_3b",
+        "qlora_llama3_2_vision_11b",
+        "qlora_llama3_2_vision_90b",
+        "qlora_mistral_7b",
+        "qlora_mistral_reward_7b",
+        "qlora_phi3_mini",
+        "qlora_phi4_14b",
+    }
+)
+
+
+def torchtune_qlora_builder(_setup: Any, current: Any) -> Any:
+    """`torchtune.models.llama3_1.lora_llama3_1_8b` -> `...qlora_llama3_1_8b`, where torchtune
+    has that builder; None for any other component."""
+    if not isinstance(current, str):
+        return None
+    module, _, builder = current.rpartition(".")
+    if not builder.startswith("lora_") or f"q{builder}" not in TORCHTUNE_QLORA_BUILDERS:
+        return None
+    return f"{module}.q{builder}" if module else f"q{builder}"
+
+
+# torchtune 0.6: recipes/lora_finetune_single_device.py, full_finetune_*.py
+# (enable_activation_checkpointing, dtype, batch_size, gradient_accumulation_steps, optimizer
+# instantiated from `_component_`). torchtune 0.6 has no fused linear cross-entropy loss.
+# QLoRA: the model's `_component_` becomes the builder's QLoRA twin (above).
+FIX_SPELLINGS: dict[str, Spelling] = {
+    "qlora": (KeyWrite(("model", "_component_"), torchtune_qlora_builder, True),),
+    "grad-ckpt": (KeyWrite(("enable_activation_checkpointing",), True),),
+    "bf16": (KeyWrite(("dtype",), "bf16"),),
+    "optim-8bit": (KeyWrite(("optimizer", "_component_"), "bitsandbytes.optim.AdamW8bit", True),),
+    "optim-paged-8bit": (
+        KeyWrite(("optimizer", "_component_"), "bitsandbytes.optim.PagedAdamW8bit", True),
+    ),
+    "halve-batch": halve(("batch_size",), ("gradient_accumulation_steps",)),
+}

@@ -30,6 +30,7 @@ from llmmem.extract.frameworks.common import (
     as_text,
     lora_targets,
 )
+from llmmem.extract.frameworks.spelling import KeyWrite, Spelling, half_batch
 from llmmem.extract.yaml_positions import KeyPath
 
 ACTOR_ROLLOUT_REF: KeyPath = ("actor_rollout_ref",)
@@ -407,3 +408,35 @@ def read_verl_rollout(reader: DocumentReader, actor: KeyPath) -> None:
             True,
             "verl free_cache_engine default: the engine's memory is released after each rollout",
         )
+
+
+# --------------------------------------------------------------------------------------------
+# how a fix is written in this framework's config (`llmmem.extract.frameworks.spelling`)
+
+# The SFT and RL layouts write the same switch under different blocks, so each lever names both
+# keys as `layout_key`s: the one the file writes is edited, the other skipped. verl's defaults
+# already checkpoint and compute in bf16, so a fix edits what the file turned off or set, and
+# never adds a nested key. The accumulation is derived from data.train_batch_size (SFT) or
+# actor.ppo_mini_batch_size (RL) over the micro-batch, so halving the micro-batch doubles it
+# with no second key. verl's FSDP trainers step torch AdamW (no optimizer name to change).
+VERL_SFT_MODEL: KeyPath = ("model",)
+VERL_RL_MODEL: KeyPath = (*ACTOR_ROLLOUT_REF, "model")
+
+
+def _in_both_layouts(sft: KeyPath, rl: KeyPath, value: Any) -> Spelling:
+    return (KeyWrite(sft, value, layout_key=True), KeyWrite(rl, value, layout_key=True))
+
+
+FIX_SPELLINGS: dict[str, Spelling] = {
+    "grad-ckpt": _in_both_layouts(
+        (*VERL_SFT_MODEL, "enable_gradient_checkpointing"),
+        (*VERL_RL_MODEL, "enable_gradient_checkpointing"),
+        True,
+    ),
+    "liger": _in_both_layouts((*VERL_SFT_MODEL, "use_liger"), (*VERL_RL_MODEL, "use_liger"), True),
+    "halve-batch": _in_both_layouts(
+        ("data", "micro_batch_size_per_gpu"),
+        (*ACTOR_ROLLOUT_REF, "actor", "ppo_micro_batch_size_per_gpu"),
+        half_batch,
+    ),
+}
