@@ -1,3 +1,4 @@
+# llmmem: gpu=A100-80GB
 """GRPO of Qwen2.5-0.5B-Instruct with vLLM in colocate mode, as the TRL documentation writes it.
 
 Each prompt is completed `num_generations` times; `per_device_train_batch_size` counts
@@ -6,6 +7,9 @@ training process and keeps `vllm_gpu_memory_utilization` of the GPU for itself, 
 policy, its gradients and its optimizer states. `beta` is left at TRL's default (0.0): no
 reference model. TRL 0.29 no longer truncates prompts (GRPOConfig has no `max_prompt_length`):
 the longest prompt of the dataset is the one to size for.
+
+`llmmem explain examples/grpo_vllm_colocate.py` reads these fields from the file (the pragma
+above names the GPU the engine's share is taken of); the same budget from flags:
 
     llmmem estimate --model Qwen/Qwen2.5-0.5B-Instruct --objective grpo --batch 8 \
         --num-generations 8 --max-prompt-length 512 --max-completion-length 1024 \
