@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,6 @@ from llmmem.extract.python import extract_python_plan
 from llmmem.plan import Provenance, SourceRange, TrainingPlan
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "python" / "followed"
-PACKAGE = Path(__file__).resolve().parents[2] / "analyzer" / "llmmem" / "extract" / "python"
 NO_SETTINGS = ProjectSettings()
 
 
@@ -419,20 +417,3 @@ def test_unsloth_use_gradient_checkpointing(
     found = plan.gradient_checkpointing
     assert (found.value, found.source) == (value, source)
     assert ("offloaded" in found.note) is offloaded
-
-
-# -- the package --------------------------------------------------------------------------------
-
-LAYERS = ["source", "values", "findings", "libraries", "arguments", "interpreter", "emitter"]
-
-
-@pytest.mark.parametrize("module", [*LAYERS, "__init__"])
-def test_each_module_imports_only_the_layers_below_it(module: str) -> None:
-    text = (PACKAGE / f"{module}.py").read_text(encoding="utf-8")
-    assert len(text.splitlines()) < 1000
-    below = set(LAYERS if module == "__init__" else LAYERS[: LAYERS.index(module)])
-    for node in ast.walk(ast.parse(text)):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            assert node.module != "llmmem.extract.configs"
-            if node.module.startswith("llmmem.extract.python."):
-                assert node.module.rsplit(".", 1)[-1] in below, node.module
