@@ -157,19 +157,27 @@ def problem_diagnostics(
         if line in taken:
             continue  # already a finding (LLM011) on that line
         out.append(_problem(_line_range(lines, line), problem[located.end() :]))
-    spec = analysis.spec
-    if spec is not None and spec.is_guess:
-        from llmmem.scenario import model_reference
-
-        model = model_reference(analysis.plan)
-        where = model.range if model is not None else None
-        place = lines.range(where) if where is not None and where.path is None else _top()
-        detail = f" ({spec.source_detail})" if spec.source_detail else ""
-        out.append(
-            _problem(
-                place,
-                f"The shapes of {spec.model_id} are a guess from its name{detail}: for exact "
-                "numbers add `# llmmem: model_config=path/to/config.json` or use a local path",
-            )
-        )
+    guess = guess_diagnostic(checked, lines)
+    if guess is not None:
+        out.append(guess)
     return out
+
+
+def guess_diagnostic(checked: Checked, lines: Lines) -> types.Diagnostic | None:
+    """A model sized by a guess from its name, said on the model id (the top of the file
+    where the id is not in it); None for a model whose shapes were read."""
+    analysis = checked.analysis
+    spec = analysis.spec
+    if spec is None or not spec.is_guess:
+        return None
+    from llmmem.scenario import model_reference
+
+    model = model_reference(analysis.plan)
+    where = model.range if model is not None else None
+    place = lines.range(where) if where is not None and where.path is None else _top()
+    detail = f" ({spec.source_detail})" if spec.source_detail else ""
+    return _problem(
+        place,
+        f"The shapes of {spec.model_id} are a guess from its name{detail}: for exact "
+        "numbers add `# llmmem: model_config=path/to/config.json` or use a local path",
+    )

@@ -958,6 +958,9 @@ async def code_actions(
     actions: list[types.CodeAction] = []
     if _kind_wanted(types.CodeActionKind.QuickFix, only):
         actions += _quick_fixes(ls, state, result, params.context.diagnostics, params.range)
+        actions += await _model_config_fixes(
+            ls, state, result, params.context.diagnostics, params.range
+        )
     if _kind_wanted(FIX_ALL_KIND, only) and _has_safe_fix(result.checked):
         actions.append(
             types.CodeAction(
@@ -1030,6 +1033,63 @@ def _quick_fixes(
     return list(by_key.values())
 
 
+async def _model_config_fixes(
+    ls: LlmmemServer,
+    state: DocumentState,
+    result: Result,
+    asked: Sequence[types.Diagnostic],
+    where: types.Range,
+) -> list[types.CodeAction]:
+    """For a model sized by a guess from its name: a `# llmmem: model_config=` pragma naming
+    each model `config.json` found beside the file (`model_config.config_candidates`)."""
+    from llmmem_lsp.model_config import config_candidates, fix_title
+    from llmmem_lsp.placement import guess_diagnostic
+
+    guess = guess_diagnostic(result.checked, ls.lines(result.text))
+    spec = result.checked.analysis.spec
+    if guess is None or spec is None or not _asked_diagnostics([guess], asked, where):
+        return []
+    loop = asyncio.get_running_loop()  # the folders are read off the protocol's loop
+    found = await loop.run_in_executor(None, config_candidates, state.path, spec.model_id)
+    actions: list[types.CodeAction] = []
+    for written in found:
+        action = types.CodeAction(
+            title=fix_title(written), kind=types.CodeActionKind.QuickFix, diagnostics=[guess]
+        )
+        if ls.resolve_edits:
+            action.data = {
+                "uri": state.uri,
+                "version": result.version,
+                "action": "modelConfig",
+                "config": written,
+            }
+        else:
+            action.edit = _model_config_edit(ls, state, result, written)
+        actions.append(action)
+    return actions
+
+
+def _model_config_edit(
+    ls: LlmmemServer, state: DocumentState, result: Result, written: str
+) -> types.WorkspaceEdit:
+    """A new `# llmmem: model_config=...` line at the top (below a `#!` or encoding line)."""
+    from llmmem_lsp.model_config import pragma_line, pragma_text
+
+    lines = ls.lines(result.text).lines
+    line = pragma_line(lines)
+    text = pragma_text(written)
+    if lines and lines[0].endswith("\r"):
+        text = text.replace("\n", "\r\n")
+    at = types.Position(line=line, character=0)
+    edit = types.TextEdit(range=types.Range(start=at, end=at), new_text=text)
+    if not ls.versioned_edits:
+        return types.WorkspaceEdit(changes={state.uri: [edit]})
+    document = types.OptionalVersionedTextDocumentIdentifier(uri=state.uri, version=result.version)
+    return types.WorkspaceEdit(
+        document_changes=[types.TextDocumentEdit(text_document=document, edits=[edit])]
+    )
+
+
 def _silence_edit(lines: Lines, line: int, code: str, kind: str) -> Any:
     """`llmmem.rules.edits.suppression_edit` on the one line it edits (not the whole text)."""
     from llmmem.rules.edits import suppression_edit
@@ -1080,13 +1140,22 @@ async def resolve_code_action(ls: LlmmemServer, action: types.CodeAction) -> typ
     if data.get("action") == "cellFix" and isinstance(uri, str):
         action.edit = await _resolve_cell_fix(ls, data)
         return action
-    if data.get("action") not in ("fixAll", "fix", "silence") or not isinstance(uri, str):
+    if data.get("action") not in ("fixAll", "fix", "silence", "modelConfig") or not isinstance(
+        uri, str
+    ):
         return action
     found = await ls.current(uri, PULL_WAIT_S)
     if found is None:
         return action
     state, result = found
     if result.unreadable:
+        return action
+    if data["action"] == "modelConfig":
+        spec = result.checked.analysis.spec
+        written = data.get("config")
+        still_a_guess = spec is not None and spec.is_guess
+        if still_a_guess and isinstance(written, str):
+            action.edit = _model_config_edit(ls, state, result, written)
         return action
     if data["action"] != "fixAll":
         action.edit = _resolve_quick_fix(ls, state, result, data)

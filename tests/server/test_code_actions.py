@@ -258,3 +258,103 @@ async def test_a_client_without_resolve_gets_the_edits_up_front(
     uri, diagnostics = await open_and_wait(client, workdir / "train.py", NOT_FITTING)
     actions = await ask(client, uri, diagnostics, only=[types.CodeActionKind.QuickFix])
     assert actions and all(a.edit is not None for a in actions)
+
+
+GUESSED_MODEL = """from transformers import AutoModelForCausalLM, TrainingArguments
+
+model = AutoModelForCausalLM.from_pretrained("acme/SuperLlama-7B")
+args = TrainingArguments(output_dir="out", per_device_train_batch_size=2)
+"""
+
+# what save_pretrained writes for a Llama-2-7B-shaped model (fewer layers: not the guess)
+SAVED_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+
+def guess_of(diagnostics: list[types.Diagnostic]) -> types.Diagnostic:
+    (guess,) = [d for d in diagnostics if "guess from its name" in d.message]
+    return guess
+
+
+@pytest.mark.asyncio
+async def test_a_model_sized_from_its_name_gets_a_fix_naming_the_config_json_beside_it(
+    client: LanguageClient, workdir: Path
+) -> None:
+    import json
+
+    saved = workdir / "checkpoints" / "SuperLlama-7B"
+    saved.mkdir(parents=True)
+    (saved / "config.json").write_text(json.dumps(SAVED_CONFIG), encoding="utf-8")
+    # not offered: a config.json that is no model's, one in a hidden folder, one too deep
+    (workdir / "ds").mkdir()
+    (workdir / "ds" / "config.json").write_text('{"train_batch_size": 8}', encoding="utf-8")
+    (workdir / ".cache" / "m").mkdir(parents=True)
+    (workdir / ".cache" / "m" / "config.json").write_text(json.dumps(SAVED_CONFIG))
+    (workdir / "a" / "b" / "c").mkdir(parents=True)
+    (workdir / "a" / "b" / "c" / "config.json").write_text(json.dumps(SAVED_CONFIG))
+    await begin(client)
+    uri, diagnostics = await open_and_wait(client, workdir / "train.py", GUESSED_MODEL)
+    guess = guess_of(diagnostics)
+
+    actions = await ask(client, uri, [guess], only=[types.CodeActionKind.QuickFix])
+    assert [a.title for a in actions] == [
+        "Size the model from checkpoints/SuperLlama-7B/config.json "
+        "(# llmmem: model_config=checkpoints/SuperLlama-7B/config.json)"
+    ]
+    assert actions[0].edit is None and list(actions[0].diagnostics or []) == [guess]
+    fixed = apply_edit(
+        GUESSED_MODEL, (await client.code_action_resolve_async(actions[0])).edit, uri
+    )
+    assert fixed == "# llmmem: model_config=checkpoints/SuperLlama-7B/config.json\n" + GUESSED_MODEL
+
+    # applied, the model is sized from that config: the guess is gone
+    client.text_document_did_change(
+        types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+            content_changes=[types.TextDocumentContentChangeWholeDocument(text=fixed)],
+        )
+    )
+    await wait_until(lambda: any(p.uri == uri and p.version == 2 for p in published(client)))
+    after = next(p for p in reversed(published(client)) if p.uri == uri).diagnostics
+    assert not [d for d in after if "guess" in d.message], [d.message for d in after]
+    checked = check_text(workdir / "train.py", fixed, hub=False)
+    assert checked.analysis.spec is not None and checked.analysis.spec.num_layers == 24
+    # and the fix listed before has nothing left to add
+    assert (await client.code_action_resolve_async(actions[0])).edit is None
+
+
+@pytest.mark.asyncio
+async def test_the_model_config_fix_goes_below_a_shebang_and_needs_a_model_config(
+    client: LanguageClient, workdir: Path
+) -> None:
+    """A client without resolve gets the edit up front; with no model config near the file
+    there is no fix to offer."""
+    import json
+
+    await client.initialize_session(
+        types.InitializeParams(
+            capabilities=client_capabilities("emacs"),
+            initialization_options=options(gpu="A100-80GB"),
+        )
+    )
+    text = "#!/usr/bin/env python\n" + GUESSED_MODEL
+    uri, diagnostics = await open_and_wait(client, workdir / "train.py", text)
+    quick: list[str] = [types.CodeActionKind.QuickFix]
+    assert await ask(client, uri, [guess_of(diagnostics)], only=quick) == []
+
+    (workdir / "config.json").write_text(json.dumps(SAVED_CONFIG), encoding="utf-8")
+    (action,) = await ask(client, uri, [guess_of(diagnostics)], only=quick)
+    fixed = apply_edit(text, action.edit, uri)
+    assert fixed.split("\n")[:2] == ["#!/usr/bin/env python", "# llmmem: model_config=config.json"]
