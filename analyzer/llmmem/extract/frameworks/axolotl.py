@@ -23,6 +23,7 @@ from llmmem.extract.frameworks.deepspeed import read_deepspeed_reference
 from llmmem.extract.frameworks.hf_yaml import read_hf_fsdp
 from llmmem.extract.frameworks.spelling import KeyWrite, Spelling, halve
 from llmmem.extract.vocabulary import AXOLOTL_RL_OBJECTIVES
+from llmmem.extract.yaml_positions import KeyPath
 from llmmem.plan import Provenance
 
 AXOLOTL_KEYS = frozenset(
@@ -94,6 +95,49 @@ def read_axolotl_objective(reader: DocumentReader) -> None:
     reader.put("objective", objective, ("rl",), note)
     reader.keep("rl_adapter_ref_model", ("rl_adapter_ref_model",))
     reader.keep("precompute_ref_log_probs", ("precompute_ref_log_probs",))
+    if objective == "grpo":
+        read_axolotl_grpo(reader)
+
+
+# axolotl's `trl:` block (utils/schemas/trl.py TRLConfig) passes these to TRL's GRPOConfig
+# under the same names (core/trainers/grpo GRPOStrategy.set_training_args_kwargs)
+AXOLOTL_GRPO_KEYS = ("num_generations", "max_completion_length", "beta", "num_iterations")
+
+
+def read_axolotl_grpo(reader: DocumentReader) -> None:
+    """`rl: grpo` with its `trl:` block: the GRPOConfig fields the GRPO budget reads, kept
+    under TRL's names. `use_vllm: true` generates with vLLM: in a server started by `axolotl
+    vllm-serve` on other GPUs (`vllm_mode: server`, TRL's default, and what
+    `vllm_server_host` points at), or colocated in the training process (`vllm_mode:
+    colocate`), holding `vllm_gpu_memory_utilization` of each GPU (in `trl:`, or the `vllm:`
+    block's `gpu_memory_utilization`)."""
+    trl: KeyPath = ("trl",)
+    if reader.is_set(trl) and not isinstance(reader.get(trl), dict):
+        reader.problem(trl, "trl: is not a mapping of GRPO settings; TRL's defaults are used")
+        return
+    for name in AXOLOTL_GRPO_KEYS:
+        reader.keep(name, (*trl, name))
+    use_vllm_path = (*trl, "use_vllm")
+    use_vllm = reader.converted(use_vllm_path, as_bool)
+    if use_vllm is not None:
+        reader.put("use_vllm", use_vllm, use_vllm_path)
+    if not use_vllm:
+        return
+    mode_path, host_path = (*trl, "vllm_mode"), (*trl, "vllm_server_host")
+    mode = (reader.converted(mode_path, as_text) or "").strip().lower()
+    if mode:
+        reader.put("vllm_mode", mode, mode_path)
+    elif reader.is_set(host_path):
+        note = "vllm_server_host: generation in a vLLM server on other GPUs"
+        reader.put("vllm_mode", "server", host_path, note)
+    else:
+        reader.derived("vllm_mode", "server", "TRL's vllm_mode default: a vLLM server")
+    for path in ((*trl, "vllm_gpu_memory_utilization"), ("vllm", "gpu_memory_utilization")):
+        utilization = reader.converted(path, as_float)
+        if utilization is not None:
+            reader.put("vllm_gpu_memory_utilization", utilization, path)
+            break
+    reader.keep("vllm_enable_sleep_mode", (*trl, "vllm_enable_sleep_mode"))
 
 
 def read_axolotl_checkpointing(reader: DocumentReader) -> None:
