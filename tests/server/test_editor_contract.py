@@ -11,9 +11,11 @@ import pytest
 from lsp_helpers import (
     NOT_FITTING,
     RawClient,
+    apply_lsp_edits,
     open_document,
     options,
     published,
+    resolved,
     start,
     wait_until,
 )
@@ -77,6 +79,22 @@ async def test_a_gpu_typo_in_the_pragma_is_an_error_on_the_pragma_naming_close_m
     assert "A100-80GB" in gpu[0].message  # the close match
     # no fit check without a GPU: the lens says why
     assert any("unknown GPU 'A100-80B'" in title for title in await lens_titles(client, uri))
+    # "did you mean": a quick fix per close match, writing it in the pragma
+    actions = await client.text_document_code_action_async(
+        types.CodeActionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            range=gpu[0].range,
+            context=types.CodeActionContext(diagnostics=gpu, only=[types.CodeActionKind.QuickFix]),
+        )
+    )
+    renames = [a for a in actions or [] if isinstance(a, types.CodeAction) and "gpu=" in a.title]
+    assert "Use gpu=A100-80GB" in [a.title for a in renames]
+    chosen = await resolved(client, next(a for a in renames if a.title == "Use gpu=A100-80GB"))
+    assert chosen.edit is not None and chosen.edit.document_changes
+    (change,) = chosen.edit.document_changes
+    assert isinstance(change, types.TextDocumentEdit)
+    edits = [e for e in change.edits if isinstance(e, types.TextEdit)]
+    assert apply_lsp_edits(text, edits).startswith("# llmmem: gpu=A100-80GB\n")
 
 
 @pytest.mark.asyncio
