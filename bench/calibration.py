@@ -319,3 +319,52 @@ def wide_class(case: CalibrationCase) -> str:
     """The row's class: method × metric × sharding."""
     sharding = "FSDP" if case.setup.distributed.world_size > 1 else "1 GPU"
     return f"{case.setup.method.value} {case.row['metric']} {sharding}"
+
+
+def estimate_flags(case: CalibrationCase) -> list[str]:
+    """The `llmmem estimate` command line that expresses a row: the same setup, flag by flag."""
+    s = case.setup
+    flags = [
+        "--model", str(case.row["model"]),
+        "--method", s.method.value,
+        "--batch", str(s.batch),
+        "--seq", str(s.seq),
+        "--grad-accum", str(s.grad_accum),
+        "--grad-ckpt" if s.grad_ckpt else "--no-grad-ckpt",
+        "--precision", s.precision.value,
+        "--optim", s.optim,
+        "--attn", s.attn.value,
+        "--loss", s.loss.value,
+        "--framework", s.framework.value,
+        "--gpu", case.gpu.name,
+    ]  # fmt: skip
+    if s.lora is not None:
+        flags += ["--lora-r", str(s.lora.r), "--lora-alpha", f"{s.lora.alpha:g}"]
+        if s.lora.targets:
+            flags += ["--lora-targets", ",".join(s.lora.targets)]
+        if s.lora.dropout:
+            flags += ["--lora-dropout", f"{s.lora.dropout:g}"]
+        if s.lora.adapter_bytes == 2:
+            flags += ["--adapter-dtype", "bf16"]
+    versions = [f"torch={s.torch_version}", f"transformers={s.transformers_version}"]
+    if s.quant is not None:
+        flags += ["--quant", s.quant.quant_type.value, "--quant-storage", s.quant.quant_storage]
+        if s.quant.double_quant:
+            flags.append("--double-quant")
+        if not s.quant.prepare_for_kbit_training:
+            flags.append("--no-kbit-prepare")
+        versions.append(f"bitsandbytes={s.quant.bitsandbytes_version}")
+    d = s.distributed
+    if d.world_size > 1:
+        flags += ["--world-size", str(d.world_size)]
+    if d.fsdp is not None:
+        flags += ["--fsdp", d.fsdp.value]
+    if d.zero_stage:
+        flags += ["--zero", str(d.zero_stage)]
+    if d.offload_params and d.offload_optimizer:
+        flags += ["--offload", "all"]
+    elif d.offload_params:
+        flags += ["--offload", "params"]
+    elif d.offload_optimizer:
+        flags += ["--offload", "optimizer"]
+    return flags + ["--versions", ",".join(versions)]

@@ -103,11 +103,41 @@ def _add_estimate_parser(sub: Any) -> None:
         default=None,
         help="modules trained in full beside the adapters, e.g. embed_tokens,lm_head",
     )
+    p.add_argument(
+        "--lora-dropout",
+        type=_finite_float,
+        default=None,
+        help="LoRA dropout probability (PEFT's default 0): a dropout keeps a mask and its "
+        "output per adapted linear",
+    )
+    p.add_argument(
+        "--adapter-dtype",
+        choices=["fp32", "bf16", "fp16"],
+        default=None,
+        help="the LoRA adapters' dtype: fp32 (PEFT's autocast_adapter_dtype, the default) or "
+        "16 bits (TRL casts a quantized model's adapters to bf16; FSDP-QLoRA stacks keep them "
+        "in the storage dtype)",
+    )
+    p.add_argument(
+        "--kbit-prepare",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="qlora: prepare_model_for_kbit_training upcasts the non-quantized parameters to "
+        "fp32 (the default); --no-kbit-prepare where the stack skips it (TRL's SFTTrainer from "
+        "0.20, FSDP-QLoRA)",
+    )
     p.add_argument("--dora", action="store_true", default=None)
     p.add_argument("--quant", choices=["nf4", "fp4", "int8"], default=None)
     p.add_argument("--double-quant", action="store_true", default=None)
     p.add_argument("--attn", choices=["eager", "sdpa", "flash_attention_2"], default=None)
     p.add_argument("--loss", choices=["standard", "chunked", "liger"], default=None)
+    p.add_argument(
+        "--framework",
+        choices=["hf", "trl", "axolotl", "llamafactory", "torchtune", "litgpt"],
+        default=None,
+        help="the training code around the model (default hf): litgpt runs its own model code "
+        "(fused qkv, its LoRA, a chunked loss); the others run transformers' models",
+    )
     p.add_argument(
         "--gpu", default=None, help="A100-80GB, 4090, 24GiB, ... (default: this machine's)"
     )

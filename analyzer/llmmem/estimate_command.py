@@ -19,6 +19,7 @@ from llmmem.budget.setup import (
     TESTED_TRANSFORMERS,
     AttnImpl,
     DistributedSetup,
+    Framework,
     FsdpShard,
     LoraSetup,
     LossImpl,
@@ -440,18 +441,40 @@ def build_setup(
         if not targets_text:
             prov["lora_targets"] = "default (PEFT's choice for this architecture)"
         to_save = getattr(args, "lora_modules_to_save", None)
-        lora = LoraSetup(
-            r=_pick(args, "lora_r", prov),
-            alpha=_pick(args, "lora_alpha", prov),
-            targets=targets,
-            dora=bool(getattr(args, "dora", False)),
-            modules_to_save=[m.strip() for m in to_save.split(",") if m.strip()] if to_save else [],
+        dropout = getattr(args, "lora_dropout", None)
+        if dropout is not None and not 0 <= dropout < 1:
+            raise UsageError(f"--lora-dropout must be at least 0 and below 1, got {dropout:g}")
+        adapter_dtype = getattr(args, "adapter_dtype", None)
+        try:
+            lora = LoraSetup(
+                r=_pick(args, "lora_r", prov),
+                alpha=_pick(args, "lora_alpha", prov),
+                targets=targets,
+                dora=bool(getattr(args, "dora", False)),
+                modules_to_save=[m.strip() for m in to_save.split(",") if m.strip()]
+                if to_save
+                else [],
+                dropout=dropout or 0.0,
+                adapter_bytes=4 if adapter_dtype in (None, "fp32") else 2,
+            )
+        except SetupError as err:
+            raise UsageError(str(err)) from None
+        prov["lora_dropout"] = "flag" if dropout is not None else "default (0)"
+        prov["adapter_dtype"] = (
+            "flag" if adapter_dtype else "default (fp32: autocast_adapter_dtype)"
         )
     elif any(
         getattr(args, f, None) is not None
-        for f in ("lora_r", "lora_alpha", "lora_targets", "lora_modules_to_save")
+        for f in (
+            "lora_r",
+            "lora_alpha",
+            "lora_targets",
+            "lora_modules_to_save",
+            "lora_dropout",
+            "adapter_dtype",
+        )
     ):
-        raise UsageError("--lora-* flags need --method lora or qlora")
+        raise UsageError("--lora-* and --adapter-dtype flags need --method lora or qlora")
     if getattr(args, "quant", None) or method is Method.QLORA or bnb_checkpoint:
         quant_type = QuantType(args.quant or "nf4")
         double_quant = bool(args.double_quant)
@@ -472,8 +495,12 @@ def build_setup(
             method = Method.LORA  # LoRA over an 8-bit base
         storage = getattr(args, "quant_storage", None)
         try:
+            prepare = getattr(args, "kbit_prepare", None)
             quant = QuantSetup(
-                quant_type=quant_type, double_quant=double_quant, quant_storage=storage or "uint8"
+                quant_type=quant_type,
+                double_quant=double_quant,
+                quant_storage=storage or "uint8",
+                prepare_for_kbit_training=True if prepare is None else bool(prepare),
             )
             bnb_release = _bitsandbytes_release(args)
             if bnb_release:
@@ -488,6 +515,8 @@ def build_setup(
             if bnb_checkpoint
             else "default (qlora: nf4)"
         )
+    elif getattr(args, "kbit_prepare", None) is not None:
+        raise UsageError("--kbit-prepare needs --quant (or --method qlora)")
     elif getattr(args, "double_quant", None):
         raise UsageError("--double-quant needs --quant nf4 or fp4 (or --method qlora)")
     elif getattr(args, "quant_storage", None):
@@ -548,9 +577,17 @@ def build_setup(
             use_cache=bool(getattr(args, "use_cache", False)),
             optimizer_in_backward=bool(getattr(args, "optimizer_in_backward", False)),
             transformers_version=versions.get("transformers", TESTED_TRANSFORMERS),
+            framework=Framework.LITGPT
+            if getattr(args, "framework", None) == "litgpt"
+            else Framework.HF,
         )
         if "torch" in versions:
             setup = replace(setup, torch_version=versions["torch"])
+        if setup.framework is Framework.LITGPT and getattr(args, "loss", None) is None:
+            # litgpt's finetune scripts compute chunked_cross_entropy (128 positions a chunk)
+            setup = replace(setup, loss=LossImpl.CHUNKED)
+            prov["loss"] = "litgpt's default (chunked cross-entropy)"
+        prov["framework"] = "flag" if getattr(args, "framework", None) else "default (hf)"
     except SetupError as err:
         raise UsageError(str(err)) from None
     return setup, prov
@@ -580,12 +617,16 @@ def setup_lines(
         ),
         ("attention", setup.attn.value, prov.get("attn", "")),
     ]
+    if setup.framework is not Framework.HF:
+        lines.append(("framework", setup.framework.value, prov.get("framework", "")))
     if setup.lora:
         lines.append(
             (
                 "LoRA",
                 f"r={setup.lora.r} alpha={setup.lora.alpha:g} "
-                f"targets={','.join(setup.lora.targets or ['PEFT default'])}",
+                f"targets={','.join(setup.lora.targets or ['PEFT default'])}"
+                + (f" dropout={setup.lora.dropout:g}" if setup.lora.dropout else "")
+                + (" in 16 bits" if setup.lora.adapter_bytes == 2 else ""),
                 prov.get("lora_r", ""),
             )
         )
@@ -599,7 +640,8 @@ def setup_lines(
                     f", stored as {setup.quant.quant_storage}"
                     if setup.quant.quant_storage != "uint8"
                     else ""
-                ),
+                )
+                + ("" if setup.quant.prepare_for_kbit_training else ", no kbit prepare"),
                 prov.get("quant", ""),
             )
         )

@@ -256,3 +256,24 @@ def test_fsdp_no_shard_keeps_a_whole_replica_without_ddp_bucket_copies() -> None
     assert sharded.peak.components[weights].bytes < 0.55 * single.peak.components[weights].bytes
     # FSDP all-reduces each unit's flat gradient in place: no DDP bucket copies
     assert replica.allocated_peak_bytes <= ddp.allocated_peak_bytes
+
+
+def test_every_wide_row_is_an_estimate_command_line(capsys) -> None:  # type: ignore[no-untyped-def]
+    """Each published row, written as `llmmem estimate` flags, gives the bench's numbers: no row
+    needs a setting the command line cannot express."""
+    import json
+
+    from calibration import estimate_flags, load_rows, wide_case_from_row
+
+    from llmmem.cli import main
+
+    for row in load_rows(WIDE_CALIBRATION_FILE):
+        case = wide_case_from_row(row)
+        budget = estimate_budget(case.spec, case.setup, case.gpu)
+        code = main(["estimate", "--offline", "--format", "json", *estimate_flags(case)])
+        out = capsys.readouterr().out
+        assert code == 0, (row["id"], out)
+        got = json.loads(out)
+        report = got.get("budget", got)
+        for key in ("allocated_peak_bytes", "reserved_peak_bytes", "device_total_bytes"):
+            assert report[key] == getattr(budget, key), (row["id"], key, estimate_flags(case))

@@ -307,3 +307,62 @@ def test_offload_says_what_lives_on_the_cpu(capsys: pytest.CaptureFixture[str]) 
     assert on_gpu < 2**20 and kept_states == states
     on_gpu, no_states = held("--offload")
     assert on_gpu < 2**20 and no_states == 0
+
+
+LORA_RUN = ("--model", "Qwen/Qwen2.5-0.5B", "--method", "lora", "--batch", "2", "--seq", "1024")
+
+
+def test_sixteen_bit_adapters_hold_two_bytes_less_per_adapter_parameter(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fp32 = estimate_json(capsys, *LORA_RUN)
+    bf16 = estimate_json(capsys, *LORA_RUN, "--adapter-dtype", "bf16")
+    adapters = fp32["trainable_params"]
+    assert fp32["components"]["weights"] - bf16["components"]["weights"] == 2 * adapters
+    # AdamW's states follow the parameter's dtype: two states, two bytes less each
+    saved = fp32["components"]["optimizer_states"] - bf16["components"]["optimizer_states"]
+    assert saved == 2 * 2 * adapters
+    assert bf16["setup"]["values"]["lora"]["adapter_bytes"] == 2
+
+
+def test_lora_dropout_keeps_more_activations(capsys: pytest.CaptureFixture[str]) -> None:
+    plain = estimate_json(capsys, *LORA_RUN)
+    dropout = estimate_json(capsys, *LORA_RUN, "--lora-dropout", "0.1")
+    assert dropout["components"]["activations"] > plain["components"]["activations"]
+    assert dropout["components"]["weights"] == plain["components"]["weights"]
+
+
+def test_skipping_kbit_preparation_keeps_the_unquantized_parameters_in_16_bits(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    qlora = ("--model", "Qwen/Qwen2.5-0.5B", "--method", "qlora", "--precision", "bf16-true")
+    prepared = estimate_json(capsys, *qlora)
+    skipped = estimate_json(capsys, *qlora, "--no-kbit-prepare")
+    # prepare_model_for_kbit_training upcasts embeddings and norms to fp32: 2 more bytes each
+    assert prepared["components"]["weights"] > skipped["components"]["weights"]
+    assert skipped["setup"]["values"]["quant"]["prepare_for_kbit_training"] is False
+
+
+def test_litgpt_framework_runs_its_chunked_loss(capsys: pytest.CaptureFixture[str]) -> None:
+    run = ("--model", "microsoft/phi-1_5", "--method", "lora", "--batch", "4", "--seq", "2048")
+    hf = estimate_json(capsys, *run)
+    litgpt = estimate_json(capsys, *run, "--framework", "litgpt")
+    assert litgpt["components"]["logits"] < hf["components"]["logits"]
+    assert litgpt["setup"]["values"]["loss"] == "chunked"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--lora-dropout", "1.5"), "--lora-dropout"),
+        (("--adapter-dtype", "bf16"), "need --method lora or qlora"),
+        (("--kbit-prepare",), "--kbit-prepare needs --quant"),
+    ],
+)
+def test_adapter_flags_without_their_setup_are_usage_errors(
+    capsys: pytest.CaptureFixture[str], args: tuple[str, ...], message: str
+) -> None:
+    extra = ("--method", "lora") if args[0] == "--lora-dropout" else ()
+    code = main(["estimate", "--offline", "--model", "Qwen/Qwen2.5-0.5B", *extra, *args])
+    assert code == 2
+    assert message in capsys.readouterr().err
