@@ -5,8 +5,10 @@
 Compares each fixture's TrainingPlan with `bench/extraction_expected.json`, which lists, per
 fixture, only the values the file (or a file it references) states. A field counts as found
 when the extractor gave it a provenance other than a framework default or an assumption, and as
-correct when that found value equals the expected one. Also times extraction of every fixture
-and of a generated 1,000-line script, in-process (median of 20 runs). Always exits 0.
+correct when that found value equals the expected one. The same counts are printed per
+framework (the reader that took the file: Python scripts, each config framework, shell
+launchers, notebooks). Also times extraction of every fixture and of a generated 1,000-line
+script, in-process (median of 20 runs). Always exits 0.
 """
 
 from __future__ import annotations
@@ -45,6 +47,70 @@ FIELDS = [
 ]
 
 MISSING = object()
+
+# the per-framework table's rows, in order: a file's row is its reader's
+GROUP_COUNTS = ("files", "stated", "found", "correct")
+GROUPS = [
+    "HF/TRL Python",
+    "HF YAML",
+    "axolotl",
+    "LLaMA-Factory",
+    "torchtune",
+    "LitGPT",
+    "DeepSpeed",
+    "accelerate",
+    "verl",
+    "shell launchers",
+    "notebooks",
+]
+KIND_GROUPS = {"python": "HF/TRL Python", "shell": "shell launchers", "notebook": "notebooks"}
+CONFIG_GROUPS = {
+    "hf": "HF YAML",
+    "trl": "HF YAML",
+    "axolotl": "axolotl",
+    "llamafactory": "LLaMA-Factory",
+    "torchtune": "torchtune",
+    "litgpt": "LitGPT",
+    "deepspeed": "DeepSpeed",
+    "accelerate": "accelerate",
+    "verl": "verl",
+}
+
+
+def group_of(path: Path, plan: Any) -> str:
+    """The per-framework row a fixture counts in: by file kind, and a config by the framework
+    its reader detected (a YAML file that LLaMA-Factory reads is LLaMA-Factory's wherever it
+    lies)."""
+    from llmmem.extract import file_kind
+
+    kind = plan.kind if plan is not None else file_kind(path)
+    if kind in KIND_GROUPS:
+        return KIND_GROUPS[kind]
+    framework = plan.framework if plan is not None else "hf"
+    return CONFIG_GROUPS.get(framework, f"{kind} ({framework})")
+
+
+def framework_table(groups: dict[str, dict[str, int]]) -> list[str]:
+    """The per-framework counts as a Markdown table (printed as is, and kept in the README)."""
+    rows = [name for name in GROUPS if name in groups]
+    rows += sorted(name for name in groups if name not in GROUPS)
+    lines = [
+        "| reader | files | stated | found | correct |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    totals = {"files": 0, "stated": 0, "found": 0, "correct": 0}
+    for name in rows:
+        row = groups[name]
+        for key in totals:
+            totals[key] += row[key]
+        lines.append(
+            f"| {name} | {row['files']} | {row['stated']} | {row['found']} | {row['correct']} |"
+        )
+    lines.append(
+        f"| total | {totals['files']} | {totals['stated']} | {totals['found']}"
+        f" | {totals['correct']} |"
+    )
+    return lines
 
 
 def lookup(plan: Any, key: str) -> Any:
@@ -173,6 +239,7 @@ def main() -> int:
         "fixtures"
     ]
     stats = {field: {"stated": 0, "found": 0, "correct": 0, "extra": 0} for field in FIELDS}
+    groups: dict[str, dict[str, int]] = {}
     mismatches: dict[str, list[str]] = {}
     extras: dict[str, list[str]] = {}
     errors: dict[str, str] = {}
@@ -183,9 +250,14 @@ def main() -> int:
             plan = extract_plan(path)
         except Exception:  # extract_plan promises never to raise; report it if it does
             errors[name] = traceback.format_exc(limit=1).strip().splitlines()[-1]
+            group = groups.setdefault(group_of(path, None), dict.fromkeys(GROUP_COUNTS, 0))
+            group["files"] += 1
             for field in fields:
                 stats[field]["stated"] += 1
+                group["stated"] += 1
             continue
+        group = groups.setdefault(group_of(path, plan), dict.fromkeys(GROUP_COUNTS, 0))
+        group["files"] += 1
         for field in FIELDS:
             want = fields.get(field, MISSING)
             got = lookup(plan, field)
@@ -197,8 +269,11 @@ def main() -> int:
                 continue
             stats[field]["stated"] += 1
             stats[field]["found"] += int(found)
+            group["stated"] += 1
+            group["found"] += int(found)
             if found and same(want, got.value):
                 stats[field]["correct"] += 1
+                group["correct"] += 1
             else:
                 mismatches.setdefault(name, []).append(
                     f"{field}: expected {want!r}, got {show(got)}"
@@ -232,6 +307,12 @@ def main() -> int:
         "(found: provenance other than a framework default or an assumption; "
         "extra: found where the file states nothing)"
     )
+
+    print()
+    print("Per framework (stated values found and correct, by the reader that took the file)")
+    print()
+    for line in framework_table(groups):
+        print(line)
 
     print()
     print("Mismatches (expected vs got [provenance])")
