@@ -417,3 +417,50 @@ def test_unsloth_use_gradient_checkpointing(
     found = plan.gradient_checkpointing
     assert (found.value, found.source) == (value, source)
     assert ("offloaded" in found.note) is offloaded
+
+
+GRPO_THROUGH_A_FACTORY = """\
+from trl import GRPOConfig, GRPOTrainer
+
+VLLM = dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.25)
+
+
+def build_args(generations: int = 4, beta: float = 0.0) -> GRPOConfig:
+    return GRPOConfig(
+        output_dir="out",
+        per_device_train_batch_size=8,
+        num_generations=generations,
+        beta=beta,
+        vllm_enable_sleep_mode=True,
+        **VLLM,
+    )
+
+
+trainer = GRPOTrainer(
+    model="Qwen/Qwen2.5-0.5B-Instruct",
+    reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+    args=build_args(generations=16, beta=0.02),
+)
+trainer.train()
+"""
+
+
+def test_grpo_fields_reached_through_a_function_and_a_splatted_dict() -> None:
+    plan = plan_of(GRPO_THROUGH_A_FACTORY)
+    assert plan.problems == []
+    text = GRPO_THROUGH_A_FACTORY
+    # the call's arguments win over the function's defaults, and point at the call
+    for key, value, written in (("num_generations", 16, "16"), ("beta", 0.02, "0.02")):
+        kept = plan.extra[key]
+        assert (kept.value, kept.source) == (value, Provenance.EXPLICIT)
+        assert covered(text, kept.range) == (20, written)
+    for key, value, written in (
+        ("use_vllm", True, "True"),
+        ("vllm_mode", "colocate", '"colocate"'),
+        ("vllm_gpu_memory_utilization", 0.25, "0.25"),
+    ):
+        kept = plan.extra[key]
+        assert (kept.value, kept.source) == (value, Provenance.EXPLICIT)
+        assert covered(text, kept.range) == (3, written)
+    assert plan.extra["vllm_enable_sleep_mode"].value is True
+    assert plan.extra["num_iterations"].source is Provenance.DEFAULT

@@ -366,3 +366,29 @@ def test_a_grpo_value_trl_refuses_is_a_problem_not_a_traceback(
     out = _grpo_explained(tmp_path, capsys, mode="remote")
     assert out["budget"] is None
     assert any("vllm_mode" in problem for problem in out["problems"])
+
+
+def test_a_grpo_field_of_the_wrong_kind_is_named_and_its_default_kept(tmp_path: Path) -> None:
+    script = """\
+import os
+from trl import GRPOConfig, GRPOTrainer
+
+args = GRPOConfig(
+    output_dir="o",
+    num_generations=int(os.environ["NGEN"]),
+    beta="high",
+    use_vllm="yes please",
+)
+GRPOTrainer(model="Qwen/Qwen2.5-0.5B-Instruct", reward_funcs=len, args=args).train()
+"""
+    plan = _plan(tmp_path, "grpo.py", script)
+    problems = "\\n".join(plan.problems)
+    assert "line 6: GRPOConfig.num_generations: could not read" in problems
+    assert "line 7: GRPOConfig.beta: 'high' is not a number" in problems
+    assert "line 8: GRPOConfig.use_vllm: 'yes please' is not True or False" in problems
+    assert plan.extra["beta"].source is Provenance.DEFAULT
+    assert plan.extra["use_vllm"].value is False
+    analysis = analyze(plan)
+    assert analysis.budget is not None  # sized with TRL's defaults, the problems listed
+    held = {c for phase in analysis.budget.phases for c in phase.components}
+    assert Component.VLLM_ENGINE not in held

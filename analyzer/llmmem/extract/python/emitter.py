@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from llmmem.extract.builder import PlanBuilder
+from llmmem.extract.numbers import shown
 from llmmem.extract.python.findings import Findings
 from llmmem.extract.python.values import (
     ConfigObject,
@@ -59,6 +60,23 @@ GRPO_CONFIG_DEFAULTS: dict[str, object] = {
     "vllm_importance_sampling_correction": True,
     "steps_per_generation": None,
     "num_iterations": 1,
+}
+GRPO_FIELD_KINDS: dict[str, str] = {
+    "num_generations": "int",
+    "beta": "float",
+    "use_vllm": "bool",
+    "vllm_mode": "str",
+    "vllm_gpu_memory_utilization": "float",
+    "vllm_enable_sleep_mode": "bool",
+    "vllm_importance_sampling_correction": "bool",
+    "steps_per_generation": "int",
+    "num_iterations": "int",
+}
+GRPO_KIND_WORDS = {
+    "int": "a whole number",
+    "float": "a number",
+    "bool": "True or False",
+    "str": "a string",
 }
 GRPO_DEFAULT_NOTES: dict[str, str] = {
     "steps_per_generation": (
@@ -387,11 +405,7 @@ class PlanEmitter:
                 self.set_known("loss", replace(known, value=loss))
             return
         if config.class_name == "GRPOConfig" and name in GRPO_CONFIG_DEFAULTS:
-            known = settle(value)
-            if known is None:
-                self.unread(f"{config.declared_name}.{name}", value, config.node, name)
-            elif known.value is not None:
-                self.set_known(name, known)
+            self.emit_grpo_field(config, name, value)
             return
         flag = flag_setting(name)
         if flag is not None:
@@ -410,6 +424,34 @@ class PlanEmitter:
         if known.value is None:
             return  # None means "not set" for every key read here
         self.set_known(canonical, known)
+
+    def emit_grpo_field(self, config: ConfigObject, name: str, value: Value) -> None:
+        label = f"{config.declared_name}.{name}"
+        known = settle(value)
+        if known is None:
+            self.unread(label, value, config.node, name)
+            return
+        if known.value is None:
+            return  # None is the field's "not set": TRL's default stays
+        kind = GRPO_FIELD_KINDS[name]
+        written = known.value
+        if isinstance(written, bool):
+            fits = kind == "bool"
+        elif isinstance(written, int):
+            fits = kind in ("int", "float")
+        elif isinstance(written, float):
+            fits = kind == "float"
+        else:
+            fits = kind == "str" and isinstance(written, str)
+        if not fits:
+            default = GRPO_CONFIG_DEFAULTS[name]
+            self.reader.problem(
+                known.node or config.node,
+                f"{label}: {shown(repr(written), 40)} is not {GRPO_KIND_WORDS[kind]}; "
+                f"TRL 0.29.1's default {default!r} is assumed",
+            )
+            return
+        self.set_known(name, known)
 
     def emit_grpo_defaults(self) -> None:
         """TRL 0.29.1's GRPOConfig defaults for the fields the file leaves out; a value the file
