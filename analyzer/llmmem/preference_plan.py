@@ -138,6 +138,19 @@ def reference_row(plan: TrainingPlan, method: Any) -> Sourced[str] | None:
     if objective is None or method is None:
         return None
     reference, why = reference_of(plan)
+    if objective is Objective.GRPO and "beta" not in plan.extra and "use_kl_loss" in plan.extra:
+        # verl: the KL term's reference policy is FSDP-wrapped with CPU offload, its weights
+        # on the CPU; nothing on the GPU to size either way
+        kl = plan.extra["use_kl_loss"]
+        on = _truthy(_kept(plan, "use_kl_loss"))
+        return Sourced(
+            value=f"{Reference.NONE.value}: "
+            + ("the reference policy is kept on the CPU" if on else REFERENCE_TEXT[Reference.NONE]),
+            source=kl.source if isinstance(kl, Sourced) else Provenance.EXPLICIT,
+            range=kl.range if isinstance(kl, Sourced) else plan.trainer_range,
+            note=f"verl use_kl_loss: {str(on).lower()}"
+            + (" (FSDP offloads its weights to the CPU: not held on the GPU)" if on else ""),
+        )
     if objective is Objective.GRPO:
         kept = plan.extra.get("beta")
         beta = _kept(plan, "beta")

@@ -25,6 +25,7 @@ EXPECTED: dict[str, tuple[str, str] | None] = {
     "dpo_lora.py": ("dpo", "adapter"),  # the PEFT model with its adapter disabled
     "llamafactory_dpo.yaml": ("dpo", "adapter"),
     "grpo_vllm_colocate.py": ("grpo", "none"),  # beta left at 0.0
+    "verl_grpo.yaml": ("grpo", "none"),  # use_kl_loss: false
     "full_finetune.py": None,
     "qlora_sft.py": None,
 }

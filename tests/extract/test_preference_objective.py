@@ -392,3 +392,17 @@ GRPOTrainer(model="Qwen/Qwen2.5-0.5B-Instruct", reward_funcs=len, args=args).tra
     assert analysis.budget is not None  # sized with TRL's defaults, the problems listed
     held = {c for phase in analysis.budget.phases for c in phase.components}
     assert Component.VLLM_ENGINE not in held
+
+
+def test_a_verl_grpo_reference_is_decided_by_use_kl_loss(tmp_path: Path) -> None:
+    fixture = Path(__file__).resolve().parent.parent / "fixtures" / "configs" / "verl_grpo.yaml"
+    with_kl = extract_plan(fixture)  # use_kl_loss: true, the reference offloaded by verl
+    analysis = analyze(with_kl)
+    row = reference_row(with_kl, analysis.setup.method)
+    assert row is not None and row.source is Provenance.EXPLICIT
+    assert "use_kl_loss: true" in row.note and "CPU" in row.value
+    assert row.range is not None and row.range.start_line + 1 == 21  # use_kl_loss: true
+    text = fixture.read_text(encoding="utf-8").replace("use_kl_loss: true", "use_kl_loss: false")
+    without = _plan(tmp_path, "verl_grpo.yaml", text)
+    row = reference_row(without, analyze(without).setup.method)
+    assert row is not None and row.value.startswith("none") and "false" in row.note
