@@ -219,3 +219,32 @@ def test_findings_have_ranges_inside_the_file(gpu: str) -> None:
     for finding in run_rules(analyze(plan_for(SCRIPT), gpu=gpu), SCRIPT):
         assert finding.range is not None
         assert finding.range.start_line < len(lines)
+
+
+AXOLOTL = """base_model: Qwen/Qwen2.5-0.5B
+micro_batch_size: 2
+sequence_len: 1024
+adapter: lora
+lora_r: 16
+lora_alpha: 32
+lora_target_linear: true
+{precision}
+"""
+
+
+@pytest.mark.parametrize("precision", ["bf16: auto", "bf16: auto\nfp16: false", ""])
+def test_axolotl_bf16_auto_on_a_t4_is_not_an_error(tmp_path: Path, precision: str) -> None:
+    # axolotl resolves auto (and an unset bf16) on the GPU: fp16 (or fp32) on a T4
+    text = AXOLOTL.format(precision=precision)
+    path = tmp_path / "axolotl.yml"
+    path.write_text(text, encoding="utf-8")
+    codes = [finding.code for finding in check_text(path, text, gpu="T4", hub=False).findings]
+    assert "LLM006" not in codes
+
+
+def test_axolotl_bf16_true_on_a_t4_is_still_an_error(tmp_path: Path) -> None:
+    text = AXOLOTL.format(precision="bf16: true")
+    path = tmp_path / "axolotl.yml"
+    path.write_text(text, encoding="utf-8")
+    findings = check_text(path, text, gpu="T4", hub=False).findings
+    assert [finding.severity.value for finding in findings if finding.code == "LLM006"] == ["error"]

@@ -106,6 +106,10 @@ def check_bf16_support(analysis: Analysis, text: str) -> list[Finding]:
     gpu, plan = analysis.gpu, analysis.plan
     if gpu is None or gpu.bf16 or plan.precision.value not in ("bf16", "bf16-true"):
         return []
+    if "bf16_auto_fallback" in plan.extra:
+        # axolotl's `bf16: auto` (also an unset bf16) asks for bf16 only where the GPU has it:
+        # on this GPU axolotl trains in fp16 (or fp32), nothing fails
+        return []
     fixes = []
     if plan.precision.value == "bf16" and plan.precision.range is not None:
         from llmmem.rules.edits import keyword_at, set_setting
