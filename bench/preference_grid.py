@@ -1,7 +1,9 @@
-"""The preference budgets against real DPO, KTO, no-reference (ORPO-like) and reward CPU steps.
+"""The preference budgets against real DPO, KTO, no-reference (ORPO-like), reward and GRPO CPU
+steps.
 
     python bench/preference_grid.py [--size medium|small] [--family llama|qwen2 ...]
                                     [--objective dpo|kto|orpo|reward ...] [--shape 1x128 ...]
+    python bench/preference_grid.py --grpo [--size medium|small] [--shape 32x4 ...]
 
 Each step is written as TRL 0.29.1 computes it (`llmmem.verify.preference_grid`): chosen and
 rejected concatenated, `selective_log_softmax` over the shifted logits, the reference forward
@@ -20,4 +22,12 @@ import sys
 from llmmem.verify.preference_grid import main
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:] or ["--size", "medium", "--shape", "1x128"]))
+    args = sys.argv[1:]
+    if "--grpo" in args:
+        # GRPO (llmmem.verify.grpo_grid): generation with the KV cache, the reference pass with
+        # beta != 0, the policy over the completions; medium configs unless --size is given
+        from llmmem.verify.grpo_grid import main as grpo_main
+
+        rest = [a for a in args if a != "--grpo"]
+        sys.exit(grpo_main(rest if "--size" in rest else ["--size", "medium", *rest]))
+    sys.exit(main(args or ["--size", "medium", "--shape", "1x128"]))

@@ -474,6 +474,17 @@ def table(results: list[GridResult]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    # the preference and GRPO grids have their own steps and options
+    if "--preference" in args_in:
+        from llmmem.verify.preference_grid import main as preference_main
+
+        return preference_main([a for a in args_in if a != "--preference"])
+    if "--grpo" in args_in:
+        from llmmem.verify.grpo_grid import main as grpo_main
+
+        return grpo_main([a for a in args_in if a != "--grpo"])
+    argv = args_in
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=["small", "medium", "real"], default="small")
     parser.add_argument("--family", action="append", choices=sorted(SMALL_CONFIGS))

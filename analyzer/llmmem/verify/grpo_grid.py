@@ -1,0 +1,283 @@
+"""The GRPO budget against a GRPO step run on the CPU, phase by phase.
+
+    python -m llmmem.verify.grid --grpo [--size small|medium] [--family llama|qwen2 ...]
+
+The step is TRL 0.29.1's GRPOTrainer restated on a model built from a config, each part
+following the trainer's code (trl/trainer/grpo_trainer.py at 0.29.1):
+
+- generation: `_generate_single_turn`'s regular path (`unwrapped_model.generate(...)` under
+  `torch.no_grad()`): each prompt repeated `num_generations` times (the sampler's
+  `RepeatSampler`), transformers' `generate` with its KV cache, sampling, every completion run
+  to `max_completion_length` (no EOS: the longest case);
+- with `beta != 0`, the reference log-probabilities of `_generate_and_score_completions` under
+  `torch.no_grad()`, chunked by `per_device_train_batch_size`: a frozen copy in full
+  fine-tuning, the policy with its adapter disabled under LoRA;
+- the policy's `_get_per_token_logps_and_entropies`: `logits_to_keep = C + 1`, the last logit
+  dropped, `logits / temperature`, `selective_log_softmax`, `entropy_from_logits` without
+  gradient in 128-row chunks;
+- `_compute_loss` with the default `loss_type="dapo"`: the clipped ratio against the detached
+  log-probabilities, the k3 KL term when `beta != 0`, summed over the completion tokens;
+- backward and an AdamW step.
+
+The cases run in fp32, in bf16 and under bf16 autocast over fp32 weights (accelerate's mixed
+precision: the models' forward wrapped in autocast, generation's steps included). A warm-up
+step makes the optimizer states; the second is measured with StorageTracker, one peak per
+phase. The no-gradient pass's budget counts one row's fp32 logsumexp temporary that aten makes
+inside the kernel (a GPU allocates it, a dispatch-level counter cannot see it): it is left out
+of the comparison, by name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from llmmem.budget.grpo import GrpoSetup, estimate_grpo_budget, grpo_log_probs
+from llmmem.budget.result import Phase
+from llmmem.budget.setup import LoraSetup, Method, Precision, TrainingSetup
+from llmmem.models.architectures import spec_from_config
+from llmmem.models.spec import ModelSource
+from llmmem.verify.preference_grid import CONFIGS, SMALL, selective_log_softmax
+from llmmem.verify.tracker import StorageTracker
+
+PROMPT = 16
+
+
+@dataclass(frozen=True)
+class Case:
+    generations: int = 2
+    completion: int = 32
+    beta: float = 0.0
+    batch: int = 4  # per_device_train_batch_size: completions
+    method: str = "full"
+    dtype: str = "fp32"
+    grad_ckpt: bool = False
+    family: str = "llama"
+
+    @property
+    def id(self) -> str:
+        parts = [self.family] if self.family != "llama" else []
+        parts += [f"g{self.generations}", f"c{self.completion}", f"b{self.batch}"]
+        parts += [f"beta{self.beta:g}", self.method, self.dtype]
+        return "-".join(parts + (["ckpt"] if self.grad_ckpt else []))
+
+
+def _config(case: Case, size: str) -> dict[str, Any]:
+    return dict(CONFIGS[size][case.family])
+
+
+def _spec(case: Case | None = None, size: str = "small") -> Any:
+    case = case or Case()
+    return spec_from_config(
+        _config(case, size), model_id=f"{size}-{case.family}", source=ModelSource.CONFIG
+    )
+
+
+def _setup(case: Case) -> TrainingSetup:
+    lora = LoraSetup(r=8, alpha=16, targets=["q_proj", "v_proj"]) if case.method == "lora" else None
+    return TrainingSetup(
+        method=Method(case.method),
+        batch=case.batch,
+        seq=PROMPT + case.completion,
+        precision=Precision(case.dtype),
+        optim="adamw_torch",
+        grad_ckpt=case.grad_ckpt,
+        lora=lora,
+    )
+
+
+def _grpo(case: Case) -> GrpoSetup:
+    return GrpoSetup(
+        num_generations=case.generations,
+        max_prompt_length=PROMPT,
+        max_completion_length=case.completion,
+        beta=case.beta,
+    )
+
+
+def _log_probs(model: Any, ids: Any, mask: Any, keep: int, rows: int, entropy: bool) -> Any:
+    """`_get_per_token_logps_and_entropies` (grpo_trainer.py, 0.29.1), temperature 1."""
+    logps, entropies = [], []
+    for start in range(0, ids.size(0), rows):
+        chunk = ids[start : start + rows]
+        logits = model(
+            input_ids=chunk,
+            attention_mask=mask[start : start + rows],
+            logits_to_keep=keep + 1,
+            use_cache=False,
+        ).logits
+        logits = logits[:, :-1, :]
+        logits = logits[:, -keep:, :]
+        logits = logits / 1.0
+        logps.append(selective_log_softmax(logits, chunk[:, -keep:]))
+        if entropy:  # trl/trainer/utils.py `entropy_from_logits`, 128 rows at a time
+            with torch.no_grad():
+                flat = logits.reshape(-1, logits.shape[-1])
+                parts = []
+                for piece in flat.split(128, dim=0):
+                    piece_logps = F.log_softmax(piece, dim=-1)
+                    parts.append(-(torch.exp(piece_logps) * piece_logps).sum(-1))
+                entropies.append(torch.cat(parts).reshape(logits.shape[:-1]))
+    return torch.cat(logps), torch.cat(entropies) if entropy else None
+
+
+def measure(case: Case, size: str = "small") -> dict[str, int]:
+    """Each phase's peak of allocated bytes, weights (and a reference copy) included."""
+    import peft
+    import transformers
+
+    config = _config(case, size)
+    config.pop("architectures", None)
+    vocab = config["vocab_size"]
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if case.dtype == "bf16-true" else torch.float32
+    model = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model(**config), dtype=dtype, attn_implementation="sdpa"
+    )
+    model.train()
+    ref = None
+    if case.beta and case.method == "full":
+        ref = copy.deepcopy(model).eval().requires_grad_(False)
+    if case.dtype == "bf16":
+        # mixed precision: accelerate wraps each prepared model's forward in autocast (the
+        # reference's too); generate calls that forward, the loss runs outside it
+        for wrapped in [model] + ([ref] if ref is not None else []):
+            wrapped.forward = torch.autocast("cpu", dtype=torch.bfloat16)(wrapped.forward)
+    if case.grad_ckpt:
+        model.gradient_checkpointing_enable()
+    if case.method == "lora":
+        lora = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
+        model = peft.get_peft_model(model, lora)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-5, foreach=True)
+    c = case.completion
+    peaks: dict[str, int] = {}
+    tracker = StorageTracker()
+    with tracker:
+        frozen = list(model.parameters()) + list(model.buffers())
+        if ref is not None:
+            frozen += list(ref.parameters()) + list(ref.buffers())
+        for tensor in frozen:
+            tracker.track(tensor, "weights")
+        for _ in range(2):  # a warm-up step, then the measured one
+            tracker.reset_peak("activations")
+            prompts = torch.randint(3, vocab, (case.batch // case.generations, PROMPT))
+            prompts = prompts.repeat_interleave(case.generations, dim=0)
+            prompt_mask = torch.ones_like(prompts)
+            with torch.no_grad():
+                out = model.generate(
+                    input_ids=prompts,
+                    attention_mask=prompt_mask,
+                    max_new_tokens=c,
+                    min_new_tokens=c,
+                    do_sample=True,
+                    pad_token_id=0,
+                    eos_token_id=None,
+                    use_cache=True,
+                    disable_compile=True,
+                )
+            peaks["generate"] = tracker.peak
+            completion = out[:, PROMPT:]
+            del out
+            ids = torch.cat([prompts, completion], dim=1)
+            mask = torch.cat([prompt_mask, torch.ones_like(completion)], dim=1)
+            ref_logps = None
+            if case.beta:
+                tracker.reset_peak("activations")
+                with torch.no_grad():
+                    if ref is None:
+                        with model.disable_adapter():
+                            ref_logps, _ = _log_probs(model, ids, mask, c, case.batch, False)
+                    else:
+                        ref_logps, _ = _log_probs(ref, ids, mask, c, case.batch, False)
+                peaks["reference_forward"] = tracker.peak
+            advantages = torch.randn(case.batch).unsqueeze(1)
+            tracker.reset_peak("activations")
+            logps, _ = _log_probs(model, ids, mask, c, case.batch, True)
+            ratio = torch.exp(logps - logps.detach())
+            clipped = torch.clamp(ratio, 0.8, 1.28)
+            per_token = -torch.min(ratio * advantages, clipped * advantages)
+            if case.beta:
+                diff = ref_logps - logps
+                per_token = per_token + case.beta * (torch.exp(diff) - diff - 1)
+            loss = per_token.sum() / per_token.numel()
+            peaks["forward"] = tracker.peak
+            tracker.reset_peak("temporaries")
+            loss.backward()
+            del loss, per_token, ratio, clipped, logps
+            peaks["backward"] = tracker.peak
+            tracker.reset_peak("temporaries")
+            optimizer.step()
+            for state in optimizer.state.values():
+                for value in state.values():
+                    if isinstance(value, torch.Tensor):
+                        tracker.track(value, "optimizer_states")
+            peaks["optimizer_step"] = tracker.peak
+            optimizer.zero_grad()
+    return peaks
+
+
+def predict(case: Case, size: str = "small") -> dict[str, int]:
+    """The budget's allocated bytes per phase, less what no storage counter sees."""
+    spec = _spec(case, size)
+    setup = _setup(case)
+    budget = estimate_grpo_budget(spec, setup, _grpo(case))
+    phases = {p.phase.value: p.allocated_bytes for p in budget.phases}
+    if Phase.REFERENCE_FORWARD.value in phases:
+        phases[Phase.REFERENCE_FORWARD.value] -= grpo_log_probs(
+            spec, setup, _grpo(case)
+        ).inside_kernel
+    return phases
+
+
+def grid(families: list[str], shapes: list[tuple[int, int]]) -> list[Case]:
+    """num_generations × completion length × with and without a reference, full and LoRA,
+    for each family."""
+    cases = []
+    for family in families:
+        for generations in (2, 4):
+            for completion, batch in shapes:
+                for beta in (0.0, 0.04):
+                    cases.append(Case(generations, completion, beta, batch=batch, family=family))
+        cases.append(Case(2, shapes[0][0], 0.04, batch=shapes[0][1], method="lora", family=family))
+        cases.append(
+            Case(4, shapes[0][0], 0.0, batch=max(8, shapes[0][1]), grad_ckpt=True, family=family)
+        )
+    return cases
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m llmmem.verify.grid --grpo")
+    parser.add_argument("--size", choices=sorted(CONFIGS), default="small")
+    parser.add_argument("--family", action="append", choices=sorted(SMALL))
+    parser.add_argument(
+        "--shape",
+        action="append",
+        help="completion tokens x completions per device, e.g. 32x4 (default 32x4 and 64x4)",
+    )
+    args = parser.parse_args(argv)
+    shapes = [
+        (int(c), int(b)) for c, b in (s.lower().split("x") for s in args.shape or ["32x4", "64x4"])
+    ]
+    worst = 0.0
+    for case in grid(args.family or sorted(SMALL), shapes):
+        measured = measure(case, args.size)
+        predicted = predict(case, args.size)
+        cells = []
+        for phase, got in measured.items():
+            error = (predicted[phase] - got) / got
+            worst = max(worst, abs(error))
+            cells.append(f"{phase} {got / 2**20:.2f} MiB {error:+.1%}")
+        print(f"{case.id:40} " + "  ".join(cells), flush=True)
+    print(f"worst phase error: {worst:.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
