@@ -452,7 +452,7 @@ def estimate_grpo_budget(
     )
     notes.append(
         {
-            Reference.NONE: "beta = 0: no reference model (TRL's default)",
+            Reference.NONE: "beta = 0: no reference model",
             Reference.COPY: f"beta = {grpo.beta:g}: a frozen reference copy of the model",
             Reference.ADAPTER: f"beta = {grpo.beta:g}: the reference is the policy with its "
             "adapter disabled (no copy)",
