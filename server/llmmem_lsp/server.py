@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import uuid
 from collections.abc import Sequence
@@ -1635,6 +1634,8 @@ COPY_DIRECTORY_PREFIX = "llmmem-verify-"
 def _buffer_copy(path: Path, text: str) -> Path | None:
     """The editor's text in a file beside the document (so that the paths it names, relative
     to it, still hold), or in a temporary directory where the document's is not writable."""
+    import tempfile  # here, not at start: only a verify writes a copy
+
     name = f".{path.stem}.llmmem-verify-{uuid.uuid4().hex[:8]}{path.suffix}"
     for directory in (path.parent, None):
         try:
@@ -1652,6 +1653,8 @@ def _buffer_copy(path: Path, text: str) -> Path | None:
 def _remove_copy(copy: Path) -> None:
     """The copy, and the temporary directory it was written to where it was not beside the
     document."""
+    import tempfile
+
     copy.unlink(missing_ok=True)
     if copy.parent.name.startswith(COPY_DIRECTORY_PREFIX) and copy.parent.parent == Path(
         tempfile.gettempdir()

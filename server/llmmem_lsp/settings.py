@@ -49,17 +49,17 @@ def read_settings(raw: Any, base: ServerSettings | None = None) -> tuple[ServerS
             problems.append(f"llmmem.gpu must be a GPU name such as A100-80GB, got {gpu!r}")
 
     if "worldSize" in raw:
-        from llmmem.extract.numbers import MAX_COUNT  # not at start: it loads the extractors
-
         world_size = raw["worldSize"]
-        if world_size is None or world_size == 0:
+        if world_size is None or world_size == 0:  # VS Code's default: null
             changes["world_size"] = None
-        elif (
-            isinstance(world_size, int)
-            and not isinstance(world_size, bool)
-            and 0 < world_size <= MAX_COUNT
-        ):
-            changes["world_size"] = world_size
+        elif isinstance(world_size, int) and not isinstance(world_size, bool) and world_size > 0:
+            # here, not at start: the bound's module loads the extractors
+            from llmmem.extract.numbers import MAX_COUNT
+
+            if world_size <= MAX_COUNT:
+                changes["world_size"] = world_size
+            else:
+                problems.append(f"llmmem.worldSize must be a positive integer, got {world_size!r}")
         else:
             problems.append(f"llmmem.worldSize must be a positive integer, got {world_size!r}")
 

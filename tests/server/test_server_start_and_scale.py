@@ -3,6 +3,7 @@ of its text (how fast is measured in bench/lsp_latency.py, not here)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from lsp_helpers import (
 from lsprotocol import types
 from pytest_lsp import LanguageClient
 
+ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("llmmem.check", "llmmem.budget", "llmmem.rules", "llmmem.extract.python", "llmmem.gpus")
 
 
@@ -37,6 +39,47 @@ def test_the_server_module_loads_no_analyzer_before_the_first_analysis() -> None
         timeout=60,
     ).stdout.split()
     assert not [name for name in loaded if name.startswith(HEAVY)]
+
+
+def vscode_initialization_options() -> dict[str, object]:
+    """What the VS Code extension sends at start with nothing set: each server setting its
+    manifest declares, at its default (an empty GPU name sent as null, as config.ts does)."""
+    manifest = json.loads((ROOT / "vscode-extension" / "package.json").read_text())
+    sections = manifest["contributes"]["configuration"]
+    properties: dict[str, dict[str, object]] = {}
+    for section in sections if isinstance(sections, list) else [sections]:
+        properties.update(section["properties"])
+    options: dict[str, object] = {}
+    for key, declared in properties.items():
+        name = key.removeprefix("llmmem.")
+        if name in ("interpreter", "trace.server"):
+            continue  # the extension's own, not sent
+        default = declared.get("default")
+        options[name] = None if default == "" else default
+    return options
+
+
+def test_the_settings_vscode_sends_at_start_load_no_extractor() -> None:
+    """`initialize` carries VS Code's settings; reading them must not load the analyzer's
+    extractors, or every start waits for them before the editor gets an answer."""
+    options = vscode_initialization_options()
+    assert options["worldSize"] is None and options["gpu"] is None
+    script = (
+        "import json, sys\n"
+        "from llmmem_lsp.server import server\n"
+        f"server.apply_settings(json.loads({json.dumps(json.dumps(options))}), check_gpu=False)\n"
+        "print('\\n'.join(sorted(sys.modules)))\n"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=SERVER_ENV,
+        check=True,
+        timeout=60,
+    ).stdout.split()
+    assert "llmmem_lsp.server" in loaded
+    assert not [name for name in loaded if name.startswith(("llmmem.extract", *HEAVY))]
 
 
 def long_script(filler_lines: int) -> tuple[str, int]:
