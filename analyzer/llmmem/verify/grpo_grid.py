@@ -43,7 +43,7 @@ from llmmem.budget.result import Phase
 from llmmem.budget.setup import LoraSetup, Method, Precision, TrainingSetup
 from llmmem.models.architectures import spec_from_config
 from llmmem.models.spec import ModelSource
-from llmmem.verify.preference_grid import CONFIGS, SMALL, selective_log_softmax
+from llmmem.verify.preference_grid import CONFIGS, SMALL, print_grid, selective_log_softmax
 from llmmem.verify.tracker import StorageTracker
 
 PROMPT = 16
@@ -265,17 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [
         (int(c), int(b)) for c, b in (s.lower().split("x") for s in args.shape or ["32x4", "64x4"])
     ]
-    worst = 0.0
-    for case in grid(args.family or sorted(SMALL), shapes):
-        measured = measure(case, args.size)
-        predicted = predict(case, args.size)
-        cells = []
-        for phase, got in measured.items():
-            error = (predicted[phase] - got) / got
-            worst = max(worst, abs(error))
-            cells.append(f"{phase} {got / 2**20:.2f} MiB {error:+.1%}")
-        print(f"{case.id:40} " + "  ".join(cells), flush=True)
-    print(f"worst phase error: {worst:.1%}")
+    print_grid(grid(args.family or sorted(SMALL), shapes), measure, predict, args.size, 40)
     return 0
 
 

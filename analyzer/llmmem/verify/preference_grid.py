@@ -32,6 +32,7 @@ import argparse
 import copy
 import itertools
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -389,18 +390,31 @@ def main(argv: list[str] | None = None) -> int:
         args.objective or ["dpo", "orpo", "reward"],
         [(b, s) for b, s in shapes],
     )
+    print_grid(cases, measure, predict, args.size, width=48)
+    return 0
+
+
+def print_grid(
+    cases: list[Any],
+    measure: Callable[[Any, str], dict[str, int]],
+    predict: Callable[[Any, str], dict[str, int]],
+    size: str,
+    width: int,
+) -> float:
+    """One line a case: each phase's measured peak and (predicted − measured) / measured; the
+    worst phase error last (returned too)."""
     worst = 0.0
     for case in cases:
-        measured = measure(case, args.size)
-        predicted = predict(case, args.size)
+        measured = measure(case, size)
+        predicted = predict(case, size)
         cells = []
         for phase, got in measured.items():
             error = (predicted[phase] - got) / got
             worst = max(worst, abs(error))
             cells.append(f"{phase} {got / 2**20:.2f} MiB {error:+.1%}")
-        print(f"{case.id:48} " + "  ".join(cells), flush=True)
+        print(f"{case.id:{width}} " + "  ".join(cells), flush=True)
     print(f"worst phase error: {worst:.1%}")
-    return 0
+    return worst
 
 
 if __name__ == "__main__":
