@@ -166,18 +166,25 @@ def problem_diagnostics(
 def guess_diagnostic(checked: Checked, lines: Lines) -> types.Diagnostic | None:
     """A model sized by a guess from its name, said on the model id (the top of the file
     where the id is not in it); None for a model whose shapes were read."""
-    analysis = checked.analysis
-    spec = analysis.spec
-    if spec is None or not spec.is_guess:
+    message = guess_message(checked)
+    if message is None:
         return None
     from llmmem.scenario import model_reference
 
-    model = model_reference(analysis.plan)
+    model = model_reference(checked.analysis.plan)
     where = model.range if model is not None else None
     place = lines.range(where) if where is not None and where.path is None else _top()
+    return _problem(place, message)
+
+
+def guess_message(checked: Checked) -> str | None:
+    """What the diagnostic, Explain's problems and the status bar say of a model sized by a
+    guess from its name; None for a model whose shapes were read."""
+    spec = checked.analysis.spec
+    if spec is None or not spec.is_guess:
+        return None
     detail = f" ({spec.source_detail})" if spec.source_detail else ""
-    return _problem(
-        place,
+    return (
         f"The shapes of {spec.model_id} are a guess from its name{detail}: for exact "
-        "numbers add `# llmmem: model_config=path/to/config.json` or use a local path",
+        "numbers add `# llmmem: model_config=path/to/config.json` or use a local path"
     )

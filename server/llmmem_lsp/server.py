@@ -1369,6 +1369,8 @@ async def code_lens(ls: LlmmemServer, params: types.CodeLensParams) -> list[type
         unknown = next((p for p in analysis.problems if p.startswith("unknown GPU ")), None)
         why = unknown.split(" (", 1)[0] if unknown else "no GPU set"
         title = f"≈ {total} {band} peak ({why})"
+    if analysis.spec is not None and analysis.spec.is_guess:
+        title += " · model shapes guessed from its name"
     return [
         types.CodeLens(
             range=where,
@@ -1496,6 +1498,7 @@ async def explain(ls: LlmmemServer, *arguments: Any) -> dict[str, Any]:
     _, result = found
     from llmmem.report import markdown
     from llmmem.report.json_report import budget_dict
+    from llmmem_lsp.placement import guess_message
 
     analysis = result.checked.analysis
     budget = None
@@ -1509,7 +1512,9 @@ async def explain(ls: LlmmemServer, *arguments: Any) -> dict[str, Any]:
         "model": markdown.model_hover(analysis),
         "budget": budget,
         "findings": [finding.to_json() for finding in result.checked.findings],
-        "problems": analysis.problems + ([analysis.model_error] if analysis.model_error else []),
+        "problems": analysis.problems
+        + ([analysis.model_error] if analysis.model_error else [])
+        + ([guess] if (guess := guess_message(result.checked)) else []),
     }
 
 

@@ -125,6 +125,13 @@ async def test_a_model_sized_from_its_name_says_so_on_the_model_id(
     assert guess[0].severity == types.DiagnosticSeverity.Information
     assert on_line(GUESSED_MODEL, guess[0].range) == '"acme/SuperLlama-7B"'
     assert "model_config=" in guess[0].message
+    # the code lens and Explain (which the status bar reads) say the same
+    (total, _) = await lens_titles(client, uri)
+    assert total.endswith("· model shapes guessed from its name"), total
+    report = await client.workspace_execute_command_async(
+        types.ExecuteCommandParams(command="llmmem.explain", arguments=[uri])
+    )
+    assert guess[0].message in report["problems"]
 
 
 @pytest.mark.asyncio

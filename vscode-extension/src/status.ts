@@ -63,19 +63,37 @@ export function statusView(answer: ExplainAnswer | undefined): StatusView {
     };
   }
   const budget = answer.budget;
+  // what the analysis could not use (an unknown GPU, a model sized by a guess from its name):
+  // the same lines the diagnostics and the code lens give
+  const problems = (answer.problems ?? []).filter((line) => line.trim() !== '');
   if (!budget) {
-    const why = (answer.problems ?? []).filter((line) => line.trim() !== '');
     return {
       text: '$(question) llmmem',
-      tooltip: ['llmmem cannot estimate this file yet.', ...why, CLICK].join('\n'),
+      tooltip: ['llmmem cannot estimate this file yet.', ...problems, CLICK].join('\n'),
       verdict: 'none',
     };
   }
   const total = formatBytes(budget.device_total_bytes);
   if (!budget.gpu) {
+    const unknown = problems.find((line) => line.startsWith('unknown GPU '));
+    if (unknown !== undefined) {
+      return {
+        text: `$(warning) ≈ ${total} (${unknown.split(' (')[0]})`,
+        tooltip: [
+          `Predicted peak of one training step: ${total} as nvidia-smi would show it. Nothing is checked against a GPU's memory:`,
+          ...problems,
+          CLICK,
+        ].join('\n'),
+        verdict: 'unknown',
+      };
+    }
     return {
       text: `$(info) ≈ ${total} (no GPU)`,
-      tooltip: `Predicted peak of one training step: ${total} as nvidia-smi would show it. No GPU is set. ${CLICK}`,
+      tooltip: [
+        `Predicted peak of one training step: ${total} as nvidia-smi would show it. No GPU is set.`,
+        ...problems,
+        CLICK,
+      ].join('\n'),
       verdict: 'unknown',
     };
   }
@@ -87,7 +105,11 @@ export function statusView(answer: ExplainAnswer | undefined): StatusView {
     : `Does not fit: ${formatBytes(margin)} over.`;
   return {
     text: `${fits ? '$(check)' : '$(error)'} ${total} of ${capacity} on ${budget.gpu.name}`,
-    tooltip: `Predicted peak of one training step on ${budget.gpu.name}: ${total} of ${capacity}. ${verdictLine} ${CLICK}`,
+    tooltip: [
+      `Predicted peak of one training step on ${budget.gpu.name}: ${total} of ${capacity}. ${verdictLine}`,
+      ...problems,
+      CLICK,
+    ].join('\n'),
     verdict: fits ? 'fits' : 'over',
   };
 }

@@ -43,6 +43,25 @@ describe('status bar text', () => {
     assert.equal(view.verdict, 'unknown');
   });
 
+  it('names a GPU it does not know instead of saying none is set, as the code lens does', () => {
+    const unknown = "unknown GPU 'A10O-80GB' (close matches: A100-80GB, H100-80GB)";
+    const view = statusView({ ...answer(9.5 * GIB, null, null), problems: [unknown] });
+    assert.equal(view.text, "$(warning) ≈ 9.5 GiB (unknown GPU 'A10O-80GB')");
+    assert.equal(view.verdict, 'unknown');
+    assert.match(view.tooltip, /close matches: A100-80GB/);
+    assert.doesNotMatch(view.tooltip, /No GPU is set/);
+  });
+
+  it('says in its tooltip that the model is sized by a guess from its name', () => {
+    const guess = 'The shapes of acme/SuperLlama-7B are a guess from its name';
+    const view = statusView({
+      ...answer(25.4 * GIB, { name: 'RTX-4090', capacity_bytes: 24 * GIB }, false),
+      problems: [guess],
+    });
+    assert.equal(view.text, '$(error) 25.4 GiB of 24.0 GiB on RTX-4090');
+    assert.ok(view.tooltip.split('\n').includes(guess), view.tooltip);
+  });
+
   it('says why there is no estimate', () => {
     const view = statusView({ uri: 'file:///x.py', budget: null, problems: ['no model found'] });
     assert.equal(view.text, '$(question) llmmem');
