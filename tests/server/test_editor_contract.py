@@ -148,6 +148,35 @@ async def test_a_yaml_file_read_up_to_a_bad_line_says_so_on_that_line(
     assert not partial[0].message.startswith("line ")  # the range says where
 
 
+MISSING_DEEPSPEED = """from transformers import AutoModelForCausalLM, TrainingArguments
+
+model = AutoModelForCausalLM.from_pretrained("meta-llama/Llama-3.1-8B")
+args = TrainingArguments(
+    output_dir="out",
+    per_device_train_batch_size=2,
+    deepspeed="ds_zero3.json",
+)
+"""
+
+
+@pytest.mark.asyncio
+async def test_a_referenced_config_that_is_missing_says_so_on_the_line_naming_it(
+    client: LanguageClient, workdir: Path
+) -> None:
+    await start(client, VSCODE)
+    uri = open_document(client, workdir / "train.py", MISSING_DEEPSPEED)
+    diagnostics = await diagnostics_of(client, uri)
+    missing = [d for d in diagnostics if "ds_zero3.json" in d.message]
+    assert len(missing) == 1, [d.message for d in diagnostics]
+    assert on_line(MISSING_DEEPSPEED, missing[0].range) == 'deepspeed="ds_zero3.json",'
+    assert "could not be read" in missing[0].message
+    # Explain (the status bar's tooltip) has it too
+    report = await client.workspace_execute_command_async(
+        types.ExecuteCommandParams(command="llmmem.explain", arguments=[uri])
+    )
+    assert any("ds_zero3.json" in line for line in report["problems"])
+
+
 # -- narrow squiggles -----------------------------------------------------------------------
 
 
