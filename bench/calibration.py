@@ -33,6 +33,7 @@ from llmmem.budget.setup import (
     QuantType,
     TrainingSetup,
 )
+from llmmem.budget.trl_rules import sft_trainer_on_kbit
 from llmmem.gpus import find_gpu
 from llmmem.models.architectures import spec_from_config
 from llmmem.models.catalog import catalog_entry
@@ -237,6 +238,9 @@ def _wide_stack(row: dict[str, Any]) -> dict[str, str]:
     runs of February-March 2024, which state none, the releases FSDP-QLoRA needed then:
     bitsandbytes 0.43 (the first with a quant_storage dtype FSDP can shard) on torch 2.2."""
     stack = {"torch": "2.2", "bitsandbytes": "0.43", "transformers": "4.39"}
+    trl = _stated_release(row, "trl")
+    if trl:
+        stack["trl"] = trl
     for library in stack:
         stated = _stated_release(row, library)
         if stated:
@@ -310,6 +314,10 @@ def wide_case_from_row(row: dict[str, Any]) -> CalibrationCase:
         transformers_version=stack["transformers"],
         framework=Framework.HF,
     )
+    if "trl" in stack and "trl" in str(row.get("framework", "")).lower():
+        # TRL's SFTTrainer prepares the k-bit model as its release does
+        setup, _ = sft_trainer_on_kbit(setup, stack["trl"], sharded=sharded_kbit)
+        row = {**row, "_trl": stack["trl"]}
     gpu_spec = find_gpu(row["gpu"])
     gpu = GpuTarget(name=gpu_spec.name, capacity_bytes=gpu_spec.capacity_bytes, bf16=gpu_spec.bf16)
     return CalibrationCase(row=row, spec=spec, setup=setup, gpu=gpu)
@@ -335,25 +343,28 @@ def estimate_flags(case: CalibrationCase) -> list[str]:
         "--optim", s.optim,
         "--attn", s.attn.value,
         "--loss", s.loss.value,
-        "--framework", s.framework.value,
+        "--framework", "trl" if case.row.get("_trl") else s.framework.value,
         "--gpu", case.gpu.name,
     ]  # fmt: skip
+    trl = case.row.get("_trl")
     if s.lora is not None:
         flags += ["--lora-r", str(s.lora.r), "--lora-alpha", f"{s.lora.alpha:g}"]
         if s.lora.targets:
             flags += ["--lora-targets", ",".join(s.lora.targets)]
         if s.lora.dropout:
             flags += ["--lora-dropout", f"{s.lora.dropout:g}"]
-        if s.lora.adapter_bytes == 2:
+        if s.lora.adapter_bytes == 2 and not (trl and s.quant is not None):
             flags += ["--adapter-dtype", "bf16"]
     versions = [f"torch={s.torch_version}", f"transformers={s.transformers_version}"]
     if s.quant is not None:
         flags += ["--quant", s.quant.quant_type.value, "--quant-storage", s.quant.quant_storage]
         if s.quant.double_quant:
             flags.append("--double-quant")
-        if not s.quant.prepare_for_kbit_training:
-            flags.append("--no-kbit-prepare")
+        if not s.quant.prepare_for_kbit_training and not trl:
+            flags.append("--no-kbit-prepare")  # with --framework trl, TRL's release decides
         versions.append(f"bitsandbytes={s.quant.bitsandbytes_version}")
+    if trl:
+        versions.append(f"trl={trl}")
     d = s.distributed
     if d.world_size > 1:
         flags += ["--world-size", str(d.world_size)]

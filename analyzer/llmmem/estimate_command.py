@@ -58,7 +58,7 @@ DEFAULTS: dict[str, Any] = {
 
 
 # the libraries whose release changes what a step holds, as `--versions` names them
-VERSIONED_LIBRARIES = ("transformers", "torch", "bitsandbytes")
+VERSIONED_LIBRARIES = ("transformers", "torch", "bitsandbytes", "trl")
 
 
 def parse_versions(text: str | list[str] | None) -> dict[str, str]:
@@ -583,6 +583,7 @@ def build_setup(
         )
         if "torch" in versions:
             setup = replace(setup, torch_version=versions["torch"])
+        setup = _trl_on_kbit(args, setup, versions, found, prov)
         if setup.framework is Framework.LITGPT and getattr(args, "loss", None) is None:
             # litgpt's finetune scripts compute chunked_cross_entropy (128 positions a chunk)
             setup = replace(setup, loss=LossImpl.CHUNKED)
@@ -591,6 +592,32 @@ def build_setup(
     except SetupError as err:
         raise UsageError(str(err)) from None
     return setup, prov
+
+
+def _trl_on_kbit(
+    args: argparse.Namespace,
+    setup: TrainingSetup,
+    versions: dict[str, str],
+    found: dict[str, Any],
+    prov: dict[str, str],
+) -> TrainingSetup:
+    """--framework trl over a k-bit base: the preparation and the adapters' dtype as the run's
+    TRL release leaves them (llmmem.budget.trl_rules), unless a flag says otherwise."""
+    if getattr(args, "framework", None) != "trl" or setup.quant is None or setup.lora is None:
+        return setup
+    if getattr(args, "kbit_prepare", None) is not None or getattr(args, "adapter_dtype", None):
+        return setup
+    trl = versions.get("trl") or (found["trl"].release if "trl" in found else None)
+    if trl is None:
+        return setup
+    from llmmem.budget.trl_rules import sft_trainer_on_kbit
+
+    sharded = setup.distributed.fsdp is not None and setup.quant.storage_shardable
+    setup, note = sft_trainer_on_kbit(setup, trl, sharded=sharded)
+    if note:
+        prov["quant"] = note
+        prov["adapter_dtype"] = note
+    return setup
 
 
 def setup_lines(

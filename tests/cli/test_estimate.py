@@ -366,3 +366,24 @@ def test_adapter_flags_without_their_setup_are_usage_errors(
     code = main(["estimate", "--offline", "--model", "Qwen/Qwen2.5-0.5B", *extra, *args])
     assert code == 2
     assert message in capsys.readouterr().err
+
+
+def test_trl_release_decides_how_a_kbit_model_is_prepared(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    qlora = ("--model", "mistralai/Mistral-7B-v0.1", "--method", "qlora", "--precision", "bf16")
+    old = estimate_json(capsys, *qlora, "--framework", "trl", "--versions", "trl=0.21")
+    new = estimate_json(capsys, *qlora, "--framework", "trl", "--versions", "trl=0.29.1")
+    old_quant, new_quant = old["setup"]["values"]["quant"], new["setup"]["values"]["quant"]
+    # up to 0.25: prepared (norms in fp32), embeddings and head cast back to bf16
+    assert old_quant["prepare_for_kbit_training"] and old_quant["embeddings_16bit"]
+    assert old["setup"]["values"]["lora"]["adapter_bytes"] == 4
+    # from 0.26: not prepared, the adapters in bf16
+    assert not new_quant["prepare_for_kbit_training"]
+    assert new["setup"]["values"]["lora"]["adapter_bytes"] == 2
+    assert "trl 0.29" in new["setup"]["provenance"]["quant"]
+    # an explicit flag wins over the release's default
+    flagged = estimate_json(
+        capsys, *qlora, "--framework", "trl", "--versions", "trl=0.29.1", "--kbit-prepare"
+    )
+    assert flagged["setup"]["values"]["quant"]["prepare_for_kbit_training"]

@@ -247,7 +247,7 @@ def _weight_copy_terms(
         # autocast's 16-bit cast of it (frozen: not cached) is kept for the input gradient
         # until the head's backward, before any checkpointed block is recomputed
         head = 0
-        if dt.autocast and setup.quant.prepare_for_kbit_training and spec.is_causal_lm:
+        if dt.autocast and _fp32_head(setup) and spec.is_causal_lm:
             head = 2 * spec.vocab_size * spec.hidden_size
         return largest + head, largest + head, largest
     return 0, 0, 0
@@ -332,7 +332,7 @@ def estimate_budget(
         "one dequantized k-bit weight (the largest Linear)"
         + (
             " + autocast's 16-bit cast of the fp32 head, kept for the input gradient"
-            if dt.autocast and setup.quant.prepare_for_kbit_training and spec.is_causal_lm
+            if dt.autocast and _fp32_head(setup) and spec.is_causal_lm
             else ""
         )
         if setup.quant is not None
@@ -784,6 +784,13 @@ def estimate_budget(
 
 
 FSDP_GRAD_BLOCKS = 2
+
+
+def _fp32_head(setup: TrainingSetup) -> bool:
+    """A k-bit model's head is fp32 once prepared for k-bit training, unless TRL cast it back
+    to bf16 (autocast then copies it to 16 bits at each use)."""
+    quant = setup.quant
+    return quant is not None and quant.prepare_for_kbit_training and not quant.embeddings_16bit
 
 
 def _cached_at_the_loss(

@@ -182,6 +182,10 @@ class QuantSetup:
     double_quant: bool = False
     compute_dtype_bytes: int = 2  # bnb_4bit_compute_dtype: bf16/fp16 2, fp32 4
     prepare_for_kbit_training: bool = True  # peft's prepare_model_for_kbit_training was called
+    # after the preparation, TRL's `peft_module_casting_to_bf16` (SFTTrainer up to TRL 0.25
+    # with bf16=True) casts the embeddings and the head, which the preparation upcast to fp32,
+    # back to bf16; the norms stay fp32
+    embeddings_16bit: bool = False
     # the bitsandbytes release, "major.minor": what its matmuls keep for backward changed
     bitsandbytes_version: str = "0.50"
     # bnb_4bit_quant_storage: the dtype the packed 4-bit values are stored in. uint8 (the

@@ -144,15 +144,24 @@ def build_inventory(spec: ModelSpec, setup: TrainingSetup) -> Inventory:
     notes: list[str] = []
     # prepare_model_for_kbit_training upcasts every parameter that is not quantized to fp32
     unquantized_bytes = base
+    matrix_bytes = base  # the embeddings and the head
     if quant is not None and quant.prepare_for_kbit_training and setup.method is not Method.FULL:
         unquantized_bytes = 4.0
-        notes.append("prepare_model_for_kbit_training keeps embeddings, norms and the head in fp32")
+        matrix_bytes = 2.0 if quant.embeddings_16bit else 4.0
+        notes.append(
+            "prepare_model_for_kbit_training keeps the norms in fp32, and "
+            + (
+                "TRL casts the embeddings and the head back to bf16 (peft_module_casting_to_bf16)"
+                if quant.embeddings_16bit
+                else "the embeddings and the head in fp32"
+            )
+        )
 
     p = spec.params
     hidden = spec.hidden_size
     groups = [
-        *_matrix_groups("embeddings", "embedding", p.embedding, hidden, unquantized_bytes, full),
-        *_matrix_groups("lm_head", "head", p.head, hidden, unquantized_bytes, full),
+        *_matrix_groups("embeddings", "embedding", p.embedding, hidden, matrix_bytes, full),
+        *_matrix_groups("lm_head", "head", p.head, hidden, matrix_bytes, full),
         *_vector_groups("norms", "norm", p.norms, hidden, unquantized_bytes, full),
         *_vector_groups("other", "other", p.other, p.other, unquantized_bytes, full),
     ]

@@ -1,0 +1,64 @@
+"""What TRL's SFTTrainer does to a k-bit model it is given with a `peft_config`, release by
+release (read in `trl/trainer/sft_trainer.py` of each wheel):
+
+- up to 0.25 (checked 0.13.0, 0.15.2, 0.17.0, 0.19.0, 0.20.0, 0.21.0; from 0.22 the same code
+  sits in `trl/models/utils.py` `prepare_peft_model`, checked 0.22.0-0.25.0):
+  `prepare_model_for_kbit_training` (every parameter that is not quantized upcast to fp32), then
+  `get_peft_model` (PEFT keeps the adapters in fp32), then, with `bf16=True`,
+  `peft_module_casting_to_bf16`: the norms stay fp32, the embeddings and the head (fp32 after the
+  preparation) go back to bf16. A model sharded at init (FSDP-QLoRA: its 4-bit parameters on the
+  CPU or the meta device) skips the preparation and the casting, with
+  `autocast_adapter_dtype=False`;
+- from 0.26 (checked 0.26.0, 0.27.0, 0.29.1): no preparation; `get_peft_model`, then every
+  trainable parameter of a k-bit model cast to bf16 (the adapters).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from llmmem.budget.setup import Precision, TrainingSetup, release
+
+CASTS_ADAPTERS_FROM = (0, 26)
+
+
+def sft_trainer_on_kbit(
+    setup: TrainingSetup, trl_version: str, *, sharded: bool = False
+) -> tuple[TrainingSetup, str | None]:
+    """`setup` as TRL `trl_version`'s SFTTrainer leaves a k-bit model with LoRA adapters, and a
+    note saying so; unchanged (no note) without a k-bit base and adapters."""
+    quant, lora = setup.quant, setup.lora
+    if quant is None or lora is None:
+        return setup, None
+    try:
+        trl = release(trl_version)
+    except ValueError:
+        return setup, None
+    if trl >= CASTS_ADAPTERS_FROM or sharded:
+        setup = replace(
+            setup,
+            quant=replace(quant, prepare_for_kbit_training=False, embeddings_16bit=False),
+            lora=replace(lora, adapter_bytes=2),
+        )
+        what = (
+            "a model sharded at init is not prepared for k-bit training and its adapters stay in "
+            "16 bits"
+            if trl < CASTS_ADAPTERS_FROM
+            else "no prepare_model_for_kbit_training; the adapters are cast to bf16"
+        )
+        return setup, f"trl {trl_version} SFTTrainer on a k-bit model: {what}"
+    bf16 = setup.precision is Precision.BF16  # TrainingArguments(bf16=True): autocast
+    setup = replace(
+        setup,
+        quant=replace(quant, prepare_for_kbit_training=True, embeddings_16bit=bf16),
+        lora=replace(lora, adapter_bytes=4),
+    )
+    cast = (
+        ", then the embeddings and the head back to bf16 (bf16=True)"
+        if bf16
+        else " (embeddings, norms and head in fp32)"
+    )
+    return setup, (
+        f"trl {trl_version} SFTTrainer on a k-bit model: prepare_model_for_kbit_training{cast}; "
+        "fp32 adapters"
+    )
