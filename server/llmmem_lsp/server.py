@@ -1014,6 +1014,20 @@ def _quick_fixes(
                 by_key[key] = code_action(
                     fix, state.uri, result.version, lines, [diag], ls.versioned_edits
                 )
+        if finding.code == "LLM014" and not finding.fixes:
+            for match in _project_gpu_matches(result.checked):
+                key = ("project-gpu", match)
+                if key in by_key:
+                    continue
+                by_key[key] = types.CodeAction(
+                    title=_project_gpu_title(match),
+                    kind=types.CodeActionKind.QuickFix,
+                    diagnostics=[diag],
+                )
+                if ls.resolve_edits:
+                    by_key[key].data = {**here, "action": "projectGpu", "gpu": match}
+                else:
+                    by_key[key].edit = _project_gpu_edit(ls, result.checked, match)
         line = finding.range.start_line if finding.range else 0
         silence = _silence_edit(lines, line, finding.code, plan.kind)
         key = ("silence", finding.code, line)
@@ -1089,6 +1103,66 @@ def _model_config_edit(
     )
 
 
+def _project_gpu_matches(checked: Checked) -> list[str]:
+    """The catalog's close matches (three at most) for a GPU name the project's settings
+    (`[tool.llmmem] gpu` in pyproject.toml) write and no GPU is; none for a name written
+    elsewhere (a pragma in the file has LLM014's own fixes)."""
+    gpu = checked.analysis.plan.gpu
+    if gpu is None or gpu.range is None or gpu.range.path is None or checked.analysis.gpu:
+        return []
+    if Path(gpu.range.path).name != "pyproject.toml":
+        return []
+    from llmmem.gpus import UnknownGpuError, find_gpu
+
+    try:
+        find_gpu(str(gpu.value))
+    except UnknownGpuError as err:
+        return list(err.suggestions[:3])
+    return []
+
+
+def _project_gpu_title(match: str) -> str:
+    return f'Use gpu = "{match}" in pyproject.toml'
+
+
+def _project_gpu_edit(ls: LlmmemServer, checked: Checked, match: str) -> types.WorkspaceEdit | None:
+    """`match` written over the GPU name in pyproject.toml (its text in the editor where it is
+    open, else on disk); None where the file no longer has that name there."""
+    gpu = checked.analysis.plan.gpu
+    if gpu is None or gpu.range is None or gpu.range.path is None:
+        return None
+    path = Path(gpu.range.path)
+    uri = path.as_uri()
+    document = ls.workspace.text_documents.get(uri)
+    try:
+        text = document.source if document is not None else path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    lines = ls.lines(text)
+    where = gpu.range
+    if where.start_line != where.end_line or where.start_line >= len(lines.lines):
+        return None
+    written = lines.lines[where.start_line][where.start_col : where.end_col]
+    name = str(gpu.value)
+    if written.strip("\"'") != name:
+        return None
+    quote = written[0] if written[:1] in ('"', "'") else '"'
+    edit = types.TextEdit(range=lines.range(where), new_text=f"{quote}{match}{quote}")
+    if not ls.versioned_edits:
+        return types.WorkspaceEdit(changes={uri: [edit]})
+    version = document.version if document is not None else None
+    return types.WorkspaceEdit(
+        document_changes=[
+            types.TextDocumentEdit(
+                text_document=types.OptionalVersionedTextDocumentIdentifier(
+                    uri=uri, version=version
+                ),
+                edits=[edit],
+            )
+        ]
+    )
+
+
 def _silence_edit(lines: Lines, line: int, code: str, kind: str) -> Any:
     """`llmmem.rules.edits.suppression_edit` on the one line it edits (not the whole text)."""
     from llmmem.rules.edits import suppression_edit
@@ -1139,15 +1213,19 @@ async def resolve_code_action(ls: LlmmemServer, action: types.CodeAction) -> typ
     if data.get("action") == "cellFix" and isinstance(uri, str):
         action.edit = await _resolve_cell_fix(ls, data)
         return action
-    if data.get("action") not in ("fixAll", "fix", "silence", "modelConfig") or not isinstance(
-        uri, str
-    ):
+    actions = ("fixAll", "fix", "silence", "modelConfig", "projectGpu")
+    if data.get("action") not in actions or not isinstance(uri, str):
         return action
     found = await ls.current(uri, PULL_WAIT_S)
     if found is None:
         return action
     state, result = found
     if result.unreadable:
+        return action
+    if data["action"] == "projectGpu":
+        match = data.get("gpu")
+        if isinstance(match, str) and match in _project_gpu_matches(result.checked):
+            action.edit = _project_gpu_edit(ls, result.checked, match)
         return action
     if data["action"] == "modelConfig":
         spec = result.checked.analysis.spec

@@ -131,7 +131,7 @@ async def test_a_model_sized_from_its_name_says_so_on_the_model_id(
     report = await client.workspace_execute_command_async(
         types.ExecuteCommandParams(command="llmmem.explain", arguments=[uri])
     )
-    assert guess[0].message in report["problems"]
+    assert report is not None and guess[0].message in report["problems"]
 
 
 @pytest.mark.asyncio
@@ -146,6 +146,53 @@ async def test_a_yaml_file_read_up_to_a_bad_line_says_so_on_that_line(
     assert partial[0].range.start.line == 3
     assert on_line(BROKEN_YAML, partial[0].range).startswith("bad")
     assert not partial[0].message.startswith("line ")  # the range says where
+
+
+@pytest.mark.asyncio
+async def test_a_gpu_typo_in_pyproject_gets_a_fix_per_close_match_in_pyproject(
+    client: LanguageClient, workdir: Path
+) -> None:
+    """[tool.llmmem] gpu names no GPU: LLM014 on the script says where, and each close match
+    is a quick fix that edits pyproject.toml; saved, the fit check is back."""
+    pyproject = workdir / "pyproject.toml"
+    project = '[project]\nname = "sft"\n\n[tool.llmmem]\ngpu = "A10O-80GB"\n'
+    pyproject.write_text(project, encoding="utf-8")
+    await start(client, VSCODE, options())
+    uri = open_document(client, workdir / "train.py", NOT_FITTING)
+    diagnostics = await diagnostics_of(client, uri)
+    gpu = [d for d in diagnostics if d.code == "LLM014"]
+    assert len(gpu) == 1 and "pyproject.toml, line 5" in gpu[0].message, gpu
+    answer = await client.text_document_code_action_async(
+        types.CodeActionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            range=gpu[0].range,
+            context=types.CodeActionContext(diagnostics=gpu, only=[types.CodeActionKind.QuickFix]),
+        )
+    )
+    by_title = {a.title: a for a in answer or [] if isinstance(a, types.CodeAction)}
+    wanted = 'Use gpu = "A100-80GB" in pyproject.toml'
+    assert wanted in by_title, list(by_title)
+    made = await resolved(client, by_title[wanted])
+    assert made.edit is not None and made.edit.document_changes
+    (change,) = made.edit.document_changes
+    assert isinstance(change, types.TextDocumentEdit)
+    assert change.text_document.uri == pyproject.as_uri()
+    edits = [e for e in change.edits if isinstance(e, types.TextEdit)]
+    fixed = apply_lsp_edits(project, edits)
+    assert fixed == project.replace("A10O-80GB", "A100-80GB")
+
+    # saved: the script is checked against the A100 again
+    pyproject.write_text(fixed, encoding="utf-8")
+    count = len(published(client))
+    client.workspace_did_change_watched_files(
+        types.DidChangeWatchedFilesParams(
+            changes=[types.FileEvent(uri=pyproject.as_uri(), type=types.FileChangeType.Changed)]
+        )
+    )
+    await wait_until(lambda: any(p.uri == uri for p in published(client)[count:]))
+    after = next(p for p in reversed(published(client)) if p.uri == uri).diagnostics
+    assert not [d for d in after if d.code == "LLM014"]
+    assert any("A100-80GB" in title for title in await lens_titles(client, uri))
 
 
 MISSING_DEEPSPEED = """from transformers import AutoModelForCausalLM, TrainingArguments
@@ -174,6 +221,7 @@ async def test_a_referenced_config_that_is_missing_says_so_on_the_line_naming_it
     report = await client.workspace_execute_command_async(
         types.ExecuteCommandParams(command="llmmem.explain", arguments=[uri])
     )
+    assert report is not None
     assert any("ds_zero3.json" in line for line in report["problems"])
 
 
