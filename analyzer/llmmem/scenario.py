@@ -28,7 +28,7 @@ from llmmem.budget.setup import (
     TrainingSetup,
 )
 from llmmem.models.spec import ModelSpec
-from llmmem.plan import Sourced, TrainingPlan
+from llmmem.plan import Provenance, Sourced, TrainingPlan
 
 DTYPE_BYTES = {
     "bfloat16": 2,
@@ -66,6 +66,25 @@ class Analysis:
     @property
     def path(self) -> Path:
         return Path(self.plan.path)
+
+
+def _trl_on_kbit(plan: TrainingPlan, analysis: Analysis) -> str | None:
+    """A script that hands a k-bit model and a LoRA config to TRL's SFTTrainer, with the TRL
+    release of its environment or lock files known: the preparation and the adapters' dtype as
+    that release leaves them (llmmem.budget.trl_rules). A preparation the script calls itself
+    stays as written."""
+    setup = analysis.setup
+    found = analysis.versions.get("trl")
+    trainer = plan.extra.get("trainer")
+    name = getattr(trainer, "value", trainer)
+    if setup is None or found is None or name != "SFTTrainer" or plan.quantization is None:
+        return None
+    if plan.quantization.prepare_for_kbit_training.source is not Provenance.DEFAULT:
+        return None
+    from llmmem.budget.trl_rules import sft_trainer_on_kbit
+
+    analysis.setup, note = sft_trainer_on_kbit(setup, str(found.version))
+    return note
 
 
 def setup_from_plan(plan: TrainingPlan, spec: ModelSpec) -> TrainingSetup:
@@ -256,6 +275,7 @@ def analyze(
     try:
         analysis.setup = setup_from_plan(plan, analysis.spec)
         analysis.setup = apply_to_setup(analysis.setup, analysis.versions)
+        trl_note = _trl_on_kbit(plan, analysis)
         note = loaded_dtype_note(plan, analysis.spec)
         if note and analysis.setup.transformers_release < (5, 0):
             # before transformers 5, from_pretrained without dtype= loads torch's default
@@ -295,6 +315,8 @@ def analyze(
             assumed = grpo_assumed_note(plan)
             if assumed:
                 analysis.budget.notes.append(assumed)
+        if trl_note:
+            analysis.budget.notes.append(trl_note)
         from llmmem.calibrate import with_local_evidence
 
         analysis.budget = with_local_evidence(analysis.budget, Path(plan.path), plan.framework)

@@ -178,3 +178,25 @@ def test_trl_0_29_casts_the_adapters_to_bf16_and_does_not_prepare(wheels: Path) 
     measured = _dtype_bytes(model)
     assert measured == {"embeddings": 2, "lm_head": 2, "norms": 2, "adapter": 2}
     assert _budget_bytes("0.29.1") == measured
+
+
+@pytest.mark.parametrize("release", ["0.21.0", "0.29.1"])
+def test_verify_builds_the_model_as_the_release_leaves_it(release: str) -> None:
+    """`llmmem verify` runs the step on the model the budget describes: the request made from
+    a setup under a TRL release loads, prepares and casts as that release does."""
+    import transformers
+
+    from llmmem.verify.compare import request_for
+    from llmmem.verify.runner import _kbit_model
+
+    spec = spec_from_config(dict(CONFIG), model_id="tiny", source=ModelSource.CONFIG)
+    setup = TrainingSetup(
+        method=Method.QLORA,
+        precision=Precision.BF16,
+        lora=LoraSetup(r=8, alpha=16, targets=TARGETS),
+        quant=QuantSetup(double_quant=True),
+    )
+    setup, _ = sft_trainer_on_kbit(setup, release)
+    request = request_for(spec, setup, dict(CONFIG), "cpu")
+    model = _kbit_model(request, "cpu", [], torch, transformers)
+    assert _dtype_bytes(model) == _budget_bytes(release)

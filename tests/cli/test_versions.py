@@ -273,3 +273,46 @@ def test_requirements_included_with_r_and_c(tmp_path: Path) -> None:
     assert found["transformers"].label == "transformers 4.45.2 (base.txt)"
     assert found["transformers"].path == str(ws / "requirements" / "base.txt")
     assert found["torch"].label == "torch 2.5.1 (constraints.txt)"
+
+
+QLORA_SFT_SCRIPT = """\
+import torch
+from datasets import load_dataset
+from peft import LoraConfig
+from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+from trl import SFTConfig, SFTTrainer
+
+bnb = BitsAndBytesConfig(
+    load_in_4bit=True,
+    bnb_4bit_quant_type="nf4",
+    bnb_4bit_use_double_quant=True,
+    bnb_4bit_compute_dtype=torch.bfloat16,
+)
+model = AutoModelForCausalLM.from_pretrained(
+    "mistralai/Mistral-7B-v0.1", quantization_config=bnb, dtype=torch.bfloat16
+)
+peft_config = LoraConfig(r=16, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj"])
+args = SFTConfig(output_dir="out", bf16=True, per_device_train_batch_size=4, max_length=4096)
+trainer = SFTTrainer(
+    model=model, args=args, train_dataset=load_dataset("x")["train"], peft_config=peft_config
+)
+trainer.train()
+"""
+
+
+def test_the_trl_release_decides_how_sfttrainer_prepares_a_kbit_model(tmp_path: Path) -> None:
+    """TRL up to 0.25 prepares the model for k-bit training (norms fp32) and casts embeddings
+    and head back to bf16; from 0.26 it does not prepare and casts the adapters to bf16."""
+    ws = _workspace(tmp_path)
+    script = ws / "train.py"
+    script.write_text(QLORA_SFT_SCRIPT)
+    unknown = json.loads(_run("explain", str(script), "--format", "json", cwd=ws).stdout)
+    (ws / "requirements.txt").write_text("trl==0.21.0\n")
+    older = json.loads(_run("explain", str(script), "--format", "json", cwd=ws).stdout)
+    (ws / "requirements.txt").write_text("trl==0.29.1\n")
+    newer = json.loads(_run("explain", str(script), "--format", "json", cwd=ws).stdout)
+    assert not any("SFTTrainer on a k-bit model" in n for n in unknown["budget"]["notes"])
+    assert any("trl 0.21.0 SFTTrainer" in n for n in older["budget"]["notes"])
+    assert any("adapters are cast to bf16" in n for n in newer["budget"]["notes"])
+    # the preparation upcasts the norms to fp32: more weight bytes under 0.21 than under 0.29
+    assert older["budget"]["components"]["weights"] > newer["budget"]["components"]["weights"]

@@ -46,6 +46,7 @@ def request_for(
             "modules_to_save": setup.lora.modules_to_save,
             "dora": setup.lora.dora,
             "dropout": setup.lora.dropout,
+            "adapter_bytes": setup.lora.adapter_bytes,
         }
     quant = None
     if setup.quant is not None:
@@ -54,6 +55,7 @@ def request_for(
             "double_quant": setup.quant.double_quant,
             "compute_dtype_bytes": setup.quant.compute_dtype_bytes,
             "prepare": setup.quant.prepare_for_kbit_training,
+            "embeddings_16bit": setup.quant.embeddings_16bit,
         }
     return StepRequest(
         model_id=spec.model_id,

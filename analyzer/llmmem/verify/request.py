@@ -32,8 +32,10 @@ class StepRequest:
     precision: str = "bf16-true"  # fp32 | fp16 | bf16 | bf16-true | fp16-true
     optim: str = "adamw_torch"
     attn: str = "sdpa"
-    lora: dict[str, Any] | None = None  # r, alpha, targets, modules_to_save, dora, dropout
-    quant: dict[str, Any] | None = None  # quant_type, double_quant, compute_dtype_bytes, prepare
+    # r, alpha, targets, modules_to_save, dora, dropout, adapter_bytes (2: 16-bit adapters)
+    lora: dict[str, Any] | None = None
+    # quant_type, double_quant, compute_dtype_bytes, prepare, embeddings_16bit (TRL's cast back)
+    quant: dict[str, Any] | None = None
     use_cache: bool = False
     optimizer_in_backward: bool = False  # one optimizer per parameter, stepped in its hook
     world_size: int = 1  # ranks, each launched by torchrun when more than one

@@ -194,9 +194,17 @@ def _apply_lora(model: Any, request: StepRequest) -> Any:
         lora_dropout=float(lora.get("dropout", 0.0)),
     )
     try:
-        return peft.get_peft_model(model, config)
+        model = peft.get_peft_model(model, config)
     except ValueError as err:
         raise VerifyError(f"peft could not add the adapters: {err}") from None
+    if int(lora.get("adapter_bytes", 4)) == 2:
+        # 16-bit adapters (TRL from 0.26 casts a k-bit model's trainable parameters to bf16)
+        import torch
+
+        for param in model.parameters():
+            if param.requires_grad:
+                param.data = param.data.to(torch.bfloat16)
+    return model
 
 
 def _number(value: Any) -> Any:
@@ -1086,6 +1094,14 @@ def _kbit_model(
             model.enable_input_require_grads()
     if request.lora is not None:
         model = _apply_lora(model, request)
+    if quant.get("embeddings_16bit"):
+        # TRL's peft_module_casting_to_bf16 (SFTTrainer up to 0.25, bf16=True): the embeddings
+        # and the head, fp32 after the preparation, back to bf16; the norms stay fp32
+        for name, module in model.named_modules():
+            if any(part in name for part in ("lm_head", "embed_tokens", "wte", "wpe")):
+                weight = getattr(module, "weight", None)
+                if weight is not None and weight.dtype == torch.float32:
+                    module.to(torch.bfloat16)
     model.train()
     return model
 
