@@ -130,7 +130,11 @@ def _gpu_problem(
         origin = checked.settings.path or "pyproject.toml"
         return _problem(_top(), f"Unknown GPU '{name}' in {origin} [tool.llmmem] gpu: {tail}", True)
     if setting_gpu is not None and setting_gpu == name:
-        return _problem(_top(), f"Unknown GPU '{name}' in the llmmem.gpu setting: {tail}", True)
+        problem = _problem(_top(), f"Unknown GPU '{name}' in the llmmem.gpu setting: {tail}", True)
+        # for an editor that offers the close matches as quick fixes writing its setting (the
+        # server cannot write an editor's settings)
+        problem.data = {"setting": "llmmem.gpu", "gpu": name, "suggestions": suggestions[:3]}
+        return problem
     return _problem(_top(), f"Unknown GPU '{name}': {tail}", warning=True)
 
 

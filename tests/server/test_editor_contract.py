@@ -108,6 +108,9 @@ async def test_a_gpu_typo_in_the_settings_is_said_at_the_top_and_in_a_message(
     assert len(gpu) == 1, [d.message for d in diagnostics]
     assert gpu[0].range.start == types.Position(line=0, character=0)
     assert "llmmem.gpu setting" in gpu[0].message and "A100-80GB" in gpu[0].message
+    # what an editor needs to offer the close matches as fixes writing its setting
+    assert isinstance(gpu[0].data, dict) and gpu[0].data["setting"] == "llmmem.gpu"
+    assert gpu[0].data["gpu"] == "A10O-80GB" and "A100-80GB" in gpu[0].data["suggestions"]
     await wait_until(lambda: any("A10O-80GB" in m.message for m in client.messages))
     shown = next(m for m in client.messages if "A10O-80GB" in m.message)
     assert shown.type == types.MessageType.Warning and "A100-80GB" in shown.message

@@ -292,12 +292,16 @@ const DETECT_LABEL = '$(search) No GPU setting';
 
 /** `llmmem: Select GPU` (and a click on the status bar item): pick from the catalog, write
  * `llmmem.gpu`. Returns the name written, null when cleared, undefined when cancelled. */
-export async function selectGpu(server: ServerRequests): Promise<string | null | undefined> {
+export async function selectGpu(server: ServerRequests, name?: unknown): Promise<string | null | undefined> {
   const config = vscode.workspace.getConfiguration(SETTINGS_SECTION);
   const current = config.get<string>('gpu') || '';
-  const catalog = (await server.executeCommand<GpuEntry[]>(SERVER_COMMANDS.gpus, [])) ?? [];
   let chosen: string | null | undefined;
-  if (catalog.length === 0) {
+  // a name given (a quick fix's close match) is written without asking
+  const catalog =
+    typeof name === 'string' ? [] : ((await server.executeCommand<GpuEntry[]>(SERVER_COMMANDS.gpus, [])) ?? []);
+  if (typeof name === 'string') {
+    chosen = name;
+  } else if (catalog.length === 0) {
     const typed = await vscode.window.showInputBox({
       title: 'llmmem: GPU',
       prompt: 'A GPU name (A100-80GB, H100, RTX-4090, ...) or a capacity (24GiB); empty to clear',

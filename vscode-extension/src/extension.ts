@@ -25,6 +25,7 @@ import {
   serverExecutable,
   type ServerCheck,
 } from './client';
+import { GPU_FIX_SELECTOR, gpuSettingFixProvider } from './gpuFixes';
 import {
   Explanations,
   explainActive,
@@ -326,7 +327,10 @@ export function activate(context: vscode.ExtensionContext): void {
     started.event(() => status.schedule(0)),
     vscode.commands.registerCommand(EXTENSION_COMMANDS.verify, () => verifyActive(server, output)),
     vscode.commands.registerCommand(EXTENSION_COMMANDS.explain, () => explainActive(server, explanations)),
-    vscode.commands.registerCommand(EXTENSION_COMMANDS.selectGpu, () => selectGpu(server)),
+    vscode.commands.registerCommand(EXTENSION_COMMANDS.selectGpu, (name?: unknown) => selectGpu(server, name)),
+    vscode.languages.registerCodeActionsProvider(GPU_FIX_SELECTOR, gpuSettingFixProvider, {
+      providedCodeActionKinds: [vscode.CodeActionKind.QuickFix],
+    }),
     vscode.commands.registerCommand(EXTENSION_COMMANDS.restart, async () => {
       output.appendLine('restart requested');
       await server.restart();

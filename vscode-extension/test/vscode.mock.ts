@@ -251,7 +251,24 @@ export const commands = {
   })),
 };
 
+export class CodeActionKind {
+  static readonly QuickFix = new CodeActionKind('quickfix');
+  constructor(readonly value: string) {}
+}
+
+export class CodeAction {
+  diagnostics?: unknown[];
+  command?: { title: string; command: string; arguments?: unknown[] };
+  constructor(
+    readonly title: string,
+    readonly kind?: CodeActionKind,
+  ) {}
+}
+
 export const languages = {
+  registerCodeActionsProvider: spy((_selector: unknown, _provider: unknown, _metadata?: unknown) => ({
+    dispose: () => undefined,
+  })),
   setTextDocumentLanguage: spy(async (document: unknown, _language: string) => document),
   onDidChangeDiagnostics: eventNamed('languages.onDidChangeDiagnostics'),
 };

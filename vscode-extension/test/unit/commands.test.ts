@@ -91,6 +91,15 @@ describe('Select GPU', () => {
     }
   });
 
+  it('writes a name it is given (a quick fix) without the picker', async () => {
+    settingsStore.global.set('llmmem.gpu', 'A10O-80GB');
+    const server = fakeServer({ 'llmmem.gpus': CATALOG });
+    assert.equal(await selectGpu(server, 'A100-80GB'), 'A100-80GB');
+    assert.equal(window.showQuickPick.calls.length, 0);
+    assert.deepEqual(server.executeCommand.calls, []);
+    assert.equal(settingsStore.global.get('llmmem.gpu'), 'A100-80GB'); // where it was set
+  });
+
   it('writes nothing when the pick is cancelled', async () => {
     assert.equal(await selectGpu(fakeServer({ 'llmmem.gpus': CATALOG })), undefined);
     assert.deepEqual(configurationUpdates, []);

@@ -15,6 +15,7 @@ import {
   env,
   fakeDocument,
   fire,
+  languages,
   resetMock,
   settingsStore,
   window,
@@ -56,6 +57,8 @@ describe('activate', () => {
     for (const command of ['llmmem.verifyActive', 'llmmem.explainActive', 'llmmem.selectGpu', 'llmmem.restart']) {
       assert.ok(registered.includes(command), command);
     }
+    // the quick fixes for a GPU setting that names no GPU
+    assert.equal(languages.registerCodeActionsProvider.calls.length, 1);
     const client = clients[0]!;
     assert.equal(client.id, 'llmmem');
     assert.equal(client.serverOptions.command, '/opt/llmmem/bin/python');
