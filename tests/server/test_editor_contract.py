@@ -299,8 +299,8 @@ def test_malformed_requests_get_invalid_params(raw: RawClient, workdir: Path) ->
         ("textDocument/hover", None),  # no params at all
     ]
     for ident, (method, params) in enumerate(malformed, start=10):
-        answer = raw.request(ident, method, params)
-        assert answer is not None, f"no answer to {method} {params}"
+        answer = raw.request(ident, method, params, timeout=1.0)
+        assert answer is not None, f"no answer within 1 s to {method} {params}"
         assert answer["error"]["code"] == types.ErrorCodes.InvalidParams, answer
     # the server is still up and answers a well-formed request
     position = {"line": 8, "character": 4}
@@ -310,8 +310,8 @@ def test_malformed_requests_get_invalid_params(raw: RawClient, workdir: Path) ->
 
 def test_an_unknown_command_is_an_error_without_a_traceback(raw: RawClient) -> None:
     raw.initialize()
-    answer = raw.request(2, "workspace/executeCommand", {"command": "llmmem.nope"})
-    assert answer is not None
+    answer = raw.request(2, "workspace/executeCommand", {"command": "llmmem.nope"}, timeout=1.0)
+    assert answer is not None, "no answer within 1 s"
     assert answer["error"]["code"] == types.ErrorCodes.InvalidParams
     assert "llmmem.explain" in answer["error"]["message"]  # says which commands exist
     assert raw.request(3, "shutdown") is not None
@@ -324,7 +324,7 @@ def test_an_unknown_command_is_an_error_without_a_traceback(raw: RawClient) -> N
 def test_after_shutdown_requests_are_refused_and_exit_says_how_it_ended(raw: RawClient) -> None:
     raw.initialize()
     assert raw.request(2, "shutdown") is not None
-    refused = raw.request(3, "workspace/executeCommand", {"command": "llmmem.gpus"})
+    refused = raw.request(3, "workspace/executeCommand", {"command": "llmmem.gpus"}, timeout=1.0)
     assert refused is not None and refused["error"]["code"] == types.ErrorCodes.InvalidRequest
     raw.send({"method": "exit"})
     assert raw.process.wait(timeout=10) == 0
