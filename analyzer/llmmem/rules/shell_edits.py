@@ -11,8 +11,8 @@ A lever (`fixes.CANDIDATES`) is spelled the way the program the launcher starts 
 - a script with its own `argparse` options: only those options (a flag it does not define would
   stop it with "unrecognized arguments"), a `store_true` option as the bare flag;
 - a DeepSpeed-Chat training script (`deepspeed main.py --zero_stage 3 --lora_dim 64 ...`, as
-  `extract/shell` recognises it): the flags of its own argparse (`DEEPSPEED_CHAT` below), and
-  no fix where it has none;
+  `extract/shell` recognises it): the flags of its own argparse (the table in
+  `extract/frameworks/deepspeed_chat.py`), and no fix where it has none;
 - `tune run`: torchtune's `key=value` overrides (`enable_activation_checkpointing=True`),
   `llamafactory-cli train`: LLaMA-Factory's (`disable_gradient_checkpointing=false`),
   `litgpt`: its `--train.micro_batch_size 2` flags; keys and values from the framework's table
@@ -72,24 +72,9 @@ HF_FLAG_NAMES = frozenset(
 # the plan key each HF flag feeds, where a script's own argparse option may stand for it
 PLAN_KEYS = {"bf16": "precision"}
 
-# DeepSpeed-Chat's step 1 script (applications/DeepSpeed-Chat/training/
-# step1_supervised_finetuning/main.py, microsoft/DeepSpeedExamples f5c0ef6d) reads only its own
-# argparse options plus DeepSpeed's (`deepspeed.add_config_arguments`: --deepspeed,
-# --deepspeed_config); anything else stops it with "unrecognized arguments". The levers it has
-# a flag for:
-#   micro-batch     --per_device_train_batch_size N, --gradient_accumulation_steps N (int)
-#   checkpointing   --gradient_checkpointing (store_true: bare)
-#   precision       --dtype bf16 (choices fp16, bf16; default fp16)
-# and, for changes llmmem does not offer as fixes, --zero_stage N (int, default 0), --offload
-# (store_true: ZeRO-Offload of the optimizer, and of the parameters under ZeRO-3), --lora_dim N
-# with --only_optimize_lora (store_true). It builds its optimizer in code (DeepSpeed's
-# FusedAdam, DeepSpeedCPUAdam with --offload): no 8-bit optimizer; no Liger loss, no 4-bit base
-# weights (QLoRA): those levers have no entry, so no fix is offered for them.
-DEEPSPEED_CHAT: dict[str, Spelling] = {
-    "grad-ckpt": (KeyWrite(("gradient_checkpointing",), True),),
-    "bf16": (KeyWrite(("dtype",), "bf16"),),
-    "halve-batch": HF["halve-batch"],
-}
+# DeepSpeed-Chat's training scripts read only their own argparse flags: the levers they have a
+# flag for, and none for the rest (`extract/frameworks/deepspeed_chat.py`, FIX_SPELLINGS)
+DEEPSPEED_CHAT: dict[str, Spelling] = SPELLINGS["deepspeed-chat"]
 ADD_ARGUMENT = re.compile(
     r"""\.add_argument\(\s*(?:['"]-[^'"]*['"]\s*,\s*)*['"]--([A-Za-z0-9_\-]+)['"]"""
 )

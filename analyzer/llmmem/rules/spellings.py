@@ -13,6 +13,7 @@ from llmmem.extract.frameworks import (
     accelerate,
     axolotl,
     deepspeed,
+    deepspeed_chat,
     hf_yaml,
     litgpt,
     llamafactory,
@@ -37,6 +38,8 @@ SPELLINGS: dict[str, dict[str, Spelling]] = {
     "deepspeed": deepspeed.FIX_SPELLINGS,
     "accelerate": accelerate.FIX_SPELLINGS,
     "verl": verl.FIX_SPELLINGS,
+    # a shell launcher starting one of DeepSpeed-Chat's scripts (`rules/shell_edits`)
+    "deepspeed-chat": deepspeed_chat.FIX_SPELLINGS,
 }
 
 

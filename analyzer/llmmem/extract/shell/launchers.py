@@ -3,8 +3,8 @@
 python, torchrun, `python -m torch.distributed.run`, accelerate launch, deepspeed,
 llamafactory-cli, tune run, trl, axolotl, litgpt and the schedulers that start them (srun,
 mpirun). The tables here say which launcher options are bare flags, which program arguments
-take several values, which framework each launcher implies, and what the flags of
-DeepSpeed-Chat's training scripts mean.
+take several values, which framework each launcher implies, and when a command line starts
+a DeepSpeed-Chat training script (what its flags mean: `extract/frameworks/deepspeed_chat.py`).
 """
 
 from __future__ import annotations
@@ -12,12 +12,23 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import yaml
 
+from llmmem.extract.frameworks.deepspeed_chat import (
+    DEEPSPEED_CHAT_BESIDE_ZERO_STAGE,
+    DEEPSPEED_CHAT_LAUNCHERS,
+    DEEPSPEED_CHAT_OWN_FLAGS,
+    HF_ARGUMENT_PARSERS,
+)
+from llmmem.extract.frameworks.deepspeed_chat import (  # the shell reader takes them from here
+    DEEPSPEED_CHAT_FLAGS as DEEPSPEED_CHAT_FLAGS,
+)
+from llmmem.extract.frameworks.deepspeed_chat import (
+    deepspeed_chat_meanings as deepspeed_chat_meanings,
+)
 from llmmem.extract.shell.expand import ExpandedCommand, ShellWord
-from llmmem.plan import Provenance, SourceRange
 
 
 @dataclass(frozen=True)
@@ -524,55 +535,8 @@ def parse_override_value(text: str) -> Any:
 # --------------------------------------------------------------------------------------------
 # DeepSpeed-Chat's training scripts
 #
-# `deepspeed main.py --lora_dim 128 --zero_stage 3 --dtype bf16 --offload ...`: the scripts of
-# DeepSpeed-Chat's training steps (training/step1_supervised_finetuning/main.py, step 2 alike)
-# declare their own argparse flags and build the DeepSpeed config from them in code (read at
-# microsoft/DeepSpeedExamples f5c0ef6d, dschat/utils/ds_utils.py and module/lora.py):
-#   --lora_dim N        LoRA of rank N on every nn.Linear whose name contains --lora_module_name
-#                       (default "decoder.layers."); 0, the default, is no LoRA; the base weights
-#                       of those layers are frozen, the rest trains unless --only_optimize_lora
-#   --zero_stage N      ZeRO stage (default 0)
-#   --dtype fp16|bf16   DeepSpeed's fp16 or bf16 engine, fp32 master weights (default fp16);
-#                       fp32, not among that commit's choices, is read as plain fp32
-#   --offload           offload_optimizer and offload_param on the CPU (the latter matters
-#                       under ZeRO-3 only)
-#   --max_seq_len N     the length every sample is padded to (default 512)
-# HF's TrainingArguments has none of these names. A command line is read this way when it carries
-# one of the flags only DeepSpeed-Chat's scripts take, or --zero_stage (common to DeepSpeed
-# training scripts: OpenRLHF's take it too, with --max_len and --bf16) beside --dtype, --offload
-# or --max_seq_len; a script parsing its flags with HfArgumentParser or TrlParser is not.
-
-DEEPSPEED_CHAT_OWN_FLAGS = frozenset({"lora_dim", "lora_module_name", "only_optimize_lora"})
-DEEPSPEED_CHAT_BESIDE_ZERO_STAGE = frozenset({"dtype", "offload", "max_seq_len"})
-DEEPSPEED_CHAT_FLAGS = DEEPSPEED_CHAT_OWN_FLAGS | DEEPSPEED_CHAT_BESIDE_ZERO_STAGE | {"zero_stage"}
-DEEPSPEED_CHAT_LAUNCHERS = frozenset({"python", "torchrun", "deepspeed", "accelerate"})
-HF_ARGUMENT_PARSERS = re.compile(r"\b(HfArgumentParser|TrlParser)\b")
-TRUE_WORDS = ("true", "1", "yes")
-FALSE_WORDS = ("false", "0", "no")
-
-
-class CommandLineValue(Protocol):
-    """A `--name value` of the program's command line (`configs.Override` is one)."""
-
-    @property
-    def path(self) -> tuple[str | int, ...]: ...
-
-    @property
-    def value(self) -> Any: ...
-
-    @property
-    def range(self) -> SourceRange | None: ...
-
-
-@dataclass(frozen=True)
-class FlagMeaning:
-    """A plan value that a flag (or the script's default for a flag not written) gives."""
-
-    key: str
-    value: Any
-    source: Provenance
-    range: SourceRange | None
-    note: str = ""
+# `deepspeed main.py --lora_dim 128 --zero_stage 3 ...`: what the flags mean, main.py's
+# defaults and the flag sets the rule below tests are in `llmmem.extract.frameworks.deepspeed_chat`.
 
 
 def is_deepspeed_chat(launch: Launch, written: Iterable[str], script_text: str | None) -> bool:
@@ -590,142 +554,3 @@ def is_deepspeed_chat(launch: Launch, written: Iterable[str], script_text: str |
     ):
         return False
     return script_text is None or HF_ARGUMENT_PARSERS.search(script_text) is None
-
-
-def deepspeed_chat_meanings(
-    flags: Iterable[CommandLineValue], written: Iterable[str]
-) -> tuple[list[FlagMeaning], list[tuple[SourceRange | None, str]]]:
-    """The plan values DeepSpeed-Chat's flags give, and the problems with them (each with the
-    range of its flag). `flags` are the flags whose values are known before the script runs;
-    `written` names every flag on the command line, known or not: a flag written with a value
-    known only at run time (`--zero_stage $2`) takes no default."""
-    reading = _DeepSpeedChatFlags(flags, written)
-    reading.read()
-    return reading.meanings, reading.problems
-
-
-class _DeepSpeedChatFlags:
-    def __init__(self, flags: Iterable[CommandLineValue], written: Iterable[str]) -> None:
-        self.given = {".".join(str(step) for step in flag.path): flag for flag in flags}
-        self.written = set(written)
-        self.meanings: list[FlagMeaning] = []
-        self.problems: list[tuple[SourceRange | None, str]] = []
-
-    def read(self) -> None:
-        stage = self.zero_stage()
-        self.precision()
-        self.sequence_length()
-        self.offload(stage)
-        self.lora()
-
-    def zero_stage(self) -> int | None:
-        """The ZeRO stage, or None when it is known only at run time (or is wrong)."""
-        if "zero_stage" in self.given:
-            stage = self.whole_number("zero_stage", 0, 3)
-            if stage is not None:
-                self.explicit("distributed.zero_stage", stage, "zero_stage", "--zero_stage")
-            return stage
-        return None if "zero_stage" in self.written else 0
-
-    def precision(self) -> None:
-        if "dtype" in self.given:
-            flag = self.given["dtype"]
-            text = str(flag.value).strip().lower()
-            if text in ("fp16", "bf16"):
-                note = f"--dtype {text}: DeepSpeed's {text} engine, fp32 master weights"
-                self.explicit("precision", text, "dtype", note)
-            elif text == "fp32":
-                self.explicit("precision", "fp32", "dtype", "--dtype fp32")
-            else:
-                shown = "no value" if flag.value is True else f"'{flag.value}'"
-                self.problem(flag, f"--dtype must be fp16, bf16 or fp32; got {shown}")
-        elif "dtype" not in self.written:
-            note = "DeepSpeed-Chat's --dtype default: fp16, fp32 master weights"
-            self.default("precision", "fp16", note)
-
-    def sequence_length(self) -> None:
-        if "max_seq_len" in self.given:
-            length = self.whole_number("max_seq_len", 1)
-            if length is not None:
-                self.explicit("max_seq_length", length, "max_seq_len", "--max_seq_len")
-        elif "max_seq_len" not in self.written:
-            self.default("max_seq_length", 512, "DeepSpeed-Chat's --max_seq_len default")
-
-    def offload(self, stage: int | None) -> None:
-        flag = self.given.get("offload")
-        if flag is None:
-            return
-        text = str(flag.value).strip().lower()
-        if flag.value is not True and text not in TRUE_WORDS:
-            if text not in FALSE_WORDS:
-                self.problem(flag, f"--offload takes no value; got '{flag.value}'")
-            return
-        if stage == 0:
-            message = (
-                "--offload needs --zero_stage 1, 2 or 3 (DeepSpeed offloads a ZeRO optimizer "
-                "only); not counted"
-            )
-            self.problem(flag, message)
-            return
-        self.explicit("distributed.offload_optimizer", True, "offload", "--offload")
-        if stage == 3:
-            note = "--offload under ZeRO-3: the parameters live on the CPU too"
-            self.explicit("distributed.offload_params", True, "offload", note)
-
-    def lora(self) -> None:
-        """`--lora_dim N`: LoRA of rank N on every Linear layer in the scope; DeepSpeed-Chat
-        scales it by 1/N (alpha 1) without dropout."""
-        if "lora_dim" not in self.given:
-            return
-        rank = self.whole_number("lora_dim", 0)
-        if rank is None:
-            return
-        if rank == 0:
-            self.explicit("lora.enabled", False, "lora_dim", "--lora_dim 0: no LoRA")
-            return
-        self.explicit("lora.enabled", True, "lora_dim", f"--lora_dim {rank}")
-        self.explicit("lora.r", rank, "lora_dim", "--lora_dim")
-        for key, value, note in (
-            ("lora.alpha", 1.0, "DeepSpeed-Chat scales LoRA by 1/lora_dim"),
-            ("lora.dropout", 0.0, "DeepSpeed-Chat: no LoRA dropout"),
-        ):
-            self.meanings.append(FlagMeaning(key, value, Provenance.DEFAULT, None, note))
-        scope = self.given.get("lora_module_name")
-        if scope is not None and isinstance(scope.value, str):
-            note = f"every Linear layer whose name contains '{scope.value}'"
-            self.explicit("lora.target_modules", ["all-linear"], "lora_module_name", note)
-        elif "lora_module_name" not in self.written:
-            note = "DeepSpeed-Chat's --lora_module_name default decoder.layers.: every Linear layer"
-            self.default("lora.target_modules", ["all-linear"], note)
-        if "only_optimize_lora" not in self.written:
-            self.problem(
-                self.given["lora_dim"],
-                "--lora_dim without --only_optimize_lora: DeepSpeed-Chat also trains every "
-                "weight outside the LoRA layers (embeddings, norms, the output layer), which "
-                "this estimate leaves out; add --only_optimize_lora to train the LoRA weights "
-                "only",
-            )
-
-    # -- small things
-
-    def whole_number(self, name: str, lowest: int, highest: int | None = None) -> int | None:
-        flag = self.given[name]
-        text = str(flag.value).strip()
-        if text.isdigit() and lowest <= int(text) and (highest is None or int(text) <= highest):
-            return int(text)
-        if flag.value is True:
-            self.problem(flag, f"--{name} needs a value")
-            return None
-        bounds = f"from {lowest} to {highest}" if highest is not None else f"{lowest} or more"
-        self.problem(flag, f"--{name} must be a whole number {bounds}; got '{text}'")
-        return None
-
-    def explicit(self, key: str, value: Any, name: str, note: str) -> None:
-        located = self.given[name].range
-        self.meanings.append(FlagMeaning(key, value, Provenance.EXPLICIT, located, note))
-
-    def default(self, key: str, value: Any, note: str) -> None:
-        self.meanings.append(FlagMeaning(key, value, Provenance.CLI_DEFAULT, None, note))
-
-    def problem(self, flag: CommandLineValue, message: str) -> None:
-        self.problems.append((flag.range, message))
