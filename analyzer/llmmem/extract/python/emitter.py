@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from llmmem.extract.builder import PlanBuilder
+from llmmem.extract.frameworks import unsloth
 from llmmem.extract.numbers import shown
 from llmmem.extract.python.findings import Findings
 from llmmem.extract.python.values import (
@@ -321,18 +322,18 @@ class PlanEmitter:
             elif known.value is None and loader == "unsloth":
                 self.set_known(
                     "torch_dtype",
-                    replace(known, value="bfloat16", source=Provenance.ASSUMED),
-                    "unsloth picks bfloat16 on Ampere or newer GPUs (float16 before)",
+                    replace(known, value=unsloth.DTYPE_WHEN_UNSET, source=Provenance.ASSUMED),
+                    unsloth.DTYPE_WHEN_UNSET_NOTE,
                 )
             elif normalize_dtype(known.value) is not None:
                 self.set_known("torch_dtype", replace(known, value=normalize_dtype(known.value)))
         if loader == "unsloth" and "dtype" not in keywords and "torch_dtype" not in keywords:
             self.builder.set(
                 "torch_dtype",
-                "bfloat16",
+                unsloth.DTYPE_WHEN_UNSET,
                 Provenance.ASSUMED,
                 self.builder.model_range,
-                "unsloth picks bfloat16 on Ampere or newer GPUs (float16 before)",
+                unsloth.DTYPE_WHEN_UNSET_NOTE,
             )
         attention = keywords.get("attn_implementation")
         if attention is not None:
@@ -630,12 +631,14 @@ class PlanEmitter:
             self.set_known(key, known, note)
         if model is not None and model.loader == "unsloth" and builder.has("quantization.bits"):
             where = builder.quantization_range
-            unsloth_note = "unsloth's 4-bit loading"
-            builder.set("quantization.quant_type", "nf4", Provenance.DEFAULT, where, unsloth_note)
-            builder.set("quantization.double_quant", True, Provenance.DEFAULT, where, unsloth_note)
+            unsloth_note = unsloth.FOUR_BIT_NOTE
+            for key, default in unsloth.FOUR_BIT_DEFAULTS.items():
+                builder.set(key, default, Provenance.DEFAULT, where, unsloth_note)
             weights = builder.get("torch_dtype")
             compute = (
-                weights.value if weights is not None and weights.value != "auto" else "bfloat16"
+                weights.value
+                if weights is not None and weights.value != "auto"
+                else unsloth.FOUR_BIT_COMPUTE_DTYPE
             )
             builder.set(
                 "quantization.compute_dtype", compute, Provenance.DEFAULT, where, unsloth_note

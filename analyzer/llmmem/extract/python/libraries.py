@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from llmmem.extract.builder import CONFIG_DEFAULTS
+from llmmem.extract.frameworks import unsloth
 from llmmem.extract.python.findings import Findings
 from llmmem.extract.python.values import (
     CallArgs,
@@ -48,7 +49,7 @@ from llmmem.plan import Provenance
 Handler = Callable[[Findings, Symbol, CallArgs], Value | None]
 
 
-_UNSLOTH_LOADERS = frozenset({"FastLanguageModel", "FastModel", "FastVisionModel"})
+_UNSLOTH_LOADERS = unsloth.LOADERS
 _MODEL_CLASS_ENDINGS = (
     "ForCausalLM",
     "LMHeadModel",
@@ -84,20 +85,8 @@ _MODEL_METHODS_RETURNING_THE_MODEL = frozenset(
 )
 
 # PEFT's LoraConfig defaults are applied by the builder; unsloth's get_peft_model has its own
-_UNSLOTH_LORA_DEFAULTS: dict[str, object] = {
-    "lora.r": 16,
-    "lora.alpha": 16,
-    "lora.dropout": 0.0,
-    "lora.target_modules": [
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "gate_proj",
-        "up_proj",
-        "down_proj",
-    ],
-}
+# (`extract/frameworks/unsloth.py`, as are the other unsloth defaults the handlers below apply)
+_UNSLOTH_LORA_DEFAULTS = unsloth.LORA_DEFAULTS
 
 
 def is_model_class(name: str) -> bool:
@@ -155,7 +144,7 @@ def load_pretrained(found: Findings, callee: Symbol, args: CallArgs) -> Value:
         found.unsloth = True
         model_id = args.get("model_name", 0)
         model = new_model(
-            found, node, model_id or Unknown("unsloth's default model"), args.keywords, "unsloth"
+            found, node, model_id or Unknown(unsloth.DEFAULT_MODEL_NOTE), args.keywords, "unsloth"
         )
         given = args.keywords.get("use_gradient_checkpointing")
         if given is not None:
@@ -325,7 +314,7 @@ def get_peft_model(found: Findings, callee: Symbol, args: CallArgs) -> Value:
             dict(args.keywords),
             list(args.unread),
             defaults=_UNSLOTH_LORA_DEFAULTS,
-            default_note="unsloth get_peft_model default",
+            default_note=unsloth.LORA_DEFAULTS_NOTE,
             used=True,
         )
         found.loras.append(lora)
@@ -338,11 +327,7 @@ def get_peft_model(found: Findings, callee: Symbol, args: CallArgs) -> Value:
                 model.checkpointing = unsloth_checkpointing(checkpointing) or model.checkpointing
             else:
                 model.checkpointing = Known(
-                    True,
-                    args.node,
-                    Provenance.DEFAULT,
-                    "unsloth get_peft_model default (use_gradient_checkpointing='unsloth'): "
-                    + _UNSLOTH_OFFLOAD,
+                    True, args.node, Provenance.DEFAULT, unsloth.CHECKPOINTING_DEFAULT_NOTE
                 )
     else:
         lora_value = args.get("peft_config", 1)
@@ -364,9 +349,7 @@ def get_peft_model(found: Findings, callee: Symbol, args: CallArgs) -> Value:
     return Unknown("a PEFT model")
 
 
-_UNSLOTH_OFFLOAD = (
-    "unsloth's offloaded gradient checkpointing, the saved activations wait in CPU memory"
-)
+_UNSLOTH_OFFLOAD = unsloth.OFFLOADED_CHECKPOINTING_MEANS
 
 
 def unsloth_checkpointing(value: Value) -> Known | None:
@@ -375,7 +358,7 @@ def unsloth_checkpointing(value: Value) -> Known | None:
     known = settle(value)
     if known is None:
         return None
-    if known.value == "unsloth":
+    if known.value == unsloth.OFFLOADED_CHECKPOINTING:
         note = f'use_gradient_checkpointing="unsloth": {_UNSLOTH_OFFLOAD}'
         return replace(known, value=True, note=_combine_notes(known.note, note))
     return replace(known, value=known.value is True)
