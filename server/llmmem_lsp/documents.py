@@ -74,6 +74,10 @@ class DocumentState:
     measured_version: int | None = None  # the version of the text it measured
     abandoned: float | None = None  # seconds, when the last analysis was abandoned
     dependencies: set[str] = field(default_factory=set)  # other files the plan read
+    # hover texts of the current result, by (result serial, target, cell path, verify table):
+    # a hover on the same setting again is not rendered again (a DPO budget with its
+    # reference model and the setting's half and double takes ~20 ms to render)
+    hovers: dict[tuple[int, str, str | None, str | None], str] = field(default_factory=dict)
 
 
 def document_path(uri: str, fs_path: str | None, language_id: str | None) -> Path:

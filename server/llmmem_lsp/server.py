@@ -815,6 +815,32 @@ def _measured(state: DocumentState, result: Result) -> str | None:
     return state.measured
 
 
+async def _render_hover(
+    result: Result, kind: str, in_path: str | None, measured: str | None
+) -> str | None:
+    """The Markdown of a hover on `kind` (as `_hover_target` names it), made off the loop."""
+    from llmmem.report import markdown
+
+    analysis = result.checked.analysis
+    loop = asyncio.get_running_loop()
+    render = {
+        "model": markdown.model_hover,
+        "lora": markdown.lora_hover,
+        "quant": markdown.quantization_hover,
+    }.get(kind)
+    if render is not None:
+        return await loop.run_in_executor(None, render, analysis)
+    if kind.startswith("setting:"):
+        field = kind.split(":", 1)[1]
+        return await loop.run_in_executor(
+            None,
+            lambda: markdown.setting_hover(analysis, field, in_path=in_path, measured=measured),
+        )
+    return await loop.run_in_executor(
+        None, lambda: markdown.budget_hover(analysis, measured=measured)
+    )
+
+
 @server.feature(types.TEXT_DOCUMENT_HOVER)
 async def hover(ls: LlmmemServer, params: types.HoverParams) -> types.Hover | None:
     uri = params.text_document.uri
@@ -840,40 +866,27 @@ async def hover(ls: LlmmemServer, params: types.HoverParams) -> types.Hover | No
     if target is None:
         return None
     kind, where = target
+    measured = _measured(state, result)
+    key = (result.serial, kind, in_path, measured)
+    if state.hovers and next(iter(state.hovers))[0] != result.serial:
+        state.hovers.clear()  # those of an older analysis
+    shown = state.hovers.get(key)
+    if shown is None:
+        shown = await _render_hover(result, kind, in_path, measured) or ""
+        state.hovers[key] = shown
+    if not shown:
+        return None
     from llmmem.report import markdown
 
-    analysis = result.checked.analysis
-    loop = asyncio.get_running_loop()
-    render = {
-        "model": markdown.model_hover,
-        "lora": markdown.lora_hover,
-        "quant": markdown.quantization_hover,
-    }.get(kind)
-    if render is not None:
-        text = await loop.run_in_executor(None, render, analysis)
-    elif kind.startswith("setting:"):
-        field = kind.split(":", 1)[1]
-        text = await loop.run_in_executor(
-            None,
-            lambda: markdown.setting_hover(
-                analysis, field, in_path=in_path, measured=_measured(state, result)
-            ),
-        )
-    else:
-        text = await loop.run_in_executor(
-            None, lambda: markdown.budget_hover(analysis, measured=_measured(state, result))
-        )
-    if not text:
-        return None
     if not ls.hover_markdown:
         return types.Hover(
             contents=types.MarkupContent(
-                kind=types.MarkupKind.PlainText, value=markdown.plain_text(text)
+                kind=types.MarkupKind.PlainText, value=markdown.plain_text(shown)
             ),
             range=lines.range(where),
         )
     return types.Hover(
-        contents=types.MarkupContent(kind=types.MarkupKind.Markdown, value=text),
+        contents=types.MarkupContent(kind=types.MarkupKind.Markdown, value=shown),
         range=lines.range(where),
     )
 
