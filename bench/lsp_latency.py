@@ -7,8 +7,9 @@ It spawns the real server (`python -m llmmem_lsp`) over stdio, opens a generated
 training script and each script in examples/, waits for the analysis (the first
 publishDiagnostics), then sends hovers one after the other — on the settings the plan read, on
 the trainer call and on blank and unrelated lines — and reports the median and p95 of the time
-from sending a request to reading its answer. Spawn to initialize is the median over separate
-processes of the time from `Popen` to the `initialize` result, with the server's modules
+from sending a request to reading its answer, and the p95 of the first hover on each place
+(the server renders a hover's text once per analysis). Spawn to initialize is the median over
+separate processes of the time from `Popen` to the `initialize` result, with the server's modules
 loaded from bytecode as an installed server has them (pip compiles them at install; here they
 are compiled once into a temporary PYTHONPYCACHEPREFIX before the timed spawns). Where the
 environment sets PYTHONDONTWRITEBYTECODE, a second row shows the spawns that compile the
@@ -105,7 +106,7 @@ class Server:
 
     def initialize(self) -> float:
         """Seconds from spawn to the initialize result."""
-        options = {  # every key, as VS Code sends them (worldSize unset is null)
+        options: dict[str, Any] = {  # every key, as VS Code sends them (worldSize unset is null)
             "gpu": "RTX-4090",
             "worldSize": None,
             "hub": False,
@@ -313,6 +314,9 @@ def main() -> int:
                     (label, f"median ({shown}/{len(times)} shown)", statistics.median(times), "")
                 )
                 rows.append((label, "p95", worst, f"<= {HOVER_TARGET_MS:.0f} ms"))
+                # the first hover on each target renders it; later ones find it made
+                first = times[: len(hover_positions(text))]
+                rows.append((label, f"p95 of the {len(first)} first", p95(first), ""))
                 listed, resolved = server.code_actions
                 if listed:
                     slowest = p95(listed)
