@@ -305,6 +305,32 @@ def test_argparse_and_fire_defaults_name_their_flag() -> None:
         assert (plan.model_id.value, plan.model_id.source) == ("Qwen/Qwen2.5-7B", CLI)
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "line", "written", "flag"),
+    [
+        ("model_id", "meta-llama/Llama-2-7b-hf", 19, '"meta-llama/Llama-2-7b-hf"', "base_model"),
+        ("per_device_train_batch_size", 4, 22, "4", "micro_batch_size"),
+        ("gradient_accumulation_steps", 32, 23, "32", "accumulation"),
+        ("max_seq_length", 512, 24, "512", "cutoff_len"),  # through tokenize() in dataset.map
+        ("gradient_checkpointing", True, 29, "True", "checkpointing"),
+        ("lora.r", 8, 25, "8", "lora_r"),
+        ("lora.alpha", 16, 26, "16", "lora_alpha"),
+    ],
+)
+def test_a_fire_entry_points_keyword_defaults_are_its_flags_defaults(
+    key: str, value: object, line: int, written: str, flag: str
+) -> None:
+    plan, text = read("fire_entry_point.py")
+    owner: Any = plan
+    for part in key.split("."):
+        owner = getattr(owner, part)
+    assert owner.value == value
+    assert owner.source is CLI
+    assert covered(text, owner.range) == (line, written)
+    assert f"--{flag} " in owner.note
+    assert plan.problems == []
+
+
 def test_a_factory_not_known_is_unknown_not_an_error() -> None:
     source = (
         "from dataclasses import dataclass, field\n"
