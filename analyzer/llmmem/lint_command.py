@@ -326,7 +326,8 @@ def fix_in_place(
 
 def run_lint(args: argparse.Namespace) -> int:
     from llmmem.report import findings as render
-    from llmmem.rules.registry import RULES, all_rules
+    from llmmem.rules.catalog import all_rules
+    from llmmem.rules.registry import RULES
 
     if args.explain:
         all_rules()

@@ -75,7 +75,7 @@ def attention_items() -> tuple[tuple[str, str], ...]:
 
 @lru_cache(maxsize=1)
 def rule_items() -> tuple[tuple[str, str], ...]:
-    from llmmem.rules.registry import all_rules
+    from llmmem.rules.catalog import all_rules
 
     return tuple((rule.code, f"{rule.name}: {rule.summary}") for rule in all_rules())
 

@@ -14,7 +14,7 @@ from pytest_lsp import LanguageClient, client_capabilities
 
 from llmmem.budget.optimizers import OPTIMIZERS
 from llmmem.gpus import all_gpus
-from llmmem.rules.registry import all_rules
+from llmmem.rules.catalog import all_rules
 
 VSCODE = "visual_studio_code"
 

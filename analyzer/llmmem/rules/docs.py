@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmmem.rules.registry import all_rules
+from llmmem.rules.catalog import all_rules
 
 RULES_DOC = Path(__file__).resolve().parent / "rules.md"
 

@@ -1,4 +1,5 @@
-"""The rule registry: a rule is a code, a doc in a fixed shape and a check function."""
+"""The rule registry: a rule is a code, a doc in a fixed shape and a check function. Rule modules
+register themselves here on import; `llmmem.rules.catalog` imports them all and runs them."""
 
 from __future__ import annotations
 
@@ -41,20 +42,3 @@ def register(rule: Rule) -> Rule:
         raise ValueError(f"rule code {rule.code} registered twice")
     RULES[rule.code] = rule
     return rule
-
-
-def _load_rule_modules() -> None:
-    from llmmem.rules import fit, names, practices, values  # noqa: F401 - registration on import
-
-
-def all_rules() -> list[Rule]:
-    _load_rule_modules()
-    return [RULES[code] for code in sorted(RULES)]
-
-
-def run_rules(analysis: Analysis, text: str) -> list[Finding]:
-    """Every rule's findings for one analysed file, in code order."""
-    findings: list[Finding] = []
-    for rule in all_rules():
-        findings.extend(rule.check(analysis, text))
-    return findings
