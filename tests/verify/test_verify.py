@@ -250,6 +250,7 @@ def test_request_carries_the_setup_the_core_saw() -> None:
         "modules_to_save": [],
         "dora": True,
         "dropout": 0.0,
+        "adapter_bytes": 4,  # PEFT's fp32 adapters
     }
     assert (request.batch, request.seq, request.precision, request.grad_ckpt) == (
         3,
