@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -158,16 +159,9 @@ def run_verify(args: argparse.Namespace) -> int:
         reason = analysis.model_error or "; ".join(analysis.problems) or "no training step found"
         raise UsageError(f"{path}: nothing to verify: {reason}")
     spec, setup = analysis.spec, analysis.setup
-    if analysis.plan.objective is not None:
-        from llmmem.preference_plan import objective_of
+    from llmmem.preference_plan import preference_setup
 
-        objective = objective_of(analysis.plan)
-        if objective is not None:
-            raise UsageError(
-                f"{path}: trains with {objective.value.upper()}; verify runs supervised steps "
-                "only so far (the preference budgets are checked on the CPU by `python -m "
-                "llmmem.verify.preference_grid`)"
-            )
+    preference = preference_setup(analysis.plan)
     if spec.is_guess:
         raise UsageError(
             f"{spec.model_id}: only a guess from its name; verify needs the model's config "
@@ -195,6 +189,19 @@ def run_verify(args: argparse.Namespace) -> int:
         snapshot=str(Path(args.snapshot).resolve()) if args.snapshot else None,
     )
     budget = estimate_budget(spec, setup, analysis.gpu)
+    if preference is not None:
+        from llmmem.budget.preference import estimate_preference_budget, reference_for
+        from llmmem.verify.preference_step import check_preference_request
+
+        request = replace(
+            request,
+            objective=preference.objective.value,
+            reference=reference_for(preference, setup).value,
+        )
+        why = check_preference_request(request)
+        if why:
+            raise UsageError(f"{path}: trains with {preference.objective.value.upper()}; {why}")
+        budget = estimate_preference_budget(spec, setup, preference, analysis.gpu)
     if device == "cpu":
         from llmmem.verify.runner import runs_bitsandbytes
 

@@ -177,10 +177,12 @@ def test_explain_shows_the_method_the_reference_and_the_phases(
     assert reference in text
 
 
-def test_verify_says_it_runs_supervised_steps_only(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["verify", str(EXAMPLES / "dpo_lora.py"), "--offline"])
-    assert code != 0
-    assert "supervised steps only" in capsys.readouterr().err
+def test_verify_on_a_gpu_says_a_preference_step_runs_on_the_cpu_or_simulated(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = main(["verify", str(EXAMPLES / "dpo_lora.py"), "--offline", "--device", "cuda"])
+    assert code == 2
+    assert "--device cpu or --simulate" in capsys.readouterr().err
 
 
 def test_the_largest_micro_batch_is_searched_with_the_preference_step(

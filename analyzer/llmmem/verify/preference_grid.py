@@ -111,11 +111,25 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Te
 
 
 class _Step:
-    def __init__(self, case: Case, size: str = "small") -> None:
+    """One preference step as TRL 0.29.1 computes it, over a model it is given: `case` says
+    the objective, the reference handling, the dtype and the shape (a `Case`, or any object
+    with those attributes)."""
+
+    def __init__(
+        self, case: Any, model: Any, ref: Any, vocab: int, optimizer: Any, device_type: str = "cpu"
+    ) -> None:
+        self.case = case
+        self.model = model
+        self.ref = ref
+        self.vocab = vocab
+        self.optimizer = optimizer
+        self.device_type = device_type
+
+    @classmethod
+    def for_case(cls, case: Case, size: str = "small") -> _Step:
         import peft
         import transformers
 
-        self.case = case
         dtype = torch.bfloat16 if case.dtype == "bf16-true" else torch.float32
         config = dict(CONFIGS[size][case.family])
         config.pop("architectures")
@@ -123,17 +137,16 @@ class _Step:
             config["num_labels"] = 1
         hf_config = transformers.AutoConfig.for_model(**config)
         torch.manual_seed(0)
-        cls = (
+        model_class = (
             transformers.AutoModelForSequenceClassification
             if case.objective == "reward"
             else transformers.AutoModelForCausalLM
         )
-        model = cls.from_config(hf_config, dtype=dtype, attn_implementation="sdpa")
+        model = model_class.from_config(hf_config, dtype=dtype, attn_implementation="sdpa")
         model.train()
-        self.ref = None
-        with_reference = case.objective in ("dpo", "kto")
-        if with_reference and case.method == "full" and case.reference != "precomputed":
-            self.ref = copy.deepcopy(model).eval().requires_grad_(False)
+        ref = None
+        if needs_reference_copy(case):
+            ref = copy.deepcopy(model).eval().requires_grad_(False)
         if case.grad_ckpt:
             model.gradient_checkpointing_enable()
             if case.method == "lora":
@@ -141,10 +154,9 @@ class _Step:
         if case.method == "lora":
             lora = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
             model = peft.get_peft_model(model, lora)
-        self.model = model
-        self.vocab = config["vocab_size"]
         trainable = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(trainable, lr=1e-5, foreach=True)
+        optimizer = torch.optim.AdamW(trainable, lr=1e-5, foreach=True)
+        return cls(case, model, ref, config["vocab_size"], optimizer)
 
     def frozen_storages(self) -> list[torch.Tensor]:
         tensors = list(self.model.parameters()) + list(self.model.buffers())
@@ -154,7 +166,7 @@ class _Step:
 
     def batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         case = self.case
-        ids = torch.randint(3, self.vocab, (2 * case.batch, case.seq))
+        ids = torch.randint(3, self.vocab, (2 * case.batch, case.seq), device=self.device_type)
         completion = torch.ones_like(ids)
         completion[:, : case.seq // 4] = 0  # the prompt
         return ids, completion
@@ -164,7 +176,7 @@ class _Step:
         prepared models' forward, the reference's too; the loss runs outside it)."""
         if self.case.dtype != "bf16":
             return model(input_ids=ids, use_cache=False)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(self.device_type, dtype=torch.bfloat16):
             return model(input_ids=ids, use_cache=False)
 
     def log_probs(self, model: Any, ids: torch.Tensor, completion: torch.Tensor) -> Any:
@@ -224,7 +236,7 @@ class _Step:
             del kl_logits
         logits = self.forward(model, ids[:half]).logits
         logps = self.batch_logps(logits, ids[:half], completion[:half])
-        desirable = torch.arange(half) % 2 == 0
+        desirable = torch.arange(half, device=ids.device) % 2 == 0
         chosen_idx = torch.nonzero(desirable).view(-1)
         rejected_idx = torch.nonzero(~desirable).view(-1)
         return (
@@ -263,10 +275,25 @@ class _Tracker(StorageTracker):
         self.marks: dict[str, int] = {}
 
 
+def needs_reference_copy(case: Any) -> bool:
+    """DPO and KTO in full fine-tuning load a frozen second copy (TRL's default with
+    `ref_model=None`); under PEFT the adapter is disabled instead, and precomputed
+    log-probabilities need none."""
+    return (
+        case.objective in ("dpo", "kto")
+        and case.method == "full"
+        and case.reference != "precomputed"
+    )
+
+
 def measure(case: Case, size: str = "small") -> dict[str, int]:
     """Each phase's peak of allocated bytes, the weights (and a reference copy) included."""
-    step = _Step(case, size)
-    tracker = _Tracker()
+    return measure_step(_Step.for_case(case, size))
+
+
+def measure_step(step: _Step, tracker: _Tracker | None = None) -> dict[str, int]:
+    """A warm-up step, then the measured one: each phase's peak, weights included."""
+    tracker = tracker or _Tracker()
     with tracker:
         for tensor in step.frozen_storages():
             tracker.track(tensor, "weights")

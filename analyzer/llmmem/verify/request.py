@@ -45,6 +45,11 @@ class StepRequest:
     trust_remote_code: bool = False
     snapshot: str | None = None  # CUDA: where to save a torch.cuda.memory snapshot
     seed: int = 0
+    # a preference plan: "dpo", "orpo", "cpo", "simpo", "kto" or "reward" (None: supervised),
+    # and how its reference log-probabilities are made ("copy", "adapter", "precomputed";
+    # None: TRL's default for the method)
+    objective: str | None = None
+    reference: str | None = None
 
     @property
     def launched(self) -> bool:

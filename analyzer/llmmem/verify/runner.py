@@ -272,7 +272,12 @@ def run_step(request: StepRequest) -> StepMeasurement:
     result = StepMeasurement(device=device, device_name=device, stage="build")
     meters: list[_Meter] = []
     try:
-        _run(request, result, meters)
+        if request.objective is not None:
+            from llmmem.verify.preference_step import run_preference_step
+
+            run_preference_step(request, result)
+        else:
+            _run(request, result, meters)
     except VerifyError as err:
         result.error = str(err)
     except MemoryError:
