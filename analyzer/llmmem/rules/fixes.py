@@ -44,6 +44,11 @@ class Candidate:
     change: Callable[[TrainingSetup], TrainingSetup | None]  # None: does not apply
     edit: Callable[[Analysis, str], list[TextEdit] | None]
     safe: bool = True  # `--fix` applies it without asking
+    # a lever of the preference or GRPO setup (the plan's, not TrainingSetup's): whether the
+    # file's plan can take it (None: `change` decides alone)
+    applies: Callable[[Analysis], bool] | None = None
+    # a title naming the value written (None: `title`)
+    title_of: Callable[[Analysis], str | None] | None = None
 
 
 def _grad_ckpt(setup: TrainingSetup) -> TrainingSetup | None:
@@ -181,6 +186,138 @@ def _in_dialect(
     return edit
 
 
+# The preference and GRPO levers (issue 19): they change how the reference log-probabilities
+# are made or what the colocated vLLM engine keeps, settings the plan carries beside the
+# training setup (`preference_plan`), so `change` leaves the setup as it is and `applies`
+# reads the plan. What each saves is what the re-analysed file says, as for every fix.
+
+
+def _unchanged(setup: TrainingSetup) -> TrainingSetup:
+    return setup
+
+
+def _kept(analysis: Analysis, name: str) -> object:
+    from llmmem.plan import Sourced
+
+    kept = analysis.plan.extra.get(name)
+    return kept.value if isinstance(kept, Sourced) else kept
+
+
+def _precompute_applies(analysis: Analysis) -> bool:
+    """DPO and KTO (the objectives with a reference model) whose reference runs in the step."""
+    from llmmem.budget.preference import WITH_REFERENCE, Reference
+    from llmmem.preference_plan import objective_of, reference_of
+
+    if objective_of(analysis.plan) not in WITH_REFERENCE:
+        return False
+    reference, _ = reference_of(analysis.plan)
+    return reference is not Reference.PRECOMPUTED
+
+
+def _grpo(analysis: Analysis) -> object | None:
+    """The plan's GrpoSetup when it generates with a colocated vLLM engine, else None."""
+    from llmmem.budget.preference import Objective
+    from llmmem.preference_plan import grpo_setup, objective_of
+
+    if objective_of(analysis.plan) is not Objective.GRPO:
+        return None
+    grpo = grpo_setup(analysis.plan)
+    return grpo if grpo.vllm == "colocate" else None
+
+
+def _sleep_applies(analysis: Analysis) -> bool:
+    grpo = _grpo(analysis)
+    return grpo is not None and not grpo.vllm_enable_sleep_mode  # type: ignore[attr-defined]
+
+
+def engine_room(analysis: Analysis) -> int | None:
+    """The least a colocated vLLM engine needs, in bytes: its 16-bit weights and the KV cache
+    of the whole generation batch at full length (prompt + completion), so every completion
+    of a generation is decoded at once, as before. None without a GRPO colocate plan."""
+    from llmmem.budget.generation import kv_cache_term
+    from llmmem.budget.grpo import generation_rows
+
+    grpo = _grpo(analysis)
+    if grpo is None or analysis.spec is None or analysis.setup is None:
+        return None
+    rows = generation_rows(grpo, analysis.setup)  # type: ignore[arg-type]
+    full = replace(analysis.setup, batch=rows, seq=grpo.seq, new_tokens=0)  # type: ignore[attr-defined]
+    return 2 * analysis.spec.total_params + kv_cache_term(analysis.spec, full).bytes
+
+
+def smaller_vllm_share(analysis: Analysis) -> float | None:
+    """The colocated engine's `vllm_gpu_memory_utilization` halved, but never below what
+    `engine_room` needs (rounded up to a hundredth); None where that is no smaller than the
+    file's value or the GPU is not known."""
+    grpo = _grpo(analysis)
+    room = engine_room(analysis)
+    if grpo is None or room is None or analysis.gpu is None:
+        return None
+    current = float(grpo.vllm_gpu_memory_utilization)  # type: ignore[attr-defined]
+    needed = -(-room * 100 // analysis.gpu.capacity_bytes) / 100
+    share = max(-(-current * 100 // 2) / 100, needed)
+    return share if share < current else None
+
+
+def _share_title(analysis: Analysis) -> str | None:
+    share = smaller_vllm_share(analysis)
+    if share is None:
+        return None
+    return f"Give the colocated vLLM engine less of the GPU (vllm_gpu_memory_utilization={share:g})"
+
+
+def _plan_setting(
+    field: str, value_of: Callable[[Analysis], object]
+) -> Callable[[Analysis, str], list[TextEdit] | None]:
+    """`field=value` in a Python script's config call (DPOConfig, KTOConfig, GRPOConfig): the
+    value replaced where the plan read it, else added as a keyword of the call."""
+
+    def edit(analysis: Analysis, text: str) -> list[TextEdit] | None:
+        from llmmem.plan import Sourced
+        from llmmem.rules import edits as writer
+
+        plan = analysis.plan
+        value = value_of(analysis)
+        if plan.kind != "python" or value is None:
+            return None
+        kept = plan.extra.get(field)
+        where = writer._written_at(kept if isinstance(kept, Sourced) else None)
+        if where is not None and where.path is not None:
+            return None  # another file: not edited from here
+        codemods = writer._codemods(text)
+        if codemods is not None:
+            return codemods.setting_edits(plan, text, [(field, value, where)])  # type: ignore[no-any-return]
+        if where is not None:
+            found = writer._python_value_edit(plan, text, field, where, value)
+        else:
+            found = writer._insert_python_setting(plan, text, field, value)
+        return [found] if found else None
+
+    return edit
+
+
+def _plan_in_dialect(
+    lever: str, field: str, value_of: Callable[[Analysis], object]
+) -> Callable[[Analysis, str], list[TextEdit] | None]:
+    """The lever's edit in the file's dialect: a Python script's config call gets `field`; a
+    YAML/JSON config its framework's keys (`FIX_SPELLINGS`), each written with `value_of`'s
+    value (none where the framework has no such setting)."""
+    python_edit = _plan_setting(field, value_of)
+
+    def edit(analysis: Analysis, text: str) -> list[TextEdit] | None:
+        plan = analysis.plan
+        if plan.kind not in ("yaml", "json"):
+            return python_edit(analysis, text)
+        writes = spelling(config_dialect(plan), lever)
+        value = value_of(analysis)
+        if writes is None or analysis.setup is None or value is None:
+            return None
+        writes = tuple(replace(write, value=value) for write in writes)
+        return spelled_edits(text, writes, analysis.setup, json_file=plan.kind == "json")
+
+    return edit
+
+
 CANDIDATES = [
     Candidate(
         "grad-ckpt",
@@ -221,6 +358,30 @@ CANDIDATES = [
         _in_dialect("liger", _setting("use_liger_kernel", True)),
         safe=False,
     ),
+    Candidate(
+        "precompute-ref",
+        "Precompute the reference log-probs (precompute_ref_log_probs)",
+        _unchanged,
+        _plan_in_dialect("precompute-ref", "precompute_ref_log_probs", lambda _a: True),
+        applies=_precompute_applies,
+    ),
+    Candidate(
+        "vllm-share",
+        "Give the colocated vLLM engine less of the GPU",
+        _unchanged,
+        _plan_in_dialect("vllm-share", "vllm_gpu_memory_utilization", smaller_vllm_share),
+        safe=False,  # a smaller KV cache: generation may run slower
+        applies=lambda analysis: _grpo(analysis) is not None,
+        title_of=_share_title,
+    ),
+    Candidate(
+        "vllm-sleep",
+        "Put the vLLM engine to sleep while the policy trains (vllm_enable_sleep_mode)",
+        _unchanged,
+        _plan_in_dialect("vllm-sleep", "vllm_enable_sleep_mode", lambda _a: True),
+        safe=False,  # the engine's weights are reloaded for every generation: slower steps
+        applies=_sleep_applies,
+    ),
 ]
 
 
@@ -258,7 +419,12 @@ def candidate_fixes(
         try:
             if candidate.change(analysis.setup) is None:
                 continue
+            if candidate.applies is not None and not candidate.applies(analysis):
+                continue
         except (SetupError, ValueError):
+            continue
+        title = candidate.title_of(analysis) if candidate.title_of else candidate.title
+        if title is None:
             continue
         edits = candidate.edit(analysis, text)
         if not edits:
@@ -279,7 +445,7 @@ def candidate_fixes(
             verdict += f"{analysis.gpu.name})"
         fixes.append(
             Fix(
-                title=f"{candidate.title} → {format_bytes(total)}{verdict}",
+                title=f"{title} → {format_bytes(total)}{verdict}",
                 edits=edits,
                 predicted_device_bytes=total,
                 fits=budget.fits,

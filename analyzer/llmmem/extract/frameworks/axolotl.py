@@ -410,4 +410,14 @@ FIX_SPELLINGS: dict[str, Spelling] = {
     ),
     "halve-batch": halve(("micro_batch_size",), ("gradient_accumulation_steps",)),
     "qlora": (KeyWrite(("adapter",), "qlora"), KeyWrite(("load_in_4bit",), True)),
+    # `rl: dpo|kto`: passed on to TRL's DPOConfig/KTOConfig (read by `read_axolotl_rl`)
+    "precompute-ref": (KeyWrite(("precompute_ref_log_probs",), True),),
+    # `rl: grpo` with `trl: {use_vllm: true, vllm_mode: colocate}`; the value is the one the
+    # fix computes (rules/fixes.py), written where the file sets the engine's share (`trl:`
+    # or the `vllm:` block, both read by `read_axolotl_grpo`)
+    "vllm-share": (
+        KeyWrite(("trl", "vllm_gpu_memory_utilization"), None, layout_key=True),
+        KeyWrite(("vllm", "gpu_memory_utilization"), None, layout_key=True),
+    ),
+    "vllm-sleep": (KeyWrite(("trl", "vllm_enable_sleep_mode"), True),),
 }
