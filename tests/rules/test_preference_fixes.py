@@ -267,3 +267,22 @@ def test_llamafactory_dpo_has_no_precompute_key() -> None:
     titles = [fix.title for fix in fixes_of(path, path.read_text(encoding="utf-8"), "8GiB")]
     assert titles
     assert not any(title.startswith(PRECOMPUTE) for title in titles)
+
+
+def test_dpo_without_checkpointing_gets_it_with_explains_total(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """TRL's DPOConfig checkpoints by default; a script that turns it off is offered it back,
+    titled with the total of the file it writes."""
+    path = PYTHON / "trl_dpo_quickstart.py"
+    text = path.read_text(encoding="utf-8").replace(
+        "per_device_train_batch_size=8)",
+        "per_device_train_batch_size=8, gradient_checkpointing=False)",
+    )
+    changed = tmp_path / "changed"
+    changed.mkdir()
+    source = changed / path.name
+    source.write_text(text, encoding="utf-8")
+    fix = the_fix(source, text, "Enable gradient checkpointing")
+    fixed, _ = check_applied(source, fix, tmp_path, capsys)
+    assert keywords_of(fixed, "DPOConfig")["gradient_checkpointing"] is True
