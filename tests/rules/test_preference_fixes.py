@@ -286,3 +286,50 @@ def test_dpo_without_checkpointing_gets_it_with_explains_total(
     fix = the_fix(source, text, "Enable gradient checkpointing")
     fixed, _ = check_applied(source, fix, tmp_path, capsys)
     assert keywords_of(fixed, "DPOConfig")["gradient_checkpointing"] is True
+
+
+# --- LoRA: the policy with its adapter disabled as the reference
+
+OWN_REFERENCE = "Use the policy with its adapter disabled as the reference"
+
+
+def test_lora_dpo_drops_its_reference_copy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = PYTHON / "trl_dpo_lora_own_reference.py"
+    text = path.read_text(encoding="utf-8")
+    before = explained(path, text, tmp_path, capsys, None)
+    assert before["fits"] is False
+    fix = the_fix(path, text, OWN_REFERENCE)
+    fixed, after = check_applied(path, fix, tmp_path, capsys)
+    tree = ast.parse(fixed)
+    trainer = next(
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "DPOTrainer"
+    )
+    assert [ast.unparse(arg) for arg in trainer.args] == ["model"]
+    assert "ref_model" not in fixed  # its load is gone too: nothing else read it
+    assert fixed.count("AutoModelForCausalLM.from_pretrained(") == 1
+    # the 16-bit copy of Qwen2.5-7B (7.6B parameters) is no longer on the GPU
+    assert before["device_total_bytes"] - after["device_total_bytes"] > 14e9
+
+
+def test_a_reference_from_another_checkpoint_is_kept() -> None:
+    """A reference that is another model (an SFT checkpoint) is part of the objective: no fix
+    swaps it for the base model."""
+    path = PYTHON / "trl_dpo_lora_own_reference.py"
+    text = path.read_text(encoding="utf-8").replace(
+        'ref_model = AutoModelForCausalLM.from_pretrained(model_id, dtype="bfloat16")',
+        'ref_model = AutoModelForCausalLM.from_pretrained("Qwen/Qwen2.5-7B", dtype="bfloat16")',
+    )
+    titles = [fix.title for fix in fixes_of(path, text)]
+    assert titles
+    assert not any(title.startswith(OWN_REFERENCE) for title in titles)
+
+
+def test_full_fine_tuning_keeps_its_reference_copy() -> None:
+    path = PYTHON.parent / "trl_dpo.py"  # full fine-tuning with ref_model given
+    titles = [fix.title for fix in fixes_of(path, path.read_text(encoding="utf-8"), "8GiB")]
+    assert titles
+    assert not any(title.startswith(OWN_REFERENCE) for title in titles)

@@ -214,6 +214,108 @@ def _precompute_applies(analysis: Analysis) -> bool:
     return reference is not Reference.PRECOMPUTED
 
 
+def _own_reference_applies(analysis: Analysis) -> bool:
+    """LoRA/QLoRA DPO or KTO given a reference model of its own (`ref_model=`): without it
+    TRL takes the reference from the policy with its adapter disabled, no second copy. In full
+    fine-tuning TRL would load the copy itself: nothing to gain there."""
+    from llmmem.budget.preference import WITH_REFERENCE, Reference
+    from llmmem.preference_plan import objective_of, reference_of
+
+    if analysis.setup is None or analysis.setup.method is Method.FULL:
+        return False
+    if objective_of(analysis.plan) not in WITH_REFERENCE:
+        return False
+    if reference_of(analysis.plan)[0] is not Reference.COPY:
+        return False
+    # the same checkpoint as the policy's base: the adapter-disabled policy is that model, so
+    # training does not change; another checkpoint (an SFT model as the reference) would
+    model_id = analysis.plan.model_id.value if analysis.plan.model_id is not None else None
+    return model_id is not None and _kept(analysis, "ref_model_id") == model_id
+
+
+def _drop_reference_edit(analysis: Analysis, text: str) -> list[TextEdit] | None:
+    """The trainer call's `ref_model` argument (keyword, or DPOTrainer's second positional)
+    taken out, with the separator after it; and the `name = ...from_pretrained(...)` line
+    that loaded it, when nothing else reads the name. Text edits from the syntax tree, so the
+    rest of the call keeps its layout."""
+    import ast
+
+    from llmmem.plan import Sourced, SourceRange
+    from llmmem.rules.edits import line_starts, node_span, position, python_tree
+
+    plan = analysis.plan
+    trainer = plan.extra.get("trainer")
+    if plan.kind != "python" or not isinstance(trainer, Sourced) or trainer.range is None:
+        return None
+    if trainer.range.path is not None:
+        return None
+    tree = python_tree(text)
+    if tree is None:
+        return None
+    starts = line_starts(text)
+    call = next(
+        (
+            node
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+            and node.lineno - 1 == trainer.range.start_line
+            and node.end_lineno is not None
+            and node.end_lineno - 1 == trainer.range.end_line
+        ),
+        None,
+    )
+    if call is None or any(isinstance(arg, ast.Starred) for arg in call.args):
+        return None
+    arguments: list[ast.expr | ast.keyword] = sorted(
+        [*call.args, *call.keywords], key=lambda node: (node.lineno, node.col_offset)
+    )
+    target: ast.expr | ast.keyword | None = next(
+        (kw for kw in call.keywords if kw.arg == "ref_model"), None
+    )
+    if target is None and str(trainer.value) == "DPOTrainer" and len(call.args) > 1:
+        target = call.args[1]  # DPOTrainer(model, ref_model, ...)
+    if target is None:
+        return None
+    value = target.value if isinstance(target, ast.keyword) else target
+    index = arguments.index(target)
+    start, end = node_span(text, target, starts)
+    if index + 1 < len(arguments):
+        end = node_span(text, arguments[index + 1], starts)[0]
+    elif index > 0:
+        start = node_span(text, arguments[index - 1], starts)[1]
+
+    def edit(start: int, end: int) -> TextEdit:
+        (l0, c0), (l1, c1) = position(text, start, starts), position(text, end, starts)
+        return TextEdit(
+            range=SourceRange(start_line=l0, start_col=c0, end_line=l1, end_col=c1), new_text=""
+        )
+
+    edits = [edit(start, end)]
+    if isinstance(value, ast.Name):
+        reads = sum(
+            isinstance(node, ast.Name) and node.id == value.id and isinstance(node.ctx, ast.Load)
+            for node in ast.walk(tree)
+        )
+        loads = [
+            statement
+            for statement in ast.walk(tree)
+            if isinstance(statement, ast.Assign)
+            and len(statement.targets) == 1
+            and isinstance(statement.targets[0], ast.Name)
+            and statement.targets[0].id == value.id
+        ]
+        if reads == 1 and len(loads) == 1 and isinstance(loads[0].value, ast.Call):
+            load = loads[0]
+            first, last = load.lineno - 1, (load.end_lineno or load.lineno) - 1
+            line_end = starts[last + 1] if last + 1 < len(starts) else len(text)
+            alone = text[starts[first] : node_span(text, load, starts)[0]].strip() == "" and (
+                text[node_span(text, load, starts)[1] : line_end].strip() == ""
+            )
+            if alone and line_end > starts[first]:
+                edits.insert(0, edit(starts[first], line_end))
+    return edits
+
+
 def _grpo(analysis: Analysis) -> object | None:
     """The plan's GrpoSetup when it generates with a colocated vLLM engine, else None."""
     from llmmem.budget.preference import Objective
@@ -364,6 +466,13 @@ CANDIDATES = [
         _unchanged,
         _plan_in_dialect("precompute-ref", "precompute_ref_log_probs", lambda _a: True),
         applies=_precompute_applies,
+    ),
+    Candidate(
+        "own-reference",
+        "Use the policy with its adapter disabled as the reference (drop ref_model)",
+        _unchanged,
+        _drop_reference_edit,
+        applies=_own_reference_applies,
     ),
     Candidate(
         "vllm-share",
