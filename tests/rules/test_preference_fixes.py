@@ -333,3 +333,37 @@ def test_full_fine_tuning_keeps_its_reference_copy() -> None:
     titles = [fix.title for fix in fixes_of(path, path.read_text(encoding="utf-8"), "8GiB")]
     assert titles
     assert not any(title.startswith(OWN_REFERENCE) for title in titles)
+
+
+def test_axolotl_grpo_sleep_mode_is_added_to_its_trl_block() -> None:
+    _, before, after = config_fix(CONFIGS / "axolotl_grpo.yaml", SLEEP, "16GiB")
+    assert after["trl"] == {**before["trl"], "vllm_enable_sleep_mode": True}
+    assert {k: v for k, v in after.items() if k != "trl"} == {
+        k: v for k, v in before.items() if k != "trl"
+    }
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "trl: {use_vllm: true, vllm_mode: colocate}\n",  # a flow mapping
+        "trl:\n  use_vllm: true\n  reward_funcs:\n    - a.b\n",  # last entry over lines
+        "trl:\n  use_vllm: true\n  vllm_enable_sleep_mode: false\n",  # written already
+    ],
+)
+def test_a_key_is_added_only_to_a_block_it_can_be_laid_out_in(text: str) -> None:
+    from llmmem.rules.config_edits import add_to_block
+
+    assert add_to_block(text, ("trl", "vllm_enable_sleep_mode"), True) is None
+
+
+def test_a_key_added_to_a_crlf_block_keeps_crlf() -> None:
+    from llmmem.rules.config_edits import add_to_block
+
+    text = "trl:\r\n  use_vllm: true  # colocated\r\nbf16: true\r\n"
+    edits = add_to_block(text, ("trl", "vllm_enable_sleep_mode"), True)
+    assert edits is not None
+    fixed = apply_edits(text, edits)
+    assert fixed == (
+        "trl:\r\n  use_vllm: true  # colocated\r\n  vllm_enable_sleep_mode: true\r\nbf16: true\r\n"
+    )

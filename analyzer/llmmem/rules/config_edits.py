@@ -340,3 +340,39 @@ def append_to_sequence(text: str, key: str, items: list[Any]) -> TextEdit | None
     eol = "\r\n" if text[line_end - 1 : line_end] == "\r" else "\n"
     at = line_end + 1
     return _edit(text, at, at, "".join(prefix + item + eol for item in literals))
+
+
+def add_to_block(text: str, path: tuple[str | int, ...], value: Any) -> list[TextEdit] | None:
+    """`key: value` added as the last entry of a YAML file's block mapping `parent:` (the
+    path `(parent, key)`), on a line of its own at the indent of the entries; None where the
+    key is written already, or the mapping is not a block whose last entry sits on one line."""
+    from llmmem.extract.yaml_positions import read_positioned_yaml
+
+    if len(path) != 2 or not isinstance(path[1], str):
+        return None
+    document = read_positioned_yaml(text, is_json=False)
+    found, parent = document.lookup(path[:1])
+    if document.problems or not found or not isinstance(parent, dict) or not parent:
+        return None
+    if path[1] in parent:
+        return None
+    last = (path[0], list(parent)[-1])
+    head, key, written = (
+        document.key_ranges.get(path[:1]),
+        document.key_ranges.get(last),
+        document.ranges.get(last),
+    )
+    if head is None or key is None or written is None or key.path is not None:
+        return None
+    if not (head.start_line < key.start_line == written.start_line == written.end_line):
+        return None  # a flow mapping, or a last entry over several lines
+    line_start = _offset(text, key.start_line, 0)
+    indent = text[line_start : line_start + key.start_col]
+    if indent.strip() or len(indent) <= head.start_col:
+        return None
+    line_end = text.find("\n", line_start)
+    line_end = len(text) if line_end < 0 else line_end
+    if line_end > line_start and text[line_end - 1] == "\r":
+        line_end -= 1
+    entry = f"{path[1]}: {config_literal(value, json_file=False)}"
+    return [_edit(text, line_end, line_end, _line_break(text) + indent + entry)]

@@ -415,7 +415,14 @@ def _plan_in_dialect(
         if writes is None or analysis.setup is None or value is None:
             return None
         writes = tuple(replace(write, value=value) for write in writes)
-        return spelled_edits(text, writes, analysis.setup, json_file=plan.kind == "json")
+        edits = spelled_edits(text, writes, analysis.setup, json_file=plan.kind == "json")
+        if edits is None and plan.kind == "yaml" and len(writes) == 1:
+            from llmmem.rules.config_edits import add_to_block
+
+            write = writes[0]
+            if not (write.only_if_written or write.layout_key):
+                edits = add_to_block(text, write.path, value)  # `trl:` gets the key
+        return edits
 
     return edit
 
