@@ -124,7 +124,9 @@ register(
         example="args = TrainingArguments(per_device_train_batch_size=16)  # Llama-3.1-8B, 24 GiB",
         fix="Each finding carries the changes that bring the peak down, each with the predicted "
         "total after it: gradient checkpointing, an 8-bit optimizer, a smaller micro-batch "
-        "with more accumulation (same effective batch), bf16.",
+        "with more accumulation (same effective batch), bf16; for DPO/KTO, precomputed "
+        "reference log-probs or, under LoRA, no `ref_model`; for GRPO with vLLM colocated, a "
+        "smaller `vllm_gpu_memory_utilization` or sleep mode.",
         check=check_will_not_fit,
     )
 )
