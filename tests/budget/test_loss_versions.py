@@ -11,9 +11,7 @@ for a setup naming that release.
 from __future__ import annotations
 
 import ast
-import subprocess
 import sys
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,9 @@ from llmmem.budget.setup import Method, Precision, TrainingSetup
 from llmmem.models.architectures import spec_from_config
 from llmmem.models.spec import ModelSource
 from llmmem.verify.tracker import StorageTracker
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from wheels import wheel_source  # noqa: E402
 
 BATCH, SEQ, VOCAB, HIDDEN = 2, 128, 3000, 32
 
@@ -76,21 +77,7 @@ def _measured_per_logit(loss_fn: Callable[..., torch.Tensor]) -> float:
 def _loss_from_wheel(release: str, tmp_root: Path) -> Callable[..., torch.Tensor]:
     """`ForCausalLMLoss` as the release's wheel has it, executed on its own (it needs only
     torch and `fixed_cross_entropy` beside it)."""
-    folder = tmp_root / f"transformers-{release}"
-    wheels = list(folder.glob("transformers-*.whl"))
-    if not wheels:
-        done = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps"]
-            + ["--only-binary=:all:", f"transformers=={release}", "-d", str(folder)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        wheels = list(folder.glob("transformers-*.whl"))
-        if done.returncode != 0 or not wheels:
-            pytest.skip(f"transformers {release} not downloadable here: {done.stderr[-300:]}")
-    with zipfile.ZipFile(wheels[0]) as wheel:
-        source = wheel.read("transformers/loss/loss_utils.py").decode()
+    source = wheel_source(tmp_root, "transformers", release, "transformers/loss/loss_utils.py")
     tree = ast.parse(source)
     wanted = [
         node

@@ -13,9 +13,7 @@ names that release.
 from __future__ import annotations
 
 import ast
-import subprocess
 import sys
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +37,9 @@ from llmmem.models.architectures import spec_from_config  # noqa: E402
 from llmmem.models.spec import ModelSource  # noqa: E402
 from llmmem.verify.request import StepRequest  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from wheels import wheel_source  # noqa: E402
+
 CONFIG = {
     "model_type": "llama",
     "architectures": ["LlamaForCausalLM"],
@@ -60,21 +61,7 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _source(wheels: Path, release: str, member: str) -> str:
-    folder = wheels / release
-    found = list(folder.glob("trl-*.whl"))
-    if not found:
-        done = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps"]
-            + ["--only-binary=:all:", f"trl=={release}", "-d", str(folder)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        found = list(folder.glob("trl-*.whl"))
-        if done.returncode != 0 or not found:
-            pytest.skip(f"trl {release} not downloadable here: {done.stderr[-300:]}")
-    with zipfile.ZipFile(found[0]) as wheel:
-        return wheel.read(member).decode()
+    return wheel_source(wheels, "trl", release, member)
 
 
 def _kbit_model(prepare: bool) -> Any:

@@ -39,8 +39,6 @@ from typing import Any
 
 from llmmem.extract.shell import (
     CONFIG_SUFFIXES,
-    LIST_FLAGS,
-    OVERRIDE_KEY,
     Launch,
     ShellPlanReader,
     ShellWord,
@@ -49,6 +47,7 @@ from llmmem.extract.shell import (
     option_name,
     parse_override_value,
     program_options,
+    program_words,
     settings_by_key,
 )
 from llmmem.plan import Provenance, SourceRange
@@ -292,35 +291,12 @@ def _script_option_for(key: str, dialect: Dialect) -> ScriptOption | None:
 
 def written_flags(launch: Launch) -> list[Written]:
     """The program's `--name value`, `--name=value`, bare `--name` and `key=value` words, read
-    as `extract/shell` reads them."""
-    found: list[Written] = []
-    words = launch.arguments
-    index = 0
-    while index < len(words):
-        word = words[index]
-        text = word.text
-        index += 1
-        if text.startswith("--") and len(text) > 2:
-            if "=" in text:
-                name = option_name(text.split("=", 1)[0])
-                found.append(Written(name, word, WordSlice(word, text.index("=") + 1)))
-                continue
-            name = option_name(text)
-            value: WordSlice | None = None
-            if index < len(words) and ShellPlanReader.is_flag_value(name, words[index]):
-                value = WordSlice(words[index])
-                index += 1
-                while (
-                    name in LIST_FLAGS
-                    and index < len(words)
-                    and ShellPlanReader.is_flag_value(name, words[index])
-                ):
-                    index += 1
-            found.append(Written(name, word, value))
-        elif not text.startswith("-") and "=" in text and OVERRIDE_KEY.match(text.split("=")[0]):
-            name = text.split("=", 1)[0].replace("-", "_")
-            found.append(Written(name, word, WordSlice(word, len(name) + 1)))
-    return found
+    as `extract/shell` reads them (`program_words`)."""
+    return [
+        Written(item.name, item.word, item.values[0] if item.values else None)
+        for item in program_words(launch.arguments)
+        if item.kind in ("flag", "override")
+    ]
 
 
 def _find_written(written: list[Written], key: str, dialect: Dialect) -> Written | None:

@@ -54,9 +54,11 @@ from llmmem.extract.shell.lexer import (
     offset_to_position,
 )
 from llmmem.extract.shell.reader import (
+    ProgramWord,
     ShellPlanReader,
     argparse_options_of,
     extract_shell_plan,
+    program_words,
     settings_by_key,
     settings_of_plan,
 )
@@ -92,4 +94,6 @@ __all__ = [
     "read_options",
     "settings_by_key",
     "settings_of_plan",
+    "program_words",
+    "ProgramWord",
 ]

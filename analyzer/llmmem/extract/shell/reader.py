@@ -7,9 +7,9 @@ that file says.
 from __future__ import annotations
 
 import re
-from collections.abc import Container
+from collections.abc import Container, Iterator
+from dataclasses import dataclass, replace
 from dataclasses import fields as dataclass_fields
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -381,50 +381,27 @@ class ShellPlanReader(LaunchOptionReader):
         )
         overrides: list[Override] = []
         positionals: list[WordSlice] = []
-        words = launch.arguments
-        index = 0
-        while index < len(words):
-            word = words[index]
-            text = word.text
-            index += 1
-            if text.startswith("--") and len(text) > 2:
-                if "=" in text:
-                    name = option_name(text.split("=", 1)[0])
-                    values = [WordSlice(word, text.index("=") + 1)]
-                else:
-                    name = option_name(text)
-                    values = []
-                    while index < len(words) and self.is_flag_value(name, words[index]):
-                        values.append(WordSlice(words[index]))
-                        index += 1
-                        if name not in LIST_FLAGS:
-                            break
-                if name in consumed:
+        for item in program_words(launch.arguments):
+            if item.kind == "flag":
+                if item.name in consumed:
                     continue
-                override = self.flag_override(name, word, values)
+                override = self.flag_override(item.name, item.word, list(item.values))
                 if override is not None:
                     overrides.append(override)
-            elif (
-                not text.startswith("-")
-                and "=" in text
-                and OVERRIDE_KEY.match(text.split("=", 1)[0])
-            ):
-                name = text.split("=", 1)[0].replace("-", "_")
-                value = WordSlice(word, len(name) + 1)
+            elif item.kind == "override":
+                value = item.values[0]
                 if not value.is_known:
-                    self.unknown_value(word, f"{name}")
+                    self.unknown_value(item.word, f"{item.name}")
                     continue
                 overrides.append(
                     Override(
-                        tuple(name.split(".")),
+                        tuple(item.name.split(".")),
                         parse_override_value(value.text),
                         self.slice_range(value),
                     )
                 )
-            elif text.startswith("-"):
-                continue  # a short option the program reads itself
-            else:
-                positionals.append(WordSlice(word))
+            elif item.kind == "positional":
+                positionals.append(WordSlice(item.word))
         if (
             launch.launcher == "litgpt"
             and positionals
@@ -631,3 +608,44 @@ def argparse_options_of(plan: TrainingPlan) -> dict[str, str]:
 
 def settings_by_key(plan: TrainingPlan) -> dict[str, Setting]:
     return {setting.key: setting for setting in settings_of_plan(plan, plan.path)}
+
+
+@dataclass(frozen=True)
+class ProgramWord:
+    """One word of a launched program's command line, as the reader takes it: a `--name` flag
+    with the values it consumes, a `key=value` override, a short option the program reads
+    itself, or a positional word."""
+
+    kind: str  # "flag", "override", "short", "positional"
+    name: str
+    word: ShellWord
+    values: tuple[WordSlice, ...] = ()
+
+
+def program_words(words: list[ShellWord]) -> Iterator[ProgramWord]:
+    """The program's words in order (the fixes walk them the same way to edit them)."""
+    index = 0
+    while index < len(words):
+        word = words[index]
+        text = word.text
+        index += 1
+        if text.startswith("--") and len(text) > 2:
+            if "=" in text:
+                name = option_name(text.split("=", 1)[0])
+                yield ProgramWord("flag", name, word, (WordSlice(word, text.index("=") + 1),))
+                continue
+            name = option_name(text)
+            values: list[WordSlice] = []
+            while index < len(words) and ShellPlanReader.is_flag_value(name, words[index]):
+                values.append(WordSlice(words[index]))
+                index += 1
+                if name not in LIST_FLAGS:
+                    break
+            yield ProgramWord("flag", name, word, tuple(values))
+        elif not text.startswith("-") and "=" in text and OVERRIDE_KEY.match(text.split("=", 1)[0]):
+            name = text.split("=", 1)[0].replace("-", "_")
+            yield ProgramWord("override", name, word, (WordSlice(word, len(name) + 1),))
+        elif text.startswith("-"):
+            yield ProgramWord("short", text, word)
+        else:
+            yield ProgramWord("positional", "", word)
