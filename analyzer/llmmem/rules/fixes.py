@@ -23,7 +23,6 @@ from llmmem.budget.setup import (
     TrainingSetup,
 )
 from llmmem.plan import Provenance, TrainingPlan
-from llmmem.rules.config_edits import spelled_edits
 from llmmem.rules.edits import (
     apply_edits,
     qlora_edits,
@@ -32,7 +31,6 @@ from llmmem.rules.edits import (
     statement_after_load,
 )
 from llmmem.rules.finding import Fix, TextEdit
-from llmmem.rules.spellings import spelling
 from llmmem.scenario import Analysis
 from llmmem.units import format_bytes
 
@@ -178,6 +176,11 @@ def _in_dialect(
             return python_edit(analysis, text)
         if lever == "bf16" and analysis.gpu is not None and not analysis.gpu.bf16:
             return None
+        # the framework spelling tables load only for a config file (a Python file's lint
+        # never needs them)
+        from llmmem.rules.config_edits import spelled_edits
+        from llmmem.rules.spellings import spelling
+
         writes = spelling(config_dialect(plan), lever)
         if writes is None or analysis.setup is None:
             return None
@@ -410,6 +413,9 @@ def _plan_in_dialect(
         plan = analysis.plan
         if plan.kind not in ("yaml", "json"):
             return python_edit(analysis, text)
+        from llmmem.rules.config_edits import spelled_edits
+        from llmmem.rules.spellings import spelling
+
         writes = spelling(config_dialect(plan), lever)
         value = value_of(analysis)
         if writes is None or analysis.setup is None or value is None:
