@@ -31,7 +31,7 @@ from llmmem.budget.result import Overhead  # noqa: E402
 from llmmem.models.catalog import catalog_entry  # noqa: E402
 from llmmem.units import GIB  # noqa: E402
 from llmmem.verify import tracker as tracker_module  # noqa: E402
-from llmmem.verify.allocator import CachingAllocator  # noqa: E402
+from llmmem.verify.allocator import replay_step  # noqa: E402
 from llmmem.verify.compare import request_for  # noqa: E402
 from llmmem.verify.runner import run_step  # noqa: E402
 
@@ -65,7 +65,7 @@ def replay_row(row: dict) -> str:
     started = time.monotonic()
     measured, events = recorded_step(request)
     seconds = time.monotonic() - started
-    allocator = CachingAllocator().replay(events)
+    allocator = replay_step(events, CUBLAS)
     budget = estimate_budget(case.spec, case.setup, case.gpu)
     slack = budget.overheads[Overhead.ALLOCATOR_SLACK].bytes
     gap = allocator.peak_reserved - measured.allocated_peak_bytes
@@ -84,7 +84,8 @@ def replay_row(row: dict) -> str:
 
 
 def recorded_step(request) -> tuple[object, list[tuple[object, int]]]:  # type: ignore[no-untyped-def]
-    """Run a simulated step with its allocation events recorded; (measurement, events)."""
+    """Run a simulated step with its allocation events recorded; (measurement, events); the
+    replay adds cuBLAS's workspaces (`replay_step`)."""
     RECORDED.clear()
     tracker_module.StorageTracker = RecordingTracker  # type: ignore[misc]
     try:
@@ -93,10 +94,7 @@ def recorded_step(request) -> tuple[object, list[tuple[object, int]]]:  # type: 
         tracker_module.StorageTracker = RecordingTracker.__mro__[1]  # type: ignore[misc]
     if measured.error or not RECORDED:
         raise RowSkipped(f"simulated step failed: {measured.error}")
-    # cuBLAS's workspaces (one per handle: forward and backward threads) come from the same
-    # allocator on a GPU, at the first matmul of each thread
-    workspaces: list[tuple[object, int]] = [("cublas-forward", CUBLAS), ("cublas-backward", CUBLAS)]
-    return measured, workspaces + list(RECORDED[0].events)
+    return measured, list(RECORDED[0].events)
 
 
 def gpu_grids() -> None:
@@ -129,7 +127,7 @@ def gpu_grids() -> None:
             except RowSkipped as why:
                 print(f"{case.name:<52} skipped: {why}")
                 continue
-            allocator = CachingAllocator().replay(events)
+            allocator = replay_step(events, CUBLAS)
             error = allocator.peak_reserved / reserved - 1
             errors.append(error)
             slack = (row.get("predicted") or {}).get("reserved_peak_bytes", 0)

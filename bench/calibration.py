@@ -57,6 +57,7 @@ class CalibrationCase:
     spec: ModelSpec
     setup: TrainingSetup
     gpu: GpuTarget
+    trl_release: str | None = None  # the row's TRL SFTTrainer prepared its k-bit model
 
     @property
     def row_id(self) -> str:
@@ -314,13 +315,14 @@ def wide_case_from_row(row: dict[str, Any]) -> CalibrationCase:
         transformers_version=stack["transformers"],
         framework=Framework.HF,
     )
+    trl_release = None
     if "trl" in stack and "trl" in str(row.get("framework", "")).lower():
         # TRL's SFTTrainer prepares the k-bit model as its release does
         setup, _ = sft_trainer_on_kbit(setup, stack["trl"], sharded=sharded_kbit)
-        row = {**row, "_trl": stack["trl"]}
+        trl_release = stack["trl"]
     gpu_spec = find_gpu(row["gpu"])
     gpu = GpuTarget(name=gpu_spec.name, capacity_bytes=gpu_spec.capacity_bytes, bf16=gpu_spec.bf16)
-    return CalibrationCase(row=row, spec=spec, setup=setup, gpu=gpu)
+    return CalibrationCase(row=row, spec=spec, setup=setup, gpu=gpu, trl_release=trl_release)
 
 
 def wide_class(case: CalibrationCase) -> str:
@@ -343,10 +345,10 @@ def estimate_flags(case: CalibrationCase) -> list[str]:
         "--optim", s.optim,
         "--attn", s.attn.value,
         "--loss", s.loss.value,
-        "--framework", "trl" if case.row.get("_trl") else s.framework.value,
+        "--framework", "trl" if case.trl_release else s.framework.value,
         "--gpu", case.gpu.name,
     ]  # fmt: skip
-    trl = case.row.get("_trl")
+    trl = case.trl_release
     if s.lora is not None:
         flags += ["--lora-r", str(s.lora.r), "--lora-alpha", f"{s.lora.alpha:g}"]
         if s.lora.targets:

@@ -208,4 +208,15 @@ class CachingAllocator:
         return self
 
 
-__all__ = ["CachingAllocator", "OutOfMemory", "rounded", "segment_size"]
+def replay_step(events: Iterable[tuple[object, int]], workspace_bytes: int) -> CachingAllocator:
+    """A recorded step as a GPU would allocate it: cuBLAS's two workspaces (one per handle: the
+    forward thread's and autograd's backward thread's) come from the same allocator at their
+    first matmul, before the step's own tensors."""
+    workspaces: list[tuple[object, int]] = [
+        ("cublas-forward", workspace_bytes),
+        ("cublas-backward", workspace_bytes),
+    ]
+    return CachingAllocator().replay([*workspaces, *events])
+
+
+__all__ = ["CachingAllocator", "OutOfMemory", "replay_step", "rounded", "segment_size"]

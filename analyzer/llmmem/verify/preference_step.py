@@ -73,7 +73,7 @@ def run_preference_step(request: StepRequest, result: StepMeasurement) -> None:
     import torch
 
     from llmmem.verify import runner
-    from llmmem.verify.allocator import CachingAllocator
+    from llmmem.verify.allocator import replay_step
     from llmmem.verify.preference_grid import _Step, _Tracker, measure_step
     from llmmem.verify.request import PhaseMeasurement
 
@@ -144,12 +144,8 @@ def run_preference_step(request: StepRequest, result: StepMeasurement) -> None:
     result.allocated_peak_bytes = max(peaks.values())
     # the policy's weights (the reference copy is a component of its own in the budget)
     result.weights_bytes = int(tracker.bytes_of(list(model.parameters())))
-    workspaces: list[tuple[object, int]] = [
-        ("cublas-forward", runner.CUBLAS_WORKSPACE),
-        ("cublas-backward", runner.CUBLAS_WORKSPACE),
-    ]
-    events: list[tuple[object, int]] = [*workspaces, *(tracker.events or [])]
-    result.reserved_peak_bytes = CachingAllocator().replay(events).peak_reserved
+    replayed = replay_step(tracker.events or [], runner.CUBLAS_WORKSPACE)
+    result.reserved_peak_bytes = replayed.peak_reserved
     notes.append(
         f"{str(request.objective).upper()} step as TRL 0.29.1 computes it "
         f"({2 * request.batch} sequences: chosen and rejected of {request.batch} pairs"

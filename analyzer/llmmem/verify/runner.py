@@ -788,13 +788,10 @@ class _TrackedMeter(_Meter):
         events = self.tracker.events
         if not events:
             return
-        from llmmem.verify.allocator import CachingAllocator, OutOfMemory
+        from llmmem.verify.allocator import OutOfMemory, replay_step
 
-        # a GPU allocates cuBLAS's workspaces (one per handle: the forward thread's and
-        # autograd's backward thread's) from the same allocator, at their first matmul
-        workspaces = [("cublas-forward", CUBLAS_WORKSPACE), ("cublas-backward", CUBLAS_WORKSPACE)]
         try:
-            allocator = CachingAllocator().replay(workspaces + events)
+            allocator = replay_step(events, CUBLAS_WORKSPACE)
         except OutOfMemory:  # no capacity is given: cannot happen, but never fail a result
             return
         self.result.reserved_peak_bytes = allocator.peak_reserved
