@@ -18,6 +18,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from calibration import load_rows  # noqa: E402
 from preference_published import (  # noqa: E402
+    EXCLUDED,
     PUBLISHED_FILE,
     REASONS,
     RowError,
@@ -121,3 +122,15 @@ def test_the_dpo_rows_put_both_models_on_the_device() -> None:
     params = 494_032_768  # Qwen2.5-0.5B, tied embeddings
     assert _value(flags, "--model") == "Qwen/Qwen2.5-0.5B-Instruct"
     assert allocated(flags) - allocated(sft) >= 4 * params  # fp32 reference weights
+
+
+def test_the_numbers_left_out_are_listed_with_why() -> None:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        table([ROWS[0]], show_excluded=True)
+    text = out.getvalue()
+    kept = {str(row["source"]).split(" ")[0] for row in ROWS}
+    for url, why in EXCLUDED:
+        assert url.startswith("https://") and why
+        assert f"left out {url}: " in text
+        assert url not in kept  # a source is either a row or left out, not both
