@@ -126,6 +126,20 @@ EXCLUDED: tuple[tuple[str, str], ...] = (
         "the catalog",
     ),
     (
+        "https://huggingface.co/blog/liger-grpo",
+        "Qwen3-0.6B GRPO peak memory against batch size, with and without Liger: plotted, the "
+        "values and the lengths are not stated",
+    ),
+    (
+        "https://huggingface.co/blog/dpo_vlm",
+        "Idefics2-8B DPO memory table: computed from parameter counts, not measured",
+    ),
+    (
+        "https://github.com/modelscope/ms-swift/blob/main/examples/train/rlhf/dpo/lora.sh",
+        "ms-swift example scripts' header labels ('# 24GiB' for Qwen2.5-7B LoRA DPO): whether "
+        "a measured peak or a card size is not stated, and the pairs' lengths vary",
+    ),
+    (
         "https://unsloth.ai/blog/grpo",
         "Llama 3.1 8B GRPO at 20K context, 510.8 GB (TRL + FA2) vs 54.3 GB: computed, not measured",
     ),

@@ -134,3 +134,30 @@ def test_the_numbers_left_out_are_listed_with_why() -> None:
         assert url.startswith("https://") and why
         assert f"left out {url}: " in text
         assert url not in kept  # a source is either a row or left out, not both
+
+
+def test_the_reason_given_for_the_misses_holds_accelerate_returns_fp32_logits() -> None:
+    """The reason column says accelerate hands back fp32 logits from a bf16 mixed-precision
+    model, the reference prepared for evaluation included, where plain autocast gives bf16:
+    checked on the CPU with a tiny Qwen2."""
+    torch = pytest.importorskip("torch")
+    accelerate = pytest.importorskip("accelerate")
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    ids = torch.randint(0, 128, (2, 8))
+    accelerator = accelerate.Accelerator(mixed_precision="bf16", cpu=True)
+    policy = accelerator.prepare_model(Qwen2ForCausalLM(config))
+    reference = accelerator.prepare_model(Qwen2ForCausalLM(config), evaluation_mode=True)
+    assert policy(input_ids=ids).logits.dtype == torch.float32
+    with torch.no_grad():
+        assert reference(input_ids=ids).logits.dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert Qwen2ForCausalLM(config)(input_ids=ids).logits.dtype == torch.bfloat16
