@@ -347,6 +347,11 @@ def attention_core(
     tally.add(2 * e, "N·q")  # q after rotary embedding, and the attention output
     tally.add(2 * e, "N·kvd")  # k after rotary embedding, v
     tally.add(4, "b·a·s")  # log-sum-exp per head and row (fp32)
+    if attn is AttnImpl.SDPA and ctx.setup.packed_mask and not cross:
+        # packed samples: transformers passes SDPA a boolean block-diagonal mask, which SDPA
+        # converts to an additive one in q's dtype on every call (torch's
+        # convert_boolean_attn_mask) and keeps for backward: rows × tokens² per layer
+        tally.add(e, "b·s²")
     if pinned_qkv:
         tally.add(e, "N·q")  # the q and k parts of the fused output, pinned by v
         tally.add(e, "N·kvd")
@@ -516,9 +521,16 @@ def estimate_activations(spec: ModelSpec, setup: TrainingSetup) -> ActivationEst
     if train.linear_inputs_saved and spec.is_causal_lm:
         final.add(2 if dt.autocast else dt.residual, "N·h")  # the head's input
     outside.extend(final)
-    if spec.sliding_window and setup.seq > spec.sliding_window and spec.sliding_layers:
+    # attention's geometry: a flat packed batch is one row of batch × seq tokens
+    b, s = setup.attention_shape
+    if spec.sliding_window and s > spec.sliding_window and spec.sliding_layers:
         outside.add(1, "b·s²")  # the boolean sliding-window mask built once per forward
-    b, s = setup.batch, setup.seq
+    if spec.is_causal_lm and (setup.attn is AttnImpl.EAGER or not spec.supports_sdpa):
+        # eager attention adds a mask to the scores: transformers builds it once per forward,
+        # in the scores' dtype, rows × tokens² (block-diagonal for packed samples)
+        outside.add(dt.compute, "b·s²")
+    elif setup.packed_mask and spec.is_causal_lm:
+        outside.add(1, "b·s²")  # the packed samples' boolean mask, built once per forward
     r = setup.lora.r if setup.lora else 0
     dims: dict[str, float] = {
         "N·h": b * s * spec.hidden_size,

@@ -97,6 +97,22 @@ class AttnImpl(str, Enum):
     FLASH_ATTENTION_2 = "flash_attention_2"
 
 
+class Packing(str, Enum):
+    """How several samples share a micro-batch (the memory differs only in attention).
+
+    FLAT: one row of batch × seq tokens, each sample restarting its position ids (TRL's
+    `padding_free`, which `packing=True` turns on with its default "bfd" strategy since 0.20;
+    axolotl's and LLaMA-Factory's flash-attention packing). ROWS: batch rows of seq tokens,
+    each holding several samples kept apart by their position ids or a block-diagonal mask
+    (axolotl's `sample_packing`, LLaMA-Factory's `neat_packing`). With flash-attention the
+    samples' boundaries go to the kernel (varlen): no mask. With SDPA transformers builds the
+    block-diagonal mask from the position ids and SDPA keeps it per layer; eager attention
+    scores a flat row's whole batch × seq square."""
+
+    FLAT = "flat"
+    ROWS = "rows"
+
+
 class LossImpl(str, Enum):
     STANDARD = "standard"  # HF loss: logits upcast to fp32, log-softmax saved
     CHUNKED = "chunked"  # cross-entropy computed over chunks of the sequence
@@ -315,6 +331,14 @@ class TrainingSetup:
     framework: Framework = Framework.HF
     # the transformers release, "major.minor": how it stores a MoE layer's experts changed
     transformers_version: str = TESTED_TRANSFORMERS
+    # several samples per row or one flat row (None: one sample per row, padded to seq)
+    packing: Packing | None = None
+    # saved activations copied to host memory in forward and back in backward (TRL's and
+    # torchtune's OffloadActivations, axolotl's activation_offloading)
+    activation_offload: bool = False
+    # the model runs under torch.compile (not modelled: the eager step's activations stand,
+    # and the band says so)
+    compile: bool = False
 
     def __post_init__(self) -> None:
         _set(self, "mode", _as_enum(Mode, self.mode, "mode"))
@@ -323,6 +347,8 @@ class TrainingSetup:
         _set(self, "attn", _as_enum(AttnImpl, self.attn, "attn"))
         _set(self, "loss", _as_enum(LossImpl, self.loss, "loss"))
         _set(self, "framework", _as_enum(Framework, self.framework, "framework"))
+        if self.packing is not None:
+            _set(self, "packing", _as_enum(Packing, self.packing, "packing"))
         _set(self, "batch", _whole(self.batch, "batch", at_least=1))
         _set(self, "seq", _whole(self.seq, "seq", at_least=1))
         _set(self, "grad_accum", _whole(self.grad_accum, "grad_accum", at_least=1))
@@ -397,6 +423,19 @@ class TrainingSetup:
     @property
     def tokens(self) -> int:
         return self.batch * self.seq
+
+    @property
+    def attention_shape(self) -> tuple[int, int]:
+        """(rows, tokens per row) as attention sees them: a flat packed batch is one row."""
+        if self.packing is Packing.FLAT:
+            return 1, self.batch * self.seq
+        return self.batch, self.seq
+
+    @property
+    def packed_mask(self) -> bool:
+        """Whether attention gets a block-diagonal mask of the packed samples: SDPA and eager
+        (flash-attention takes the boundaries instead)."""
+        return self.packing is not None and self.attn is not AttnImpl.FLASH_ATTENTION_2
 
     @property
     def effective_batch(self) -> int:

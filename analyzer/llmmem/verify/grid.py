@@ -187,6 +187,8 @@ class GridCase:
     fsdp_ranks: int = 1  # > 1: FSDP full_shard over this many ranks (rank 0's memory)
     attn: str = "sdpa"
     model: str | None = None  # a catalog model at its real size, instead of the family's config
+    packing: str | None = None  # "flat" or "rows": packed samples (see budget.setup.Packing)
+    offload: bool = False  # saved activations offloaded to the host
 
     @classmethod
     def from_json(cls, row: dict[str, Any]) -> GridCase:
@@ -201,6 +203,8 @@ class GridCase:
             1,
             row.get("attn", "sdpa"),
             row.get("model"),
+            row.get("packing"),
+            bool(row.get("offload", False)),
         )
 
     @property
@@ -209,7 +213,12 @@ class GridCase:
         fsdp = f"-fsdp{self.fsdp_ranks}" if self.fsdp_ranks > 1 else ""
         attn = f"-{self.attn}" if self.attn != "sdpa" else ""
         who = self.model.split("/")[-1] if self.model else self.family
-        return f"{who}-{self.method}-{ckpt}-b{self.batch}-s{self.seq}-{self.precision}{fsdp}{attn}"
+        packed = f"-packed-{self.packing}" if self.packing else ""
+        offload = "-offload" if self.offload else ""
+        return (
+            f"{who}-{self.method}-{ckpt}-b{self.batch}-s{self.seq}-{self.precision}{fsdp}{attn}"
+            f"{packed}{offload}"
+        )
 
 
 @dataclass
@@ -342,6 +351,8 @@ def setup_for(case: GridCase) -> TrainingSetup:
         if case.fsdp_ranks > 1
         else DistributedSetup(),
         attn=AttnImpl(case.attn),
+        packing=case.packing,
+        activation_offload=case.offload,
     )
 
 
@@ -431,6 +442,8 @@ def results_json(results: list[GridResult]) -> list[dict[str, Any]]:
             "seq": r.case.seq,
             "precision": r.case.precision,
             "attn": r.case.attn,
+            "packing": r.case.packing,
+            "offload": r.case.offload,
             "predicted_allocated_bytes": r.predicted,
             "measured_allocated_bytes": r.simulated,
             "predicted": r.predicted_totals,

@@ -258,8 +258,16 @@ def _fake_parameters(torch: Any, model: Any, mode: Any) -> None:
 
 def _batch(torch: Any, request: StepRequest, device: str, vocab: int) -> dict[str, Any]:
     shape = (request.batch, request.seq)
+    if request.packing == "flat":
+        shape = (1, request.batch * request.seq)
     ids = torch.randint(3, max(vocab, 4), shape, device=device)
     batch = {"input_ids": ids, "labels": ids.clone()}
+    if request.packing is not None:
+        # the samples' own positions: `batch` samples of `seq` tokens in one flat row, or two
+        # samples in each row
+        length = request.seq if request.packing == "flat" else max(request.seq // 2, 1)
+        positions = torch.arange(shape[1], device=device) % length
+        batch["position_ids"] = positions.unsqueeze(0).expand(shape[0], -1).contiguous()
     if request.architecture.endswith("ForConditionalGeneration") or "T5" in request.architecture:
         batch["decoder_input_ids"] = ids.clone()
     return batch
@@ -404,7 +412,15 @@ def _run(request: StepRequest, result: StepMeasurement, meters: list[_Meter]) ->
             result.device_name = "cpu"
     if request.world_size > 1 or request.launched:
         result.device_name = f"{result.device_name} rank {result.rank} of {request.world_size}"
-    with fake_mode, meter, _unpacked_masks(transformers):
+    masks: Any = _unpacked_masks(transformers)
+    if request.packing is not None and request.attn != "flash_attention_2":
+        masks = contextlib.nullcontext()  # the packed samples' mask is what is measured
+    elif request.packing is not None:
+        notes.append(
+            "packed samples under flash_attention_2: the kernel takes their boundaries, no "
+            "mask; the step ran without one"
+        )
+    with fake_mode, meter, masks:
         loop = _make_loop(torch, model, request, deepspeed_config, mesh)
         meter.file(loop.weights(), WEIGHTS)
         meter.file(list(loop.model.buffers()), OTHER)
