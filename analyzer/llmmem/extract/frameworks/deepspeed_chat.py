@@ -18,10 +18,11 @@ dschat/utils/module/lora.py), the flags that decide memory are:
 
 HF's TrainingArguments has none of these names. A command line is read this way when it carries
 one of the flags only DeepSpeed-Chat's scripts take, or --zero_stage (common to DeepSpeed
-training scripts: OpenRLHF's take it too, with --max_len and --bf16) beside --dtype, --offload
-or --max_seq_len; a script parsing its flags with HfArgumentParser or TrlParser is not. The
-rule itself (`is_deepspeed_chat`) lives with the launchers in `llmmem.extract.shell.launchers`,
-which knows what a launch is; the flag sets it tests are here.
+training scripts: OpenRLHF's take it too, with --max_len and --bf16; those are read by their own
+module, `openrlhf`, before this rule is asked) beside --dtype, --offload or --max_seq_len; a
+script parsing its flags with HfArgumentParser or TrlParser is not. The rule itself
+(`is_deepspeed_chat`) lives with the launchers in `llmmem.extract.shell.launchers`, which knows
+what a launch is; the flag sets it tests are here.
 
 `deepspeed_chat_meanings` turns the flags into plan values; `FIX_SPELLINGS` is how a fix is
 written on such a command line (`llmmem.rules.shell_edits` uses it through

@@ -12,12 +12,13 @@ The script is read in layers, one module each, every one importing only those ab
    written; `$(nvidia-smi ...)` and positional arguments are known only when the script runs;
 3. `launchers`: which program a command runs (python, torchrun, `python -m
    torch.distributed.run`, accelerate launch, deepspeed, llamafactory-cli, tune run, trl,
-   axolotl, litgpt) and how its options are taken apart;
+   axolotl, litgpt, and the entrypoint of `ray job submit`) and how its options are taken apart;
 4. `options`: what the launcher's own options say (world size, mixed precision, ZeRO, FSDP,
    the accelerate and DeepSpeed files they name), and the ranges and problems of words;
 5. `reader`: the plan: the training script or config the launcher starts is read when it lies
    beside the shell file (or where the path points, relative to it), and the flags after it
-   override what that file says; DeepSpeed-Chat's scripts have their own flags.
+   override what that file says; DeepSpeed-Chat's scripts and OpenRLHF's trainers have their own
+   flags.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from llmmem.extract.shell.launchers import (
     deepspeed_chat_meanings,
     interpret_command,
     is_deepspeed_chat,
+    openrlhf_trainer_of,
     option_name,
     parse_override_value,
     program_options,
@@ -88,6 +90,7 @@ __all__ = [
     "interpret_command",
     "is_deepspeed_chat",
     "offset_to_position",
+    "openrlhf_trainer_of",
     "option_name",
     "parse_override_value",
     "program_options",

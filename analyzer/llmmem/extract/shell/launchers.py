@@ -2,9 +2,10 @@
 
 python, torchrun, `python -m torch.distributed.run`, accelerate launch, deepspeed,
 llamafactory-cli, tune run, trl, axolotl, litgpt and the schedulers that start them (srun,
-mpirun). The tables here say which launcher options are bare flags, which program arguments
-take several values, which framework each launcher implies, and when a command line starts
-a DeepSpeed-Chat training script (what its flags mean: `extract/frameworks/deepspeed_chat.py`).
+mpirun, `ray job submit`). The tables here say which launcher options are bare flags, which
+program arguments take several values, which framework each launcher implies, and when a
+command line starts a DeepSpeed-Chat training script (what its flags mean:
+`extract/frameworks/deepspeed_chat.py`) or an OpenRLHF trainer (`extract/frameworks/openrlhf.py`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from llmmem.extract.frameworks.deepspeed_chat import (  # the shell reader takes
 from llmmem.extract.frameworks.deepspeed_chat import (
     deepspeed_chat_meanings as deepspeed_chat_meanings,
 )
+from llmmem.extract.frameworks.openrlhf import LIST_FLAGS as OPENRLHF_LIST_FLAGS
+from llmmem.extract.frameworks.openrlhf import openrlhf_trainer
 from llmmem.extract.shell.expand import ExpandedCommand, ShellWord
 
 
@@ -183,6 +186,7 @@ LIST_FLAGS = frozenset(
         "modules_to_save",
         "lora_target",
     }
+    | OPENRLHF_LIST_FLAGS
 )
 
 
@@ -295,7 +299,50 @@ def interpret_command(command: ExpandedCommand) -> Launch | None:
         return interpret_litgpt(command, rest)
     if program in SCHEDULERS:
         return interpret_scheduler(command, rest)
+    if program == "ray" and [word.text for word in words[rest : rest + 2]] == ["job", "submit"]:
+        return interpret_ray_job(command, rest + 2)
     return None
+
+
+def interpret_ray_job(command: ExpandedCommand, start: int) -> Launch | None:
+    """`ray job submit --address=... --runtime-env-json='...' -- python3 -m train ...`: the
+    entrypoint after `--` (else the first Python or launcher word) is the launch; the Ray
+    cluster places the processes the program asks for (OpenRLHF's PPO trainer does)."""
+    words = command.words
+    index = next((at + 1 for at in range(start, len(words)) if words[at].text == "--"), None)
+    if index is None:
+        index = next(
+            (
+                at
+                for at in range(start, len(words))
+                if PYTHON_NAME.match(_basename(words[at].text))
+                or _basename(words[at].text) in LAUNCH_PROGRAMS
+            ),
+            len(words),
+        )
+    if index >= len(words):
+        return None
+    inner = interpret_command(
+        ExpandedCommand(
+            words[index:],
+            command.environment,
+            command.raw,
+            command.working_directory,
+            command.variables,
+        )
+    )
+    if inner is not None and inner.outer_launcher is None:
+        inner.outer_launcher = "ray"
+    return inner
+
+
+def openrlhf_trainer_of(launch: Launch) -> str | None:
+    """The OpenRLHF trainer (`train_dpo`, ...) a launch starts, as a module or a script."""
+    if launch.target is None or launch.target_kind not in ("script", "module"):
+        return None
+    if not launch.target.is_known:
+        return None
+    return openrlhf_trainer(launch.target.text)
 
 
 def interpret_scheduler(command: ExpandedCommand, start: int) -> Launch | None:
@@ -410,6 +457,8 @@ def launched_program(launch: Launch, index: int, *, module: bool) -> Launch | No
         inner = interpret_module(launch.command, first, index + 1, launch.launcher)
         if inner is not None and inner.launcher in ("axolotl", "llamafactory"):
             return adopt_launcher(inner, launch)
+        if inner is not None and inner.launcher == launch.launcher and not inner.options:
+            inner.options = launch.options  # `deepspeed --num_gpus 8 --module pkg.train`
         return inner
     if not first.text.endswith(".py"):
         nested = interpret_command(

@@ -17,6 +17,7 @@ from llmmem.extract.builder import PlanBuilder
 from llmmem.extract.configs import FRAMEWORK_CONFIG_CLASSES, ConfigReading, Override, read_config
 from llmmem.extract.frameworks.common import Setting
 from llmmem.extract.frameworks.litgpt import LITGPT_LORA_DEFAULTS
+from llmmem.extract.frameworks.openrlhf import openrlhf_meanings
 from llmmem.extract.frameworks.torchtune import torchtune_model
 from llmmem.extract.pragmas import ProjectSettings, apply_project_settings
 from llmmem.extract.shell.expand import ShellExpander, ShellWord
@@ -34,6 +35,7 @@ from llmmem.extract.shell.launchers import (
     deepspeed_chat_meanings,
     interpret_command,
     is_deepspeed_chat,
+    openrlhf_trainer_of,
     option_name,
     parse_override_value,
     program_options,
@@ -157,6 +159,10 @@ class ShellPlanReader(LaunchOptionReader):
             self.config_class = TRL_COMMANDS[launch.subcommand]
         self.read_world_size(launch)
         self.read_launcher_options(launch)
+        trainer = openrlhf_trainer_of(launch)
+        if trainer is not None:
+            self.read_openrlhf(launch, trainer)
+            return
         directory = self.working_directory(launch)
         overrides, positionals = self.argument_overrides(launch)
         target_path = self.target_path(launch, directory)
@@ -360,6 +366,51 @@ class ShellPlanReader(LaunchOptionReader):
             self.settings.append(
                 Setting(meaning.key, meaning.value, meaning.source, meaning.range, meaning.note)
             )
+        self.report_flag_problems(problems)
+        return rest
+
+    def read_openrlhf(self, launch: Launch, trainer: str) -> None:
+        """An OpenRLHF trainer (`openrlhf.cli.train_dpo`, ...): its own flags, read with the
+        meanings of the release they are spelled for (`extract/frameworks/openrlhf.py`); its
+        code is OpenRLHF's, not a script beside this file."""
+        self.framework = "openrlhf"
+        overrides, _ = self.argument_overrides(launch)
+        written = set(program_options(launch.arguments))
+        trainer_range = self.word_range(launch.target) if launch.target is not None else None
+        meanings, problems = openrlhf_meanings(
+            trainer,
+            overrides,
+            written,
+            trainer_range=trainer_range,
+            world_size=self.known_world_size(),
+        )
+        self.settings.append(
+            Setting(
+                "openrlhf_trainer",
+                trainer,
+                Provenance.EXPLICIT,
+                trainer_range,
+                f"OpenRLHF's {trainer}",
+            )
+        )
+        for meaning in meanings:
+            self.settings.append(
+                Setting(meaning.key, meaning.value, meaning.source, meaning.range, meaning.note)
+            )
+        self.report_flag_problems(problems)
+
+    def known_world_size(self) -> int | None:
+        """The process count the launcher's own options state, where they state one."""
+        stated = [
+            setting
+            for setting in self.settings
+            if setting.key == "distributed.world_size"
+            and setting.source is not Provenance.ASSUMED
+            and isinstance(setting.value, int)
+        ]
+        return stated[-1].value if stated else None
+
+    def report_flag_problems(self, problems: list[tuple[SourceRange | None, str]]) -> None:
         for located, message in problems:
             where = (
                 f"line {located.start_line + 1}, column {located.start_col + 1}: "
@@ -367,7 +418,6 @@ class ShellPlanReader(LaunchOptionReader):
                 else ""
             )
             self.problems.append(where + message)
-        return rest
 
     # -- the program's arguments
 
