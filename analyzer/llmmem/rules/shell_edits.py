@@ -13,6 +13,9 @@ A lever (`fixes.CANDIDATES`) is spelled the way the program the launcher starts 
 - a DeepSpeed-Chat training script (`deepspeed main.py --zero_stage 3 --lora_dim 64 ...`, as
   `extract/shell` recognises it): the flags of its own argparse (the table in
   `extract/frameworks/deepspeed_chat.py`), and no fix where it has none;
+- an OpenRLHF trainer (`deepspeed --module openrlhf.cli.train_dpo ...`): its own flags, flat
+  (`--gradient_checkpointing`) or dotted (`--model.gradient_checkpointing_enable`) as the line
+  already writes them (`extract/frameworks/openrlhf.py`, FIX_SPELLINGS);
 - `tune run`: torchtune's `key=value` overrides (`enable_activation_checkpointing=True`),
   `llamafactory-cli train`: LLaMA-Factory's (`disable_gradient_checkpointing=false`),
   `litgpt`: its `--train.micro_batch_size 2` flags; keys and values from the framework's table
@@ -37,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmmem.extract.frameworks.openrlhf import fix_spellings, uses_dotted_names
 from llmmem.extract.shell import (
     CONFIG_SUFFIXES,
     Launch,
@@ -44,6 +48,7 @@ from llmmem.extract.shell import (
     ShellWord,
     WordSlice,
     is_deepspeed_chat,
+    openrlhf_trainer_of,
     option_name,
     parse_override_value,
     program_options,
@@ -191,6 +196,10 @@ def launcher_dialect(
         return None
     path, script_text = _launched_script(reader, launch)
     names = set(program_options(launch.arguments))
+    trainer = openrlhf_trainer_of(launch)
+    if trainer is not None:
+        # OpenRLHF's trainers: their own flags, in the names the line already uses
+        return Dialect("flag", "True", True, fix_spellings(trainer, uses_dotted_names(names)))
     if is_deepspeed_chat(launch, names, script_text):
         return _deepspeed_chat_dialect(script_text)
     return _script_dialect(launch, written, path, script_text)
