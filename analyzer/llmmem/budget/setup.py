@@ -333,12 +333,6 @@ class TrainingSetup:
     transformers_version: str = TESTED_TRANSFORMERS
     # several samples per row or one flat row (None: one sample per row, padded to seq)
     packing: Packing | None = None
-    # saved activations copied to host memory in forward and back in backward (TRL's and
-    # torchtune's OffloadActivations, axolotl's activation_offloading)
-    activation_offload: bool = False
-    # the model runs under torch.compile (not modelled: the eager step's activations stand,
-    # and the band says so)
-    compile: bool = False
 
     def __post_init__(self) -> None:
         _set(self, "mode", _as_enum(Mode, self.mode, "mode"))

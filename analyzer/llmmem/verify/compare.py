@@ -82,7 +82,6 @@ def request_for(
         trust_remote_code=trust_remote_code,
         snapshot=snapshot,
         packing=setup.packing.value if setup.packing is not None else None,
-        activation_offload=setup.activation_offload,
     )
 
 

@@ -53,8 +53,6 @@ class StepRequest:
     # packed samples: "flat" (one row of batch × seq tokens) or "rows" (two samples per row),
     # position ids restarting at each sample; None: one sample per row
     packing: str | None = None
-    # saved activations moved off the device in forward and back in backward
-    activation_offload: bool = False
 
     @property
     def launched(self) -> bool:
