@@ -130,6 +130,15 @@ def _add_estimate_parser(sub: Any) -> None:
     p.add_argument("--quant", choices=["nf4", "fp4", "int8"], default=None)
     p.add_argument("--double-quant", action="store_true", default=None)
     p.add_argument("--attn", choices=["eager", "sdpa", "flash_attention_2"], default=None)
+    p.add_argument(
+        "--packed",
+        choices=["flat", "rows"],
+        default=None,
+        help="packed samples: flat = one row of batch × seq tokens (TRL's packing and "
+        "padding_free), rows = several samples in each of --batch rows (axolotl's "
+        "sample_packing, LLaMA-Factory's neat_packing); SDPA keeps a block-diagonal mask per "
+        "layer, flash-attention none",
+    )
     p.add_argument("--loss", choices=["standard", "chunked", "liger"], default=None)
     p.add_argument(
         "--framework",

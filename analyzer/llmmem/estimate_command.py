@@ -576,6 +576,7 @@ def build_setup(
             first_step=bool(getattr(args, "first_step", False)),
             use_cache=bool(getattr(args, "use_cache", False)),
             optimizer_in_backward=bool(getattr(args, "optimizer_in_backward", False)),
+            packing=getattr(args, "packed", None),
             transformers_version=versions.get("transformers", TESTED_TRANSFORMERS),
             framework=Framework.LITGPT
             if getattr(args, "framework", None) == "litgpt"
@@ -644,6 +645,16 @@ def setup_lines(
         ),
         ("attention", setup.attn.value, prov.get("attn", "")),
     ]
+    if setup.packing is not None:
+        rows, tokens = setup.attention_shape
+        lines.append(
+            (
+                "packed samples",
+                f"{setup.packing.value}, {rows} × {tokens}"
+                + (", masked" if setup.packed_mask else ", varlen"),
+                "flag",
+            )
+        )
     if setup.framework is not Framework.HF:
         lines.append(("framework", setup.framework.value, prov.get("framework", "")))
     if setup.lora:

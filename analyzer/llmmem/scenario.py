@@ -21,6 +21,7 @@ from llmmem.budget.setup import (
     LoraSetup,
     LossImpl,
     Method,
+    Packing,
     Precision,
     QuantSetup,
     QuantType,
@@ -157,7 +158,34 @@ def setup_from_plan(plan: TrainingPlan, spec: ModelSpec) -> TrainingSetup:
         distributed=distributed,
         use_cache=bool(plan.use_cache.value) if plan.use_cache is not None else False,
         optimizer_in_backward=_extra_flag(plan, "optimizer_in_bwd"),
+        packing=packing_of(plan),
     )
+
+
+def packing_of(plan: TrainingPlan) -> Packing | None:
+    """How the plan's framework packs samples, from the keys it kept.
+
+    - TRL (`SFTConfig`): `padding_free=True`, or `packing=True` with the default "bfd"
+      strategy (0.29.1: `SFTTrainer.__init__` turns padding-free on for it), flattens the
+      micro-batch into one row; "wrapped" packing cuts rows without restarting positions: plain
+      causal rows, as unpacked.
+    - axolotl `sample_packing`: rows of several samples (position ids restart; flash-attention
+      takes the boundaries, SDPA a block-diagonal mask).
+    - LLaMA-Factory: `neat_packing` keeps the samples apart in each row; `packing` alone
+      concatenates them with no boundary: plain causal rows.
+    """
+    if plan.framework == "axolotl":
+        return Packing.ROWS if _extra_flag(plan, "sample_packing") else None
+    if plan.framework == "llamafactory":
+        return Packing.ROWS if _extra_flag(plan, "neat_packing") else None
+    if _extra_flag(plan, "padding_free"):
+        return Packing.FLAT
+    if _extra_flag(plan, "packing"):
+        kept = plan.extra.get("packing_strategy")
+        strategy = kept.value if isinstance(kept, Sourced) else kept
+        if str(strategy or "bfd").strip().lower() == "bfd":
+            return Packing.FLAT
+    return None
 
 
 def _extra_flag(plan: TrainingPlan, name: str) -> bool:

@@ -90,6 +90,7 @@ def read_llamafactory(reader: DocumentReader) -> None:
     read_llamafactory_objective(reader)
     reader.keep("template", ("template",))
     reader.keep("packing", ("packing",))
+    reader.keep("neat_packing", ("neat_packing",))  # samples kept apart in each packed row
     finetuning = (reader.converted(("finetuning_type",), as_text) or "lora").lower()
     if reader.is_set(("finetuning_type",)):
         reader.keep("finetuning_type", ("finetuning_type",))

@@ -181,6 +181,12 @@ class PlanEmitter:
             self.emit_grpo_defaults()
         if reader.unsloth:
             self.builder.set("unsloth", True, Provenance.EXPLICIT, None)
+        if config is not None and not config.unread:
+            # TRL: how samples share a micro-batch (scenario turns these into the packing)
+            for name in ("packing", "padding_free", "packing_strategy"):
+                given = config.fields.get(name)
+                if isinstance(given, Known) and given.value is not None:
+                    self.set_known(name, given)
         if trainer is not None:
             self.builder.set(
                 "trainer",

@@ -1,0 +1,149 @@
+"""Packed samples, from the flag and from the files that ask for them.
+
+What a user sees: packing under SDPA costs a block-diagonal mask per layer (transformers
+builds it from the restarting position ids, SDPA converts it to an additive mask in q's dtype
+and keeps it for backward: torch 2.13, transformers 5.24), packing under flash-attention costs
+nothing, and each framework's spelling of packing reaches the estimate.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from llmmem.cli import main
+from llmmem.extract import extract_plan
+from llmmem.scenario import packing_of
+
+QWEN_LAYERS = 24  # Qwen2.5-0.5B
+
+
+def _peak(capsys: pytest.CaptureFixture[str], *args: str) -> int:
+    code = main(
+        [
+            "estimate",
+            "--offline",
+            "--format",
+            "json",
+            "--model",
+            "Qwen/Qwen2.5-0.5B",
+            "--method",
+            "lora",
+            "--batch",
+            "4",
+            "--seq",
+            "4096",
+            *args,
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    return int(json.loads(out)["allocated_peak_bytes"])
+
+
+def test_a_flat_packed_batch_under_sdpa_keeps_a_mask_per_layer(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    unpacked = _peak(capsys)
+    flat = _peak(capsys, "--packed", "flat")
+    tokens = 4 * 4096
+    # bf16 additive mask of tokens² per layer, and the boolean one once
+    mask = QWEN_LAYERS * tokens * tokens * 2 + tokens * tokens
+    assert flat - unpacked == pytest.approx(mask, rel=0.03)
+
+
+def test_rows_of_packed_samples_keep_a_mask_per_row(capsys: pytest.CaptureFixture[str]) -> None:
+    unpacked = _peak(capsys)
+    rows = _peak(capsys, "--packed", "rows")
+    mask = QWEN_LAYERS * 4 * 4096 * 4096 * 2 + 4 * 4096 * 4096
+    assert rows - unpacked == pytest.approx(mask, rel=0.03)
+
+
+def test_flash_attention_packs_for_free(capsys: pytest.CaptureFixture[str]) -> None:
+    flash = ("--attn", "flash_attention_2")
+    assert _peak(capsys, *flash, "--packed", "flat") == _peak(capsys, *flash)
+
+
+def test_the_text_report_says_how_attention_sees_the_batch(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = main(
+        [
+            "estimate",
+            "--offline",
+            "--model",
+            "Qwen/Qwen2.5-0.5B",
+            "--batch",
+            "2",
+            "--seq",
+            "1024",
+            "--packed",
+            "flat",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "flat, 1 × 2048, masked" in out
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "expected"),
+    [
+        (
+            "train.py",
+            "from trl import SFTConfig, SFTTrainer\n"
+            "args = SFTConfig(output_dir='o', per_device_train_batch_size=4, max_length=2048,"
+            " packing=True)\n"
+            "SFTTrainer(model='Qwen/Qwen2.5-0.5B', args=args, train_dataset=None)\n",
+            "flat",
+        ),
+        (
+            "wrapped.py",
+            "from trl import SFTConfig, SFTTrainer\n"
+            "args = SFTConfig(output_dir='o', max_length=2048, packing=True,"
+            " packing_strategy='wrapped')\n"
+            "SFTTrainer(model='Qwen/Qwen2.5-0.5B', args=args, train_dataset=None)\n",
+            None,
+        ),
+        (
+            "free.py",
+            "from trl import SFTConfig, SFTTrainer\n"
+            "args = SFTConfig(output_dir='o', max_length=2048, padding_free=True)\n"
+            "SFTTrainer(model='Qwen/Qwen2.5-0.5B', args=args, train_dataset=None)\n",
+            "flat",
+        ),
+        (
+            "axolotl.yml",
+            "base_model: Qwen/Qwen2.5-0.5B\nsample_packing: true\nsequence_len: 2048\n"
+            "micro_batch_size: 2\n",
+            "rows",
+        ),
+        (
+            "lf.yaml",
+            "model_name_or_path: Qwen/Qwen2.5-0.5B\nstage: sft\nfinetuning_type: lora\n"
+            "packing: true\nneat_packing: true\ncutoff_len: 2048\n",
+            "rows",
+        ),
+        (
+            "lf_plain.yaml",
+            "model_name_or_path: Qwen/Qwen2.5-0.5B\nstage: sft\nfinetuning_type: lora\n"
+            "packing: true\ncutoff_len: 2048\n",
+            None,
+        ),
+        (
+            "sft.yaml",
+            "model_name_or_path: Qwen/Qwen2.5-0.5B\ndataset_name: x\nmax_length: 2048\n"
+            "packing: true\n",
+            "flat",
+        ),
+    ],
+)
+def test_each_framework_spelling_of_packing(
+    tmp_path: Path, name: str, text: str, expected: str | None
+) -> None:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    packing = packing_of(extract_plan(path))
+    assert (packing.value if packing is not None else None) == expected
