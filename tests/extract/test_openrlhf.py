@@ -226,6 +226,8 @@ def test_grpo_ray_fixture_reads_generation_and_placement() -> None:
     expect(plan, text, "init_kl_coef", 0.001, EXPLICIT, "1e-3")
     expect(plan, text, "ref_model_id", "Qwen/Qwen2.5-7B-Instruct", DEFAULT, None)
     expect(plan, text, "packing_samples", True, EXPLICIT, "--ds.packing_samples")
+    # OpenRLHF packs a micro-batch into one row for flash-attention: TRL's padding_free
+    expect(plan, text, "padding_free", True, DEFAULT, "--ds.packing_samples")
     assert plan.problems == []
 
 

@@ -255,6 +255,14 @@ class OpenRLHFReading(FlagValues):
         for name in ("packing_samples", "use_liger_kernel"):
             if self.switch_value(name):
                 self.explicit(name, True, name)
+        if self.on("packing_samples"):
+            self.derived(
+                "padding_free",
+                True,
+                f"{self.flag('packing_samples')}: each micro-batch's samples in one row, "
+                "flash-attention taking their boundaries (TRL's padding_free)",
+                self.range_of("packing_samples"),
+            )
         for name in ("ring_attn_size", "ds_tensor_parallel_size"):
             size = self.whole(name, 1, None)
             if size is not None and name in self.given:
