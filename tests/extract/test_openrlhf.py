@@ -273,6 +273,19 @@ def test_ray_job_submit_without_a_separator(tmp_path: Path) -> None:
     assert plan.objective is not None and plan.objective.value == "grpo"
 
 
+def test_other_launchers_and_a_checkout_script(tmp_path: Path) -> None:
+    # a module started by torchrun keeps torchrun's process count
+    plan, text = inline(
+        tmp_path, "torchrun --nproc_per_node 4 -m openrlhf.cli.train_sft --pretrain x/y\n"
+    )
+    expect(plan, text, "distributed.world_size", 4, EXPLICIT, "4")
+    expect(plan, text, "gradient_accumulation_steps", 4, CLI_DEFAULT, None)  # 128 / (8 × 4)
+    # a trainer run from a checkout of OpenRLHF is read by its flags, not as a script
+    plan, text = inline(tmp_path, "python openrlhf/cli/train_dpo.py --pretrain x/y\n")
+    expect(plan, text, "objective", "dpo", EXPLICIT, "openrlhf/cli/train_dpo.py")
+    assert not any("not found" in problem for problem in plan.problems), plan.problems
+
+
 # -- what is wrong is said, once, where it is written
 
 
