@@ -1,7 +1,7 @@
-"""OpenRLHF launch lines: each trainer's flags read into the plan, in the three spellings its
-releases use (0.9's `--bf16`/`--prompt_max_len`, the flat names up to 0.10.1, the dotted names
-from 0.10.2), every value with its provenance and the range of its flag; `llmmem explain`
-shows the method and the reference model the trainer loads."""
+"""OpenRLHF launch lines: each trainer's flags read into the plan, in the spellings its releases
+use (0.9's `--bf16`/`--prompt_max_len`, 0.7's `--flash_attn`, the flat names up to 0.10.1, the
+dotted names from 0.10.2), every value with its provenance and the range of its flag; `llmmem
+explain` shows the method and the reference model the trainer loads."""
 
 from __future__ import annotations
 

@@ -20,8 +20,9 @@ use:
   `--max_len`, `--zero_stage`, `--param_dtype`, `--lora_rank`, `--gradient_checkpointing`,
   `--n_samples_per_prompt`, `--advantage_estimator`, `--init_kl_coef`, `--vllm_num_engines`,
   `--colocate_all_models`, `--ref_reward_offload`, ...;
-- up to 0.9.x (0.9.0 read, the last release read that ships `train_kto`): `--bf16` instead of
-  `--param_dtype`, `--flash_attn`, and PPO's `--prompt_max_len` + `--generate_max_len`.
+- before 0.9.10 (0.9.0 read, the last release read that ships `train_kto`): `--bf16` instead of
+  `--param_dtype`, PPO's `--prompt_max_len` + `--generate_max_len`; and up to 0.7 (0.7.5
+  read) `--flash_attn` instead of `--attn_implementation` (eager attention without it).
 
 What the flags mean for memory:
 
@@ -42,7 +43,7 @@ What the flags mean for memory:
     LoRA                --lora_rank N (0: none), --lora_alpha (16), --lora_dropout (0),
                         --target_modules (all-linear); --load_in_4bit: NF4 with double
                         quantization, bf16 compute (QLoRA)
-    attention           --attn_implementation (default flash_attention_2); 0.9's --flash_attn
+    attention           --attn_implementation (default flash_attention_2); 0.7's --flash_attn
     generation (PPO)    --n_samples_per_prompt (1), --vllm_num_engines (none: the actor
                         generates), --vllm_gpu_memory_utilization (0.95), --vllm_enable_sleep
                         (only with --colocate_all_models)

@@ -136,8 +136,8 @@ class OpenRLHFReading(FlagValues):
         if self.written & OLD_ONLY_FLAGS:
             self.problem(
                 None,
-                "the flags are OpenRLHF 0.9's, whose trainers without --bf16 keep the "
-                "checkpoint's dtype without DeepSpeed's bf16 engine; sized as bf16",
+                "the flags are those of OpenRLHF before 0.9.10, whose trainers without --bf16 "
+                "keep the checkpoint's dtype without DeepSpeed's bf16 engine; sized as bf16",
             )
         self.default(
             "precision",
