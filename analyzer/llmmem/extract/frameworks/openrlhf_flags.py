@@ -36,7 +36,8 @@ ESTIMATORS = (
 GROUP_ESTIMATORS = frozenset({"rloo", "reinforce_baseline", "group_norm", "dr_grpo"})
 PARAM_DTYPES = ("bf16", "fp16")
 
-# each flag's spellings: the flat name (up to 0.10.1, and older ones), then the dotted ones (0.10.2 on)
+# each flag's spellings: the flat name (up to 0.10.1, and older ones), then the dotted ones
+# (0.10.2 on)
 SPELLINGS: dict[str, tuple[str, ...]] = {
     "pretrain": ("pretrain", "model.model_name_or_path", "actor.model_name_or_path"),
     "ref_pretrain": ("ref_pretrain", "ref.model_name_or_path"),
