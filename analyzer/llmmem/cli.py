@@ -139,6 +139,14 @@ def _add_estimate_parser(sub: Any) -> None:
         "sample_packing, LLaMA-Factory's neat_packing); SDPA keeps a block-diagonal mask per "
         "layer, flash-attention none",
     )
+    p.add_argument(
+        "--activation-offload",
+        action="store_true",
+        default=None,
+        help="saved activations copied to the host in forward (TRL's and torchtune's "
+        "activation_offloading): the estimate is the step without it, its band reaches down "
+        "to the step with every saved tensor on the host",
+    )
     p.add_argument("--loss", choices=["standard", "chunked", "liger"], default=None)
     p.add_argument(
         "--framework",

@@ -577,6 +577,7 @@ def build_setup(
             use_cache=bool(getattr(args, "use_cache", False)),
             optimizer_in_backward=bool(getattr(args, "optimizer_in_backward", False)),
             packing=getattr(args, "packed", None),
+            activation_offload=bool(getattr(args, "activation_offload", False)),
             transformers_version=versions.get("transformers", TESTED_TRANSFORMERS),
             framework=Framework.LITGPT
             if getattr(args, "framework", None) == "litgpt"
@@ -645,6 +646,8 @@ def setup_lines(
         ),
         ("attention", setup.attn.value, prov.get("attn", "")),
     ]
+    if setup.activation_offload:
+        lines.append(("activation offload", "on: the band reaches down", "flag"))
     if setup.packing is not None:
         rows, tokens = setup.attention_shape
         lines.append(

@@ -159,7 +159,28 @@ def setup_from_plan(plan: TrainingPlan, spec: ModelSpec) -> TrainingSetup:
         use_cache=bool(plan.use_cache.value) if plan.use_cache is not None else False,
         optimizer_in_backward=_extra_flag(plan, "optimizer_in_bwd"),
         packing=packing_of(plan),
+        activation_offload=_offloads_activations(plan),
     )
+
+
+def _offloads_activations(plan: TrainingPlan) -> bool:
+    """TRL's `activation_offloading=True`, torchtune's `enable_activation_offloading`, verl's
+    `enable_activation_offload`, axolotl's `activation_offloading: true|legacy|disk` or
+    `gradient_checkpointing: offload|unsloth|offload_disk` (kept under one name)."""
+    kept = plan.extra.get("activation_offloading")
+    value = kept.value if isinstance(kept, Sourced) else kept
+    if isinstance(value, str):
+        return value.strip().lower() in (
+            "true",
+            "1",
+            "yes",
+            "offload",
+            "unsloth",
+            "offload_disk",
+            "legacy",
+            "disk",
+        )
+    return bool(value)
 
 
 def packing_of(plan: TrainingPlan) -> Packing | None:

@@ -281,12 +281,27 @@ def estimate_budget(
     gpu: GpuTarget | None = None,
     *,
     with_first_step: bool = True,
+    offloaded: bool | None = None,
 ) -> Budget:
-    """The memory of one training step (or of generation) of `spec` under `setup`."""
+    """The memory of one training step (or of generation) of `spec` under `setup`.
+
+    `offloaded`: with activation offloading asked for, None gives the step with the saved
+    activations on the device and a band reaching down to the step with all of them on the
+    host (True); how much of them a real run keeps on the device is not predicted."""
     if setup.mode is Mode.GENERATE:
         from llmmem.budget.generation import estimate_generation
 
         return estimate_generation(spec, setup, gpu)
+    if offloaded is None and setup.activation_offload:
+        kept = estimate_budget(spec, setup, gpu, with_first_step=with_first_step, offloaded=False)
+        gone = estimate_budget(spec, setup, gpu, with_first_step=with_first_step, offloaded=True)
+        why = offload_floor_text(gone.device_total_bytes)
+        return replace(
+            kept,
+            band_floor=(gone.device_total_bytes, why),
+            notes=[*kept.notes, why],
+        )
+    offloaded = bool(offloaded)
     shard = sharding_for(setup)
     if shard.master_weights:
         # DeepSpeed casts the whole model, adapters too, to 16 bits and runs it without
@@ -320,6 +335,9 @@ def estimate_budget(
         recompute = 0
         formulas = "; ".join(f"{g.count} × ({t.formula()})" for g, t in acts.per_block)
         acts_formula = f"{formulas} + ({acts.outside.formula()})"
+    if offloaded:
+        saved, acts_formula = _offloaded(spec, run, acts)
+        recompute = acts.largest_block_bytes
     activations = Term(bytes=saved, formula=acts_formula)
     n_h = setup.tokens * spec.hidden_size
     n_i = setup.tokens * spec.intermediate_size
@@ -327,7 +345,12 @@ def estimate_budget(
     workspace_text = (
         f"2·{dt.residual}·N·h + 2·{dt.linear_out_bytes}·N·I (gradients of one block in flight)"
     )
-    copies_fwd, copies_bwd, copies_recompute = _weight_copy_terms(spec, run, inv)
+    # offloaded, autocast's casts of frozen weights leave with the saved tensors, as the ones
+    # outside the running block do under checkpointing (the head's stays: no-op hooks there)
+    copies_setup = (
+        replace(run, grad_ckpt=True) if offloaded and setup.method is not Method.FULL else run
+    )
+    copies_fwd, copies_bwd, copies_recompute = _weight_copy_terms(spec, copies_setup, inv)
     copies_text = (
         "one dequantized k-bit weight (the largest Linear)"
         + (
@@ -456,6 +479,21 @@ def estimate_budget(
             Component.TEMPORARIES: forward_temp,
         },
     )
+    if offloaded:
+        # inside a block: its tensors are made on the device and leave as they are saved
+        inside = phase(
+            Phase.FORWARD,
+            "forward of a block, its saved tensors leaving for the host",
+            {
+                **in_forward,
+                Component.ACTIVATIONS: activations,
+                Component.TEMPORARIES: Term(
+                    bytes=forward_temp.bytes + recompute,
+                    formula=f"one block's tensors ({format_bytes(recompute)})",
+                ),
+            },
+        )
+        forward = max(forward, inside, key=lambda p: p.allocated_bytes)
     if root:
         # FSDP gathers the root unit as forward starts: its all-gather buffer and the
         # parameters copied out of it are both alive for a moment, the first block prefetched
@@ -565,10 +603,12 @@ def estimate_budget(
                 },
             )
         )
-    if setup.grad_ckpt:
+    if setup.grad_ckpt or offloaded:
         backward_moments.append(
             (
-                "recompute of the last block",
+                "recompute of the last block"
+                if setup.grad_ckpt
+                else "the last block's saved tensors brought back",
                 {
                     Component.GRADIENTS: after_head,
                     Component.ACTIVATIONS: activations,
@@ -580,7 +620,8 @@ def estimate_budget(
                         + block_gathered
                         + ddp_buckets
                         + in_backward,
-                        formula=f"one block recomputed ({format_bytes(recompute)}) + "
+                        formula=f"one block {'recomputed' if setup.grad_ckpt else 'brought back'}"
+                        f" ({format_bytes(recompute)}) + "
                         f"{workspace_text}" + (f" + {zero.text}" if in_backward else ""),
                     ),
                 },
@@ -784,6 +825,26 @@ def estimate_budget(
 
 
 FSDP_GRAD_BLOCKS = 2
+
+
+def offload_floor_text(floor_bytes: int) -> str:
+    return (
+        f"activation offloading can take the step down to {format_bytes(floor_bytes)} (every "
+        "saved tensor TRL's OffloadActivations may move on the host: all but the head's input, "
+        "tensors under 1 KiB and parameters); how much a run keeps on the device depends on "
+        "the release's storage deduplication (a second save of a storage being offloaded stays) "
+        "and on the allocator's address reuse, which no GPU run here has measured, so the "
+        "estimate is the step without it"
+    )
+
+
+def _offloaded(spec: ModelSpec, setup: TrainingSetup, acts: ActivationEstimate) -> tuple[int, str]:
+    """The saved activations left on the device when every tensor TRL's OffloadActivations
+    may move has moved: the head's input (the head runs under a no-op hook manager)."""
+    dt = dtypes_for(setup)
+    n_h = setup.tokens * spec.hidden_size
+    head_input = (2 if dt.autocast else dt.residual) * n_h if spec.is_causal_lm else 0
+    return head_input, f"{format_bytes(head_input)} (the head's input, kept on the device)"
 
 
 def _fp32_head(setup: TrainingSetup) -> bool:

@@ -98,6 +98,9 @@ class Budget:
     band_class: str = ""
     # the local runs of the same setup (llmmem.calibrate.LocalEvidence) that narrow the band
     local_evidence: Any = None
+    # a device total the step can reach below this one and why (activation offloading: every
+    # saved tensor on the host); the band reaches down to it
+    band_floor: tuple[int, str] | None = None
 
     def phase(self, phase: Phase) -> PhaseBudget:
         for item in self.phases:
@@ -118,9 +121,15 @@ class Budget:
     @property
     def band(self) -> Band:
         """Where the device total of this step was measured to fall, for setups of its class."""
-        from llmmem.budget.bands import band_for
+        from llmmem.budget.bands import Band, band_for
 
-        return band_for(self.band_class, self.device_total_bytes, self.local_evidence)
+        band = band_for(self.band_class, self.device_total_bytes, self.local_evidence)
+        if self.band_floor is None:
+            return band
+        floor, why = self.band_floor
+        low_ratio = band.low_bytes / self.device_total_bytes if self.device_total_bytes else 1.0
+        low = min(band.low_bytes, round(floor * low_ratio))
+        return Band(low, band.high_bytes, f"{band.basis}; {why}", band.rows)
 
     @property
     def verdict(self) -> str | None:

@@ -333,6 +333,12 @@ class TrainingSetup:
     transformers_version: str = TESTED_TRANSFORMERS
     # several samples per row or one flat row (None: one sample per row, padded to seq)
     packing: Packing | None = None
+    # saved activations copied to the host in forward and back in backward (TRL's and
+    # torchtune's OffloadActivations, axolotl's activation_offloading): how much stays on the
+    # device depends on the release's storage deduplication and the allocator (see
+    # budget.phases.offload_floor), so the budget is the step without it and the band reaches
+    # down to the step with every saved tensor gone
+    activation_offload: bool = False
 
     def __post_init__(self) -> None:
         _set(self, "mode", _as_enum(Mode, self.mode, "mode"))

@@ -82,6 +82,8 @@ def request_for(
         trust_remote_code=trust_remote_code,
         snapshot=snapshot,
         packing=setup.packing.value if setup.packing is not None else None,
+        # TRL's rules in stream mode: a second save of a storage being offloaded stays
+        activation_offload="dedupe" if setup.activation_offload else None,
     )
 
 

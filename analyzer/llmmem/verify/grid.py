@@ -188,6 +188,7 @@ class GridCase:
     attn: str = "sdpa"
     model: str | None = None  # a catalog model at its real size, instead of the family's config
     packing: str | None = None  # "flat" or "rows": packed samples (see budget.setup.Packing)
+    offload: bool = False  # activation offloading (TRL's OffloadActivations rules)
 
     @classmethod
     def from_json(cls, row: dict[str, Any]) -> GridCase:
@@ -203,6 +204,7 @@ class GridCase:
             row.get("attn", "sdpa"),
             row.get("model"),
             row.get("packing"),
+            bool(row.get("offload", False)),
         )
 
     @property
@@ -212,6 +214,7 @@ class GridCase:
         attn = f"-{self.attn}" if self.attn != "sdpa" else ""
         who = self.model.split("/")[-1] if self.model else self.family
         packed = f"-packed-{self.packing}" if self.packing else ""
+        packed += "-offload" if self.offload else ""
         return (
             f"{who}-{self.method}-{ckpt}-b{self.batch}-s{self.seq}-{self.precision}{fsdp}{attn}"
             f"{packed}"
@@ -349,6 +352,7 @@ def setup_for(case: GridCase) -> TrainingSetup:
         else DistributedSetup(),
         attn=AttnImpl(case.attn),
         packing=case.packing,
+        activation_offload=case.offload,
     )
 
 
@@ -439,6 +443,7 @@ def results_json(results: list[GridResult]) -> list[dict[str, Any]]:
             "precision": r.case.precision,
             "attn": r.case.attn,
             "packing": r.case.packing,
+            "offload": r.case.offload,
             "predicted_allocated_bytes": r.predicted,
             "measured_allocated_bytes": r.simulated,
             "predicted": r.predicted_totals,

@@ -53,6 +53,10 @@ class StepRequest:
     # packed samples: "flat" (one row of batch × seq tokens) or "rows" (two samples per row),
     # position ids restarting at each sample; None: one sample per row
     packing: str | None = None
+    # saved activations moved off the device in forward and back in backward: "all" (every
+    # tensor TRL's rules let go) or "dedupe" (a second save of a storage still being offloaded
+    # stays on the device, as TRL's stream mode keeps it); None: no offloading
+    activation_offload: str | None = None
 
     @property
     def launched(self) -> bool:

@@ -940,6 +940,17 @@ def _drive(
     device = "cuda" if request.device == "cuda" else "cpu"
     vocab = _vocab(request)
     micro_batches = max(1, min(request.grad_accum, 2))
+    offload: Any = None
+    if request.activation_offload:
+        from llmmem.verify.offload import OffloadedActivations
+
+        offload = OffloadedActivations(
+            torch, loop.model, dedupe=request.activation_offload == "dedupe"
+        )
+        result.notes.append(
+            "activation offloading: saved tensors leave the device as TRL's OffloadActivations "
+            "moves them (host copies outside the measured memory)"
+        )
 
     def one_step(measure: bool) -> None:
         for index in range(micro_batches):
@@ -948,12 +959,15 @@ def _drive(
             result.stage = "forward"
             if measure:
                 meter.begin("forward")
-            loss = loop.forward(batch)
+            with offload if offload is not None else contextlib.nullcontext():
+                loss = loop.forward(batch)
             if measure:
                 meter.end("forward")
                 meter.begin("backward")
             result.stage = "backward"
             loop.backward(loss)
+            if offload is not None:
+                offload.end_of_backward()
             del loss, batch
             _let_collectives_release(request)
             if measure:
@@ -975,9 +989,13 @@ def _drive(
             result.optimizer_state_bytes = meter.size(states)
         loop.zero_grad()
 
-    one_step(False)
-    result.weights_bytes = meter.size(loop.weights())
-    one_step(True)
+    try:
+        one_step(False)
+        result.weights_bytes = meter.size(loop.weights())
+        one_step(True)
+    finally:
+        if offload is not None:
+            offload.close()
 
 
 def _let_collectives_release(request: StepRequest) -> None:

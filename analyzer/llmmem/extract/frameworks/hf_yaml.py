@@ -59,7 +59,8 @@ def read_hf(reader: DocumentReader) -> None:
         if reader.take((key,), "max_seq_length", as_int) is not None:
             break
     reader.take(("gradient_checkpointing",), "gradient_checkpointing", as_bool)
-    for name in ("packing", "padding_free", "packing_strategy"):  # TRL: samples per row
+    # TRL: samples per row, and activation offloading
+    for name in ("packing", "padding_free", "packing_strategy", "activation_offloading"):
         reader.keep(name, (name,))
     read_hf_bf16(reader)
     reader.take(("fp16",), "fp16", as_bool)
