@@ -110,6 +110,90 @@ def grpo_assumed_note(plan: TrainingPlan) -> str | None:
     )
 
 
+# the frameworks whose PPO step llmmem.budget.ppo sizes: TRL's PPOTrainer (a script) and
+# LLaMA-Factory's stage: ppo
+PPO_FRAMEWORKS = ("trl", "hf", "llamafactory")
+
+
+def _whole(value: Any) -> int | None:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number >= 1 else None
+
+
+def _spec_of(ref: Any, what: str, plan: TrainingPlan) -> Any:
+    """The ModelSpec of a value or reward model the file names (the catalog, a local config
+    or an earlier hub lookup; no network); SetupError when it cannot be found."""
+    from pathlib import Path
+
+    from llmmem.budget.setup import SetupError
+    from llmmem.models.resolve import ModelResolutionError, resolve_model
+
+    try:
+        return resolve_model(str(ref), hub=False, base_dir=Path(plan.path).parent)
+    except ModelResolutionError as err:
+        raise SetupError(f"the {what} '{ref}' could not be sized: {err}") from None
+
+
+def ppo_setup(plan: TrainingPlan) -> Any:
+    """The PpoSetup of a PPO plan. A TRL script: PPOConfig's response_length,
+    local_rollout_forward_batch_size and num_mini_batches (TRL 0.29.1's defaults where the
+    file leaves them), the value and reward models at the policy's size. LLaMA-Factory's
+    stage: ppo: a value head on the policy, reward_model_type lora (an adapter on the
+    policy), full (the reward_model, sized) or api, max_new_tokens (default 1024), a
+    mini-batch generated at a time. Other frameworks' PPO (verl, OpenRLHF: actor, critic,
+    reference and reward in separate workers) is not sized: SetupError."""
+    from llmmem.budget.ppo import PpoSetup
+    from llmmem.budget.setup import SetupError
+
+    framework = plan.framework
+    if framework not in PPO_FRAMEWORKS:
+        raise SetupError(
+            f"{framework}'s PPO (actor, critic, reference and reward models in their own "
+            "workers) is not modelled; TRL's PPOTrainer and LLaMA-Factory's stage: ppo are"
+        )
+    if framework == "llamafactory":
+        kind = str(_kept(plan, "reward_model_type") or "lora").strip().lower()
+        reward = {"lora": "adapter", "full": "model", "api": "api"}.get(kind)
+        if reward is None:
+            raise SetupError(f"reward_model_type is lora, full or api, got {kind!r}")
+        reward_spec = None
+        reward_name = ""
+        if reward == "model":
+            named = _kept(plan, "reward_model")
+            if not named:
+                raise SetupError("reward_model_type: full needs reward_model: (its path or id)")
+            reward_spec, reward_name = _spec_of(named, "reward model", plan), str(named)
+        reference = None
+        if _kept(plan, "ref_model"):
+            reference = Reference.COPY
+        return PpoSetup(
+            value="head",
+            reward=reward,
+            reward_model=reward_spec,
+            reward_name=reward_name,
+            reference=reference,
+            response_length=_whole(_kept(plan, "max_new_tokens")) or 1024,
+            local_rollout_forward_batch_size=None,
+            keep_scores=False,
+            trainer="llamafactory",
+        )
+    values: dict[str, Any] = {}
+    for key in ("response_length", "local_rollout_forward_batch_size", "num_mini_batches"):
+        number = _whole(_kept(plan, key))
+        if number is not None:
+            values[key] = number
+    reference, _ = reference_of(plan)
+    for key, what in (("value_model_id", "value_model"), ("reward_model_id", "reward_model")):
+        named = _kept(plan, key)
+        if named:
+            values[what] = _spec_of(named, what.replace("_", " "), plan)
+            values[what.split("_")[0] + "_name"] = str(named)
+    return PpoSetup(reference=reference if reference is Reference.COPY else None, **values)
+
+
 def preference_setup(plan: TrainingPlan) -> PreferenceSetup | None:
     objective = objective_of(plan)
     if objective is None:
@@ -117,6 +201,8 @@ def preference_setup(plan: TrainingPlan) -> PreferenceSetup | None:
     reference, _ = reference_of(plan)
     if objective is Objective.GRPO:
         return PreferenceSetup(objective=objective, grpo=grpo_setup(plan))
+    if objective is Objective.PPO:
+        return PreferenceSetup(objective=objective, ppo=ppo_setup(plan))
     return PreferenceSetup(objective=objective, reference=reference)
 
 
@@ -177,6 +263,28 @@ def reference_row(plan: TrainingPlan, method: Any) -> Sourced[str] | None:
             value=f"{reference.value}: {REFERENCE_TEXT[reference]}",
             source=source,
             range=where,
+            note=why,
+        )
+    if objective is Objective.PPO:
+        full = str(getattr(method, "value", method)) == "full"
+        lf = plan.framework == "llamafactory"
+        if lf and _kept(plan, "ref_model"):
+            reference, why = Reference.COPY, f"ref_model: {_kept(plan, 'ref_model')}"
+            source = Provenance.EXPLICIT
+        elif reference is None:
+            reference = Reference.COPY if full else Reference.ADAPTER
+            why = (
+                ("LLaMA-Factory's" if lf else "TRL's PPOTrainer")
+                + " default for "
+                + ("full fine-tuning" if full else "a PEFT model")
+            )
+            source = Provenance.DEFAULT
+        else:
+            source = Provenance.EXPLICIT
+        return Sourced(
+            value=f"{reference.value}: {REFERENCE_TEXT[reference]}",
+            source=source,
+            range=plan.trainer_range,
             note=why,
         )
     if objective not in WITH_REFERENCE:

@@ -90,11 +90,15 @@ def test_reference_handling_follows_trl() -> None:
 
 
 def test_ppo_is_not_sized_as_sft() -> None:
+    """PPO generates inside the step and trains a value model beside the policy: its budget
+    has a generation phase and costs more than the SFT step of the same setup."""
+    from llmmem.budget.phases import estimate_budget
+
     spec = _spec("llama")
     setup = TrainingSetup(batch=2, seq=64)
-    for objective in (Objective.PPO,):
-        with pytest.raises(SetupError, match="not modelled"):
-            estimate_preference_budget(spec, setup, PreferenceSetup(objective=objective))
+    ppo = estimate_preference_budget(spec, setup, PreferenceSetup(objective=Objective.PPO))
+    assert ppo.phases[0].phase is Phase.GENERATE
+    assert ppo.allocated_peak_bytes > estimate_budget(spec, setup).allocated_peak_bytes
 
 
 def test_chosen_and_rejected_double_the_activations() -> None:

@@ -119,12 +119,12 @@ def test_grpo_is_read_and_sized_with_generation(tmp_path: Path) -> None:
     assert any(p.phase is Phase.GENERATE for p in analysis.budget.phases)
 
 
-def test_ppo_is_read_and_said_to_be_unmodelled(tmp_path: Path) -> None:
+def test_ppo_is_read_and_sized_with_its_generation(tmp_path: Path) -> None:
     plan = _plan(tmp_path, "ppo.py", TRAINER_ONLY.format(config="PPOConfig", trainer="PPOTrainer"))
     assert plan.objective is not None and plan.objective.value == "ppo"
     analysis = analyze(plan)
-    assert analysis.budget is None
-    assert any("PPO" in problem and "not modelled" in problem for problem in analysis.problems)
+    assert analysis.budget is not None, analysis.problems
+    assert analysis.budget.phases[0].phase is Phase.GENERATE
 
 
 def test_sft_scripts_have_no_objective(tmp_path: Path) -> None:

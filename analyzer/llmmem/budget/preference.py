@@ -27,7 +27,8 @@ trl/trainer/utils.py at 1.16.0): the logits are never whole there. This module f
 trainers, read at 0.29.1 (KTO: trl/experimental/kto/kto_trainer.py).
 
 GRPO (generation inside the step, vLLM) is budgeted in llmmem.budget.grpo, reached from here
-through `PreferenceSetup.grpo`; PPO (value and reward models beside the policy) is not modelled.
+through `PreferenceSetup.grpo`; PPO (a value model trained beside the policy, a reference and a
+reward model, generation inside the step) in llmmem.budget.ppo, through `PreferenceSetup.ppo`.
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ class PreferenceSetup:
     num_labels: int = 1  # reward models: TRL requires 1
     # GRPO: a llmmem.budget.grpo.GrpoSetup (None: GRPOConfig's defaults)
     grpo: Any = None
+    # PPO: a llmmem.budget.ppo.PpoSetup (None: PPOConfig's defaults, every model the policy's size)
+    ppo: Any = None
 
     def __post_init__(self) -> None:
         try:
@@ -102,6 +105,14 @@ def reference_for(pref: PreferenceSetup, setup: TrainingSetup) -> Reference:
         from llmmem.budget.grpo import GrpoSetup, reference_of
 
         return reference_of(pref.grpo or GrpoSetup(), setup)
+    if pref.objective is Objective.PPO:
+        from llmmem.budget.ppo import PpoSetup
+        from llmmem.budget.ppo import reference_of as ppo_reference
+
+        ppo = pref.ppo or PpoSetup()
+        if pref.reference is not None and ppo.reference is None:
+            ppo = replace(ppo, reference=pref.reference)
+        return ppo_reference(ppo, setup)
     if pref.objective not in WITH_REFERENCE:
         return Reference.NONE
     if pref.reference is not None:
@@ -216,10 +227,16 @@ def estimate_preference_budget(
         from llmmem.budget.grpo import GrpoSetup, estimate_grpo_budget
 
         return estimate_grpo_budget(spec, setup, pref.grpo or GrpoSetup(), gpu)
+    if pref.objective is Objective.PPO:
+        from llmmem.budget.ppo import PpoSetup, estimate_ppo_budget
+
+        ppo = pref.ppo or PpoSetup()
+        if pref.reference is not None and ppo.reference is None:
+            ppo = replace(ppo, reference=pref.reference)
+        return estimate_ppo_budget(spec, setup, ppo, gpu)
     if pref.objective not in MODELLED:
         raise SetupError(
-            f"the memory of a {pref.objective.value.upper()} step (generation inside the step, "
-            "a reference, a reward and a value model beside the policy) is not modelled yet"
+            f"the memory of a {pref.objective.value.upper()} step is not modelled yet"
         )
     reference = reference_for(pref, setup)
     rows = sequences_per_step(pref, setup)

@@ -90,6 +90,10 @@ KEY_SYNONYMS: dict[str, str] = {
     "max_completion_length": "max_completion_length",
     # preference training: the reference log-probabilities read from the dataset
     "precompute_ref_log_probs": "precompute_ref_log_probs",
+    # PPO (TRL's PPOConfig): the response length and the rollout's chunk
+    "response_length": "response_length",
+    "local_rollout_forward_batch_size": "local_rollout_forward_batch_size",
+    "num_mini_batches": "num_mini_batches",
 }
 
 # the training objective a TRL config or trainer class stands for (SFT: none)

@@ -88,6 +88,11 @@ def read_llamafactory(reader: DocumentReader) -> None:
     reader.take(("model_name_or_path",), "model_id", as_text)
     reader.keep("stage", ("stage",))
     read_llamafactory_objective(reader)
+    if (reader.converted(("stage",), as_text) or "").strip().lower() == "ppo":
+        # stage: ppo's models and lengths (llamafactory 0.9.3 FinetuningArguments,
+        # GeneratingArguments): reward_model_type lora (default), full or api
+        for key in ("reward_model", "reward_model_type", "ref_model", "max_new_tokens"):
+            reader.keep(key, (key,))
     reader.keep("template", ("template",))
     reader.keep("packing", ("packing",))
     reader.keep("neat_packing", ("neat_packing",))  # samples kept apart in each packed row

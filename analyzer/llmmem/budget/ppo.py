@@ -1,0 +1,776 @@
+"""PPO (TRL's PPOTrainer): a policy and a value model trained together, a reference and a reward
+model beside them, generation inside the step.
+
+Read in TRL 0.29.1 (`trl/experimental/ppo/ppo_trainer.py`, `ppo_config.py`,
+`trl/experimental/utils.py` `get_reward` and `create_reference_model`, `trl/trainer/utils.py`
+`pad` and `selective_log_softmax`) and transformers 5.24's `generate`. What lives on the GPU:
+
+- four models. The policy (trainable: every weight, or its LoRA adapter when `peft_config` is
+  given); the value model, an `AutoModelForSequenceClassification` (`num_labels=1`: a score head
+  of hidden × 1 instead of the vocabulary head) of its own size, loaded by the script (TRL's
+  example loads it from `reward_model_path`: it may be smaller or larger than the policy), and
+  trained in full even when the policy has an adapter; the reference policy, a frozen
+  `deepcopy` of the policy (`create_reference_model`, full fine-tuning), the model passed as
+  `ref_model`, or under PEFT the policy itself with its adapter disabled (`null_ref_context`:
+  no copy); the reward model, a frozen sequence-classification model, moved to the device as
+  loaded.
+- `PolicyAndValueWrapper(policy, value_model)` is what the accelerator prepares, and one
+  optimizer (`create_optimizer_and_scheduler`) covers both trainables: the optimizer states,
+  the gradients and the step's buffers are the policy's trainable set plus the whole value
+  model.
+- one update, per device, over `local_batch_size = per_device_train_batch_size ×
+  gradient_accumulation_steps` queries:
+  1. generation (`batch_generation`, no gradient): the policy generates `response_length`
+     tokens for `local_rollout_forward_batch_size` queries at a time, with its KV cache and
+     `output_scores=True`: every step's processed fp32 scores (rows × V) are kept, stacked into
+     rows × response_length × V per chunk, and the chunks padded into one tensor (`pad`: the
+     list and the padded copy alive together). `train` keeps that tensor (`logitss`) until the
+     next update's generation returns: through the whole update, and beside the next
+     generation.
+  2. the rollout forwards (no gradient), chunk by chunk: the policy's log-probabilities from
+     the kept scores; the reference's forward over query + response (`forward`,
+     `output_hidden_states=True`: every layer's hidden states alive with the logits, which
+     cover the whole sequence in the compute dtype, divided by the temperature in place), the
+     value model's and the reward model's backbones (`get_reward`, hidden states kept, the
+     score head on the last). Only per-token numbers leave a chunk.
+  3. training: `num_ppo_epochs` passes over `num_mini_batches` mini-batches, each
+     `gradient_accumulation_steps` micro-batches of `per_device_train_batch_size` rows through
+     the wrapper: the value backbone first (with gradient, hidden states kept), then the policy
+     (the whole sequence's logits), `logits /= temperature` in place on the response slice,
+     `selective_log_softmax`, the clipped policy and value losses, backward,
+     `optimizer.step()` and `zero_grad()` (a step every `gradient_accumulation_steps`
+     micro-batches under `accelerator.accumulate`), then, without gradient, the entropy
+     (`softmax(logits)` and its product with the logits) while the micro-batch's output is
+     still alive. A micro-batch's tensors are deleted only at the end of its mini-batch: with
+     several micro-batches per mini-batch the one before is alive through the next's forward.
+  The peaks repeat across epochs and mini-batches: one of each is the step's.
+- `PPOConfig(gradient_checkpointing=True)` is not applied: PPOTrainer runs its own loop and
+  never calls `gradient_checkpointing_enable`. Under mixed precision (`bf16=True` over fp32
+  weights) the accelerator's autocast wraps the prepared wrapper only: generation and the
+  rollout forwards (the unwrapped policy, the reference, the value and the reward models) run in
+  the weights' dtype.
+
+LLaMA-Factory's `stage: ppo` (llamafactory 0.9.3, `llamafactory/train/ppo/trainer.py`
+`CustomPPOTrainer`, `train/trainer_utils.py` `create_ref_model`, `create_reward_model`) runs TRL
+0.9's older PPOTrainer with its own models: the value is a head on the policy
+(`AutoModelForCausalLMWithValueHead`, a hidden × 1 linear: no value backbone), the reference is
+a copy in full fine-tuning and the adapter disabled under LoRA, and the reward is a separate
+frozen model (`reward_model_type: full`), a second adapter on the policy (`lora`: no copy) or a
+server (`api`: nothing on the GPU). It generates `per_device_train_batch_size` queries at a time
+with `max_new_tokens` and does not keep the scores. This module sizes it with the same phases;
+that path is not checked against a run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from math import ceil
+
+from llmmem.budget.activations import dtypes_for
+from llmmem.budget.generation import kv_cache_term
+from llmmem.budget.phases import estimate_budget
+from llmmem.budget.preference import Reference, _budget, reward_spec
+from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
+from llmmem.budget.setup import Method, Mode, Precision, SetupError, TrainingSetup
+from llmmem.models.spec import ModelSpec
+from llmmem.units import format_count
+
+# the TRL release whose PPOTrainer this budget follows
+TRL_RELEASE = "0.29.1"
+REWARD_KINDS = ("model", "adapter", "api")
+VALUE_KINDS = ("model", "head")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PpoSetup:
+    """PPOConfig's fields (TRL 0.29.1 defaults) and the models that change the memory."""
+
+    value_model: ModelSpec | None = None  # None: the policy's size
+    reward_model: ModelSpec | None = None  # None: the policy's size
+    value: str = "model"  # "model": a separate value model (TRL); "head": on the policy
+    reward: str = "model"  # "model", "adapter" (LLaMA-Factory lora) or "api"
+    reference: Reference | None = None  # None: a copy in full fine-tuning, else the adapter
+    query_length: int | None = None  # the longest query (None: the setup's sequence length)
+    response_length: int = 53
+    # None: per_device_train_batch_size (LLaMA-Factory generates a mini-batch at a time)
+    local_rollout_forward_batch_size: int | None = 64
+    num_ppo_epochs: int = 4
+    num_mini_batches: int = 1
+    keep_scores: bool = True  # TRL 0.29.1 keeps the rollout's generation scores
+    trainer: str = "trl"  # "trl" or "llamafactory"
+    # what the notes call the value and reward models (a hub id, "the policy's size")
+    value_name: str = ""
+    reward_name: str = ""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "query_length",
+            "response_length",
+            "local_rollout_forward_batch_size",
+            "num_ppo_epochs",
+            "num_mini_batches",
+        ):
+            value = getattr(self, name)
+            if value is None and name in ("query_length", "local_rollout_forward_batch_size"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SetupError(f"{name} must be a whole number of at least 1, got {value!r}")
+        if self.reward not in REWARD_KINDS:
+            raise SetupError(f"the reward model is model, adapter or api, got {self.reward!r}")
+        if self.value not in VALUE_KINDS:
+            raise SetupError(f"the value model is model or head, got {self.value!r}")
+        if self.reference is not None:
+            try:
+                object.__setattr__(self, "reference", Reference(self.reference))
+            except ValueError as err:
+                raise SetupError(str(err)) from None
+            if self.reference in (Reference.PRECOMPUTED, Reference.NONE):
+                raise SetupError(
+                    "PPO's reference is a copy or the policy with its adapter disabled"
+                )
+
+    def resolved(self, setup: TrainingSetup) -> PpoSetup:
+        """The lengths and the rollout chunk the setup leaves open, filled in from it."""
+        return replace(
+            self,
+            query_length=self.query_length or setup.seq,
+            local_rollout_forward_batch_size=self.local_rollout_forward_batch_size or setup.batch,
+        )
+
+    @property
+    def seq(self) -> int:
+        return (self.query_length or 0) + self.response_length
+
+
+def local_batch(setup: TrainingSetup) -> int:
+    """`local_batch_size`: the queries one device rolls out per update."""
+    return setup.batch * setup.grad_accum
+
+
+def check_ppo(ppo: PpoSetup, setup: TrainingSetup) -> None:
+    """PPOTrainer.__init__'s checks that concern the sizes."""
+    if setup.mode is Mode.GENERATE:
+        raise SetupError("PPO is a training objective: drop --mode generate")
+    if local_batch(setup) % ppo.num_mini_batches:
+        raise SetupError(
+            f"local_batch_size ({setup.batch} × {setup.grad_accum} = {local_batch(setup)}) must "
+            f"be a multiple of num_mini_batches ({ppo.num_mini_batches})"
+        )
+
+
+def reference_of(ppo: PpoSetup, setup: TrainingSetup) -> Reference:
+    if ppo.reference is Reference.ADAPTER and setup.method is Method.FULL:
+        raise SetupError(
+            "the reference can be the adapter-disabled policy only with LoRA/QLoRA: full "
+            "fine-tuning keeps a reference copy"
+        )
+    if ppo.reference is not None:
+        return ppo.reference
+    return Reference.COPY if setup.method is Method.FULL else Reference.ADAPTER
+
+
+def _rollout_bytes(setup: TrainingSetup) -> int:
+    """The dtype the rollout computes in: the weights' under mixed precision (the unwrapped
+    models run outside autocast), the compute dtype otherwise."""
+    dt = dtypes_for(setup)
+    if setup.precision.is_autocast and setup.quant is None:
+        return setup.precision.weight_bytes
+    return dt.compute
+
+
+def _rollout_setup(setup: TrainingSetup) -> TrainingSetup:
+    """The setup the rollout's models compute under: outside autocast."""
+    if setup.precision.is_autocast and setup.quant is None:
+        return replace(
+            setup,
+            precision=Precision.FP32 if setup.precision.weight_bytes == 4 else setup.precision,
+        )
+    return setup
+
+
+def _hidden_states(spec: ModelSpec, rows: int, seq: int, size: int) -> int:
+    """`output_hidden_states=True`: the embeddings' output and every block's, the last one
+    normalised: blocks + 1 tensors of rows × seq × hidden."""
+    blocks = sum(g.count for g in spec.blocks if g.name != "encoder")
+    return (blocks + 1) * rows * seq * spec.hidden_size * size
+
+
+def _block(spec: ModelSpec, rows: int, seq: int, size: int) -> int:
+    """One block's intermediates without gradient."""
+    return size * rows * seq * (3 * spec.intermediate_size + 4 * spec.hidden_size)
+
+
+def _model_weights(spec: ModelSpec, setup: TrainingSetup) -> int:
+    return spec.total_params * setup.precision.weight_bytes
+
+
+@dataclass(frozen=True)
+class _Models:
+    policy: ModelSpec
+    value: ModelSpec | None  # None: a value head on the policy
+    reward: ModelSpec | None  # None: no separate reward model
+
+
+def _models(spec: ModelSpec, ppo: PpoSetup) -> _Models:
+    value = reward_spec(ppo.value_model or spec, 1) if ppo.value == "model" else None
+    reward = reward_spec(ppo.reward_model or spec, 1) if ppo.reward == "model" else None
+    return _Models(spec, value, reward)
+
+
+def unseen_by_a_counter(spec: ModelSpec, setup: TrainingSetup, ppo: PpoSetup) -> dict[str, int]:
+    """Of each phase's bytes, what aten allocates inside a kernel and a dispatch-level storage
+    counter does not see: fp32 logsumexp's row temporary in the rollout."""
+    e = _rollout_bytes(setup)
+    row = ppo.response_length * spec.vocab_size
+    return {Phase.REFERENCE_FORWARD.value: 4 * row if e == 4 else 0}
+
+
+def estimate_ppo_budget(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    ppo: PpoSetup,
+    gpu: GpuTarget | None = None,
+) -> Budget:
+    """One update of TRL 0.29.1's PPOTrainer: generation, the rollout forwards without
+    gradient, the policy's and the value model's forward and backward on a micro-batch, the
+    step. `setup.batch` is `per_device_train_batch_size`; its `seq` is replaced by query +
+    response."""
+    ppo = ppo.resolved(setup)
+    check_ppo(ppo, setup)
+    reference = reference_of(ppo, setup)
+    models = _models(spec, ppo)
+    q, r_len = ppo.query_length or setup.seq, ppo.response_length
+    seq = ppo.seq
+    # TRL's PPOTrainer runs its own loop: `gradient_checkpointing=True` is never applied. The
+    # unused KV cache TRL's `forward` builds (use_cache left at the config's default) is
+    # counted here, not by the SFT step
+    ckpt = setup.grad_ckpt and ppo.trainer != "trl"
+    policy_setup = replace(setup, seq=seq, use_cache=False, grad_ckpt=ckpt)
+    sft = estimate_budget(spec, policy_setup, gpu)
+    forward = sft.phase(Phase.FORWARD)
+    step = sft.phase(Phase.OPTIMIZER_STEP)
+    value_sft = None
+    if models.value is not None:
+        value_setup = replace(policy_setup, method=Method.FULL, lora=None, quant=None)
+        value_sft = estimate_budget(models.value, value_setup, gpu)
+
+    e = dtypes_for(policy_setup).compute
+    residual = dtypes_for(policy_setup).residual
+    e_roll = _rollout_bytes(setup)
+    vocab = spec.vocab_size
+    rows_local = local_batch(setup)
+    chunk = min(ppo.local_rollout_forward_batch_size or setup.batch, rows_local)
+    chunks = ceil(rows_local / chunk)
+    last_chunk = rows_local - (chunks - 1) * chunk
+    padded_rows = chunks * chunk
+    micro = setup.batch
+    first = setup.first_step
+
+    # -- what every phase holds
+    held: dict[Component, Term] = {}
+    held[Component.WEIGHTS] = _weights_term(forward, value_sft, models, ppo)
+    frozen = _frozen_term(spec, setup, models, reference)
+    if frozen.bytes:
+        held[Component.REFERENCE_MODEL] = frozen
+    # the optimizer states as the forward finds them (none before the first step)
+    states = _sum_terms(
+        forward.components.get(Component.OPTIMIZER_STATES),
+        value_sft.phase(Phase.FORWARD).components.get(Component.OPTIMIZER_STATES)
+        if value_sft
+        else None,
+        "the policy's",
+        "the value model's",
+    )
+    step_states = _sum_terms(
+        step.components.get(Component.OPTIMIZER_STATES),
+        value_sft.phase(Phase.OPTIMIZER_STEP).components.get(Component.OPTIMIZER_STATES)
+        if value_sft
+        else None,
+        "the policy's",
+        "the value model's",
+    )
+    if states.bytes:
+        held[Component.OPTIMIZER_STATES] = states
+    score_row = r_len * vocab * 4
+    kept_bytes = padded_rows * score_row if ppo.keep_scores else 0
+    kept = Term(
+        bytes=kept_bytes,
+        formula=f"4 B × {padded_rows} rows × {r_len} × {format_count(vocab)} (the rollout's "
+        "fp32 generation scores, kept through the update)",
+    )
+
+    # -- 1. generation
+    phases = [
+        _generation_phase(
+            spec, policy_setup, ppo, held, kept, first, rows_local, chunk, last_chunk, padded_rows
+        )
+    ]
+
+    # -- 2. the rollout forwards, one chunk of `chunk` rows
+    rollout = dict(held)
+    if kept.bytes:
+        rollout[Component.LOGITS] = kept
+    candidates: list[tuple[int, str, str]] = []
+    ref_hidden = _hidden_states(spec, chunk, seq, e_roll if residual != 4 else 4)
+    ref_logits = chunk * seq * vocab * e_roll
+    ref_cache = kv_cache_term(
+        spec, replace(_rollout_setup(setup), batch=chunk, seq=seq, new_tokens=0)
+    )
+    row_temp = r_len * vocab * (4 if e_roll == 4 else e_roll)
+    candidates.append(
+        (
+            ref_hidden + ref_cache.bytes + ref_logits + row_temp,
+            "the reference forward's logits: its hidden states, the whole sequence's logits "
+            "and one row's log-softmax",
+            f"({_blocks(spec)} + 1) × {chunk}×{seq}×{spec.hidden_size} hidden states + "
+            f"{e_roll} B × {chunk}×{seq}×{format_count(vocab)} logits + its unused KV cache ("
+            + ref_cache.formula
+            + ") + one row's "
+            + ("fp32 logsumexp temporary" if e_roll == 4 else "log-softmax"),
+        )
+    )
+    for name, model in (("value", models.value), ("reward", models.reward)):
+        if model is None:
+            continue
+        size = e_roll if residual != 4 else 4
+        hidden = _hidden_states(model, chunk, seq, size)
+        block = _block(model, chunk, seq, e_roll)
+        candidates.append(
+            (
+                hidden + block,
+                f"the {name} model's backbone",
+                f"({_blocks(model)} + 1) hidden states of {chunk}×{seq}×{model.hidden_size} + "
+                "one block's intermediates",
+            )
+        )
+    best = max(candidates, key=lambda c: c[0])
+    rollout[Component.ACTIVATIONS] = Term(bytes=best[0], formula=best[2])
+    phases.append(
+        PhaseBudget(
+            phase=Phase.REFERENCE_FORWARD,
+            moment=f"rollout, {chunk} queries at a time without gradient: {best[1]}",
+            components=rollout,
+        )
+    )
+
+    # -- 3. training: the wrapper's forward on one micro-batch
+    train = dict(held)
+    copies = _sum_terms(
+        forward.components.get(Component.WEIGHT_COPIES),
+        value_sft.phase(Phase.FORWARD).components.get(Component.WEIGHT_COPIES)
+        if value_sft
+        else None,
+        "the policy's",
+        "the value model's",
+    )
+    if copies.bytes:
+        train[Component.WEIGHT_COPIES] = copies
+    policy_acts = forward.components.get(Component.ACTIVATIONS, Term(0, ""))
+    value_acts = (
+        value_sft.phase(Phase.FORWARD).components.get(Component.ACTIVATIONS, Term(0, ""))
+        if value_sft
+        else Term(0, "")
+    )
+    train[Component.ACTIVATIONS] = _sum_terms(
+        policy_acts, value_acts, "the policy's", "the value backbone's"
+    )
+    whole = micro * seq * vocab * e
+    response = micro * r_len * vocab * e
+    lp = whole + (response if e != 4 else 0)
+    logits = Term(
+        bytes=lp + kept.bytes,
+        formula=f"{e} B × {micro}×{seq}×{format_count(vocab)} (the policy's logits)"
+        + (f" + {e} B × {micro}×{r_len}×V (every row's log-softmax, kept)" if e != 4 else "")
+        + (f" + {format_count(kept.bytes)} B of kept rollout scores" if kept.bytes else ""),
+    )
+    train[Component.LOGITS] = logits
+    caches = _training_caches(spec, policy_setup, micro, seq)
+    if caches.bytes:
+        train[Component.KV_CACHE] = caches
+    policy_forward = PhaseBudget(
+        phase=Phase.FORWARD,
+        moment="end of the policy and value forward: log-probabilities and values taken",
+        components=train,
+    )
+    phases.append(policy_forward)
+
+    grads = _sum_terms(
+        step.components.get(Component.GRADIENTS),
+        value_sft.phase(Phase.OPTIMIZER_STEP).components.get(Component.GRADIENTS)
+        if value_sft
+        else None,
+        "the policy's",
+        "the value model's",
+    )
+    tuple_bytes = _hidden_states(spec, micro, seq, residual)
+    # with several micro-batches a mini-batch, the one before is alive through the next one's
+    # forward (its output is replaced only as that forward returns, its softmax only after
+    # the next step); with gradient accumulation the gradients live between steps
+    per_mini = ceil(rows_local / ppo.num_mini_batches / micro)
+    leftover = Term(
+        bytes=whole + response + caches.bytes + tuple_bytes if per_mini > 1 else 0,
+        formula="the micro-batch before's output (logits, KV cache, hidden states) and its softmax",
+    )
+    softmax = Term(
+        bytes=response if per_mini > 1 else 0, formula="the micro-batch before's softmax"
+    )
+
+    def before(moment: PhaseBudget, extra: Term, accumulated: Term | None) -> PhaseBudget:
+        parts = dict(moment.components)
+        if extra.bytes:
+            logits_term = parts.get(Component.LOGITS, Term(0, ""))
+            parts[Component.LOGITS] = Term(
+                bytes=logits_term.bytes + extra.bytes,
+                formula=logits_term.formula + " + " + extra.formula,
+            )
+        if accumulated is not None and accumulated.bytes:
+            parts[Component.GRADIENTS] = accumulated
+        return replace(moment, components=parts)
+
+    accumulated = (
+        Term(bytes=grads.bytes, formula=grads.formula + ", accumulated over the micro-batches")
+        if setup.grad_accum > 1
+        else None
+    )
+    phases[-1] = before(policy_forward, leftover, accumulated)
+
+    # backward: the log-probabilities' gradient (measured on CPU: two logits-sized buffers,
+    # the gradient of the whole output and of its response slice, and two response-sized
+    # ones, the gather's scattered gradient and the per-row logsumexp gradients stacked; a
+    # 16-bit row's saved log-softmax is freed as its gradient is made)
+    backward_parts = dict(train)
+    grad = 2 * whole + (2 * response if e == 4 else response)
+    backward_parts[Component.TEMPORARIES] = Term(
+        bytes=grad,
+        formula=f"2 × {e} B × {micro}×{seq}×V (the logits' gradient, and its slice's) + "
+        + ("2" if e == 4 else "1")
+        + f" × {e} B × {micro}×{r_len}×V (the log-probabilities' gradients)",
+    )
+    logprob_backward = PhaseBudget(
+        phase=Phase.BACKWARD,
+        moment="backward of the log-probabilities",
+        components=backward_parts,
+    )
+    value_kept = (
+        value_sft.phase(Phase.OPTIMIZER_STEP).components.get(Component.GRADIENTS)
+        if value_sft is not None and setup.grad_accum > 1
+        else None
+    )
+    later = _later_moments(
+        spec, policy_setup, forward, step, value_sft, models, held, train, caches, value_kept
+    )
+    moments = [before(logprob_backward, softmax, accumulated)]
+    moments += [before(m, softmax, None) for m in later]
+    phases.append(max(moments, key=lambda p: p.allocated_bytes))
+
+    # after backward the micro-batch's output is still alive: its logits, its KV cache and
+    # the hidden states `output_hidden_states` holds (the saved tensors are freed)
+    kept_hidden = Term(
+        bytes=tuple_bytes,
+        formula=f"({_blocks(spec)} + 1) × {micro}×{seq}×{spec.hidden_size} × {residual} B (the "
+        "policy's hidden states, kept by its output)",
+    )
+    step_parts = dict(held)
+    step_parts[Component.OPTIMIZER_STATES] = step_states
+    step_parts[Component.GRADIENTS] = grads
+    step_parts[Component.TEMPORARIES] = _sum_terms(
+        step.components.get(Component.TEMPORARIES),
+        value_sft.phase(Phase.OPTIMIZER_STEP).components.get(Component.TEMPORARIES)
+        if value_sft
+        else None,
+        "the policy's",
+        "the value model's",
+    )
+    step_parts[Component.LOGITS] = Term(
+        bytes=whole + kept.bytes,
+        formula=f"{e} B × {micro}×{seq}×{format_count(vocab)} (the micro-batch's logits, still "
+        "alive)" + (" + the kept rollout scores" if kept.bytes else ""),
+    )
+    step_parts[Component.ACTIVATIONS] = kept_hidden
+    if caches.bytes:
+        step_parts[Component.KV_CACHE] = caches
+    step_phase = PhaseBudget(
+        phase=Phase.OPTIMIZER_STEP, moment="inside the optimizer step", components=step_parts
+    )
+    # then the entropy, without gradient: softmax(logits) and its product with the logits
+    entropy_parts: dict[Component, Term] = {
+        k: v for k, v in step_parts.items() if k not in (Component.GRADIENTS, Component.TEMPORARIES)
+    }
+    entropy_parts[Component.TEMPORARIES] = Term(
+        bytes=2 * response,
+        formula=f"2 × {e} B × {micro}×{r_len}×V (softmax of the logits and its product with them)",
+    )
+    entropy_phase = PhaseBudget(
+        phase=Phase.OPTIMIZER_STEP,
+        moment="after the step: the entropy of the micro-batch's logits",
+        components=entropy_parts,
+    )
+    phases.append(
+        max(
+            (before(step_phase, softmax, None), before(entropy_phase, softmax, None)),
+            key=lambda p: p.allocated_bytes,
+        )
+    )
+
+    notes = list(sft.notes)
+    trainer = f"TRL {TRL_RELEASE}" if ppo.trainer == "trl" else "LLaMA-Factory stage: ppo"
+    notes.append(
+        f"ppo ({trainer}): {rows_local} queries per device per update, generated {chunk} at a "
+        f"time up to {r_len} tokens after queries of {q}; {micro} rows of {seq} tokens per "
+        "micro-batch through the policy" + (" and the value model" if models.value else "")
+    )
+    notes.append(
+        "ppo: four models: " + "; ".join(_model_lines(spec, setup, ppo, models, reference))
+    )
+    if setup.grad_ckpt and not ckpt:
+        notes.append(
+            "gradient_checkpointing: PPOTrainer (TRL 0.29.1) runs its own loop and never enables "
+            "it; the step is sized without"
+        )
+    if ppo.keep_scores:
+        notes.append(
+            "the rollout keeps every generated token's fp32 scores over the vocabulary "
+            f"({format_count(kept.bytes)} B) through the update (TRL 0.29.1 `logitss`)"
+        )
+    if ppo.trainer != "trl":
+        notes.append(
+            "LLaMA-Factory's PPO step is sized with TRL 0.29.1's phases and its own models; "
+            "not checked against a run"
+        )
+    budget = _budget(sft, phases, notes, spec, policy_setup, reference)
+    if setup.first_step or budget.first_step_allocated_peak_bytes is None:
+        return budget
+    # the first update: no optimizer states, no scores kept from an update before
+    first_budget = estimate_ppo_budget(spec, replace(setup, first_step=True), ppo, gpu)
+    return replace(budget, first_step_allocated_peak_bytes=first_budget.allocated_peak_bytes)
+
+
+def _blocks(spec: ModelSpec) -> int:
+    return sum(g.count for g in spec.blocks if g.name != "encoder")
+
+
+def _sum_terms(a: Term | None, b: Term | None, what_a: str, what_b: str) -> Term:
+    parts = [(t, w) for t, w in ((a, what_a), (b, what_b)) if t is not None and t.bytes]
+    return Term(
+        bytes=sum(t.bytes for t, _ in parts),
+        formula=" + ".join(f"{t.formula} ({w})" for t, w in parts) or "none",
+    )
+
+
+def _weights_term(
+    forward: PhaseBudget, value_sft: Budget | None, models: _Models, ppo: PpoSetup
+) -> Term:
+    policy = forward.components[Component.WEIGHTS]
+    if value_sft is None:
+        return Term(
+            bytes=policy.bytes,
+            formula=policy.formula
+            + " (the policy"
+            + (", its value head" if ppo.value == "head" else "")
+            + ")",
+        )
+    value = value_sft.phase(Phase.FORWARD).components[Component.WEIGHTS]
+    return _sum_terms(policy, value, "the policy", "the value model, trained in full")
+
+
+def _frozen_term(
+    spec: ModelSpec, setup: TrainingSetup, models: _Models, reference: Reference
+) -> Term:
+    size = setup.precision.weight_bytes
+    parts = []
+    if reference is Reference.COPY:
+        parts.append(
+            (
+                spec.total_params * size,
+                f"{format_count(spec.total_params)} params × {size} B (the frozen reference copy)",
+            )
+        )
+    if models.reward is not None:
+        parts.append(
+            (
+                models.reward.total_params * size,
+                f"{format_count(models.reward.total_params)} params × {size} B (the reward model)",
+            )
+        )
+    return Term(bytes=sum(b for b, _ in parts), formula=" + ".join(f for _, f in parts) or "none")
+
+
+def _generation_phase(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    ppo: PpoSetup,
+    held: dict[Component, Term],
+    kept: Term,
+    first: bool,
+    rows_local: int,
+    chunk: int,
+    last_chunk: int,
+    padded_rows: int,
+) -> PhaseBudget:
+    """The larger of the last chunk's last generated token and the padding of the chunks'
+    scores into one tensor."""
+    q, r_len = ppo.query_length or setup.seq, ppo.response_length
+    vocab = spec.vocab_size
+    score_row = r_len * vocab * 4
+    old = 0 if first else kept.bytes
+    parts = dict(held)
+    if not ppo.keep_scores:
+        old = 0
+    # the padding: the chunks' stacked scores, the padded copy, the update before's
+    pad = (rows_local + padded_rows) * score_row if ppo.keep_scores else 0
+    # the last chunk's scores stacked while `generate`'s output (its scores and its KV cache)
+    # is alive; without kept scores, its last generated token
+    blocks = _blocks(spec)
+    cached = max(q + r_len - 1, 1)
+    kv = kv_cache_term(
+        spec, replace(_rollout_setup(setup), batch=last_chunk, seq=cached, new_tokens=0)
+    )
+    ids = 8 * last_chunk * (q + r_len) * 2
+    before = (rows_local - last_chunk) * score_row if ppo.keep_scores else 0
+    if ppo.keep_scores:
+        own = 2 * last_chunk * score_row
+        own_text = (
+            f"2 × 4 B × {last_chunk} rows × {r_len} × {format_count(vocab)} (the chunk's scores "
+            "and their stacked copy)"
+        )
+    else:
+        one_layer = kv.bytes // max(2 * blocks, 1) if blocks else 0
+        own = one_layer + 4 * last_chunk * vocab * 3
+        own_text = "one layer's keys copied as the cache grows + 3 × 4 B × rows × V (the last "
+        "position's fp32 logits, processed scores and sampling probabilities)"
+    last = kv.bytes + ids + own + before
+    if pad >= last:
+        parts[Component.LOGITS] = Term(
+            bytes=pad + old,
+            formula=f"4 B × ({rows_local} + {padded_rows}) rows × {r_len} × "
+            f"{format_count(vocab)} (the chunks' scores and their padded copy)"
+            + (" + the update before's, still kept" if old else ""),
+        )
+        moment = "the generation scores padded into one tensor"
+    else:
+        parts[Component.KV_CACHE] = kv
+        parts[Component.LOGITS] = Term(
+            bytes=own + before + old,
+            formula=own_text
+            + (
+                f" + 4 B × {rows_local - last_chunk} rows × {r_len} × V (the chunks before's)"
+                if before
+                else ""
+            )
+            + (" + the update before's scores, still kept" if old else ""),
+        )
+        parts[Component.TEMPORARIES] = Term(bytes=ids, formula="the token ids and mask (int64)")
+        moment = (
+            f"the last chunk's ({last_chunk} queries) scores stacked, its KV cache alive"
+            if ppo.keep_scores
+            else f"last generated token of the last chunk ({last_chunk} queries)"
+        )
+    return PhaseBudget(phase=Phase.GENERATE, moment=moment, components=parts)
+
+
+def _later_moments(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    forward: PhaseBudget,
+    step: PhaseBudget,
+    value_sft: Budget | None,
+    models: _Models,
+    held: dict[Component, Term],
+    train: dict[Component, Term],
+    caches: Term,
+    value_kept: Term | None,
+) -> list[PhaseBudget]:
+    """The backward moments after the log-probabilities': the policy's (its first block, the
+    end of its backward) with the value backbone's saved tensors still waiting, then the value
+    model's with the policy's gradients complete. Autograd runs the policy's nodes first: they
+    were made after the value backbone's. The micro-batch's output (its logits, KV cache and
+    hidden states) stays alive throughout."""
+    from llmmem.budget.preference import _later_backward_moments
+
+    kept = train.get(Component.LOGITS, Term(0, ""))
+    output = Term(
+        bytes=kept.bytes + caches.bytes,
+        formula=kept.formula + " + the policy's KV cache (the micro-batch's output)",
+    )
+    value_acts = Term(0, "")
+    value_moments: list[PhaseBudget] = []
+    if value_sft is not None and models.value is not None:
+        value_forward = value_sft.phase(Phase.FORWARD)
+        value_acts = value_forward.components.get(Component.ACTIVATIONS, Term(0, ""))
+        value_setup = replace(setup, method=Method.FULL, lora=None, quant=None)
+        value_moments = _later_backward_moments(
+            models.value, value_setup, value_forward, value_sft.phase(Phase.OPTIMIZER_STEP)
+        )
+    policy_grads = step.components.get(Component.GRADIENTS, Term(0, ""))
+    out = []
+    for moment in _later_backward_moments(spec, setup, forward, step):
+        parts = dict(held)
+        for comp in (Component.GRADIENTS, Component.TEMPORARIES):
+            if comp in moment.components:
+                parts[comp] = moment.components[comp]
+        if value_kept is not None and value_kept.bytes:
+            own = parts.get(Component.GRADIENTS, Term(0, ""))
+            parts[Component.GRADIENTS] = Term(
+                bytes=own.bytes + value_kept.bytes,
+                formula=f"{own.formula} (the policy's) + {value_kept.formula} (the value "
+                "model's, accumulated)",
+            )
+        acts = moment.components.get(Component.ACTIVATIONS, Term(0, ""))
+        parts[Component.ACTIVATIONS] = Term(
+            bytes=acts.bytes + value_acts.bytes,
+            formula=(acts.formula + " + " if acts.bytes else "")
+            + "the value backbone's saved tensors (its backward comes after)",
+        )
+        parts[Component.LOGITS] = output
+        out.append(replace(moment, moment="policy: " + moment.moment, components=parts))
+    for moment in value_moments:
+        parts = dict(held)
+        grads = moment.components.get(Component.GRADIENTS, Term(0, ""))
+        parts[Component.GRADIENTS] = Term(
+            bytes=grads.bytes + policy_grads.bytes,
+            formula=f"{grads.formula} (the value model's) + {policy_grads.formula} (the "
+            "policy's, complete)",
+        )
+        for comp in (Component.ACTIVATIONS, Component.TEMPORARIES):
+            if comp in moment.components:
+                parts[comp] = moment.components[comp]
+        parts[Component.LOGITS] = output
+        out.append(replace(moment, moment="value model: " + moment.moment, components=parts))
+    return out
+
+
+def _training_caches(spec: ModelSpec, setup: TrainingSetup, rows: int, seq: int) -> Term:
+    """The wrapper calls the policy without `use_cache=False`: it builds a KV cache (fp32 under
+    autocast: the rotary output) that the micro-batch's output keeps until it is deleted. The
+    value backbone's dies with its output, inside the wrapper's forward."""
+    cache_setup = replace(_rollout_setup(setup), batch=rows, seq=seq, new_tokens=0)
+    policy = kv_cache_term(spec, cache_setup)
+    return Term(bytes=policy.bytes, formula=policy.formula + " (the policy's, never read)")
+
+
+def _model_lines(
+    spec: ModelSpec, setup: TrainingSetup, ppo: PpoSetup, models: _Models, reference: Reference
+) -> list[str]:
+    """The four models, one line each: what they are and whether they train."""
+    size = setup.precision.weight_bytes
+    policy = spec.model_id + (" (its LoRA adapter trains)" if setup.lora else " (trains in full)")
+    if models.value is None:
+        value = "a value head on the policy (hidden × 1, trains)"
+    else:
+        name = ppo.value_name or "the policy's size"
+        value = (
+            f"{name}, a sequence-classification model of "
+            f"{format_count(models.value.total_params)} params, trains in full"
+        )
+    ref = {
+        Reference.COPY: f"a frozen copy ({format_count(spec.total_params)} params × {size} B)",
+        Reference.ADAPTER: "the policy with its adapter disabled (no copy)",
+    }.get(reference, reference.value)
+    if models.reward is not None:
+        name = ppo.reward_name or "the policy's size"
+        reward = f"{name}, frozen ({format_count(models.reward.total_params)} params)"
+    elif ppo.reward == "adapter":
+        reward = "a second adapter on the policy (no copy)"
+    else:
+        reward = "a reward server (nothing on this GPU)"
+    return [f"policy {policy}", f"value model {value}", f"reference {ref}", f"reward {reward}"]
