@@ -26,6 +26,7 @@ EXPECTED: dict[str, tuple[str, str] | None] = {
     "llamafactory_dpo.yaml": ("dpo", "adapter"),
     "grpo_vllm_colocate.py": ("grpo", "none"),  # beta left at 0.0
     "verl_grpo.yaml": ("grpo", "none"),  # use_kl_loss: false
+    "ppo_lora.py": ("ppo", "adapter"),  # PPOTrainer under PEFT: the adapter disabled
     "full_finetune.py": None,
     "qlora_sft.py": None,
 }
@@ -33,6 +34,7 @@ PHASES = {
     "sft": {"forward", "backward", "optimizer_step"},
     "dpo": {"forward", "reference_forward", "backward", "optimizer_step"},
     "grpo": {"generate", "forward", "backward", "optimizer_step"},
+    "ppo": {"generate", "reference_forward", "forward", "backward", "optimizer_step"},
 }
 
 
@@ -65,7 +67,8 @@ def test_each_example_is_explained(
     assert objective["value"] == method
     assert PHASES[method] <= set(budget["phases"])
     copy = budget["components"].get("reference_model", 0)
-    assert (copy > 0) == (reference == "copy")
+    if method != "ppo":  # PPO's frozen reward model is counted there too
+        assert (copy > 0) == (reference == "copy")
 
     monkeypatch.setenv("COLUMNS", "240")  # one table row per line
     text = _explain(capsys, path)
@@ -79,3 +82,21 @@ def test_each_example_is_explained(
     }
     assert rows["method"][0] == method
     assert re.match(rf"{reference}: ", rows["reference model"][0]), rows["reference model"]
+
+
+def test_the_ppo_example_shows_its_four_models_and_phases(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "240")
+    text = _explain(capsys, EXAMPLES / "ppo_lora.py")
+    flat = " ".join(text.split())  # notes wrap
+    four = flat[flat.index("ppo: four models") :]
+    for model in (
+        "policy Qwen/Qwen2.5-1.5B-Instruct (its LoRA adapter trains)",
+        "value model the policy's size",
+        "reference the policy with its adapter disabled",
+        "reward the policy's size, frozen",
+    ):
+        assert model in four, four
+    for phase in PHASES["ppo"]:
+        assert re.search(rf"^ {phase} ", text, re.MULTILINE), phase
