@@ -488,7 +488,7 @@ def table(results: list[GridResult]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
-    # the preference and GRPO grids have their own steps and options
+    # the preference, GRPO and PPO grids have their own steps and options
     if "--preference" in args_in:
         from llmmem.verify.preference_grid import main as preference_main
 
@@ -497,6 +497,10 @@ def main(argv: list[str] | None = None) -> int:
         from llmmem.verify.grpo_grid import main as grpo_main
 
         return grpo_main([a for a in args_in if a != "--grpo"])
+    if "--ppo" in args_in:
+        from llmmem.verify.ppo_grid import main as ppo_main
+
+        return ppo_main([a for a in args_in if a != "--ppo"])
     argv = args_in
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=["small", "medium", "real"], default="small")
