@@ -1,9 +1,10 @@
-"""The preference budgets against real DPO, KTO, no-reference (ORPO-like), reward and GRPO CPU
-steps.
+"""The preference budgets against real DPO, KTO, no-reference (ORPO-like), reward, GRPO and PPO
+CPU steps.
 
     python bench/preference_grid.py [--size medium|small] [--family llama|qwen2 ...]
                                     [--objective dpo|kto|orpo|reward ...] [--shape 1x128 ...]
     python bench/preference_grid.py --grpo [--size medium|small] [--shape 32x4 ...]
+    python bench/preference_grid.py --ppo [--size medium|small] [--shape 16x32 ...]
 
 Each step is written as TRL 0.29.1 computes it (`llmmem.verify.preference_grid`): chosen and
 rejected concatenated, `selective_log_softmax` over the shifted logits, the reference forward
@@ -30,4 +31,11 @@ if __name__ == "__main__":
 
         rest = [a for a in args if a != "--grpo"]
         sys.exit(grpo_main(rest if "--size" in rest else ["--size", "medium", *rest]))
+    if "--ppo" in args:
+        # PPO (llmmem.verify.ppo_grid): generation with kept scores, the rollout's reference,
+        # value and reward forwards, the policy and value model trained together
+        from llmmem.verify.ppo_grid import main as ppo_main
+
+        rest = [a for a in args if a != "--ppo"]
+        sys.exit(ppo_main(rest if "--size" in rest else ["--size", "medium", *rest]))
     sys.exit(main(args or ["--size", "medium", "--shape", "1x128"]))
