@@ -114,3 +114,19 @@ def test_a_grpo_script_points_to_its_grid(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "llmmem.verify.grid --grpo" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_ppo_script_points_to_its_grid(tmp_path: Path) -> None:
+    script = (
+        "import torch\n"
+        "from transformers import AutoModelForCausalLM\n"
+        "from trl.experimental.ppo import PPOConfig, PPOTrainer\n"
+        'model = AutoModelForCausalLM.from_pretrained("./tiny", dtype=torch.bfloat16)\n'
+        'args = PPOConfig(output_dir="out", per_device_train_batch_size=4, response_length=16)\n'
+        "PPOTrainer(args=args, model=model, ref_model=None, reward_model=model,\n"
+        "           value_model=model, processing_class=None, train_dataset=[]).train()\n"
+    )
+    done = _verify(_project(tmp_path, script), "--simulate")
+    assert done.returncode == 2
+    assert "--ppo" in done.stderr and "PPO" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -200,10 +200,6 @@ def _block(spec: ModelSpec, rows: int, seq: int, size: int) -> int:
     return size * rows * seq * (3 * spec.intermediate_size + 4 * spec.hidden_size)
 
 
-def _model_weights(spec: ModelSpec, setup: TrainingSetup) -> int:
-    return spec.total_params * setup.precision.weight_bytes
-
-
 @dataclass(frozen=True)
 class _Models:
     policy: ModelSpec
@@ -217,12 +213,16 @@ def _models(spec: ModelSpec, ppo: PpoSetup) -> _Models:
     return _Models(spec, value, reward)
 
 
-def unseen_by_a_counter(spec: ModelSpec, setup: TrainingSetup, ppo: PpoSetup) -> dict[str, int]:
+def unseen_by_a_counter(
+    budget: Budget, spec: ModelSpec, setup: TrainingSetup, ppo: PpoSetup
+) -> dict[str, int]:
     """Of each phase's bytes, what aten allocates inside a kernel and a dispatch-level storage
-    counter does not see: fp32 logsumexp's row temporary in the rollout."""
-    e = _rollout_bytes(setup)
-    row = ppo.response_length * spec.vocab_size
-    return {Phase.REFERENCE_FORWARD.value: 4 * row if e == 4 else 0}
+    counter does not see: fp32 logsumexp's row temporary (response_length × V), where the
+    rollout's peak is the reference's log-probabilities."""
+    rollout = budget.phase(Phase.REFERENCE_FORWARD)
+    if _rollout_bytes(setup) != 4 or "logits" not in rollout.moment:
+        return {}
+    return {Phase.REFERENCE_FORWARD.value: 4 * ppo.response_length * spec.vocab_size}
 
 
 def estimate_ppo_budget(

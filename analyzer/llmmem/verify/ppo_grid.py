@@ -379,7 +379,7 @@ def predict(case: Case, size: str = "small") -> dict[str, int]:
     ppo = ppo_of(case, size)
     budget = estimate_ppo_budget(spec, setup, ppo)
     phases = {p.phase.value: p.allocated_bytes for p in budget.phases}
-    for phase, unseen in unseen_by_a_counter(spec, setup, ppo).items():
+    for phase, unseen in unseen_by_a_counter(budget, spec, setup, ppo).items():
         phases[phase] -= unseen
     return phases
 

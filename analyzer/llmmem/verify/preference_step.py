@@ -46,8 +46,8 @@ def check_preference_request(request: StepRequest) -> str | None:
     objective = request.objective or ""
     if objective not in STEP_OBJECTIVE:
         return (
-            f"{objective.upper()} steps are not verified yet (GRPO's budget is checked on the CPU "
-            "by `python -m llmmem.verify.grid --grpo`)"
+            f"{objective.upper()} steps are not verified on a plan yet (GRPO's and PPO's budgets "
+            "are checked on the CPU by `python -m llmmem.verify.grid --grpo` and `--ppo`)"
         )
     if request.world_size > 1 or request.sharding == "zero":
         return "a preference plan is verified on one device (run it with world_size=1)"
