@@ -532,6 +532,11 @@ def estimate_ppo_budget(
             "the rollout keeps every generated token's fp32 scores over the vocabulary "
             f"({format_count(kept.bytes)} B) through the update (TRL 0.29.1 `logitss`)"
         )
+    if setup.distributed.zero_stage == 3 or setup.distributed.fsdp is not None:
+        notes.append(
+            "ZeRO-3/FSDP: generation gathers the whole policy (ds3_gather_for_generation) and "
+            "the frozen models are counted whole on each device; neither is sharded here"
+        )
     if ppo.trainer != "trl":
         notes.append(
             "LLaMA-Factory's PPO step is sized with TRL 0.29.1's phases and its own models; "
