@@ -313,7 +313,10 @@ def wide_case_from_row(row: dict[str, Any]) -> CalibrationCase:
         ),
         torch_version=stack["torch"],
         transformers_version=stack["transformers"],
-        framework=Framework.HF,
+        # a training loop of its own (fsdp_qlora's train.py) is not the HF Trainer
+        framework=Framework.PLAIN
+        if "custom" in str(row.get("framework", "")).lower()
+        else Framework.HF,
     )
     trl_release = None
     if "trl" in stack and "trl" in str(row.get("framework", "")).lower():

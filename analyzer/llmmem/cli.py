@@ -88,6 +88,15 @@ def _add_estimate_parser(sub: Any) -> None:
     p.add_argument("--seq", type=_positive_int, default=None, help="tokens per sequence")
     p.add_argument("--grad-accum", type=_positive_int, default=None)
     p.add_argument("--grad-ckpt", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument(
+        "--reentrant-ckpt",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="gradient checkpointing with torch's reentrant implementation (default: the "
+        "transformers release's: reentrant up to 4.x, not from 5.0; TRL's SFTTrainer asks for "
+        "non-reentrant from 0.28); under FSDP1 with LoRA it keeps every finished block's input "
+        "gradient until backward ends",
+    )
     p.add_argument("--optim", default=None, help="HF `optim` name or optimizer class")
     p.add_argument(
         "--precision",
@@ -150,10 +159,12 @@ def _add_estimate_parser(sub: Any) -> None:
     p.add_argument("--loss", choices=["standard", "chunked", "liger"], default=None)
     p.add_argument(
         "--framework",
-        choices=["hf", "trl", "axolotl", "llamafactory", "torchtune", "litgpt"],
+        choices=["hf", "trl", "axolotl", "llamafactory", "torchtune", "litgpt", "plain"],
         default=None,
         help="the training code around the model (default hf): litgpt runs its own model code "
-        "(fused qkv, its LoRA, a chunked loss); the others run transformers' models",
+        "(fused qkv, its LoRA, a chunked loss); plain is a training loop of the script's own "
+        "around transformers' models (no HF Trainer); the others run transformers' models "
+        "under the HF Trainer",
     )
     p.add_argument(
         "--gpu", default=None, help="A100-80GB, 4090, 24GiB, ... (default: this machine's)"

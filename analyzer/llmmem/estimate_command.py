@@ -578,10 +578,11 @@ def build_setup(
             optimizer_in_backward=bool(getattr(args, "optimizer_in_backward", False)),
             packing=getattr(args, "packed", None),
             activation_offload=bool(getattr(args, "activation_offload", False)),
+            reentrant_checkpointing=getattr(args, "reentrant_ckpt", None),
             transformers_version=versions.get("transformers", TESTED_TRANSFORMERS),
-            framework=Framework.LITGPT
-            if getattr(args, "framework", None) == "litgpt"
-            else Framework.HF,
+            framework={"litgpt": Framework.LITGPT, "plain": Framework.PLAIN}.get(
+                getattr(args, "framework", None) or "hf", Framework.HF
+            ),
         )
         if "torch" in versions:
             setup = replace(setup, torch_version=versions["torch"])
@@ -603,16 +604,23 @@ def _trl_on_kbit(
     found: dict[str, Any],
     prov: dict[str, str],
 ) -> TrainingSetup:
-    """--framework trl over a k-bit base: the preparation and the adapters' dtype as the run's
-    TRL release leaves them (llmmem.budget.trl_rules), unless a flag says otherwise."""
-    if getattr(args, "framework", None) != "trl" or setup.quant is None or setup.lora is None:
-        return setup
-    if getattr(args, "kbit_prepare", None) is not None or getattr(args, "adapter_dtype", None):
+    """--framework trl: the checkpointing the run's TRL release asks for and, over a k-bit
+    base, the preparation and the adapters' dtype as it leaves them
+    (llmmem.budget.trl_rules), unless a flag says otherwise."""
+    if getattr(args, "framework", None) != "trl":
         return setup
     trl = versions.get("trl") or (found["trl"].release if "trl" in found else None)
     if trl is None:
         return setup
-    from llmmem.budget.trl_rules import sft_trainer_on_kbit
+    from llmmem.budget.trl_rules import sft_trainer_checkpointing, sft_trainer_on_kbit
+
+    setup, ckpt_note = sft_trainer_checkpointing(setup, trl)
+    if ckpt_note:
+        prov["grad_ckpt"] = ckpt_note
+    if setup.quant is None or setup.lora is None:
+        return setup
+    if getattr(args, "kbit_prepare", None) is not None or getattr(args, "adapter_dtype", None):
+        return setup
 
     sharded = setup.distributed.fsdp is not None and setup.quant.storage_shardable
     setup, note = sft_trainer_on_kbit(setup, trl, sharded=sharded)

@@ -88,6 +88,21 @@ def _trl_on_kbit(plan: TrainingPlan, analysis: Analysis) -> str | None:
     return note
 
 
+def _trl_checkpointing(plan: TrainingPlan, analysis: Analysis) -> None:
+    """TRL's SFTTrainer from 0.28 checkpoints non-reentrant unless the script says otherwise."""
+    found = analysis.versions.get("trl")
+    trainer = plan.extra.get("trainer")
+    if (
+        analysis.setup is None
+        or found is None
+        or getattr(trainer, "value", trainer) != "SFTTrainer"
+    ):
+        return
+    from llmmem.budget.trl_rules import sft_trainer_checkpointing
+
+    analysis.setup, _ = sft_trainer_checkpointing(analysis.setup, str(found.version))
+
+
 def setup_from_plan(plan: TrainingPlan, spec: ModelSpec) -> TrainingSetup:
     """The accounting core's setup for a plan; raises SetupError for an impossible plan."""
     quant = None
@@ -160,7 +175,15 @@ def setup_from_plan(plan: TrainingPlan, spec: ModelSpec) -> TrainingSetup:
         optimizer_in_backward=_extra_flag(plan, "optimizer_in_bwd"),
         packing=packing_of(plan),
         activation_offload=_offloads_activations(plan),
+        reentrant_checkpointing=_reentrant(plan),
     )
+
+
+def _reentrant(plan: TrainingPlan) -> bool | None:
+    """`gradient_checkpointing_kwargs={"use_reentrant": ...}` where the script writes it."""
+    kept = plan.extra.get("use_reentrant")
+    value = kept.value if isinstance(kept, Sourced) else kept
+    return value if isinstance(value, bool) else None
 
 
 def _offloads_activations(plan: TrainingPlan) -> bool:
@@ -325,6 +348,7 @@ def analyze(
         analysis.setup = setup_from_plan(plan, analysis.spec)
         analysis.setup = apply_to_setup(analysis.setup, analysis.versions)
         trl_note = _trl_on_kbit(plan, analysis)
+        _trl_checkpointing(plan, analysis)
         note = loaded_dtype_note(plan, analysis.spec)
         if note and analysis.setup.transformers_release < (5, 0):
             # before transformers 5, from_pretrained without dtype= loads torch's default

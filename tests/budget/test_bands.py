@@ -40,9 +40,9 @@ pytestmark = pytest.mark.skipif(
 
 BAND_EDGE = 0.12  # each end of a band within ±12% of the estimate, where the evidence allows
 WIDER = {
-    # one fsdp_qlora row reads 0.9 GiB above the estimate at 512 tokens (the same setup at 2048
-    # tokens is within 0.1%): not explained, see test_wide_calibration.OUTSIDE
-    "hf/qlora/reserved/FSDP": "one fsdp_qlora row not explained",
+    # fsdp_qlora's own loop (not the HF Trainer): one row at 512 tokens reads 0.9 GiB above the
+    # estimate, the reserved floor its FSDP1 wrap leaves (see test_wide_calibration.OUTSIDE)
+    "plain/qlora/reserved/FSDP": "fsdp_qlora's wrap leaves a reserved floor a short step does not outgrow",
 }
 LLAMA_8B = "meta-llama/Llama-3.1-8B"
 

@@ -38,16 +38,17 @@ pytestmark = pytest.mark.skipif(
     not WIDE_CALIBRATION_FILE.exists(), reason="../shared/calibration is not beside the repo"
 )
 
-MEDIAN_BOUND = 0.04  # reached: 3.7% over all 43 rows
-WITHIN_10_AT_LEAST = 39  # of 43
+MEDIAN_BOUND = 0.025  # reached: 2.0% over all 43 rows
+WITHIN_10_AT_LEAST = 40  # of 43
 ROW_BOUND = 0.12
 OUTSIDE = {
-    "fms-llama2-70b-qlora-fsdp2-bs2": "FSDP-QLoRA of a 70B reads 10 GiB low: not explained",
-    # not explained: 0.9 GiB above the estimate at 512 tokens, while the same setup at 2048
-    # tokens is within 0.1%, so the missing memory does not grow with the step's tensors. The
-    # row is a max_memory_reserved over the whole run, model loading and FSDP wrapping included,
-    # which the estimate does not model; that is where to look, not a finding.
-    "aai-l2-7b-qlora-fsdp-ctx512-bs1": "0.9 GiB that does not grow with the step: not explained",
+    # explained, not modelled: fsdp_qlora's train.py resets the peak right after the FSDP1 wrap
+    # without emptying the cache (the wrap leaves 3.72 GiB reserved against about 2 GiB
+    # allocated, its own log says), and FSDP1 all-gathers and reduce-scatters on streams of
+    # their own, whose pools cannot reuse that cache: about 4.8 GiB before the step's own
+    # tensors count. At 512 tokens the step never outgrows that floor; at 2048 it does, and
+    # the same setup is within 0.1%. The estimate is of the step, not of the script's loading.
+    "aai-l2-7b-qlora-fsdp-ctx512-bs1": "a reserved floor left by the script's FSDP1 wrap",
 }
 SKIPPED: dict[str, str] = {}  # every row is expressible
 

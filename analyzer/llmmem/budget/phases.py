@@ -39,7 +39,7 @@ from llmmem.budget.logits import LogitsMoments, logits_count, logits_hole, logit
 from llmmem.budget.optimizers import OptimizerSpec, find_optimizer
 from llmmem.budget.overheads import CachedAtLoss, overhead_terms, reserved_and_device_total
 from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
-from llmmem.budget.setup import Method, Mode, Precision, TrainingSetup
+from llmmem.budget.setup import Framework, Method, Mode, Precision, TrainingSetup
 from llmmem.budget.weights import Inventory, ParameterGroup, build_inventory
 from llmmem.models.spec import ModelSpec
 from llmmem.units import format_bytes, format_count
@@ -603,6 +603,7 @@ def estimate_budget(
                 },
             )
         )
+    retained, retained_text = _fsdp1_retained_inputs(spec, run)
     if setup.grad_ckpt or offloaded:
         backward_moments.append(
             (
@@ -619,10 +620,13 @@ def estimate_budget(
                         + extra_fwd
                         + block_gathered
                         + ddp_buckets
-                        + in_backward,
+                        + in_backward
+                        + retained,
                         formula=f"one block {'recomputed' if setup.grad_ckpt else 'brought back'}"
                         f" ({format_bytes(recompute)}) + "
-                        f"{workspace_text}" + (f" + {zero.text}" if in_backward else ""),
+                        f"{workspace_text}"
+                        + (f" + {zero.text}" if in_backward else "")
+                        + (f" + {retained_text}" if retained else ""),
                     ),
                 },
             )
@@ -825,6 +829,43 @@ def estimate_budget(
 
 
 FSDP_GRAD_BLOCKS = 2
+
+
+def _fsdp1_retained_inputs(spec: ModelSpec, setup: TrainingSetup) -> tuple[int, str]:
+    """FSDP1 keeps every finished block's checkpoint input, and the gradient checkpointing
+    gives it, until backward ends, when the blocks are FSDP units of frozen parameters only
+    and reentrant checkpointing runs outside them.
+
+    That is the HF Trainer's FSDP with a PEFT LoRA model (transformers 4.x
+    `_fsdp_qlora_plugin_updates` wraps with peft's `fsdp_auto_wrap_policy`: the adapters are
+    their own units) and transformers 4.x's reentrant `gradient_checkpointing_enable`, which
+    checkpoints the wrapped block: its recompute re-runs FSDP's pre-forward on a detached
+    input, and torch >= 2.1 FSDP1 (`_register_post_backward_reshard_only_hook`, frozen flat
+    parameter) hangs a multi-grad hook on that input, whose AccumulateGrad keeps the input and
+    the `.grad` `CheckpointFunction.backward` gives it until `_finalize_params` at the end of
+    backward. Checked on the CPU (gloo, FSDP1, torch 2.13, frozen blocks): all finished blocks'
+    inputs and their gradients alive at the first block's backward, none without FSDP, with
+    the checkpoint inside the unit, or with trainable blocks. FSDP2 (transformers 5's default)
+    is not affected; non-reentrant checkpointing (transformers 5, TRL >= 0.28) neither."""
+    if not (
+        setup.grad_ckpt
+        and setup.distributed.fsdp is not None
+        and setup.distributed.world_size > 1
+        and setup.method is not Method.FULL
+        and setup.framework is Framework.HF
+        and setup.checkpoints_reentrant
+        and setup.transformers_release < (5, 0)
+    ):
+        return 0, ""
+    blocks = sum(g.count for g in spec.blocks)
+    if blocks < 2:
+        return 0, ""
+    d = dtypes_for(setup).residual
+    retained = (blocks - 1) * d * setup.tokens * spec.hidden_size
+    return retained, (
+        f"{blocks - 1} finished blocks' input gradients kept by FSDP1's hooks "
+        f"({blocks - 1} × {d}·N·h, {format_bytes(retained)})"
+    )
 
 
 def offload_floor_text(floor_bytes: int) -> str:

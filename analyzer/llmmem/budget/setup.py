@@ -128,6 +128,10 @@ class QuantType(str, Enum):
 class Framework(str, Enum):
     HF = "hf"  # transformers models, PEFT adapters, HF Trainer / TRL loops
     LITGPT = "litgpt"  # LitGPT's own model code: fused qkv, its LoRA, chunked bf16 loss
+    # transformers models in a training loop of the script's own (no HF Trainer or
+    # accelerate): what the Trainer sets up around the model (its FSDP wrap policy for PEFT,
+    # where checkpointing wraps) is not assumed
+    PLAIN = "plain"
 
 
 class Mode(str, Enum):
@@ -339,6 +343,10 @@ class TrainingSetup:
     # budget.phases.offload_floor), so the budget is the step without it and the band reaches
     # down to the step with every saved tensor gone
     activation_offload: bool = False
+    # gradient checkpointing with torch's reentrant implementation; None: the transformers
+    # release's default (`gradient_checkpointing_enable`: reentrant up to 4.x, non-reentrant
+    # from 5.0; TRL's SFTTrainer asks for non-reentrant from 0.28)
+    reentrant_checkpointing: bool | None = None
 
     def __post_init__(self) -> None:
         _set(self, "mode", _as_enum(Mode, self.mode, "mode"))
@@ -391,6 +399,12 @@ class TrainingSetup:
     @property
     def transformers_release(self) -> tuple[int, int]:
         return release(self.transformers_version)
+
+    @property
+    def checkpoints_reentrant(self) -> bool:
+        if self.reentrant_checkpointing is not None:
+            return self.reentrant_checkpointing
+        return self.transformers_release < (5, 0)
 
     @property
     def experts_are_linears(self) -> bool:

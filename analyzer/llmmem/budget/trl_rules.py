@@ -20,6 +20,29 @@ from dataclasses import replace
 from llmmem.budget.setup import Precision, TrainingSetup, release
 
 CASTS_ADAPTERS_FROM = (0, 26)
+# `SFTTrainer.__init__` sets `gradient_checkpointing_kwargs.setdefault("use_reentrant", False)`
+# from 0.28 (checked 0.28.0 and 0.29.1; absent in 0.13.0, 0.16.0, 0.20.0-0.27.0, where
+# transformers' own default holds: reentrant up to 4.x)
+NON_REENTRANT_FROM = (0, 28)
+
+
+def sft_trainer_checkpointing(
+    setup: TrainingSetup, trl_version: str
+) -> tuple[TrainingSetup, str | None]:
+    """`setup` with the checkpointing TRL `trl_version`'s SFTTrainer asks for, where nothing
+    else said which (a script's own `use_reentrant` wins)."""
+    if not setup.grad_ckpt or setup.reentrant_checkpointing is not None:
+        return setup, None
+    try:
+        trl = release(trl_version)
+    except ValueError:
+        return setup, None
+    if trl < NON_REENTRANT_FROM:
+        return setup, None
+    return (
+        replace(setup, reentrant_checkpointing=False),
+        f"trl {trl_version} SFTTrainer: non-reentrant gradient checkpointing",
+    )
 
 
 def sft_trainer_on_kbit(

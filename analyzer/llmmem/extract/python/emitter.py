@@ -187,6 +187,11 @@ class PlanEmitter:
                 given = config.fields.get(name)
                 if isinstance(given, Known) and given.value is not None:
                     self.set_known(name, given)
+            kwargs = config.fields.get("gradient_checkpointing_kwargs")
+            if isinstance(kwargs, DictValue) and not kwargs.unread:
+                reentrant = kwargs.entries.get("use_reentrant")
+                if isinstance(reentrant, Known) and isinstance(reentrant.value, bool):
+                    self.set_known("use_reentrant", reentrant)
         if trainer is not None:
             self.builder.set(
                 "trainer",
