@@ -75,7 +75,8 @@ def _add_estimate_parser(sub: Any) -> None:
         help="what the step trains for (default sft): chosen and rejected concatenated for "
         "dpo, orpo, cpo/simpo and reward, a reference forward for dpo and kto; --batch counts "
         "pairs; grpo generates in the step (--num-generations ..., --batch counts completions); "
-        "ppo is not modelled yet",
+        "ppo generates and trains a value model beside the policy (--value-model, "
+        "--reward-model, --new-tokens as the response length, --rollout-batch)",
     )
     p.add_argument(
         "--ref-model",
@@ -149,6 +150,13 @@ def _add_estimate_parser(sub: Any) -> None:
         "layer, flash-attention none",
     )
     p.add_argument(
+        "--compile",
+        action="store_true",
+        default=None,
+        help="the model runs under torch.compile (TrainingArguments torch_compile): the "
+        "estimate is the eager step, its band reaches down to what checkpointing would keep",
+    )
+    p.add_argument(
         "--activation-offload",
         action="store_true",
         default=None,
@@ -197,7 +205,10 @@ def _add_estimate_parser(sub: Any) -> None:
     )
     p.add_argument("--mode", choices=["train", "generate"], default=None)
     p.add_argument(
-        "--new-tokens", type=_bounded_int, default=None, help="generation: tokens to generate"
+        "--new-tokens",
+        type=_bounded_int,
+        default=None,
+        help="generation: tokens to generate; --objective ppo: the response_length (default 53)",
     )
     p.add_argument(
         "--first-step",

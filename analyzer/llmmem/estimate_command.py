@@ -143,6 +143,7 @@ def add_plan_flags(parser: argparse.ArgumentParser) -> None:
     )
 
     add_grpo_flags(parser)
+    add_ppo_flags(parser)
 
 
 def _count(text: str) -> int:
@@ -245,6 +246,78 @@ def add_grpo_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="times each generation batch is trained on (default 1)",
     )
+
+
+def add_ppo_flags(parser: argparse.ArgumentParser) -> None:
+    """`--objective ppo`'s flags: the models beside the policy and PPOConfig's rollout fields
+    (TRL 0.29.1); --seq is the longest query, --new-tokens the response_length."""
+    group = parser.add_argument_group(
+        "PPO (--objective ppo; TRL 0.29.1 PPOTrainer: --seq is the longest query, --new-tokens "
+        "the response_length, default 53)"
+    )
+    group.add_argument(
+        "--value-model",
+        default=None,
+        help="the value model (a sequence-classification model, trained in full); default: "
+        "the policy's size",
+    )
+    group.add_argument(
+        "--reward-model",
+        default=None,
+        help="the frozen reward model; default: the policy's size",
+    )
+    group.add_argument(
+        "--rollout-batch",
+        type=_count,
+        default=None,
+        help="local_rollout_forward_batch_size: queries generated and scored at a time "
+        "(default 64)",
+    )
+    group.add_argument(
+        "--mini-batches",
+        type=_count,
+        default=None,
+        help="num_mini_batches (default 1); must divide --batch × --grad-accum",
+    )
+
+
+PPO_FLAGS = (
+    ("--value-model", "value_model"),
+    ("--reward-model", "reward_model"),
+    ("--rollout-batch", "rollout_batch"),
+    ("--mini-batches", "mini_batches"),
+)
+
+
+def ppo_from_args(args: argparse.Namespace, objective: str | None) -> Any:
+    """The PpoSetup the flags ask for (None unless --objective ppo); the value and reward
+    models are resolved like --model."""
+    given = [flag for flag, dest in PPO_FLAGS if getattr(args, dest, None) is not None]
+    if objective != "ppo":
+        if given:
+            raise UsageError(f"{', '.join(given)}: only with --objective ppo")
+        return None
+    from llmmem.budget.ppo import PpoSetup
+
+    values: dict[str, Any] = {}
+    for dest, name in (("value_model", "value"), ("reward_model", "reward")):
+        ref = getattr(args, dest, None)
+        if ref is not None:
+            values[dest] = resolve_spec(ref, args.offline)
+            values[f"{name}_name"] = ref
+    if getattr(args, "new_tokens", None) is not None:
+        values["response_length"] = args.new_tokens
+    if getattr(args, "rollout_batch", None) is not None:
+        values["local_rollout_forward_batch_size"] = args.rollout_batch
+    if getattr(args, "mini_batches", None) is not None:
+        values["num_mini_batches"] = args.mini_batches
+    reference = getattr(args, "ref_model", None)
+    if reference is not None:
+        values["reference"] = reference
+    try:
+        return PpoSetup(**values)
+    except SetupError as err:
+        raise UsageError(str(err)) from None
 
 
 def grpo_from_args(args: argparse.Namespace, objective: str | None) -> Any:
@@ -578,6 +651,7 @@ def build_setup(
             optimizer_in_backward=bool(getattr(args, "optimizer_in_backward", False)),
             packing=getattr(args, "packed", None),
             activation_offload=bool(getattr(args, "activation_offload", False)),
+            compile=bool(getattr(args, "compile", False)),
             reentrant_checkpointing=getattr(args, "reentrant_ckpt", None),
             transformers_version=versions.get("transformers", TESTED_TRANSFORMERS),
             framework={"litgpt": Framework.LITGPT, "plain": Framework.PLAIN}.get(
@@ -656,6 +730,8 @@ def setup_lines(
     ]
     if setup.activation_offload:
         lines.append(("activation offload", "on: the band reaches down", "flag"))
+    if setup.compile:
+        lines.append(("torch.compile", "on: the band reaches down", "flag"))
     if setup.packing is not None:
         rows, tokens = setup.attention_shape
         lines.append(
@@ -720,17 +796,20 @@ def preference_from_args(args: argparse.Namespace) -> Any:
     reference = getattr(args, "ref_model", None)
     if objective in (None, "sft"):
         grpo_from_args(args, objective)  # GRPO's flags without --objective grpo
+        ppo_from_args(args, objective)  # and PPO's without --objective ppo
         if reference is not None:
             raise UsageError("--ref-model needs a preference objective (--objective dpo or kto)")
         return None
     if objective == "simpo":
         objective = "cpo"  # TRL's CPOTrainer with loss_type simpo
     grpo = grpo_from_args(args, objective)
+    ppo = ppo_from_args(args, objective)
     try:
         return PreferenceSetup(
             objective=Objective(objective),
             reference=Reference(reference) if reference else None,
             grpo=grpo,
+            ppo=ppo,
         )
     except SetupError as err:
         raise UsageError(str(err)) from None
@@ -807,6 +886,8 @@ def run_estimate(args: argparse.Namespace) -> int:
             if grpo is not None:
                 values["seq"] = grpo.seq
                 values["grpo"] = grpo_values(grpo, setup)
+            if preference.ppo is not None:
+                values["ppo"] = ppo_values(preference.ppo, setup)
         out["setup"] = {
             "values": values,
             "provenance": prov | {"gpu": gpu_prov},
@@ -840,8 +921,48 @@ def run_estimate(args: argparse.Namespace) -> int:
             beta = "beta (flag)" if args.beta is not None else "beta (TRL default 0.0)"
             lines[2] = ("reference", reference.value, beta)
             lines[3:3] = grpo_lines(grpo, args, setup)
+        if preference.ppo is not None:
+            lines[3:3] = ppo_lines(preference.ppo, args, setup)
     render_budget(budget, spec, setup_lines=lines, extra_lines=extra)
     return 0
+
+
+def ppo_values(ppo: Any, setup: TrainingSetup) -> dict[str, Any]:
+    """PPO's part of the JSON setup: the lengths, the rollout and the models beside the policy."""
+    from llmmem.budget.ppo import local_batch
+
+    ppo = ppo.resolved(setup)
+    return {
+        "query_length": ppo.query_length,
+        "response_length": ppo.response_length,
+        "local_batch_size": local_batch(setup),
+        "local_rollout_forward_batch_size": ppo.local_rollout_forward_batch_size,
+        "num_mini_batches": ppo.num_mini_batches,
+        "value_model": ppo.value_name or "the policy's size",
+        "reward_model": ppo.reward_name or "the policy's size",
+    }
+
+
+def ppo_lines(
+    ppo: Any, args: argparse.Namespace, setup: TrainingSetup
+) -> list[tuple[str, str, str]]:
+    """The PPO rows of the setup table, each with where it came from."""
+    values = ppo_values(ppo, setup)
+
+    def source(dest: str, default: str) -> str:
+        return "flag" if getattr(args, dest, None) is not None else default
+
+    return [
+        (
+            "rollout",
+            f"{values['local_batch_size']} queries of {values['query_length']} tokens, "
+            f"{values['local_rollout_forward_batch_size']} at a time",
+            source("rollout_batch", "TRL default 64"),
+        ),
+        ("response", f"{values['response_length']} tokens", source("new_tokens", "TRL default 53")),
+        ("value model", str(values["value_model"]), source("value_model", "the policy's size")),
+        ("reward model", str(values["reward_model"]), source("reward_model", "the policy's size")),
+    ]
 
 
 def _grpo_batch_unit(grpo: Any, setup: TrainingSetup) -> int:

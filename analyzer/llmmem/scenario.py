@@ -176,6 +176,8 @@ def setup_from_plan(plan: TrainingPlan, spec: ModelSpec) -> TrainingSetup:
         packing=packing_of(plan),
         activation_offload=_offloads_activations(plan),
         reentrant_checkpointing=_reentrant(plan),
+        # TrainingArguments/axolotl `torch_compile`, torchtune `compile`
+        compile=_extra_flag(plan, "torch_compile") or _extra_flag(plan, "compile"),
     )
 
 

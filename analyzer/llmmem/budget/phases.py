@@ -292,15 +292,26 @@ def estimate_budget(
         from llmmem.budget.generation import estimate_generation
 
         return estimate_generation(spec, setup, gpu)
-    if offloaded is None and setup.activation_offload:
+    if offloaded is None and (setup.activation_offload or setup.compile):
         kept = estimate_budget(spec, setup, gpu, with_first_step=with_first_step, offloaded=False)
-        gone = estimate_budget(spec, setup, gpu, with_first_step=with_first_step, offloaded=True)
-        why = offload_floor_text(gone.device_total_bytes)
-        return replace(
-            kept,
-            band_floor=(gone.device_total_bytes, why),
-            notes=[*kept.notes, why],
-        )
+        floors: list[tuple[int, str]] = []
+        if setup.activation_offload:
+            gone = estimate_budget(
+                spec, setup, gpu, with_first_step=with_first_step, offloaded=True
+            )
+            floors.append((gone.device_total_bytes, offload_floor_text(gone.device_total_bytes)))
+        if setup.compile:
+            if setup.grad_ckpt:
+                floors.append((kept.device_total_bytes, compile_floor_text(None)))
+            else:
+                plain = replace(setup, grad_ckpt=True, compile=False, activation_offload=False)
+                least = estimate_budget(
+                    spec, plain, gpu, with_first_step=with_first_step, offloaded=False
+                ).device_total_bytes
+                floors.append((min(least, kept.device_total_bytes), compile_floor_text(least)))
+        floor = min(bytes_ for bytes_, _ in floors)
+        whys = [why for _, why in floors]
+        return replace(kept, band_floor=(floor, "; ".join(whys)), notes=[*kept.notes, *whys])
     offloaded = bool(offloaded)
     shard = sharding_for(setup)
     if shard.master_weights:
@@ -865,6 +876,21 @@ def _fsdp1_retained_inputs(spec: ModelSpec, setup: TrainingSetup) -> tuple[int, 
     return retained, (
         f"{blocks - 1} finished blocks' input gradients kept by FSDP1's hooks "
         f"({blocks - 1} × {d}·N·h, {format_bytes(retained)})"
+    )
+
+
+def compile_floor_text(floor_bytes: int | None) -> str:
+    if floor_bytes is None:
+        return (
+            "torch.compile under checkpointing: the blocks keep only their inputs either way; "
+            "the step is the eager one"
+        )
+    return (
+        f"torch.compile can take the step down to {format_bytes(floor_bytes)}: AOTAutograd's "
+        "partitioner recomputes cheap ops in backward instead of saving their outputs, so a "
+        "compiled step saves no more than the eager one and no less than checkpointing keeps; "
+        "where between depends on the graph and the torch release, which no GPU run here has "
+        "measured, so the estimate is the eager step (bench/compile_saved.py measures the CPU)"
     )
 
 

@@ -347,6 +347,10 @@ class TrainingSetup:
     # release's default (`gradient_checkpointing_enable`: reentrant up to 4.x, non-reentrant
     # from 5.0; TRL's SFTTrainer asks for non-reentrant from 0.28)
     reentrant_checkpointing: bool | None = None
+    # the model runs under torch.compile: AOTAutograd's partitioner recomputes cheap ops in
+    # backward instead of saving their outputs, so the step saves no more than eager's and no
+    # less than checkpointing would keep (see budget.phases.compile_floor_text)
+    compile: bool = False
 
     def __post_init__(self) -> None:
         _set(self, "mode", _as_enum(Mode, self.mode, "mode"))

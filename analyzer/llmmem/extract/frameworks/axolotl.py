@@ -142,6 +142,7 @@ def read_axolotl_grpo(reader: DocumentReader) -> None:
 
 def read_axolotl_checkpointing(reader: DocumentReader) -> None:
     reader.keep("activation_offloading", ("activation_offloading",))  # true | legacy | disk
+    reader.keep("torch_compile", ("torch_compile",))
     path = ("gradient_checkpointing",)
     if not reader.is_set(path):
         return

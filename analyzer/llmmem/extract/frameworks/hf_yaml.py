@@ -60,7 +60,13 @@ def read_hf(reader: DocumentReader) -> None:
             break
     reader.take(("gradient_checkpointing",), "gradient_checkpointing", as_bool)
     # TRL: samples per row, and activation offloading
-    for name in ("packing", "padding_free", "packing_strategy", "activation_offloading"):
+    for name in (
+        "packing",
+        "padding_free",
+        "packing_strategy",
+        "activation_offloading",
+        "torch_compile",
+    ):
         reader.keep(name, (name,))
     read_hf_bf16(reader)
     reader.take(("fp16",), "fp16", as_bool)

@@ -183,7 +183,13 @@ class PlanEmitter:
             self.builder.set("unsloth", True, Provenance.EXPLICIT, None)
         if config is not None and not config.unread:
             # TRL: how samples share a micro-batch (scenario turns these into the packing)
-            for name in ("packing", "padding_free", "packing_strategy", "activation_offloading"):
+            for name in (
+                "packing",
+                "padding_free",
+                "packing_strategy",
+                "activation_offloading",
+                "torch_compile",
+            ):
                 given = config.fields.get(name)
                 if isinstance(given, Known) and given.value is not None:
                     self.set_known(name, given)
