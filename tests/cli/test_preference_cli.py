@@ -224,3 +224,44 @@ def test_explain_sizes_the_grpo_example_with_generation(capsys: pytest.CaptureFi
     text = capsys.readouterr().out
     assert "generate" in text
     assert "beta = 0" in text
+
+
+PPO = ("--model", "Qwen/Qwen2.5-1.5B-Instruct", "--objective", "ppo", "--batch", "2")
+
+
+def test_ppo_takes_its_models_and_lengths_as_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    base = _json(capsys, "estimate", "--offline", *PPO, "--seq", "256")
+    assert base["setup"]["values"]["ppo"]["response_length"] == 53  # PPOConfig's default
+    smaller = _json(
+        capsys,
+        "estimate",
+        "--offline",
+        *PPO,
+        "--seq",
+        "256",
+        "--value-model",
+        "Qwen/Qwen2.5-0.5B-Instruct",
+        "--reward-model",
+        "Qwen/Qwen2.5-0.5B-Instruct",
+    )
+    ppo = smaller["setup"]["values"]["ppo"]
+    assert ppo["value_model"] == ppo["reward_model"] == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert smaller["allocated_peak_bytes"] < base["allocated_peak_bytes"]
+    longer = _json(capsys, "estimate", "--offline", *PPO, "--seq", "256", "--new-tokens", "512")
+    assert longer["setup"]["values"]["ppo"]["response_length"] == 512
+    assert longer["allocated_peak_bytes"] > base["allocated_peak_bytes"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--model", "Qwen/Qwen2.5-0.5B-Instruct", "--value-model", "x/y"), "--objective ppo"),
+        ((*PPO, "--grad-accum", "1", "--mini-batches", "3"), "num_mini_batches"),
+    ],
+)
+def test_ppo_flags_that_mean_nothing_are_refused(
+    capsys: pytest.CaptureFixture[str], flags: tuple[str, ...], message: str
+) -> None:
+    code = main(["estimate", "--offline", *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
