@@ -644,7 +644,25 @@ def _generation_phase(
         own_text = "one layer's keys copied as the cache grows + 3 × 4 B × rows × V (the last "
         "position's fp32 logits, processed scores and sampling probabilities)"
     last = kv.bytes + ids + own + before
-    if pad >= last:
+    # the last chunk's prefill: the queries' cache and one block's intermediates
+    rollout = _rollout_setup(setup)
+    prefill_cache = kv_cache_term(spec, replace(rollout, batch=last_chunk, seq=q, new_tokens=0))
+    block = _block(spec, last_chunk, q, dtypes_for(rollout).compute)
+    prefill = prefill_cache.bytes + block + before
+    if prefill > max(pad, last):
+        parts[Component.KV_CACHE] = Term(
+            bytes=prefill_cache.bytes, formula=f"the queries' cache ({q} tokens)"
+        )
+        parts[Component.ACTIVATIONS] = Term(
+            bytes=block, formula=f"N = {last_chunk}×{q}: one block's intermediates at the prefill"
+        )
+        if before + old:
+            parts[Component.LOGITS] = Term(
+                bytes=before + old,
+                formula="the chunks before's scores" + (" and the update before's" if old else ""),
+            )
+        moment = f"prefill of the last chunk ({last_chunk} queries)"
+    elif pad >= last:
         parts[Component.LOGITS] = Term(
             bytes=pad + old,
             formula=f"4 B × ({rows_local} + {padded_rows}) rows × {r_len} × "

@@ -51,7 +51,8 @@ class Case:
     response: int = 32  # response_length
     method: str = "full"
     dtype: str = "fp32"
-    value: str = "same"  # "same": the value and reward models are the policy's size; "small"
+    # "same": the value and reward models are the policy's size; "small" or "large"
+    value: str = "same"
     family: str = "llama"
 
     @property
@@ -69,6 +70,13 @@ def _config(case: Case, size: str, which: str = "policy") -> dict[str, Any]:
             hidden_size=config["hidden_size"] // 2,
             intermediate_size=config["intermediate_size"] // 2,
             num_hidden_layers=1,
+        )
+    if which != "policy" and case.value == "large":
+        # a wider, deeper critic: its backbone can outweigh the reference's logits
+        config.update(
+            hidden_size=config["hidden_size"] * 2,
+            intermediate_size=config["intermediate_size"] * 4,
+            num_hidden_layers=config["num_hidden_layers"] * 2,
         )
     return config
 
