@@ -374,13 +374,28 @@ def estimate_ppo_budget(
     train[Component.ACTIVATIONS] = _sum_terms(
         policy_acts, value_acts, "the policy's", "the value backbone's"
     )
-    whole = micro * seq * vocab * e
-    response = micro * r_len * vocab * e
-    lp = whole + (response if e != 4 else 0)
+    if ppo.trainer == "trl":
+        whole = micro * seq * vocab * e
+        response = micro * r_len * vocab * e
+        lp = whole + (response if e != 4 else 0)
+        lp_text = f"{e} B × {micro}×{seq}×{format_count(vocab)} (the policy's logits)" + (
+            f" + {e} B × {micro}×{r_len}×V (every row's log-softmax, kept)" if e != 4 else ""
+        )
+    else:
+        # TRL 0.9.6 (LLaMA-Factory 0.9.3 pins trl <= 0.9.6): the value-head wrapper upcasts
+        # the logits to fp32, batched_forward_pass copies them (torch.cat) and
+        # logprobs_from_logits keeps a whole log_softmax; read, not measured
+        e = 4
+        whole = micro * seq * vocab * 4
+        response = micro * r_len * vocab * 4
+        lp = 3 * whole
+        lp_text = (
+            f"3 × 4 B × {micro}×{seq}×{format_count(vocab)} (TRL 0.9: the logits upcast to "
+            "fp32, their torch.cat copy and the whole log-softmax)"
+        )
     logits = Term(
         bytes=lp + kept.bytes,
-        formula=f"{e} B × {micro}×{seq}×{format_count(vocab)} (the policy's logits)"
-        + (f" + {e} B × {micro}×{r_len}×V (every row's log-softmax, kept)" if e != 4 else "")
+        formula=lp_text
         + (f" + {format_count(kept.bytes)} B of kept rollout scores" if kept.bytes else ""),
     )
     train[Component.LOGITS] = logits
@@ -539,8 +554,8 @@ def estimate_ppo_budget(
         )
     if ppo.trainer != "trl":
         notes.append(
-            "LLaMA-Factory's PPO step is sized with TRL 0.29.1's phases and its own models; "
-            "not checked against a run"
+            "LLaMA-Factory's PPO step is sized with TRL 0.29.1's phases, its own models and "
+            "TRL 0.9's fp32 logits as read in its code; not checked against a run"
         )
     budget = _budget(sft, phases, notes, spec, policy_setup, reference)
     if setup.first_step or budget.first_step_allocated_peak_bytes is None:
