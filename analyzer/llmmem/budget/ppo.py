@@ -52,7 +52,10 @@ Read in TRL 0.29.1 (`trl/experimental/ppo/ppo_trainer.py`, `ppo_config.py`,
 
 LLaMA-Factory's `stage: ppo` (llamafactory 0.9.3, `llamafactory/train/ppo/trainer.py`
 `CustomPPOTrainer`, `train/trainer_utils.py` `create_ref_model`, `create_reward_model`) runs TRL
-0.9's older PPOTrainer with its own models: the value is a head on the policy
+0.9's older PPOTrainer (it pins trl <= 0.9.6; read at 0.9.6: `trl/trainer/ppo_trainer.py`
+`batched_forward_pass`, `trl/core.py` `logprobs_from_logits`, `trl/models/modeling_value_head.py`:
+the logits upcast to fp32, copied by `torch.cat` and put through a whole `log_softmax`) with its
+own models: the value is a head on the policy
 (`AutoModelForCausalLMWithValueHead`, a hidden × 1 linear: no value backbone), the reference is
 a copy in full fine-tuning and the adapter disabled under LoRA, and the reward is a separate
 frozen model (`reward_model_type: full`), a second adapter on the policy (`lora`: no copy) or a
@@ -317,16 +320,22 @@ def estimate_ppo_budget(
         spec, replace(_rollout_setup(setup), batch=chunk, seq=seq, new_tokens=0)
     )
     row_temp = r_len * vocab * (4 if e_roll == 4 else e_roll)
+    row_text = "one row's " + ("fp32 logsumexp temporary" if e_roll == 4 else "log-softmax")
+    if ppo.trainer != "trl":
+        # TRL 0.9.6's batched_forward_pass: the logits upcast to fp32 beside the model's, and
+        # a whole fp32 log_softmax
+        row_temp = 2 * 4 * chunk * seq * vocab
+        row_text = "2 × 4 B × the logits (TRL 0.9: their fp32 upcast and whole log-softmax)"
     candidates.append(
         (
             ref_hidden + ref_cache.bytes + ref_logits + row_temp,
             "the reference forward's logits: its hidden states, the whole sequence's logits "
-            "and one row's log-softmax",
+            "and their log-softmax",
             f"({_blocks(spec)} + 1) × {chunk}×{seq}×{spec.hidden_size} hidden states + "
             f"{e_roll} B × {chunk}×{seq}×{format_count(vocab)} logits + its unused KV cache ("
             + ref_cache.formula
-            + ") + one row's "
-            + ("fp32 logsumexp temporary" if e_roll == 4 else "log-softmax"),
+            + ") + "
+            + row_text,
         )
     )
     for name, model in (("value", models.value), ("reward", models.reward)):
