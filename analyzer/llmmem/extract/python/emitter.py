@@ -293,6 +293,17 @@ class PlanEmitter:
             known = settle(reference.model_id)
             if known is not None and isinstance(known.value, str):
                 self.set_known("ref_model_id", known)
+        if trainer.class_name == "PPOTrainer":
+            # the value and reward models beside the policy (TRL's PPOTrainer keywords)
+            for keyword, key in (
+                ("value_model", "value_model_id"),
+                ("reward_model", "reward_model_id"),
+            ):
+                other = trainer.args.get(keyword)
+                if isinstance(other, ModelObject):
+                    known = settle(other.model_id)
+                    if known is not None and isinstance(known.value, str):
+                        self.set_known(key, known)
 
     # -- the model ---------------------------------------------------------------------------
 
