@@ -8,13 +8,12 @@ no less than the blocks' inputs. Measured for real (inductor on the CPU, torch 2
 
 from __future__ import annotations
 
-import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
-
-from llmmem.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
@@ -27,37 +26,12 @@ def test_a_compiled_step_saves_between_checkpointing_and_eager() -> None:
     assert got["checkpointed"] < got["compiled"] <= got["eager"]
 
 
-def _estimate(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
-    code = main(
-        [
-            "estimate",
-            "--offline",
-            "--format",
-            "json",
-            "--model",
-            "meta-llama/Llama-3.1-8B",
-            "--method",
-            "lora",
-            "--batch",
-            "4",
-            "--seq",
-            "4096",
-            "--gpu",
-            "A100-80GB",
-            *args,
-        ]
-    )
-    out = capsys.readouterr().out
-    assert code == 0, out
-    return json.loads(out)
-
-
 def test_the_band_reaches_down_to_the_checkpointed_step(
-    capsys: pytest.CaptureFixture[str],
+    lora_8b_json: Callable[..., dict[str, Any]],
 ) -> None:
-    eager = _estimate(capsys)
-    compiled = _estimate(capsys, "--compile")
-    checkpointed = _estimate(capsys, "--grad-ckpt")
+    eager = lora_8b_json()
+    compiled = lora_8b_json("--compile")
+    checkpointed = lora_8b_json("--grad-ckpt")
     assert compiled["device_total_bytes"] == eager["device_total_bytes"]
     assert compiled["band_high_bytes"] == eager["band_high_bytes"]
     low_ratio = eager["band_low_bytes"] / eager["device_total_bytes"]
@@ -66,9 +40,11 @@ def test_the_band_reaches_down_to_the_checkpointed_step(
     assert "torch.compile" in compiled["band_basis"]
 
 
-def test_under_checkpointing_compile_moves_nothing(capsys: pytest.CaptureFixture[str]) -> None:
-    plain = _estimate(capsys, "--grad-ckpt")
-    compiled = _estimate(capsys, "--grad-ckpt", "--compile")
+def test_under_checkpointing_compile_moves_nothing(
+    lora_8b_json: Callable[..., dict[str, Any]],
+) -> None:
+    plain = lora_8b_json("--grad-ckpt")
+    compiled = lora_8b_json("--grad-ckpt", "--compile")
     assert compiled["band_low_bytes"] == plain["band_low_bytes"]
     assert compiled["device_total_bytes"] == plain["device_total_bytes"]
 

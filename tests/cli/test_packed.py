@@ -8,8 +8,9 @@ nothing, and each framework's spelling of packing reaches the estimate.
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,50 +21,36 @@ from llmmem.scenario import packing_of
 QWEN_LAYERS = 24  # Qwen2.5-0.5B
 
 
-def _peak(capsys: pytest.CaptureFixture[str], *args: str) -> int:
-    code = main(
-        [
-            "estimate",
-            "--offline",
-            "--format",
-            "json",
-            "--model",
-            "Qwen/Qwen2.5-0.5B",
-            "--method",
-            "lora",
-            "--batch",
-            "4",
-            "--seq",
-            "4096",
-            *args,
-        ]
-    )
-    out = capsys.readouterr().out
-    assert code == 0, out
-    return int(json.loads(out)["allocated_peak_bytes"])
+QWEN_LORA = ("--model", "Qwen/Qwen2.5-0.5B", "--method", "lora", "--batch", "4", "--seq", "4096")
+
+
+def _peak(estimate_json: Callable[..., dict[str, Any]], *args: str) -> int:
+    return int(estimate_json(*QWEN_LORA, *args)["allocated_peak_bytes"])
 
 
 def test_a_flat_packed_batch_under_sdpa_keeps_a_mask_per_layer(
-    capsys: pytest.CaptureFixture[str],
+    estimate_json: Callable[..., dict[str, Any]],
 ) -> None:
-    unpacked = _peak(capsys)
-    flat = _peak(capsys, "--packed", "flat")
+    unpacked = _peak(estimate_json)
+    flat = _peak(estimate_json, "--packed", "flat")
     tokens = 4 * 4096
     # bf16 additive mask of tokens² per layer, and the boolean one once
     mask = QWEN_LAYERS * tokens * tokens * 2 + tokens * tokens
     assert flat - unpacked == pytest.approx(mask, rel=0.03)
 
 
-def test_rows_of_packed_samples_keep_a_mask_per_row(capsys: pytest.CaptureFixture[str]) -> None:
-    unpacked = _peak(capsys)
-    rows = _peak(capsys, "--packed", "rows")
+def test_rows_of_packed_samples_keep_a_mask_per_row(
+    estimate_json: Callable[..., dict[str, Any]],
+) -> None:
+    unpacked = _peak(estimate_json)
+    rows = _peak(estimate_json, "--packed", "rows")
     mask = QWEN_LAYERS * 4 * 4096 * 4096 * 2 + 4 * 4096 * 4096
     assert rows - unpacked == pytest.approx(mask, rel=0.03)
 
 
-def test_flash_attention_packs_for_free(capsys: pytest.CaptureFixture[str]) -> None:
+def test_flash_attention_packs_for_free(estimate_json: Callable[..., dict[str, Any]]) -> None:
     flash = ("--attn", "flash_attention_2")
-    assert _peak(capsys, *flash, "--packed", "flat") == _peak(capsys, *flash)
+    assert _peak(estimate_json, *flash, "--packed", "flat") == _peak(estimate_json, *flash)
 
 
 def test_the_text_report_says_how_attention_sees_the_batch(

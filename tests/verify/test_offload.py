@@ -11,14 +11,14 @@ offloading, which is what the band says a real run does.
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from llmmem.budget.phases import estimate_budget
-from llmmem.cli import main
 from llmmem.extract import extract_plan
 from llmmem.models.architectures import spec_from_config
 from llmmem.models.spec import ModelSource
@@ -73,36 +73,11 @@ def test_trl_rules_fall_between_the_floor_and_the_step_without_offloading(
     assert 0.95 * floor <= got <= 1.05 * kept, (floor, got, kept)
 
 
-def _estimate(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
-    code = main(
-        [
-            "estimate",
-            "--offline",
-            "--format",
-            "json",
-            "--model",
-            "meta-llama/Llama-3.1-8B",
-            "--method",
-            "lora",
-            "--batch",
-            "4",
-            "--seq",
-            "4096",
-            "--gpu",
-            "A100-80GB",
-            *args,
-        ]
-    )
-    out = capsys.readouterr().out
-    assert code == 0, out
-    return json.loads(out)
-
-
 def test_the_estimate_keeps_its_number_and_the_band_reaches_down(
-    capsys: pytest.CaptureFixture[str],
+    lora_8b_json: Callable[..., dict[str, Any]],
 ) -> None:
-    plain = _estimate(capsys)
-    offload = _estimate(capsys, "--activation-offload")
+    plain = lora_8b_json()
+    offload = lora_8b_json("--activation-offload")
     assert offload["device_total_bytes"] == plain["device_total_bytes"]
     assert offload["band_high_bytes"] == plain["band_high_bytes"]
     # without checkpointing, 4 × 4096 tokens of Llama-3.1-8B save far more than the rest
