@@ -372,3 +372,14 @@ def split_module_names(value: object) -> list[str] | None:
     if names in (["all"], ["all_linear"]):
         return ["all-linear"]
     return names
+
+
+# TrainingArguments/SFTConfig switches kept in `plan.extra` as written, for llmmem.scenario to
+# read: how samples share a micro-batch (TRL), activation offloading, torch.compile
+KEPT_TRAINING_SWITCHES = (
+    "packing",
+    "padding_free",
+    "packing_strategy",
+    "activation_offloading",
+    "torch_compile",
+)

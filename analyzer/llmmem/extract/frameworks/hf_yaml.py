@@ -22,6 +22,7 @@ from llmmem.extract.frameworks.common import (
 )
 from llmmem.extract.frameworks.deepspeed import read_deepspeed_reference
 from llmmem.extract.frameworks.spelling import KeyWrite, Spelling, halve
+from llmmem.extract.vocabulary import KEPT_TRAINING_SWITCHES
 from llmmem.extract.yaml_positions import KeyPath
 
 # keys only TRL's parsers (SFTConfig, DPOConfig, ModelConfig) know: the builder then defaults
@@ -59,14 +60,7 @@ def read_hf(reader: DocumentReader) -> None:
         if reader.take((key,), "max_seq_length", as_int) is not None:
             break
     reader.take(("gradient_checkpointing",), "gradient_checkpointing", as_bool)
-    # TRL: samples per row, and activation offloading
-    for name in (
-        "packing",
-        "padding_free",
-        "packing_strategy",
-        "activation_offloading",
-        "torch_compile",
-    ):
+    for name in KEPT_TRAINING_SWITCHES:
         reader.keep(name, (name,))
     read_hf_bf16(reader)
     reader.take(("fp16",), "fp16", as_bool)

@@ -31,6 +31,7 @@ from llmmem.extract.python.values import (
     settle,
 )
 from llmmem.extract.vocabulary import (
+    KEPT_TRAINING_SWITCHES,
     TRAINER_CLASSES,
     TRL_CONFIG_CLASSES,
     TRL_TRAINER_CLASSES,
@@ -183,13 +184,7 @@ class PlanEmitter:
             self.builder.set("unsloth", True, Provenance.EXPLICIT, None)
         if config is not None and not config.unread:
             # TRL: how samples share a micro-batch (scenario turns these into the packing)
-            for name in (
-                "packing",
-                "padding_free",
-                "packing_strategy",
-                "activation_offloading",
-                "torch_compile",
-            ):
+            for name in KEPT_TRAINING_SWITCHES:
                 given = config.fields.get(name)
                 if isinstance(given, Known) and given.value is not None:
                     self.set_known(name, given)
