@@ -55,6 +55,9 @@ CASES = [
     Case(2, 32, 0.0, dtype="bf16"),
     Case(2, 64, 0.04, dtype="bf16"),
     Case(4, 32, 0.0, dtype="bf16", grad_ckpt=True),
+    # bf16 weights without accelerate's mixed precision (bf16=False): 16-bit logits
+    Case(2, 32, 0.04, dtype="bf16-true", mixed=False),
+    Case(2, 64, 0.04, dtype="bf16-true", family="qwen2"),
 ]
 
 
@@ -201,3 +204,18 @@ def test_the_preference_entry_point_sizes_grpo() -> None:
         budget.allocated_peak_bytes
         == estimate_grpo_budget(_spec(), _setup(case), _grpo(case)).allocated_peak_bytes
     )
+
+
+def test_mixed_precision_divides_fp32_logits() -> None:
+    """GRPOConfig's default bf16=True: accelerate returns fp32 logits, and the division by the
+    temperature copies them in fp32; with bf16=False over bf16 weights both stay 16-bit."""
+    case = Case(2, 64, 0.04, dtype="bf16-true")
+    spec, setup = _spec(case), _setup(case)
+    on = estimate_grpo_budget(spec, setup, _grpo(case))
+    off = estimate_grpo_budget(spec, setup, replace(_grpo(case), mixed_precision=False))
+    logits = on.phase(Phase.FORWARD).components[Component.LOGITS].bytes
+    rows, c, vocab = case.batch, case.completion, spec.vocab_size
+    # fp32 logits of C + 1 positions and their fp32 copy divided by the temperature
+    assert logits >= 4 * rows * (c + 1) * vocab + 4 * rows * c * vocab
+    assert logits > off.phase(Phase.FORWARD).components[Component.LOGITS].bytes
+    assert on.allocated_peak_bytes > off.allocated_peak_bytes

@@ -43,6 +43,9 @@ CASES = [
     Case(batch=2, grad_accum=2, method="lora", value="small"),
     Case(batch=4, chunk=2, prompt=32, response=16),
     Case(family="qwen2", method="lora", dtype="bf16-true"),
+    # bf16 weights with bf16=False: no fp32 outputs
+    Case(dtype="bf16-true", mixed=False),
+    Case(family="qwen2", dtype="bf16"),
     # a value model larger than the policy (its backbone is the rollout's peak), and long
     # queries with short responses (the generation's peak is the prefill)
     Case(value="large", prompt=64, response=8, method="lora"),

@@ -59,6 +59,7 @@ from llmmem.budget.preference import (
     _later_backward_moments,
     _replace_logits,
     _with,
+    fp32_outputs,
 )
 from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
 from llmmem.budget.setup import Method, Mode, SetupError, TrainingSetup
@@ -86,6 +87,9 @@ class GrpoSetup:
     vllm_importance_sampling_correction: bool = True
     steps_per_generation: int | None = None  # None: gradient_accumulation_steps
     num_iterations: int = 1
+    # accelerate's mixed precision (bf16=True): the prepared policy's (and reference's)
+    # logits come back in fp32; None: llmmem.budget.preference.fp32_outputs's default
+    mixed_precision: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_generations", "max_prompt_length", "max_completion_length"):
@@ -175,12 +179,14 @@ def grpo_log_probs(spec: ModelSpec, setup: TrainingSetup, grpo: GrpoSetup) -> Gr
     """`_get_per_token_logps_and_entropies` on `per_device_train_batch_size` rows.
 
     L⁺ = rows × (C + 1) × V logits come out of the model in the compute dtype e (called
-    without labels); L = rows × C × V is `logits / temperature`, a copy. While the copy is made
+    without labels), or in fp32 under accelerate's mixed precision (its
+    `convert_outputs_to_fp32` on the prepared model: the division and the log-probabilities
+    then work on fp32); L = rows × C × V is `logits / temperature`, a copy. While the copy is made
     both are alive; the model's logits then die (nothing saves them). `selective_log_softmax`
     keeps, for autograd, the divided logits themselves (fp32: per-row logsumexp) or every
     row's log-softmax (16-bit), and `entropy_from_logits` holds three 128-row × V tensors at
     once. Backward takes what preference training's log-probabilities take over L."""
-    e = dtypes_for(setup).compute
+    e = 4 if fp32_outputs(grpo.mixed_precision, setup) else dtypes_for(setup).compute
     vocab = spec.vocab_size
     rows = setup.batch
     c = grpo.max_completion_length

@@ -45,10 +45,11 @@ Read in TRL 0.29.1 (`trl/experimental/ppo/ppo_trainer.py`, `ppo_config.py`,
      several micro-batches per mini-batch the one before is alive through the next's forward.
   The peaks repeat across epochs and mini-batches: one of each is the step's.
 - `PPOConfig(gradient_checkpointing=True)` is not applied: PPOTrainer runs its own loop and
-  never calls `gradient_checkpointing_enable`. Under mixed precision (`bf16=True` over fp32
-  weights) the accelerator's autocast wraps the prepared wrapper only: generation and the
-  rollout forwards (the unwrapped policy, the reference, the value and the reward models) run in
-  the weights' dtype.
+  never calls `gradient_checkpointing_enable`. Under mixed precision (`bf16=True`, PPOConfig's
+  default) the accelerator wraps the prepared wrapper only, in autocast and in
+  `convert_outputs_to_fp32` (accelerate 1.15.0): the training forward's logits come back in
+  fp32, and 16-bit hidden states as fp32 copies; generation and the rollout forwards (the
+  unwrapped policy, the reference, the value and the reward models) run in the weights' dtype.
 
 LLaMA-Factory's `stage: ppo` (llamafactory 0.9.3, `llamafactory/train/ppo/trainer.py`
 `CustomPPOTrainer`, `train/trainer_utils.py` `create_ref_model`, `create_reward_model`) runs TRL
@@ -72,7 +73,7 @@ from math import ceil
 from llmmem.budget.activations import dtypes_for
 from llmmem.budget.generation import kv_cache_term
 from llmmem.budget.phases import estimate_budget
-from llmmem.budget.preference import Reference, _budget, reward_spec
+from llmmem.budget.preference import Reference, _budget, fp32_outputs, reward_spec
 from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
 from llmmem.budget.setup import Method, Mode, Precision, SetupError, TrainingSetup
 from llmmem.models.spec import ModelSpec
@@ -100,6 +101,9 @@ class PpoSetup:
     num_ppo_epochs: int = 4
     num_mini_batches: int = 1
     keep_scores: bool = True  # TRL 0.29.1 keeps the rollout's generation scores
+    # accelerate's mixed precision (bf16=True): the prepared wrapper's outputs come back in
+    # fp32; None: llmmem.budget.preference.fp32_outputs's default
+    mixed_precision: bool | None = None
     trainer: str = "trl"  # "trl" or "llamafactory"
     # what the notes call the value and reward models (a hub id, "the policy's size")
     value_name: str = ""
@@ -383,6 +387,24 @@ def estimate_ppo_budget(
     train[Component.ACTIVATIONS] = _sum_terms(
         policy_acts, value_acts, "the policy's", "the value backbone's"
     )
+    # accelerate's mixed precision converts the prepared wrapper's outputs to fp32: the
+    # policy's logits, and its 16-bit hidden states (`output_hidden_states=True`) as copies
+    # beside the ones autograd keeps; the rollout's unwrapped models are not converted
+    out32 = ppo.trainer == "trl" and fp32_outputs(ppo.mixed_precision, policy_setup)
+    hidden_copies = _hidden_states(spec, micro, seq, 4) if out32 and residual != 4 else 0
+    if hidden_copies:
+        acts = train[Component.ACTIVATIONS]
+        train[Component.ACTIVATIONS] = Term(
+            bytes=acts.bytes + hidden_copies,
+            formula=acts.formula
+            + f" + ({_blocks(spec)} + 1) × {micro}×{seq}×{spec.hidden_size} × 4 B (the "
+            "output's hidden states, converted to fp32)",
+        )
+    compute = e
+    # the model's 16-bit logits, alive beside their fp32 copy while the output is converted
+    converted = micro * seq * vocab * compute if out32 and compute != 4 else 0
+    if out32:
+        e = 4
     if ppo.trainer == "trl":
         whole = micro * seq * vocab * e
         response = micro * r_len * vocab * e
@@ -390,6 +412,15 @@ def estimate_ppo_budget(
         lp_text = f"{e} B × {micro}×{seq}×{format_count(vocab)} (the policy's logits)" + (
             f" + {e} B × {micro}×{r_len}×V (every row's log-softmax, kept)" if e != 4 else ""
         )
+        if converted:
+            # the conversion builds a new output: the model's 16-bit logits stay alive, held
+            # by the old one, until every tensor in it is converted; the fp32 path keeps
+            # nothing logits-sized after that (the slice is a view, divided in place)
+            lp += converted
+            lp_text = (
+                f"4 B + {compute} B × {micro}×{seq}×{format_count(vocab)} (the policy's "
+                "logits converted to fp32, beside the 16-bit ones until the conversion ends)"
+            )
     else:
         # TRL 0.9.6 (LLaMA-Factory 0.9.3 pins trl <= 0.9.6): the value-head wrapper upcasts
         # the logits to fp32, batched_forward_pass copies them (torch.cat) and
@@ -426,7 +457,7 @@ def estimate_ppo_budget(
         "the policy's",
         "the value model's",
     )
-    tuple_bytes = _hidden_states(spec, micro, seq, residual)
+    tuple_bytes = hidden_copies or _hidden_states(spec, micro, seq, residual)
     # with several micro-batches a mini-batch, the one before is alive through the next one's
     # forward (its output is replaced only as that forward returns, its softmax only after
     # the next step); with gradient accumulation the gradients live between steps
@@ -463,6 +494,12 @@ def estimate_ppo_budget(
     # ones, the gather's scattered gradient and the per-row logsumexp gradients stacked; a
     # 16-bit row's saved log-softmax is freed as its gradient is made)
     backward_parts = dict(train)
+    if converted:
+        # the 16-bit logits died as the conversion ended
+        backward_parts[Component.LOGITS] = Term(
+            bytes=logits.bytes - converted,
+            formula=logits.formula + f" − the 16-bit logits ({format_count(converted)} B)",
+        )
     grad = 2 * whole + (2 * response if e == 4 else response)
     backward_parts[Component.TEMPORARIES] = Term(
         bytes=grad,
@@ -491,8 +528,8 @@ def estimate_ppo_budget(
     # the hidden states `output_hidden_states` holds (the saved tensors are freed)
     kept_hidden = Term(
         bytes=tuple_bytes,
-        formula=f"({_blocks(spec)} + 1) × {micro}×{seq}×{spec.hidden_size} × {residual} B (the "
-        "policy's hidden states, kept by its output)",
+        formula=f"({_blocks(spec)} + 1) × {micro}×{seq}×{spec.hidden_size} × "
+        f"{4 if hidden_copies else residual} B (the policy's hidden states, kept by its output)",
     )
     step_parts = dict(held)
     step_parts[Component.OPTIMIZER_STATES] = step_states
@@ -543,6 +580,11 @@ def estimate_ppo_budget(
         f"time up to {r_len} tokens after queries of {q}; {micro} rows of {seq} tokens per "
         "micro-batch through the policy" + (" and the value model" if models.value else "")
     )
+    if out32:
+        notes.append(
+            "mixed precision: accelerate returns the training forward's logits in fp32 "
+            "(convert_outputs_to_fp32), 4 B per logit"
+        )
     notes.append(
         "ppo: four models: " + "; ".join(_model_lines(spec, setup, ppo, models, reference))
     )

@@ -8,8 +8,9 @@ code (trl 0.29.1: `trl/trainer/dpo_trainer.py` `DPOTrainer._compute_loss` and
 
 - chosen and rejected are concatenated into one batch: 2 × micro-batch sequences go through the
   policy, each `max_length` long at most (prompt and completion, truncated by the collator);
-- the model is called without labels, so the logits come back in the compute dtype (no fp32
-  upcast); `logits[..., :-1, :].contiguous()` makes a shifted copy, and `selective_log_softmax`
+- the model is called without labels, so no loss upcasts the logits; they come back in the
+  compute dtype, or in fp32 under accelerate's mixed precision (see below);
+  `logits[..., :-1, :].contiguous()` makes a shifted copy, and `selective_log_softmax`
   takes the label's log-probability row by row (fp32 logits: gather and a per-row logsumexp;
   16-bit logits: a per-row `log_softmax`, whose output autograd keeps);
 - the reference forward runs inside the same loss call, after the policy's forward, under
@@ -21,6 +22,18 @@ code (trl 0.29.1: `trl/trainer/dpo_trainer.py` `DPOTrainer._compute_loss` and
   completion pairs) whose log-probabilities are taken without gradient, by the policy and by the
   reference; a reward model is a sequence-classification model (`num_labels=1`): a score head of
   hidden × num_labels instead of the vocabulary head, and no vocabulary logits.
+
+Accelerate's mixed precision (`bf16=True` or `fp16=True` in the config, TRL's default `bf16=True`
+unless `fp16`) wraps the forward of every model the accelerator prepares in
+`convert_outputs_to_fp32` (accelerate 1.15.0, `Accelerator.prepare_model` when `native_amp`;
+`utils/operations.py` `convert_to_fp32`), whatever the weights' dtype: the 16-bit logits come
+back as an fp32 copy (the 16-bit ones die with the model's output, nothing saves them). TRL
+prepares the reference copy the same way (`accelerator.prepare_model(ref_model,
+evaluation_mode=True)`), except under DeepSpeed and FSDP (`prepare_deepspeed`, `prepare_fsdp`:
+its forward is left as it is); the adapter-disabled reference is the prepared policy itself.
+Under DeepSpeed accelerate turns `native_amp` off: no model's outputs are converted. A causal
+LM's SFT step is not changed the same way: its loss upcasts the logits to fp32 inside the
+forward anyway, and the output's fp32 copy is made after that loss's own copy is freed.
 
 TRL 1.x replaced the full logits by a fused, tiled LM head (`add_fused_lm_head` in
 trl/trainer/utils.py at 1.16.0): the logits are never whole there. This module follows the 0.x
@@ -81,6 +94,10 @@ class PreferenceSetup:
     objective: Objective = Objective.DPO
     reference: Reference | None = None  # None: what TRL does for the objective and the method
     num_labels: int = 1  # reward models: TRL requires 1
+    # accelerate's mixed precision (bf16=True / fp16=True): the prepared models return fp32
+    # outputs. None: on for 16-bit compute (TRL's configs default to bf16=True), off under
+    # DeepSpeed; see `fp32_outputs`
+    mixed_precision: bool | None = None
     # GRPO: a llmmem.budget.grpo.GrpoSetup (None: GRPOConfig's defaults)
     grpo: Any = None
     # PPO: a llmmem.budget.ppo.PpoSetup (None: PPOConfig's defaults, every model the policy's size)
@@ -95,6 +112,30 @@ class PreferenceSetup:
             raise SetupError(str(err)) from None
         if self.num_labels < 1:
             raise SetupError(f"num_labels must be at least 1, got {self.num_labels}")
+
+
+def fp32_outputs(mixed_precision: bool | None, setup: TrainingSetup) -> bool:
+    """Whether the trainer's prepared models hand back fp32 outputs (logits) from a 16-bit
+    compute: accelerate's `convert_outputs_to_fp32`, applied by `prepare_model` when its
+    `native_amp` is on, i.e. `mixed_precision` bf16/fp16 outside DeepSpeed (accelerate 1.15.0
+    `Accelerator.__init__`). Autocast over fp32 weights is that mixed precision; with 16-bit
+    weights it is on when the config says `bf16=True` (TRL's configs' default), so None means
+    on. fp32 compute has nothing to convert."""
+    if dtypes_for(setup).compute == 4:
+        return False
+    if setup.distributed.zero_stage:
+        return False
+    return True if mixed_precision is None else bool(mixed_precision)
+
+
+def reference_fp32_outputs(
+    mixed_precision: bool | None, setup: TrainingSetup, reference: Reference
+) -> bool:
+    """The same for the reference's outputs: a copy goes through `prepare_fsdp` under FSDP
+    (not `prepare_model`: no conversion); the adapter-disabled policy is the prepared policy."""
+    if reference is Reference.COPY and setup.distributed.fsdp is not None:
+        return False
+    return fp32_outputs(mixed_precision, setup)
 
 
 def reference_for(pref: PreferenceSetup, setup: TrainingSetup) -> Reference:
@@ -140,26 +181,37 @@ class LogProbMoments:
     formula_backward: str
 
 
-def log_prob_moments(spec: ModelSpec, setup: TrainingSetup, sequences: int) -> LogProbMoments:
+def log_prob_moments(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    sequences: int,
+    fp32: bool = False,
+    reference_fp32: bool | None = None,
+) -> LogProbMoments:
     """`selective_log_softmax` over `sequences` rows of `setup.seq` tokens (trl 0.29.1,
     trl/trainer/utils.py), measured on CPU in tests/budget/test_preference.py.
 
     L = rows × s × V logits in the compute dtype e (the model is called without labels: no
-    fp32 upcast); L' = rows × (s − 1) × V for the shifted copy. At the end of the loss call the
+    loss upcasts them), or in fp32 when `fp32` (accelerate's mixed precision converts the
+    prepared model's outputs; `reference_fp32` the same for the reference's, default `fp32`);
+    L' = rows × (s − 1) × V for the shifted copy. At the end of the loss call the
     logits (held by the output), the shifted copy and, for 16-bit logits, the per-row
     log-softmax autograd keeps are alive. In backward fp32 logits peak at four L'-sized fp32
     tensors (the saved copy, the gather's scattered gradient, the per-row logsumexp gradients
     accumulated into one buffer, and the next row's); 16-bit ones at two (the saved
     log-softmax and the gradient buffer)."""
-    e = dtypes_for(setup).compute
+    compute = dtypes_for(setup).compute
+    e = 4 if fp32 else compute
+    r = 4 if (fp32 if reference_fp32 is None else reference_fp32) else compute
     vocab = spec.vocab_size
     whole = sequences * setup.seq * vocab
     shifted = sequences * max(setup.seq - 1, 0) * vocab
     row = max(setup.seq - 1, 0) * vocab
     count = f"L = {sequences}×{setup.seq}×{format_count(vocab)}"
+    converted = " (accelerate's fp32 outputs)" if compute != 4 else ""
     if e == 4:
         forward = 4 * whole + 4 * shifted
-        forward_text = f"4 B × {count} (fp32 logits) + 4 B × L' (the shifted copy, kept)"
+        forward_text = f"4 B × {count} (fp32 logits{converted}) + 4 B × L' (the shifted copy, kept)"
         backward = 16 * shifted
         backward_text = (
             "16 B × L' (the saved shifted copy, the gather's gradient, the logsumexp "
@@ -176,15 +228,15 @@ def log_prob_moments(spec: ModelSpec, setup: TrainingSetup, sequences: int) -> L
     # one row at a time: fp32 logsumexp makes a row-sized temporary inside the kernel
     # (aten's logsumexp: `(self - maxes).exp_()` before the sum); a 16-bit row's log_softmax
     # is its own output
-    row_bytes = 4 * row if e == 4 else e * row
-    reference = e * whole + e * shifted + row_bytes
-    reference_text = f"{e} B × L (the reference's logits) + {e} B × L' (their shifted copy) + " + (
-        "one row's logsumexp temporary" if e == 4 else "one row's log-softmax"
+    row_bytes = 4 * row if r == 4 else r * row
+    reference = r * whole + r * shifted + row_bytes
+    reference_text = f"{r} B × L (the reference's logits) + {r} B × L' (their shifted copy) + " + (
+        "one row's logsumexp temporary" if r == 4 else "one row's log-softmax"
     )
     return LogProbMoments(
         forward,
         reference,
-        row_bytes if e == 4 else 0,
+        row_bytes if r == 4 else 0,
         backward,
         forward_text,
         reference_text,
@@ -226,18 +278,21 @@ def estimate_preference_budget(
     if pref.objective is Objective.GRPO:
         from llmmem.budget.grpo import GrpoSetup, estimate_grpo_budget
 
-        return estimate_grpo_budget(spec, setup, pref.grpo or GrpoSetup(), gpu)
+        grpo = pref.grpo or GrpoSetup()
+        if pref.mixed_precision is not None and grpo.mixed_precision is None:
+            grpo = replace(grpo, mixed_precision=pref.mixed_precision)
+        return estimate_grpo_budget(spec, setup, grpo, gpu)
     if pref.objective is Objective.PPO:
         from llmmem.budget.ppo import PpoSetup, estimate_ppo_budget
 
         ppo = pref.ppo or PpoSetup()
         if pref.reference is not None and ppo.reference is None:
             ppo = replace(ppo, reference=pref.reference)
+        if pref.mixed_precision is not None and ppo.mixed_precision is None:
+            ppo = replace(ppo, mixed_precision=pref.mixed_precision)
         return estimate_ppo_budget(spec, setup, ppo, gpu)
     if pref.objective not in MODELLED:
-        raise SetupError(
-            f"the memory of a {pref.objective.value.upper()} step is not modelled yet"
-        )
+        raise SetupError(f"the memory of a {pref.objective.value.upper()} step is not modelled yet")
     reference = reference_for(pref, setup)
     rows = sequences_per_step(pref, setup)
     # TRL calls the model with use_cache=False: no unused KV cache during training
@@ -282,7 +337,19 @@ def estimate_preference_budget(
         budget = _budget(sft, phases, notes, policy_spec, policy_setup, reference)
         return _with_first_step(budget, spec, setup, pref, gpu)
 
-    lp = log_prob_moments(spec, policy_setup, rows)
+    fp32 = fp32_outputs(pref.mixed_precision, setup)
+    lp = log_prob_moments(
+        spec,
+        policy_setup,
+        rows,
+        fp32,
+        reference_fp32_outputs(pref.mixed_precision, setup, reference),
+    )
+    if fp32:
+        notes.append(
+            "mixed precision: accelerate returns the prepared models' logits in fp32 "
+            "(convert_outputs_to_fp32), 4 B per logit"
+        )
     policy_forward = _replace_logits(
         forward,
         "end of the policy's forward: per-token log-probabilities taken",
@@ -336,7 +403,7 @@ def _reference_phase(
     policy without gradient, one after the other."""
     parts = dict(policy_forward.components)
     logits = parts.get(Component.LOGITS)
-    e = dtypes_for(setup).compute
+    e = 4 if fp32_outputs(pref.mixed_precision, setup) else dtypes_for(setup).compute
     if pref.objective is Objective.KTO and e != 4 and logits is not None:
         # KTO's `forward` returns before the reference runs: the policy's 16-bit logits die
         # with it (the per-row log_softmax keeps only its output; fp32 logits stay, kept by

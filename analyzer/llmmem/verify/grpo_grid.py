@@ -19,8 +19,11 @@ following the trainer's code (trl/trainer/grpo_trainer.py at 0.29.1):
   log-probabilities, the k3 KL term when `beta != 0`, summed over the completion tokens;
 - backward and an AdamW step.
 
-The cases run in fp32, in bf16 and under bf16 autocast over fp32 weights (accelerate's mixed
-precision: the models' forward wrapped in autocast, generation's steps included). A warm-up
+The cases run in fp32, in bf16 and under bf16 autocast over fp32 weights. Under accelerate's mixed
+precision (bf16 autocast, and bf16 weights unless a case's `mixed` is False: GRPOConfig's default
+`bf16=True`) each model's forward is wrapped as `Accelerator.prepare_model` wraps it, in autocast
+and in accelerate's own `convert_outputs_to_fp32` (the reference's too; generation's steps
+included): the logits come back in fp32. A warm-up
 step makes the optimizer states; the second is measured with StorageTracker, one peak per
 phase. The no-gradient pass's budget counts one row's fp32 logsumexp temporary that aten makes
 inside the kernel (a GPU allocates it, a dispatch-level counter cannot see it): it is left out
@@ -43,7 +46,14 @@ from llmmem.budget.result import Phase
 from llmmem.budget.setup import LoraSetup, Method, Precision, TrainingSetup
 from llmmem.models.architectures import spec_from_config
 from llmmem.models.spec import ModelSource
-from llmmem.verify.preference_grid import CONFIGS, SMALL, print_grid, selective_log_softmax
+from llmmem.verify.preference_grid import (
+    CONFIGS,
+    SMALL,
+    mixed_precision,
+    prepared_forward,
+    print_grid,
+    selective_log_softmax,
+)
 from llmmem.verify.tracker import StorageTracker
 
 PROMPT = 16
@@ -59,12 +69,14 @@ class Case:
     dtype: str = "fp32"
     grad_ckpt: bool = False
     family: str = "llama"
+    mixed: bool | None = None  # accelerate's mixed precision; None: on for bf16 and bf16-true
 
     @property
     def id(self) -> str:
         parts = [self.family] if self.family != "llama" else []
         parts += [f"g{self.generations}", f"c{self.completion}", f"b{self.batch}"]
         parts += [f"beta{self.beta:g}", self.method, self.dtype]
+        parts += ["no-amp"] if self.mixed is False else []
         return "-".join(parts + (["ckpt"] if self.grad_ckpt else []))
 
 
@@ -98,6 +110,7 @@ def _grpo(case: Case) -> GrpoSetup:
         max_prompt_length=PROMPT,
         max_completion_length=case.completion,
         beta=case.beta,
+        mixed_precision=case.mixed,
     )
 
 
@@ -144,11 +157,12 @@ def measure(case: Case, size: str = "small") -> dict[str, int]:
     ref = None
     if case.beta and case.method == "full":
         ref = copy.deepcopy(model).eval().requires_grad_(False)
-    if case.dtype == "bf16":
-        # mixed precision: accelerate wraps each prepared model's forward in autocast (the
-        # reference's too); generate calls that forward, the loss runs outside it
+    if mixed_precision(case):
+        # mixed precision: accelerate wraps each prepared model's forward in autocast and
+        # converts its outputs to fp32 (the reference's too); generate calls that forward,
+        # the loss runs outside it
         for wrapped in [model] + ([ref] if ref is not None else []):
-            wrapped.forward = torch.autocast("cpu", dtype=torch.bfloat16)(wrapped.forward)
+            wrapped.forward = prepared_forward(wrapped)
     if case.grad_ckpt:
         model.gradient_checkpointing_enable()
     if case.method == "lora":

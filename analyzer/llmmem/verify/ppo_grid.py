@@ -22,7 +22,10 @@ built from a config, each part following the trainer's code:
 Every response runs to `response_length` (no stop token: the longest case). A warm-up update
 makes the optimizer states and leaves its rollout scores alive, as TRL's loop does; the second
 update is measured with StorageTracker, one peak per phase. The cases run in fp32 and in bf16
-(weights and compute); one PPO epoch and one mini-batch (the peaks repeat across them).
+(weights and compute); one PPO epoch and one mini-batch (the peaks repeat across them). Under
+accelerate's mixed precision (bf16 autocast, and bf16 weights unless a case's `mixed` is False:
+PPOConfig's default `bf16=True`) the prepared wrapper's forward runs in autocast and through
+accelerate's own `convert_outputs_to_fp32`: its logits and hidden states come back in fp32.
 """
 
 from __future__ import annotations
@@ -36,7 +39,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from llmmem.verify.preference_grid import CONFIGS, SMALL, print_grid, selective_log_softmax
+from llmmem.verify.preference_grid import (
+    CONFIGS,
+    SMALL,
+    mixed_precision,
+    prepared_forward,
+    print_grid,
+    selective_log_softmax,
+)
 from llmmem.verify.tracker import StorageTracker
 
 TEMPERATURE = 0.7 + 1e-7  # PPOConfig.temperature's default, as `train` passes it
@@ -54,10 +64,14 @@ class Case:
     # "same": the value and reward models are the policy's size; "small" or "large"
     value: str = "same"
     family: str = "llama"
+    # accelerate's mixed precision (PPOConfig's default bf16=True); None: on for bf16 and
+    # bf16-true
+    mixed: bool | None = None
 
     @property
     def id(self) -> str:
         parts = [self.family, self.method, self.dtype, f"b{self.batch}x{self.grad_accum}"]
+        parts += ["no-amp"] if self.mixed is False else []
         parts += [f"r{self.chunk}", f"q{self.prompt}", f"R{self.response}"]
         return "-".join(parts + ([f"value-{self.value}"] if self.value != "same" else []))
 
@@ -117,6 +131,7 @@ def ppo_of(case: Case, size: str = "small") -> Any:
         query_length=case.prompt,
         response_length=case.response,
         local_rollout_forward_batch_size=case.chunk,
+        mixed_precision=case.mixed,
     )
 
 
@@ -224,10 +239,11 @@ def measure(case: Case, size: str = "small") -> dict[str, int]:
     policy, value, ref, reward = _models(case, size)
     model = _PolicyAndValue(policy, value)
     model.train()
-    if case.dtype == "bf16":
-        # mixed precision: accelerate wraps the prepared wrapper's forward in autocast; the
-        # unwrapped policy's generation and the rollout forwards run outside it
-        model.forward = torch.autocast("cpu", dtype=torch.bfloat16)(model.forward)  # type: ignore[method-assign]
+    if mixed_precision(case):
+        # mixed precision: accelerate wraps the prepared wrapper's forward in autocast and
+        # converts its outputs to fp32; the unwrapped policy's generation and the rollout
+        # forwards run outside it
+        model.forward = prepared_forward(model)  # type: ignore[method-assign]
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=1e-5, foreach=True
     )

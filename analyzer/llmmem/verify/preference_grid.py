@@ -12,8 +12,12 @@ policy's own chosen and rejected log-probabilities. A reward step is TRL's
 `-logsigmoid(chosen - rejected)`. A KTO step is TRL 0.29.1's
 (trl/experimental/kto/kto_trainer.py): unpaired examples, the KL batch's log-probabilities without
 gradient before the completions', the logits' index_select copies returned, the reference's the
-same way. Under mixed precision the forwards run under autocast (accelerate wraps the prepared
-models' forward, the reference's too) and the log-probabilities outside it.
+same way. Under mixed precision (accelerate's `mixed_precision="bf16"`, which TrainingArguments'
+`bf16=True` turns on, TRL's default) the forwards run as `Accelerator.prepare_model` leaves them:
+under autocast and wrapped in accelerate's own `convert_outputs_to_fp32`, so the logits come back
+in fp32 (the policy's, the adapter-disabled policy's and the reference copy's: TRL prepares it
+too); the log-probabilities run outside it. A `bf16-true` case is under mixed precision unless
+its `mixed` is False (`bf16=False` over bf16 weights).
 
 `measure(case)` runs a warm-up step (it makes the optimizer states) and a measured one under the
 project's StorageTracker and returns the peak of each phase: the policy's forward, the reference
@@ -83,10 +87,15 @@ class Case:
     reference: str | None = None  # None: TRL's default (a copy, or the adapter disabled)
     batch: int = 2  # pairs per micro-batch
     seq: int = 64
+    # accelerate's mixed precision (bf16=True); None: on for bf16 and bf16-true, as TRL's
+    # configs default
+    mixed: bool | None = None
 
     @property
     def id(self) -> str:
         parts = [self.family, self.objective, self.method, self.dtype, f"b{self.batch}s{self.seq}"]
+        if self.mixed is False:
+            parts.append("no-amp")
         if self.grad_ckpt:
             parts.append("ckpt")
         if self.reference:
@@ -172,12 +181,12 @@ class _Step:
         return ids, completion
 
     def forward(self, model: Any, ids: torch.Tensor) -> Any:
-        """The model's forward, under autocast for mixed precision (accelerate wraps the
-        prepared models' forward, the reference's too; the loss runs outside it)."""
-        if self.case.dtype != "bf16":
+        """The model's forward as the prepared model runs it: under mixed precision in
+        autocast, its outputs converted to fp32 by accelerate's `convert_outputs_to_fp32`
+        (the reference's too; the loss runs outside it)."""
+        if not mixed_precision(self.case):
             return model(input_ids=ids, use_cache=False)
-        with torch.autocast(self.device_type, dtype=torch.bfloat16):
-            return model(input_ids=ids, use_cache=False)
+        return prepared_forward(model, self.device_type)(input_ids=ids, use_cache=False)
 
     def log_probs(self, model: Any, ids: torch.Tensor, completion: torch.Tensor) -> Any:
         outputs = self.forward(model, ids)
@@ -267,6 +276,23 @@ class _Step:
         loss = torch.cat((chosen_losses, rejected_losses), 0).mean()
         tracker.marks["reference_forward"] = tracker.peak
         return loss
+
+
+def mixed_precision(case: Any) -> bool:
+    """Whether the case runs under accelerate's mixed precision: bf16 autocast over fp32
+    weights always; bf16 weights unless `mixed` is False."""
+    dtype = getattr(case, "dtype", "fp32")
+    if dtype == "bf16":
+        return True
+    return dtype == "bf16-true" and getattr(case, "mixed", None) is not False
+
+
+def prepared_forward(model: Any, device_type: str = "cpu") -> Callable[..., Any]:
+    """The forward `Accelerator.prepare_model` gives a model under bf16 mixed precision:
+    autocast, then accelerate's `convert_outputs_to_fp32` around it."""
+    from accelerate.utils import convert_outputs_to_fp32
+
+    return convert_outputs_to_fp32(torch.autocast(device_type, dtype=torch.bfloat16)(model.forward))
 
 
 class _Tracker(StorageTracker):
@@ -376,6 +402,7 @@ def predict(case: Case, size: str = "small") -> dict[str, int]:
         PreferenceSetup,
         Reference,
         estimate_preference_budget,
+        fp32_outputs,
         log_prob_moments,
     )
     from llmmem.budget.result import Phase
@@ -383,12 +410,15 @@ def predict(case: Case, size: str = "small") -> dict[str, int]:
     spec = spec_of(case, size)
     setup = setup_of(case)
     reference = Reference(case.reference) if case.reference else None
-    pref = PreferenceSetup(objective=Objective(case.objective), reference=reference)
+    pref = PreferenceSetup(
+        objective=Objective(case.objective), reference=reference, mixed_precision=case.mixed
+    )
     budget = estimate_preference_budget(spec, setup, pref)
     phases = {p.phase.value: p.allocated_bytes for p in budget.phases}
     if Phase.REFERENCE_FORWARD.value in phases:
         rows = 2 * case.batch
-        inside = log_prob_moments(spec, replace(setup, batch=rows), rows).inside_kernel
+        fp32 = fp32_outputs(case.mixed, setup)
+        inside = log_prob_moments(spec, replace(setup, batch=rows), rows, fp32).inside_kernel
         phases[Phase.REFERENCE_FORWARD.value] -= inside
     return phases
 

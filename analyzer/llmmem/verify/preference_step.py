@@ -7,7 +7,9 @@ The loss code is `llmmem.verify.preference_grid`'s (chosen and rejected concaten
 batch); here it runs on the model the plan builds (its config, dtype, LoRA, checkpointing,
 optimizer), counted by the storage tracker, on the CPU or simulated. Each phase the budget names
 is measured: forward, the reference forward, backward and the optimizer step; and the run's
-allocations are replayed through the caching allocator for a reserved peak.
+allocations are replayed through the caching allocator for a reserved peak. In bf16 (weights or
+autocast) the models' forwards run as accelerate's mixed precision prepares them, their outputs
+converted to fp32 by accelerate's `convert_outputs_to_fp32`.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ class _Shape:
     batch: int
     seq: int
     grad_ckpt: bool
+    # accelerate's mixed precision (bf16=True): None, as the plan's budget takes it, is on
+    # for bf16 weights and bf16 autocast (the logits come back in fp32)
+    mixed: bool | None = None
 
 
 def check_preference_request(request: StepRequest) -> str | None:
@@ -89,6 +94,7 @@ def run_preference_step(request: StepRequest, result: StepMeasurement) -> None:
         batch=request.batch,
         seq=request.seq,
         grad_ckpt=request.grad_ckpt,
+        mixed=getattr(request, "mixed_precision", None),
     )
     if request.precision not in ("fp32", "bf16", "bf16-true"):
         raise runner.VerifyError(
