@@ -1,0 +1,182 @@
+"""One case of bench/trl_trainers.py, run inside the environment that has TRL.
+
+TRL's own trainer (DPOTrainer, RewardTrainer, trl.experimental's ORPOTrainer and KTOTrainer)
+trains a model built from a config for two steps on the CPU under llmmem's StorageTracker; the
+peak of allocated bytes of the second step (from `on_step_begin` to `on_step_end`: its forward,
+backward and optimizer step) is printed as JSON, with the function TRL was in when it was
+reached. The tokens are words of a word-level tokenizer, so every pair is exactly the asked
+length: a prompt of half the tokens, a completion of the rest less the end-of-sequence token.
+
+    python bench/trl_step.py '{"objective": "dpo", "method": "full", "batch": 2, "seq": 64,
+                               "config": {...}}'
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import traceback
+import warnings
+from typing import Any
+
+warnings.filterwarnings("ignore")
+
+import torch  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    PreTrainedTokenizerFast,
+    TrainerCallback,
+)
+
+from llmmem.verify.tracker import StorageTracker  # noqa: E402
+
+
+class PeakTracker(StorageTracker):
+    """The tracker, remembering where the step's peak was reached."""
+
+    where = ""
+    armed = False
+
+    def _note_peak(self) -> None:
+        before = self.peak
+        super()._note_peak()
+        if self.armed and self.peak > before:
+            frames = [f for f in traceback.extract_stack() if "/trl/" in f.filename]
+            self.where = f"{frames[-1].name} (trl {frames[-1].lineno})" if frames else ""
+
+
+def word(i: int) -> str:
+    """The i-th word: letters only (a word-level tokenizer keeps it whole)."""
+    return "w" + "".join(chr(97 + (i // 26**k) % 26) for k in range(3))
+
+
+def tokenizer_for(vocab: int) -> Any:
+    words = {word(i): i for i in range(vocab)}
+    tok = Tokenizer(models.WordLevel(vocab=words, unk_token=word(1)))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=word(0), eos_token=word(2), unk_token=word(1)
+    )
+
+
+def dataset_for(objective: str, vocab: int, seq: int, rows: int = 8) -> Any:
+    prompt = seq // 2
+    completion = seq - prompt - 1  # the end-of-sequence token TRL appends
+
+    def words(n: int, start: int) -> str:  # a space after each: text appended stays apart
+        return "".join(word(3 + (start + i) % (vocab - 3)) + " " for i in range(n))
+
+    prompts = [words(prompt, i) for i in range(rows)]
+    if objective == "kto":
+        return Dataset.from_dict(
+            {
+                "prompt": prompts,
+                "completion": [words(completion, 7 * i) for i in range(rows)],
+                "label": [i % 2 == 0 for i in range(rows)],
+            }
+        )
+    return Dataset.from_dict(
+        {
+            "prompt": prompts,
+            "chosen": [words(completion, 7 * i) for i in range(rows)],
+            "rejected": [words(completion, 11 * i) for i in range(rows)],
+        }
+    )
+
+
+def trainer_classes(objective: str) -> tuple[Any, Any]:
+    if objective == "dpo":
+        from trl import DPOConfig, DPOTrainer
+
+        return DPOConfig, DPOTrainer
+    if objective == "reward":
+        from trl import RewardConfig, RewardTrainer
+
+        return RewardConfig, RewardTrainer
+    if objective == "orpo":
+        from trl.experimental.orpo import ORPOConfig, ORPOTrainer
+
+        return ORPOConfig, ORPOTrainer
+    if objective == "kto":
+        from trl.experimental.kto import KTOConfig, KTOTrainer
+
+        return KTOConfig, KTOTrainer
+    raise SystemExit(f"unknown objective {objective!r}")
+
+
+def run(case: dict[str, Any]) -> dict[str, Any]:
+    objective, seq = case["objective"], int(case["seq"])
+    config = dict(case["config"])
+    config.pop("architectures", None)
+    vocab = int(config["vocab_size"])
+    hf = AutoConfig.for_model(**config)
+    cls = AutoModelForCausalLM
+    if objective == "reward":
+        hf.num_labels = 1
+        cls = AutoModelForSequenceClassification
+    torch.manual_seed(0)
+    folder = tempfile.mkdtemp()
+    cls.from_config(hf).save_pretrained(folder)  # TRL loads its reference from the model's path
+    peft_config = None
+    if case["method"] == "lora":
+        from peft import LoraConfig
+
+        task = "SEQ_CLS" if objective == "reward" else "CAUSAL_LM"
+        peft_config = LoraConfig(
+            r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type=task
+        )
+    tracker = PeakTracker()
+    peaks: list[int] = []
+
+    class Peak(TrainerCallback):
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            # weights loaded from a file are memory-mapped, not made by an op: count them
+            models = [kw.get("model"), getattr(trainer, "ref_model", None)]
+            for module in models:
+                if module is not None:
+                    for tensor in list(module.parameters()) + list(module.buffers()):
+                        tracker.track(tensor, "weights")
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            tracker.reset_peak("activations")
+            tracker.armed = state.global_step == 1
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            peaks.append(tracker.peak)
+
+    config_class, trainer_class = trainer_classes(objective)
+    args = config_class(
+        output_dir=tempfile.mkdtemp(),
+        per_device_train_batch_size=int(case["batch"]),
+        max_steps=2,
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        optim="adamw_torch",
+        dataloader_num_workers=0,
+        max_length=seq,
+        remove_unused_columns=False,
+    )
+    with tracker:
+        model = cls.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
+        trainer = trainer_class(
+            model=model,
+            args=args,
+            train_dataset=dataset_for(objective, vocab, seq),
+            processing_class=tokenizer_for(vocab),
+            peft_config=peft_config,
+            callbacks=[Peak()],
+        )
+        trainer.train()
+    return {"peak": peaks[-1], "where": tracker.where}
+
+
+if __name__ == "__main__":
+    print(json.dumps(run(json.loads(sys.argv[1]))))
