@@ -79,6 +79,14 @@ def _add_estimate_parser(sub: Any) -> None:
         "--reward-model, --new-tokens as the response length, --rollout-batch)",
     )
     p.add_argument(
+        "--mixed-precision",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="preference, grpo and ppo objectives: the trainer's bf16=True/fp16=True "
+        "(accelerate's mixed precision hands the logits back in fp32); default on for "
+        "--precision bf16/fp16 and bf16-true (TRL's configs set bf16=True), off under DeepSpeed",
+    )
+    p.add_argument(
         "--ref-model",
         choices=["copy", "adapter", "precomputed"],
         default=None,

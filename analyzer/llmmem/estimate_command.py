@@ -794,11 +794,17 @@ def preference_from_args(args: argparse.Namespace) -> Any:
             raise UsageError(f"--method {args.method} and --objective {objective} disagree")
         objective, args.method = args.method, "full"
     reference = getattr(args, "ref_model", None)
+    mixed = getattr(args, "mixed_precision", None)
     if objective in (None, "sft"):
         grpo_from_args(args, objective)  # GRPO's flags without --objective grpo
         ppo_from_args(args, objective)  # and PPO's without --objective ppo
         if reference is not None:
             raise UsageError("--ref-model needs a preference objective (--objective dpo or kto)")
+        if mixed is not None:
+            raise UsageError(
+                "--mixed-precision needs a preference objective: an SFT step's loss upcasts "
+                "the logits to fp32 either way"
+            )
         return None
     if objective == "simpo":
         objective = "cpo"  # TRL's CPOTrainer with loss_type simpo
@@ -810,6 +816,7 @@ def preference_from_args(args: argparse.Namespace) -> Any:
             reference=Reference(reference) if reference else None,
             grpo=grpo,
             ppo=ppo,
+            mixed_precision=mixed,
         )
     except SetupError as err:
         raise UsageError(str(err)) from None

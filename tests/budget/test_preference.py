@@ -179,3 +179,36 @@ def test_lora_over_bf16_weights_under_mixed_precision_is_overestimated() -> None
     for phase, got in measured.items():
         error = (predicted[phase] - got) / got
         assert -TOLERANCE <= error <= 0.10, f"{phase}: {error:+.1%}"
+
+
+def test_sft_step_is_unchanged_by_the_fp32_outputs() -> None:
+    """An SFT step calls the model with labels: the loss upcasts the logits to fp32 inside the
+    forward, and accelerate's fp32 copy of the output's logits is made after that copy is
+    freed, so the step's peak is the same with and without the wrapper (the SFT budget is not
+    changed by mixed precision)."""
+    import torch
+    import transformers
+
+    from llmmem.verify.preference_grid import prepared_forward
+    from llmmem.verify.tracker import StorageTracker
+
+    config = dict(SMALL["qwen2"])
+    config.pop("architectures")
+    peaks = []
+    for wrapped in (False, True):
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(
+            transformers.AutoConfig.for_model(**config),
+            dtype=torch.bfloat16,
+            attn_implementation="sdpa",
+        ).train()
+        forward = prepared_forward(model) if wrapped else model.forward
+        tracker = StorageTracker()
+        with tracker:
+            for weight in model.parameters():
+                tracker.track(weight, "weights")
+            ids = torch.randint(3, config["vocab_size"], (2, 64))
+            loss = forward(input_ids=ids, labels=ids, use_cache=False).loss
+            loss.backward()
+            peaks.append(tracker.peak)
+    assert peaks[0] == peaks[1]
