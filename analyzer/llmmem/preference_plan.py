@@ -47,6 +47,44 @@ def reference_of(plan: TrainingPlan) -> tuple[Reference | None, str]:
     return None, ""
 
 
+def mixed_precision_of(plan: TrainingPlan) -> bool | None:
+    """Whether the plan's trainer runs under accelerate's mixed precision (`bf16=True` or
+    `fp16=True`), which hands the prepared models' logits back in fp32. Autocast precisions
+    are that flag; a `bf16`/`fp16` flag the plan keeps says it for 16-bit weights; None where
+    the plan does not say (the budget takes TRL's configs' default, `bf16=True`)."""
+    flags = [_kept(plan, key) for key in ("bf16", "fp16") if key in plan.extra]
+    if any(_truthy(flag) for flag in flags if flag is not None):
+        return True
+    if str(plan.precision.value) in ("bf16", "fp16"):
+        return True
+    if flags and all(flag is not None for flag in flags):
+        return False
+    return None
+
+
+# OpenRLHF's critic-free estimators whose advantage needs several completions a prompt
+# (cli/train_ppo_ray.py at 0.11.0: "requires n_samples_per_prompt > 1"); `reinforce`
+# (REINFORCE++) runs with one
+OPENRLHF_GROUP_ESTIMATORS = frozenset({"rloo", "reinforce_baseline", "group_norm", "dr_grpo"})
+
+
+def openrlhf_reference(plan: TrainingPlan) -> dict[str, Any]:
+    """How OpenRLHF loads its reference copy (0.11.0: `Actor(..., param_dtype=...)` with
+    `strategy.get_ds_eval_config(offload=...)`): in `--param_dtype` (bf16 or fp16, 2 bytes),
+    ZeRO-3 partitioned when the training runs ZeRO-3 (stage 0 otherwise), on the CPU with
+    `--ref_offload` under ZeRO-3. Empty for other frameworks (TRL's defaults)."""
+    if plan.framework != "openrlhf":
+        return {}
+    stage = plan.distributed.zero_stage.value
+    zero3 = isinstance(stage, int) and stage == 3
+    offload = _truthy(_kept(plan, "ref_offload")) or _truthy(_kept(plan, "ref_reward_offload"))
+    return {
+        "reference_bytes": 2,
+        "reference_sharded": zero3,
+        "reference_offloaded": zero3 and offload,
+    }
+
+
 # GRPOConfig's fields (TRL 0.29.1) the GRPO budget reads, as a plan keeps them
 GRPO_KEYS: dict[str, str] = {
     "num_generations": "num_generations",
@@ -86,6 +124,13 @@ def grpo_setup(plan: TrainingPlan) -> Any:
     if _truthy(_kept(plan, "use_vllm")):
         mode = str(_kept(plan, "vllm_mode") or "server").strip().lower()
         values["vllm"] = mode
+    if plan.framework == "openrlhf":
+        estimator = str(_kept(plan, "advantage_estimator") or "").strip().lower()
+        values["group_baseline"] = estimator in OPENRLHF_GROUP_ESTIMATORS
+        if _kept(plan, "ref_model_id"):
+            # OpenRLHF loads the reference as a model of its own, under LoRA too
+            values["reference_copy"] = True
+            values.update(openrlhf_reference(plan))
     return GrpoSetup(**values)  # SetupError for values TRL refuses too
 
 
@@ -199,11 +244,17 @@ def preference_setup(plan: TrainingPlan) -> PreferenceSetup | None:
     if objective is None:
         return None
     reference, _ = reference_of(plan)
+    mixed = mixed_precision_of(plan)
     if objective is Objective.GRPO:
-        return PreferenceSetup(objective=objective, grpo=grpo_setup(plan))
+        return PreferenceSetup(objective=objective, grpo=grpo_setup(plan), mixed_precision=mixed)
     if objective is Objective.PPO:
-        return PreferenceSetup(objective=objective, ppo=ppo_setup(plan))
-    return PreferenceSetup(objective=objective, reference=reference)
+        return PreferenceSetup(objective=objective, ppo=ppo_setup(plan), mixed_precision=mixed)
+    return PreferenceSetup(
+        objective=objective,
+        reference=reference,
+        mixed_precision=mixed,
+        **openrlhf_reference(plan),
+    )
 
 
 REFERENCE_TEXT = {
@@ -251,14 +302,26 @@ def reference_row(plan: TrainingPlan, method: Any) -> Sourced[str] | None:
             with_reference = False
         full = str(getattr(method, "value", method)) == "full"
         default = " (TRL 0.29.1's default)" if source is Provenance.DEFAULT else ""
+        # a framework's own reading of its KL coefficient (OpenRLHF: where the reference
+        # runs) says more than TRL's default does
+        said = kept.note if isinstance(kept, Sourced) and plan.framework != "trl" else ""
+        if said:
+            default = ""
+        separate = plan.framework == "openrlhf" and bool(_kept(plan, "ref_model_id"))
         if not with_reference:
             reference = Reference.NONE
-            why = "beta = 0" + default
+            why = "beta = 0" + default + (f": {said}" if said else "")
         else:
-            reference = Reference.COPY if full else Reference.ADAPTER
+            reference = Reference.COPY if full or separate else Reference.ADAPTER
             why = f"beta = {beta}{default}: " + (
-                "a second model" if full else "the adapter disabled"
+                _note_of(plan, "ref_model_id")
+                if separate
+                else "a second model"
+                if full
+                else "the adapter disabled"
             )
+            if said:
+                why += f"; {said}"
         return Sourced(
             value=f"{reference.value}: {REFERENCE_TEXT[reference]}",
             source=source,
@@ -297,12 +360,28 @@ def reference_row(plan: TrainingPlan, method: Any) -> Sourced[str] | None:
         source = Provenance.DEFAULT
     else:
         source = Provenance.EXPLICIT
+    where = plan.trainer_range
+    decided = plan.extra.get(
+        "precompute_ref_log_probs" if reference is Reference.PRECOMPUTED else "ref_model_id"
+    )
+    if reference in (Reference.COPY, Reference.PRECOMPUTED) and isinstance(decided, Sourced):
+        # where the file (or the framework's default) decided it, as the plan kept it
+        source, where = decided.source, decided.range or plan.trainer_range
+        if decided.note:
+            why = decided.note
     return Sourced(
         value=f"{reference.value}: {REFERENCE_TEXT[reference]}",
         source=source,
-        range=plan.trainer_range,
+        range=where,
         note=why,
     )
+
+
+def _note_of(plan: TrainingPlan, key: str) -> str:
+    kept = plan.extra.get(key)
+    if isinstance(kept, Sourced) and kept.note:
+        return kept.note
+    return f"{key} {_kept(plan, key)}"
 
 
 def trl_release_note(versions: dict[str, Any]) -> str | None:

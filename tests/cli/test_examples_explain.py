@@ -93,9 +93,10 @@ def test_the_ppo_example_shows_its_four_models_and_phases(
     four = flat[flat.index("ppo: four models") :]
     for model in (
         "policy Qwen/Qwen2.5-1.5B-Instruct (its LoRA adapter trains)",
-        "value model the policy's size",
+        # the script loads both from reward_path: named and sized from it
+        "value model Qwen/Qwen2.5-1.5B-Instruct, a sequence-classification model",
         "reference the policy with its adapter disabled",
-        "reward the policy's size, frozen",
+        "reward Qwen/Qwen2.5-1.5B-Instruct, frozen",
     ):
         assert model in four, four
     for phase in PHASES["ppo"]:

@@ -60,6 +60,7 @@ from llmmem.budget.preference import (
     _replace_logits,
     _with,
     fp32_outputs,
+    reference_copy_term,
 )
 from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
 from llmmem.budget.setup import Method, Mode, SetupError, TrainingSetup
@@ -90,13 +91,24 @@ class GrpoSetup:
     # accelerate's mixed precision (bf16=True): the prepared policy's (and reference's)
     # logits come back in fp32; None: llmmem.budget.preference.fp32_outputs's default
     mixed_precision: bool | None = None
+    # whether the advantage compares a prompt's completions with each other (GRPO; OpenRLHF's
+    # rloo, reinforce_baseline, group_norm, dr_grpo): then num_generations must be 2 or more.
+    # OpenRLHF's REINFORCE++ (`reinforce`) runs with one completion a prompt
+    group_baseline: bool = True
+    # the reference with beta != 0: a separate frozen copy under LoRA too (OpenRLHF loads its
+    # own reference model; TRL disables the adapter), its bytes per weight (None: the
+    # policy's), partitioned under ZeRO-3 or offloaded to the CPU
+    reference_copy: bool = False
+    reference_bytes: int | None = None
+    reference_sharded: bool = False
+    reference_offloaded: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_generations", "max_prompt_length", "max_completion_length"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SetupError(f"{name} must be a whole number of at least 1, got {value!r}")
-        if self.num_generations < 2:
+        if self.num_generations < 2 and self.group_baseline:
             raise SetupError(
                 f"num_generations must be at least 2 (GRPO compares completions of one prompt), "
                 f"got {self.num_generations}"
@@ -154,6 +166,8 @@ def reference_of(grpo: GrpoSetup, setup: TrainingSetup) -> Reference:
     PEFT, else a second model."""
     if grpo.beta == 0:
         return Reference.NONE
+    if grpo.reference_copy:
+        return Reference.COPY
     return Reference.COPY if setup.method is Method.FULL else Reference.ADAPTER
 
 
@@ -397,11 +411,13 @@ def estimate_grpo_budget(
 
     extra: dict[Component, Term] = {}
     if reference is Reference.COPY:
-        size = setup.precision.weight_bytes
-        extra[Component.REFERENCE_MODEL] = Term(
-            bytes=spec.total_params * size,
-            formula=f"{format_count(spec.total_params)} params × {size} B (the frozen "
-            "reference copy, beta != 0)",
+        extra[Component.REFERENCE_MODEL] = reference_copy_term(
+            spec,
+            setup,
+            grpo.reference_bytes,
+            grpo.reference_sharded,
+            grpo.reference_offloaded,
+            "the frozen reference copy, beta != 0",
         )
     vllm = _vllm_term(grpo, gpu) if grpo.vllm == "colocate" else None
     # asleep outside generation with sleep mode, else reserved throughout

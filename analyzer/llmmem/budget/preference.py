@@ -98,6 +98,13 @@ class PreferenceSetup:
     # outputs. None: on for 16-bit compute (TRL's configs default to bf16=True), off under
     # DeepSpeed; see `fp32_outputs`
     mixed_precision: bool | None = None
+    # the reference copy as the trainer loads it: bytes per weight (None: the policy's dtype,
+    # TRL's `ref_model_init_kwargs.setdefault("dtype", self.model.dtype)`), partitioned across
+    # the data-parallel ranks (ZeRO-3: OpenRLHF's eval config takes the training's stage 3) or
+    # with its weights on the CPU (OpenRLHF's --ref_offload under ZeRO-3)
+    reference_bytes: int | None = None
+    reference_sharded: bool = False
+    reference_offloaded: bool = False
     # GRPO: a llmmem.budget.grpo.GrpoSetup (None: GRPOConfig's defaults)
     grpo: Any = None
     # PPO: a llmmem.budget.ppo.PpoSetup (None: PPOConfig's defaults, every model the policy's size)
@@ -112,6 +119,8 @@ class PreferenceSetup:
             raise SetupError(str(err)) from None
         if self.num_labels < 1:
             raise SetupError(f"num_labels must be at least 1, got {self.num_labels}")
+        if self.reference_bytes is not None and self.reference_bytes not in (1, 2, 4):
+            raise SetupError(f"reference_bytes is 1, 2 or 4, got {self.reference_bytes}")
 
 
 def fp32_outputs(mixed_precision: bool | None, setup: TrainingSetup) -> bool:
@@ -315,7 +324,17 @@ def estimate_preference_budget(
     step = sft.phase(Phase.OPTIMIZER_STEP)
 
     last_block = _last_block_moment(policy_spec, policy_setup, forward)
-    ref_weights = _reference_weights(spec, setup, reference)
+    ref_weights = (
+        reference_copy_term(
+            spec,
+            setup,
+            pref.reference_bytes,
+            pref.reference_sharded,
+            pref.reference_offloaded,
+        )
+        if reference is Reference.COPY
+        else Term(bytes=0, formula="no reference copy")
+    )
     extra: dict[Component, Term] = (
         {Component.REFERENCE_MODEL: ref_weights} if ref_weights.bytes else {}
     )
@@ -376,15 +395,34 @@ def estimate_preference_budget(
     return _with_first_step(budget, spec, setup, pref, gpu)
 
 
-def _reference_weights(spec: ModelSpec, setup: TrainingSetup, reference: Reference) -> Term:
-    """A reference copy is loaded in the policy's dtype (trl/trainer/dpo_trainer.py:
-    `ref_model_init_kwargs.setdefault("dtype", self.model.dtype)`), every weight frozen."""
-    if reference is not Reference.COPY:
-        return Term(bytes=0, formula="no reference copy")
-    size = setup.precision.weight_bytes
+def reference_copy_term(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    size: int | None = None,
+    sharded: bool = False,
+    offloaded: bool = False,
+    what: str = "the frozen reference copy",
+) -> Term:
+    """A reference copy's weights on one device. TRL loads it in the policy's dtype
+    (trl/trainer/dpo_trainer.py: `ref_model_init_kwargs.setdefault("dtype",
+    self.model.dtype)`), whole on every device; OpenRLHF (0.11.0, cli/train_dpo.py and
+    trainer/ray/launcher.py `ReferenceModelActor`) loads it in `--param_dtype` and initialises
+    it with `get_ds_eval_config`, ZeRO stage 3 when the training runs stage 3 (partitioned
+    across the ranks, each layer gathered as the forward reaches it), else stage 0 (whole);
+    `--ref_offload` keeps the partitions on the CPU."""
+    size = size or setup.precision.weight_bytes
+    world = setup.distributed.world_size
+    if offloaded:
+        return Term(bytes=0, formula=f"{what}: its weights offloaded to the CPU")
+    if sharded and world > 1:
+        return Term(
+            bytes=-(-spec.total_params * size // world),
+            formula=f"{format_count(spec.total_params)} params × {size} B / {world} ranks "
+            f"({what}, ZeRO-3 partitioned)",
+        )
     return Term(
         bytes=spec.total_params * size,
-        formula=f"{format_count(spec.total_params)} params × {size} B (the frozen reference copy)",
+        formula=f"{format_count(spec.total_params)} params × {size} B ({what})",
     )
 
 
