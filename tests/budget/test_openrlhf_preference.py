@@ -161,3 +161,41 @@ def test_one_completion_a_prompt_is_fine_for_reinforce_only(
     assert "num_generations must be at least 2" in text.out + text.err
     assert "Traceback" not in text.out + text.err
     assert code in (0, 1, 2)
+
+
+# -- accelerate's mixed precision as a plan says it
+
+
+def test_a_plans_mixed_precision_reaches_the_preference_setup(tmp_path: Path) -> None:
+    """Autocast precisions are accelerate's mixed precision; a kept bf16/fp16 flag decides for
+    16-bit weights; a plan that says nothing leaves TRL's default (bf16=True) to the budget;
+    DeepSpeed (OpenRLHF) turns the conversion off whatever the plan says."""
+    from dataclasses import replace
+
+    from llmmem.extract import extract_plan
+    from llmmem.extract.shell import extract_shell_plan
+    from llmmem.plan import Provenance, Sourced
+    from llmmem.preference_plan import mixed_precision_of, preference_setup
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    plan = extract_plan(examples / "dpo_lora.py")  # bf16 weights, no bf16= flag
+    assert plan.precision.value == "bf16-true"
+    assert mixed_precision_of(plan) is None
+    off = replace(
+        plan, extra={**plan.extra, "bf16": Sourced(value=False, source=Provenance.EXPLICIT)}
+    )
+    assert mixed_precision_of(off) is False
+    setup = preference_setup(off)
+    assert setup is not None and setup.mixed_precision is False
+    autocast = replace(plan, precision=replace(plan.precision, value="bf16"))
+    assert mixed_precision_of(autocast) is True
+    # OpenRLHF trains under DeepSpeed: accelerate's native AMP is off, no fp32 outputs
+    from llmmem.budget.preference import fp32_outputs
+    from llmmem.budget.setup import DistributedSetup, TrainingSetup
+
+    dpo = extract_shell_plan(DPO)
+    assert dpo.distributed.zero_stage.value == 3
+    zero3 = TrainingSetup(
+        precision="bf16", distributed=DistributedSetup(world_size=8, zero_stage=3)
+    )
+    assert fp32_outputs(mixed_precision_of(dpo), zero3) is False
