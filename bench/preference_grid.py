@@ -11,7 +11,10 @@ rejected concatenated, `selective_log_softmax` over the shifted logits, the refe
 under no_grad inside the loss (a frozen copy in full fine-tuning, the adapter disabled under
 LoRA). Medium configs have a real model's proportions (Llama: hidden 512, MLP 1376, a
 32,000-token vocabulary; Qwen2: GQA with one KV head, a 75,968-token vocabulary). Full and LoRA,
-checkpointing off and on, fp32, bf16 and bf16 autocast; each cell is a phase's allocated peak
+checkpointing off and on, fp32, bf16 and bf16 autocast; in bf16 and under autocast the models
+run as accelerate's mixed precision prepares them (`bf16=True`, TRL's default: autocast and
+accelerate's own `convert_outputs_to_fp32`, so the logits come back in fp32); each cell is a
+phase's allocated peak
 and (predicted − measured) / measured. What a GPU adds (CUDA context, allocator slack) is in
 neither side.
 """
