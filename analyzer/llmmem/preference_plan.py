@@ -157,7 +157,7 @@ def grpo_assumed_note(plan: TrainingPlan) -> str | None:
 
 # the frameworks whose PPO step llmmem.budget.ppo sizes: TRL's PPOTrainer (a script) and
 # LLaMA-Factory's stage: ppo
-PPO_FRAMEWORKS = ("trl", "hf", "llamafactory")
+PPO_FRAMEWORKS = ("trl", "hf", "llamafactory", "openrlhf")
 
 
 def _whole(value: Any) -> int | None:
@@ -197,8 +197,11 @@ def ppo_setup(plan: TrainingPlan) -> Any:
     if framework not in PPO_FRAMEWORKS:
         raise SetupError(
             f"{framework}'s PPO (actor, critic, reference and reward models in their own "
-            "workers) is not modelled; TRL's PPOTrainer and LLaMA-Factory's stage: ppo are"
+            "workers) is not modelled; TRL's PPOTrainer, LLaMA-Factory's stage: ppo and "
+            "OpenRLHF's train_ppo_ray are"
         )
+    if framework == "openrlhf":
+        return _openrlhf_ppo(plan)
     if framework == "llamafactory":
         kind = str(_kept(plan, "reward_model_type") or "lora").strip().lower()
         reward = {"lora": "adapter", "full": "model", "api": "api"}.get(kind)
@@ -237,6 +240,68 @@ def ppo_setup(plan: TrainingPlan) -> Any:
             values[what] = _spec_of(named, what.replace("_", " "), plan)
             values[what.split("_")[0] + "_name"] = str(named)
     return PpoSetup(reference=reference if reference is Reference.COPY else None, **values)
+
+
+def _openrlhf_ppo(plan: TrainingPlan) -> Any:
+    """OpenRLHF's train_ppo_ray on the actor's GPU (openrlhf 0.11.0, cli/train_ppo_ray.py):
+    queries of `max_len − max_new_tokens` and responses of `max_new_tokens` (the plan's
+    max_prompt_length and max_completion_length); `micro_rollout_batch_size` rows a rollout
+    forward; the critic and a reward model share the actor's GPUs only with
+    `colocate_all_models` (a `remote_rm_url` reward is a server); the reference (KL
+    coefficient above 0) with `colocate_all_models` or `colocate_actor_ref`, loaded as
+    OpenRLHF loads it; vLLM engines colocated or on GPUs of their own."""
+    from llmmem.budget.ppo import PpoSetup
+
+    colocated = _truthy(_kept(plan, "colocate_all_models"))
+    values: dict[str, Any] = {"trainer": "openrlhf", "keep_scores": False}
+    for key, name in (
+        ("max_prompt_length", "query_length"),
+        ("max_completion_length", "response_length"),
+        ("micro_rollout_batch_size", "local_rollout_forward_batch_size"),
+    ):
+        number = _whole(_kept(plan, key))
+        if number is not None:
+            values[name] = number
+    values.setdefault("local_rollout_forward_batch_size", None)
+    critic = _kept(plan, "critic_model_id")
+    if critic and colocated:
+        values["value_model"] = _spec_of(critic, "critic model", plan)
+        values["value_name"] = str(critic)
+    else:
+        values["value"] = "remote"
+        values["value_name"] = f"the critic {critic}" if critic else "the critic"
+    reward = _kept(plan, "reward_model_id")
+    if _kept(plan, "remote_rm_url"):
+        values["reward"] = "api"
+        values["reward_name"] = f"a reward server ({_kept(plan, 'remote_rm_url')})"
+    elif reward and colocated:
+        values["reward_model"] = _spec_of(reward, "reward model", plan)
+        values["reward_name"] = str(reward)
+    else:
+        values["reward"] = "api"
+        values["reward_name"] = f"the reward model {reward or ''} on GPUs of its own".replace(
+            "  ", " "
+        )
+    try:
+        beta = float(_kept(plan, "beta") or 0)
+    except (TypeError, ValueError):
+        beta = 0.0
+    if beta > 0 and _kept(plan, "ref_model_id"):
+        values["reference"] = Reference.COPY
+        values.update(openrlhf_reference(plan))
+    else:
+        values["reference"] = Reference.NONE  # on GPUs of its own, or no KL term
+    if _truthy(_kept(plan, "use_vllm")):
+        mode = str(_kept(plan, "vllm_mode") or "server").strip().lower()
+        values["vllm"] = mode if mode in ("colocate", "server") else "server"
+        try:
+            values["vllm_gpu_memory_utilization"] = float(
+                _kept(plan, "vllm_gpu_memory_utilization") or 0.95
+            )
+        except (TypeError, ValueError):
+            pass
+        values["vllm_enable_sleep_mode"] = _truthy(_kept(plan, "vllm_enable_sleep_mode"))
+    return PpoSetup(**values)
 
 
 def preference_setup(plan: TrainingPlan) -> PreferenceSetup | None:

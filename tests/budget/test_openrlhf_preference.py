@@ -199,3 +199,80 @@ def test_a_plans_mixed_precision_reaches_the_preference_setup(tmp_path: Path) ->
         precision="bf16", distributed=DistributedSetup(world_size=8, zero_stage=3)
     )
     assert fp32_outputs(mixed_precision_of(dpo), zero3) is False
+
+
+# -- (e) PPO: the lengths from the launch line, the models OpenRLHF puts on the actor's GPU
+
+PPO = """#!/bin/bash
+ray job submit --address="http://127.0.0.1:8265" -- python3 -m openrlhf.cli.train_ppo_ray \\
+   --ref.num_nodes 1 --ref.num_gpus_per_node 4 \\
+   --critic.num_nodes 1 --critic.num_gpus_per_node 4 \\
+   --actor.num_nodes 1 --actor.num_gpus_per_node 4 \\
+   --vllm.num_engines 2 --vllm.tensor_parallel_size 2 --vllm.gpu_memory_utilization 0.4 \\
+{colocate}   --actor.model_name_or_path Qwen/Qwen2.5-1.5B-Instruct \\
+   --critic.model_name_or_path Qwen/Qwen2.5-0.5B-Instruct \\
+   {reward} \\
+   --train.micro_batch_size 2 --train.batch_size 64 \\
+   --rollout.micro_batch_size 4 --rollout.batch_size 64 \\
+   --data.max_len {max_len} --rollout.max_new_tokens {new} \\
+   --ds.zero_stage 3 --ds.param_dtype bf16 \\
+   --actor.gradient_checkpointing_enable
+"""
+REWARD_MODEL = "--reward.model_name_or_path Qwen/Qwen2.5-0.5B-Instruct"
+COLOCATE = "   --train.colocate_all \\\n"
+
+
+def _ppo(tmp_path: Path, colocate: bool, reward: str = REWARD_MODEL, **lengths: int) -> Path:
+    text = PPO.format(
+        colocate=COLOCATE if colocate else "",
+        reward=reward,
+        max_len=lengths.get("max_len", 2048),
+        new=lengths.get("new", 1024),
+    )
+    return _run(tmp_path, text)
+
+
+def _ppo_setup(path: Path):  # type: ignore[no-untyped-def]
+    from llmmem.extract.shell import extract_shell_plan
+    from llmmem.preference_plan import ppo_setup
+
+    return ppo_setup(extract_shell_plan(path))
+
+
+def test_ppo_rollout_lengths_come_from_the_launch_line(tmp_path: Path) -> None:
+    ppo = _ppo_setup(_ppo(tmp_path, True, max_len=3072, new=512))
+    # --max_len covers prompt and response: the queries are what the response leaves
+    assert (ppo.query_length, ppo.response_length) == (3072 - 512, 512)
+    assert ppo.local_rollout_forward_batch_size == 4  # --rollout.micro_batch_size
+
+
+def test_ppo_critic_and_reward_share_the_gpu_only_when_everything_is_colocated(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    together = _explain(capsys, _ppo(tmp_path, True))
+    apart = _explain(capsys, _ppo(tmp_path, False))
+    critic = _params("Qwen/Qwen2.5-0.5B-Instruct")
+    # colocated: the critic's weights and optimizer states, the reward model and the
+    # colocated engines' share are on the actor's GPU; apart, none of them
+    assert (
+        together["budget"]["allocated_peak_bytes"] - apart["budget"]["allocated_peak_bytes"]
+        > critic * 4
+    )
+    generate = together["budget"]["phases"]["generate"]["components"]
+    assert generate["vllm_engine"] == int(0.4 * 80 * GIB)
+    assert "vllm_engine" not in apart["budget"]["phases"]["generate"]["components"]
+    assert _reference_bytes(apart) == 0  # the reference on GPUs of its own
+    # colocated, the reference is OpenRLHF's bf16 copy partitioned over the 4 ranks
+    assert _reference_bytes(together) >= -(-_params("Qwen/Qwen2.5-1.5B-Instruct") * 2 // 4)
+    ppo = _ppo_setup(_ppo(tmp_path, False))
+    assert ppo.value == "remote" and ppo.reward == "api"
+
+
+def test_ppo_with_a_reward_server_loads_no_reward_model(tmp_path: Path) -> None:
+    ppo = _ppo_setup(
+        _ppo(tmp_path, True, reward="--reward.remote_url http://localhost:5000/get_reward")
+    )
+    assert ppo.reward == "api" and ppo.reward_model is None
+    assert "localhost:5000" in ppo.reward_name
+    # the critic stays: colocated with the actor
+    assert ppo.value == "model" and ppo.value_model is not None

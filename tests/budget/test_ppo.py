@@ -139,7 +139,7 @@ def test_reached_from_the_preference_budget() -> None:
         ({"response_length": 0}, "response_length"),
         ({"local_rollout_forward_batch_size": -1}, "local_rollout_forward_batch_size"),
         ({"reward": "server"}, "model, adapter or api"),
-        ({"reference": "precomputed"}, "copy or the policy"),
+        ({"reference": "precomputed"}, "a copy, the policy with its adapter disabled"),
     ],
 )
 def test_bad_settings_are_refused_with_a_message(fields: dict, message: str) -> None:

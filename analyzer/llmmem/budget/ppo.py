@@ -73,16 +73,23 @@ from math import ceil
 from llmmem.budget.activations import dtypes_for
 from llmmem.budget.generation import kv_cache_term
 from llmmem.budget.phases import estimate_budget
-from llmmem.budget.preference import Reference, _budget, fp32_outputs, reward_spec
+from llmmem.budget.preference import (
+    Reference,
+    _budget,
+    fp32_outputs,
+    reference_copy_term,
+    reward_spec,
+)
 from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
 from llmmem.budget.setup import Method, Mode, Precision, SetupError, TrainingSetup
 from llmmem.models.spec import ModelSpec
-from llmmem.units import format_count
+from llmmem.units import format_bytes, format_count
 
 # the TRL release whose PPOTrainer this budget follows
 TRL_RELEASE = "0.29.1"
 REWARD_KINDS = ("model", "adapter", "api")
-VALUE_KINDS = ("model", "head")
+# "remote": a critic on GPUs of its own (OpenRLHF without --colocate_all_models)
+VALUE_KINDS = ("model", "head", "remote")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,10 +111,20 @@ class PpoSetup:
     # accelerate's mixed precision (bf16=True): the prepared wrapper's outputs come back in
     # fp32; None: llmmem.budget.preference.fp32_outputs's default
     mixed_precision: bool | None = None
-    trainer: str = "trl"  # "trl" or "llamafactory"
+    trainer: str = "trl"  # "trl", "llamafactory" or "openrlhf"
     # what the notes call the value and reward models (a hub id, "the policy's size")
     value_name: str = ""
     reward_name: str = ""
+    # the reference copy as the trainer loads it (see llmmem.budget.preference.PreferenceSetup)
+    reference_bytes: int | None = None
+    reference_sharded: bool = False
+    reference_offloaded: bool = False
+    # OpenRLHF's vLLM engines: None (the policy generates), "colocate" (an engine on this GPU
+    # holding `vllm_gpu_memory_utilization` of it, released outside generation with
+    # `vllm_enable_sleep`) or "server" (engines on GPUs of their own)
+    vllm: str | None = None
+    vllm_gpu_memory_utilization: float = 0.9
+    vllm_enable_sleep_mode: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -131,10 +148,18 @@ class PpoSetup:
                 object.__setattr__(self, "reference", Reference(self.reference))
             except ValueError as err:
                 raise SetupError(str(err)) from None
-            if self.reference in (Reference.PRECOMPUTED, Reference.NONE):
+            if self.reference is Reference.PRECOMPUTED:
                 raise SetupError(
-                    "PPO's reference is a copy or the policy with its adapter disabled"
+                    "PPO's reference is a copy, the policy with its adapter disabled, or none "
+                    "on this GPU (a model on GPUs of its own)"
                 )
+        if self.vllm is not None and self.vllm not in ("colocate", "server"):
+            raise SetupError(f"vllm is colocate or server, got {self.vllm!r}")
+        if not 0 < self.vllm_gpu_memory_utilization <= 1:
+            raise SetupError(
+                "vllm_gpu_memory_utilization is a fraction of the GPU's memory, above 0 and at "
+                f"most 1, got {self.vllm_gpu_memory_utilization}"
+            )
 
     def resolved(self, setup: TrainingSetup) -> PpoSetup:
         """The lengths and the rollout chunk the setup leaves open, filled in from it."""
@@ -276,9 +301,10 @@ def estimate_ppo_budget(
     # -- what every phase holds
     held: dict[Component, Term] = {}
     held[Component.WEIGHTS] = _weights_term(forward, value_sft, models, ppo)
-    frozen = _frozen_term(spec, setup, models, reference)
+    frozen = _frozen_term(spec, setup, models, reference, ppo)
     if frozen.bytes:
         held[Component.REFERENCE_MODEL] = frozen
+    engine = _vllm_engine(ppo, gpu)
     # the optimizer states as the forward finds them (none before the first step)
     states = _sum_terms(
         forward.components.get(Component.OPTIMIZER_STATES),
@@ -307,11 +333,33 @@ def estimate_ppo_budget(
     )
 
     # -- 1. generation
-    phases = [
-        _generation_phase(
-            spec, policy_setup, ppo, held, kept, first, rows_local, chunk, last_chunk, padded_rows
-        )
-    ]
+    if ppo.vllm is None:
+        phases = [
+            _generation_phase(
+                spec,
+                policy_setup,
+                ppo,
+                held,
+                kept,
+                first,
+                rows_local,
+                chunk,
+                last_chunk,
+                padded_rows,
+            )
+        ]
+    else:
+        phases = [
+            PhaseBudget(
+                phase=Phase.GENERATE,
+                moment="the colocated vLLM engines generate"
+                if engine is not None
+                else "the vLLM engines on GPUs of their own generate; weights synced to them",
+                components={**held, Component.VLLM_ENGINE: engine} if engine else dict(held),
+            )
+        ]
+    if engine is not None and not ppo.vllm_enable_sleep_mode:
+        held[Component.VLLM_ENGINE] = engine  # reserved through the whole update
 
     # -- 2. the rollout forwards, one chunk of `chunk` rows
     rollout = dict(held)
@@ -325,15 +373,22 @@ def estimate_ppo_budget(
     )
     row_temp = r_len * vocab * (4 if e_roll == 4 else e_roll)
     row_text = "one row's " + ("fp32 logsumexp temporary" if e_roll == 4 else "log-softmax")
-    if ppo.trainer != "trl":
+    if ppo.trainer == "llamafactory":
         # TRL 0.9.6's batched_forward_pass: the logits upcast to fp32 beside the model's, and
         # a whole fp32 log_softmax
         row_temp = 2 * 4 * chunk * seq * vocab
         row_text = "2 × 4 B × the logits (TRL 0.9: their fp32 upcast and whole log-softmax)"
+    elif ppo.trainer == "openrlhf":
+        # OpenRLHF 0.11.0 models/actor.py: `output["logits"].to(torch.float32)`, then a
+        # chunked logsumexp or flash-attn's cross-entropy over them
+        row_temp = 4 * chunk * seq * vocab
+        row_text = "4 B × the logits (OpenRLHF's actor: their fp32 copy)"
+    # OpenRLHF with the reference on GPUs of its own: the actor's own (old) log-probabilities
+    whose = "the actor's" if reference is Reference.NONE else "the reference"
     candidates.append(
         (
             ref_hidden + ref_cache.bytes + ref_logits + row_temp,
-            "the reference forward's logits: its hidden states, the whole sequence's logits "
+            f"{whose} forward's logits: its hidden states, the whole sequence's logits "
             "and their log-softmax",
             f"({_blocks(spec)} + 1) × {chunk}×{seq}×{spec.hidden_size} hidden states + "
             f"{e_roll} B × {chunk}×{seq}×{format_count(vocab)} logits + its unused KV cache ("
@@ -390,8 +445,14 @@ def estimate_ppo_budget(
     # accelerate's mixed precision converts the prepared wrapper's outputs to fp32: the
     # policy's logits, and its 16-bit hidden states (`output_hidden_states=True`) as copies
     # beside the ones autograd keeps; the rollout's unwrapped models are not converted
-    out32 = ppo.trainer == "trl" and fp32_outputs(ppo.mixed_precision, policy_setup)
-    hidden_copies = _hidden_states(spec, micro, seq, 4) if out32 and residual != 4 else 0
+    out32 = (
+        ppo.trainer == "trl" and fp32_outputs(ppo.mixed_precision, policy_setup)
+    ) or ppo.trainer == "openrlhf"
+    hidden_copies = (
+        _hidden_states(spec, micro, seq, 4)
+        if out32 and residual != 4 and ppo.trainer == "trl"
+        else 0
+    )
     if hidden_copies:
         acts = train[Component.ACTIVATIONS]
         train[Component.ACTIVATIONS] = Term(
@@ -405,7 +466,7 @@ def estimate_ppo_budget(
     converted = micro * seq * vocab * compute if out32 and compute != 4 else 0
     if out32:
         e = 4
-    if ppo.trainer == "trl":
+    if ppo.trainer in ("trl", "openrlhf"):
         whole = micro * seq * vocab * e
         response = micro * r_len * vocab * e
         lp = whole + (response if e != 4 else 0)
@@ -574,13 +635,17 @@ def estimate_ppo_budget(
     )
 
     notes = list(sft.notes)
-    trainer = f"TRL {TRL_RELEASE}" if ppo.trainer == "trl" else "LLaMA-Factory stage: ppo"
+    trainer = {
+        "trl": f"TRL {TRL_RELEASE}",
+        "llamafactory": "LLaMA-Factory stage: ppo",
+        "openrlhf": "OpenRLHF train_ppo_ray",
+    }.get(ppo.trainer, ppo.trainer)
     notes.append(
         f"ppo ({trainer}): {rows_local} queries per device per update, generated {chunk} at a "
         f"time up to {r_len} tokens after queries of {q}; {micro} rows of {seq} tokens per "
         "micro-batch through the policy" + (" and the value model" if models.value else "")
     )
-    if out32:
+    if out32 and ppo.trainer == "trl":
         notes.append(
             "mixed precision: accelerate returns the training forward's logits in fp32 "
             "(convert_outputs_to_fp32), 4 B per logit"
@@ -601,9 +666,20 @@ def estimate_ppo_budget(
     if setup.distributed.zero_stage == 3 or setup.distributed.fsdp is not None:
         notes.append(
             "ZeRO-3/FSDP: generation gathers the whole policy (ds3_gather_for_generation) and "
-            "the frozen models are counted whole on each device; neither is sharded here"
+            + (
+                "the reward model is counted whole on each device; the gather is not counted"
+                if ppo.reference_sharded
+                else "the frozen models are counted whole on each device; neither is sharded here"
+            )
         )
-    if ppo.trainer != "trl":
+    if ppo.trainer == "openrlhf":
+        notes.append(
+            "OpenRLHF's PPO is sized with TRL 0.29.1's phases on the actor's GPU, with the "
+            "models OpenRLHF puts there (critic and reward only with colocate_all_models, the "
+            "reference with colocate_all_models or colocate_actor_ref) and its actor's fp32 "
+            "logits (openrlhf 0.11.0 models/actor.py); not checked against a run"
+        )
+    if ppo.trainer == "llamafactory":
         notes.append(
             "LLaMA-Factory's PPO step is sized with TRL 0.29.1's phases, its own models and "
             "TRL 0.9's fp32 logits as read in its code; not checked against a run"
@@ -645,17 +721,16 @@ def _weights_term(
 
 
 def _frozen_term(
-    spec: ModelSpec, setup: TrainingSetup, models: _Models, reference: Reference
+    spec: ModelSpec, setup: TrainingSetup, models: _Models, reference: Reference, ppo: PpoSetup
 ) -> Term:
     size = setup.precision.weight_bytes
     parts = []
     if reference is Reference.COPY:
-        parts.append(
-            (
-                spec.total_params * size,
-                f"{format_count(spec.total_params)} params × {size} B (the frozen reference copy)",
-            )
+        copy = reference_copy_term(
+            spec, setup, ppo.reference_bytes, ppo.reference_sharded, ppo.reference_offloaded
         )
+        if copy.bytes:
+            parts.append((copy.bytes, copy.formula))
     if models.reward is not None:
         parts.append(
             (
@@ -664,6 +739,24 @@ def _frozen_term(
             )
         )
     return Term(bytes=sum(b for b, _ in parts), formula=" + ".join(f for _, f in parts) or "none")
+
+
+def _vllm_engine(ppo: PpoSetup, gpu: GpuTarget | None) -> Term | None:
+    """The colocated vLLM engines' reservation on this GPU (None: no engine here)."""
+    if ppo.vllm != "colocate":
+        return None
+    if gpu is None:
+        raise SetupError(
+            "colocated vLLM engines reserve a fraction of the GPU's memory "
+            "(vllm_gpu_memory_utilization): name the GPU (--gpu NAME or a capacity such as "
+            "80GiB)"
+        )
+    return Term(
+        bytes=int(ppo.vllm_gpu_memory_utilization * gpu.capacity_bytes),
+        formula=f"vllm_gpu_memory_utilization {ppo.vllm_gpu_memory_utilization:g} × "
+        f"{format_bytes(gpu.capacity_bytes)} ({gpu.name}): the colocated engines' weights and "
+        "KV cache",
+    )
 
 
 def _generation_phase(
@@ -841,9 +934,10 @@ def _model_lines(
     spec: ModelSpec, setup: TrainingSetup, ppo: PpoSetup, models: _Models, reference: Reference
 ) -> list[str]:
     """The four models, one line each: what they are and whether they train."""
-    size = setup.precision.weight_bytes
     policy = spec.model_id + (" (its LoRA adapter trains)" if setup.lora else " (trains in full)")
-    if models.value is None:
+    if ppo.value == "remote":
+        value = (ppo.value_name or "a critic") + " on GPUs of its own (nothing on this GPU)"
+    elif models.value is None:
         value = "a value head on the policy (hidden × 1, trains)"
     else:
         name = ppo.value_name or "the policy's size"
@@ -852,8 +946,18 @@ def _model_lines(
             f"{format_count(models.value.total_params)} params, trains in full"
         )
     ref = {
-        Reference.COPY: f"a frozen copy ({format_count(spec.total_params)} params × {size} B)",
+        Reference.COPY: "a frozen copy ("
+        + reference_copy_term(
+            spec,
+            setup,
+            ppo.reference_bytes,
+            ppo.reference_sharded,
+            ppo.reference_offloaded,
+            "on this GPU",
+        ).formula
+        + ")",
         Reference.ADAPTER: "the policy with its adapter disabled (no copy)",
+        Reference.NONE: "on GPUs of its own (nothing on this GPU)",
     }.get(reference, reference.value)
     if models.reward is not None:
         name = ppo.reward_name or "the policy's size"
@@ -861,5 +965,5 @@ def _model_lines(
     elif ppo.reward == "adapter":
         reward = "a second adapter on the policy (no copy)"
     else:
-        reward = "a reward server (nothing on this GPU)"
+        reward = (ppo.reward_name or "a reward server") + " (nothing on this GPU)"
     return [f"policy {policy}", f"value model {value}", f"reference {ref}", f"reward {reward}"]
