@@ -212,3 +212,27 @@ def test_sft_step_is_unchanged_by_the_fp32_outputs() -> None:
             loss.backward()
             peaks.append(tracker.peak)
     assert peaks[0] == peaks[1]
+
+
+def test_under_fsdp_the_reference_copy_keeps_its_compute_dtype_logits() -> None:
+    """TRL prepares a reference copy with prepare_fsdp under FSDP, not prepare_model: its
+    forward is not wrapped, so its logits stay in bf16 while the policy's come back in fp32."""
+    from llmmem.budget.preference import log_prob_moments, reference_fp32_outputs
+    from llmmem.budget.setup import DistributedSetup, FsdpShard
+
+    spec = _spec("qwen2")
+    fsdp = TrainingSetup(
+        batch=2,
+        seq=64,
+        precision="bf16-true",
+        optim="adamw_torch",
+        distributed=DistributedSetup(world_size=2, fsdp=FsdpShard.FULL_SHARD),
+    )
+    assert not reference_fp32_outputs(None, fsdp, Reference.COPY)
+    assert reference_fp32_outputs(None, replace(fsdp, method="lora"), Reference.ADAPTER)
+    rows = 4
+    both = log_prob_moments(spec, replace(fsdp, batch=rows), rows, True, True)
+    policy_only = log_prob_moments(spec, replace(fsdp, batch=rows), rows, True, False)
+    assert policy_only.forward_end == both.forward_end
+    logits = rows * 64 * spec.vocab_size
+    assert both.reference - policy_only.reference >= 2 * logits
