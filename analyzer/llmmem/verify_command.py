@@ -197,6 +197,7 @@ def run_verify(args: argparse.Namespace) -> int:
             request,
             objective=preference.objective.value,
             reference=reference_for(preference, setup).value,
+            grpo=_grpo_fields(preference),
         )
         why = check_preference_request(request)
         if why:
@@ -225,6 +226,23 @@ def run_verify(args: argparse.Namespace) -> int:
     if measurement.error:
         return EXIT_COULD_NOT_RUN
     return EXIT_MEASURED
+
+
+def _grpo_fields(preference: Any) -> dict[str, Any] | None:
+    """What a GRPO step needs from the plan's GRPO setup (None for other objectives)."""
+    if preference.objective.value != "grpo":
+        return None
+    from llmmem.budget.grpo import GrpoSetup
+
+    grpo = preference.grpo or GrpoSetup()
+    return {
+        "num_generations": grpo.num_generations,
+        "max_prompt_length": grpo.max_prompt_length,
+        "max_completion_length": grpo.max_completion_length,
+        "beta": grpo.beta,
+        "vllm": grpo.vllm,
+        "mixed_precision": grpo.mixed_precision,
+    }
 
 
 def _check_output_path(output: str | None) -> None:

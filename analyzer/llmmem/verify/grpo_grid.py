@@ -170,9 +170,38 @@ def measure(case: Case, size: str = "small") -> dict[str, int]:
         model = peft.get_peft_model(model, lora)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=1e-5, foreach=True)
-    c = case.completion
+    return step_peaks(
+        model,
+        ref,
+        optimizer,
+        vocab=vocab,
+        prompt=PROMPT,
+        completion=case.completion,
+        generations=case.generations,
+        batch=case.batch,
+        beta=case.beta,
+    )
+
+
+def step_peaks(
+    model: Any,
+    ref: Any,
+    optimizer: Any,
+    *,
+    vocab: int,
+    prompt: int,
+    completion: int,
+    generations: int,
+    batch: int,
+    beta: float,
+    tracker: StorageTracker | None = None,
+) -> dict[str, int]:
+    """A warm-up and a measured GRPO step of `model` (generation, the reference's
+    log-probabilities when `beta`, the policy's forward and backward, the optimizer step):
+    each phase's peak of allocated bytes, weights (and a reference copy) included."""
+    c = completion
     peaks: dict[str, int] = {}
-    tracker = StorageTracker()
+    tracker = tracker or StorageTracker()
     with tracker:
         frozen = list(model.parameters()) + list(model.buffers())
         if ref is not None:
@@ -181,8 +210,8 @@ def measure(case: Case, size: str = "small") -> dict[str, int]:
             tracker.track(tensor, "weights")
         for _ in range(2):  # a warm-up step, then the measured one
             tracker.reset_peak("activations")
-            prompts = torch.randint(3, vocab, (case.batch // case.generations, PROMPT))
-            prompts = prompts.repeat_interleave(case.generations, dim=0)
+            prompts = torch.randint(3, vocab, (max(batch // generations, 1), prompt))
+            prompts = prompts.repeat_interleave(generations, dim=0)
             prompt_mask = torch.ones_like(prompts)
             with torch.no_grad():
                 out = model.generate(
@@ -197,29 +226,29 @@ def measure(case: Case, size: str = "small") -> dict[str, int]:
                     disable_compile=True,
                 )
             peaks["generate"] = tracker.peak
-            completion = out[:, PROMPT:]
+            completions = out[:, prompt:]
             del out
-            ids = torch.cat([prompts, completion], dim=1)
-            mask = torch.cat([prompt_mask, torch.ones_like(completion)], dim=1)
+            ids = torch.cat([prompts, completions], dim=1)
+            mask = torch.cat([prompt_mask, torch.ones_like(completions)], dim=1)
             ref_logps = None
-            if case.beta:
+            if beta:
                 tracker.reset_peak("activations")
                 with torch.no_grad():
                     if ref is None:
                         with model.disable_adapter():
-                            ref_logps, _ = _log_probs(model, ids, mask, c, case.batch, False)
+                            ref_logps, _ = _log_probs(model, ids, mask, c, batch, False)
                     else:
-                        ref_logps, _ = _log_probs(ref, ids, mask, c, case.batch, False)
+                        ref_logps, _ = _log_probs(ref, ids, mask, c, batch, False)
                 peaks["reference_forward"] = tracker.peak
-            advantages = torch.randn(case.batch).unsqueeze(1)
+            advantages = torch.randn(ids.size(0)).unsqueeze(1)
             tracker.reset_peak("activations")
-            logps, _ = _log_probs(model, ids, mask, c, case.batch, True)
+            logps, _ = _log_probs(model, ids, mask, c, batch, True)
             ratio = torch.exp(logps - logps.detach())
             clipped = torch.clamp(ratio, 0.8, 1.28)
             per_token = -torch.min(ratio * advantages, clipped * advantages)
-            if case.beta:
+            if beta:
                 diff = ref_logps - logps
-                per_token = per_token + case.beta * (torch.exp(diff) - diff - 1)
+                per_token = per_token + beta * (torch.exp(diff) - diff - 1)
             loss = per_token.sum() / per_token.numel()
             peaks["forward"] = tracker.peak
             tracker.reset_peak("temporaries")

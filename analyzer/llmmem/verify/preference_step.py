@@ -49,10 +49,14 @@ class _Shape:
 def check_preference_request(request: StepRequest) -> str | None:
     """Why this preference request cannot be verified here (None: it can)."""
     objective = request.objective or ""
+    if objective == "grpo":
+        from llmmem.verify.grpo_step import check_grpo_request
+
+        return check_grpo_request(request)
     if objective not in STEP_OBJECTIVE:
         return (
-            f"{objective.upper()} steps are not verified on a plan yet (GRPO's and PPO's budgets "
-            "are checked on the CPU by `python -m llmmem.verify.grid --grpo` and `--ppo`)"
+            f"{objective.upper()} steps are not verified on a plan yet (the PPO budget is "
+            "checked on the CPU by `python -m llmmem.verify.grid --ppo`)"
         )
     if request.world_size > 1 or request.sharding == "zero":
         return "a preference plan is verified on one device (run it with world_size=1)"

@@ -50,6 +50,9 @@ class StepRequest:
     # None: TRL's default for the method)
     objective: str | None = None
     reference: str | None = None
+    # GRPO: num_generations, max_prompt_length, max_completion_length, beta, vllm (None: the
+    # policy generates), mixed_precision
+    grpo: dict[str, Any] | None = None
     # packed samples: "flat" (one row of batch × seq tokens) or "rows" (two samples per row),
     # position ids restarting at each sample; None: one sample per row
     packing: str | None = None

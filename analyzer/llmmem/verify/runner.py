@@ -280,7 +280,11 @@ def run_step(request: StepRequest) -> StepMeasurement:
     result = StepMeasurement(device=device, device_name=device, stage="build")
     meters: list[_Meter] = []
     try:
-        if request.objective is not None:
+        if request.objective == "grpo":
+            from llmmem.verify.grpo_step import run_grpo_step
+
+            run_grpo_step(request, result)
+        elif request.objective is not None:
             from llmmem.verify.preference_step import run_preference_step
 
             run_preference_step(request, result)
