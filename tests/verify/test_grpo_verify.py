@@ -15,20 +15,10 @@ from pathlib import Path
 
 import pytest
 
-CONFIG = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 160,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 1000,
-    "max_position_embeddings": 512,
-    "tie_word_embeddings": False,
-    "pad_token_id": 0,
-    "torch_dtype": "float32",
-}
+from llmmem.verify.preference_grid import SMALL
+
+# the preference grid's tiny Llama, saved as a local model folder
+CONFIG = {**SMALL["llama"], "torch_dtype": "float32"}
 
 SCRIPT = """\
 from trl import GRPOConfig, GRPOTrainer
