@@ -306,21 +306,9 @@ def estimate_ppo_budget(
         held[Component.REFERENCE_MODEL] = frozen
     engine = _vllm_engine(ppo, gpu)
     # the optimizer states as the forward finds them (none before the first step)
-    states = _sum_terms(
-        forward.components.get(Component.OPTIMIZER_STATES),
-        value_sft.phase(Phase.FORWARD).components.get(Component.OPTIMIZER_STATES)
-        if value_sft
-        else None,
-        "the policy's",
-        "the value model's",
-    )
-    step_states = _sum_terms(
-        step.components.get(Component.OPTIMIZER_STATES),
-        value_sft.phase(Phase.OPTIMIZER_STEP).components.get(Component.OPTIMIZER_STATES)
-        if value_sft
-        else None,
-        "the policy's",
-        "the value model's",
+    states = _policy_and_value(forward, value_sft, Phase.FORWARD, Component.OPTIMIZER_STATES)
+    step_states = _policy_and_value(
+        step, value_sft, Phase.OPTIMIZER_STEP, Component.OPTIMIZER_STATES
     )
     if states.bytes:
         held[Component.OPTIMIZER_STATES] = states
@@ -423,14 +411,7 @@ def estimate_ppo_budget(
 
     # -- 3. training: the wrapper's forward on one micro-batch
     train = dict(held)
-    copies = _sum_terms(
-        forward.components.get(Component.WEIGHT_COPIES),
-        value_sft.phase(Phase.FORWARD).components.get(Component.WEIGHT_COPIES)
-        if value_sft
-        else None,
-        "the policy's",
-        "the value model's",
-    )
+    copies = _policy_and_value(forward, value_sft, Phase.FORWARD, Component.WEIGHT_COPIES)
     if copies.bytes:
         train[Component.WEIGHT_COPIES] = copies
     policy_acts = forward.components.get(Component.ACTIVATIONS, Term(0, ""))
@@ -510,14 +491,7 @@ def estimate_ppo_budget(
     )
     phases.append(policy_forward)
 
-    grads = _sum_terms(
-        step.components.get(Component.GRADIENTS),
-        value_sft.phase(Phase.OPTIMIZER_STEP).components.get(Component.GRADIENTS)
-        if value_sft
-        else None,
-        "the policy's",
-        "the value model's",
-    )
+    grads = _policy_and_value(step, value_sft, Phase.OPTIMIZER_STEP, Component.GRADIENTS)
     tuple_bytes = hidden_copies or _hidden_states(spec, micro, seq, residual)
     # with several micro-batches a mini-batch, the one before is alive through the next one's
     # forward (its output is replaced only as that forward returns, its softmax only after
@@ -595,13 +569,8 @@ def estimate_ppo_budget(
     step_parts = dict(held)
     step_parts[Component.OPTIMIZER_STATES] = step_states
     step_parts[Component.GRADIENTS] = grads
-    step_parts[Component.TEMPORARIES] = _sum_terms(
-        step.components.get(Component.TEMPORARIES),
-        value_sft.phase(Phase.OPTIMIZER_STEP).components.get(Component.TEMPORARIES)
-        if value_sft
-        else None,
-        "the policy's",
-        "the value model's",
+    step_parts[Component.TEMPORARIES] = _policy_and_value(
+        step, value_sft, Phase.OPTIMIZER_STEP, Component.TEMPORARIES
     )
     step_parts[Component.LOGITS] = Term(
         bytes=whole + kept.bytes,
@@ -694,6 +663,14 @@ def estimate_ppo_budget(
 
 def _blocks(spec: ModelSpec) -> int:
     return sum(g.count for g in spec.blocks if g.name != "encoder")
+
+
+def _policy_and_value(
+    policy: PhaseBudget, value_sft: Budget | None, phase: Phase, component: Component
+) -> Term:
+    """`component` of the policy's phase and of the value model's same phase, summed."""
+    value = value_sft.phase(phase).components.get(component) if value_sft else None
+    return _sum_terms(policy.components.get(component), value, "the policy's", "the value model's")
 
 
 def _sum_terms(a: Term | None, b: Term | None, what_a: str, what_b: str) -> Term:
