@@ -50,6 +50,7 @@ from llmmem.verify.preference_grid import (
     CONFIGS,
     SMALL,
     mixed_precision,
+    parse_shapes,
     prepared_forward,
     print_grid,
     selective_log_softmax,
@@ -305,9 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         help="completion tokens x completions per device, e.g. 32x4 (default 32x4 and 64x4)",
     )
     args = parser.parse_args(argv)
-    shapes = [
-        (int(c), int(b)) for c, b in (s.lower().split("x") for s in args.shape or ["32x4", "64x4"])
-    ]
+    shapes = parse_shapes(parser, args.shape, ["32x4", "64x4"])
     print_grid(grid(args.family or sorted(SMALL), shapes), measure, predict, args.size, 40)
     return 0
 

@@ -43,6 +43,7 @@ from llmmem.verify.preference_grid import (
     CONFIGS,
     SMALL,
     mixed_precision,
+    parse_shapes,
     prepared_forward,
     print_grid,
     selective_log_softmax,
@@ -451,10 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         help="query tokens x response tokens, e.g. 16x32 (default 16x32 and 32x64)",
     )
     args = parser.parse_args(argv)
-    shapes = [
-        (int(q), int(r))
-        for q, r in (s.lower().split("x") for s in args.shape or ["16x32", "32x64"])
-    ]
+    shapes = parse_shapes(parser, args.shape, ["16x32", "32x64"])
     print_grid(grid(args.family or sorted(SMALL), shapes), measure, predict, args.size, 48)
     return 0
 

@@ -441,14 +441,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--objective", action="append", choices=["dpo", "kto", "orpo", "reward"])
     parser.add_argument("--shape", action="append", help="pairs x tokens, e.g. 2x64")
     args = parser.parse_args(argv)
-    shapes = [tuple(int(n) for n in s.lower().split("x")) for s in args.shape or ["2x64", "1x128"]]
-    cases = grid(
-        args.family or sorted(SMALL),
-        args.objective or ["dpo", "orpo", "reward"],
-        [(b, s) for b, s in shapes],
-    )
+    shapes = parse_shapes(parser, args.shape, ["2x64", "1x128"])
+    cases = grid(args.family or sorted(SMALL), args.objective or ["dpo", "orpo", "reward"], shapes)
     print_grid(cases, measure, predict, args.size, width=48)
     return 0
+
+
+def parse_shapes(
+    parser: argparse.ArgumentParser, given: list[str] | None, default: list[str]
+) -> list[tuple[int, int]]:
+    """`--shape AxB` values as pairs of whole numbers (the grids' shapes); a bad one is a
+    usage error, not a traceback."""
+    shapes = []
+    for text in given or default:
+        try:
+            a, b = (int(n) for n in text.lower().split("x"))
+        except ValueError:
+            parser.error(f"--shape wants two whole numbers joined by x ({default[0]}): {text!r}")
+        if a < 1 or b < 1:
+            parser.error(f"--shape {text}: both numbers must be at least 1")
+        shapes.append((a, b))
+    return shapes
 
 
 def print_grid(
