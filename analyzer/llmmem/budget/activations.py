@@ -510,6 +510,12 @@ class ActivationEstimate:
         return max((t.evaluate(self.dims) for _, t in self.per_block), default=0)
 
 
+def head_input_dtype(dt: Dtypes) -> int:
+    """Bytes per element of the input the LM head keeps: autocast's 16-bit cast of it, else
+    the residual stream's dtype."""
+    return 2 if dt.autocast else dt.residual
+
+
 def estimate_activations(spec: ModelSpec, setup: TrainingSetup) -> ActivationEstimate:
     dt = dtypes_for(setup)
     train = trainability_for(spec, setup)
@@ -519,7 +525,7 @@ def estimate_activations(spec: ModelSpec, setup: TrainingSetup) -> ActivationEst
     final = Tally()
     ctx.norm(final)
     if train.linear_inputs_saved and spec.is_causal_lm:
-        final.add(2 if dt.autocast else dt.residual, "N·h")  # the head's input
+        final.add(head_input_dtype(dt), "N·h")  # the head's input
     outside.extend(final)
     # attention's geometry: a flat packed batch is one row of batch × seq tokens
     b, s = setup.attention_shape

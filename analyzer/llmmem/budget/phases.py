@@ -24,6 +24,7 @@ from llmmem.budget.activations import (
     checkpoint_input_bytes,
     dtypes_for,
     estimate_activations,
+    head_input_dtype,
 )
 from llmmem.budget.bands import band_class
 from llmmem.budget.distributed import (
@@ -910,7 +911,7 @@ def _offloaded(spec: ModelSpec, setup: TrainingSetup, acts: ActivationEstimate) 
     may move has moved: the head's input (the head runs under a no-op hook manager)."""
     dt = dtypes_for(setup)
     n_h = setup.tokens * spec.hidden_size
-    head_input = (2 if dt.autocast else dt.residual) * n_h if spec.is_causal_lm else 0
+    head_input = head_input_dtype(dt) * n_h if spec.is_causal_lm else 0
     return head_input, f"{format_bytes(head_input)} (the head's input, kept on the device)"
 
 
