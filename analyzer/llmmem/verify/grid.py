@@ -34,7 +34,7 @@ import json
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +189,11 @@ class GridCase:
     model: str | None = None  # a catalog model at its real size, instead of the family's config
     packing: str | None = None  # "flat" or "rows": packed samples (see budget.setup.Packing)
     offload: bool = False  # activation offloading (TRL's OffloadActivations rules)
+    # how the measured step offloads: "all", "dedupe" (verify.offload's emulation of TRL's
+    # rules) or "trl" (TRL's own OffloadActivations, where trl is installed); None: what
+    # `llmmem verify` runs for the plan
+    offload_mode: str | None = None
+    compile: bool = False  # the model runs under torch.compile (measured on CUDA only)
 
     @classmethod
     def from_json(cls, row: dict[str, Any]) -> GridCase:
@@ -205,7 +210,18 @@ class GridCase:
             row.get("model"),
             row.get("packing"),
             bool(row.get("offload", False)),
+            row.get("offload_mode"),
+            bool(row.get("compile", False)),
         )
+
+    @property
+    def measures_the_estimate(self) -> bool:
+        """Whether a measurement of this case is held to the estimate itself: not under
+        activation offloading or torch.compile (the estimate is the top of their band, the
+        measurement lands inside it), nor a flat packed row of one sample (measured on
+        2026-11-26 before the runner cut such a row in two: it packed nothing)."""
+        one_sample = self.packing == "flat" and self.batch == 1
+        return not (self.offload or self.compile or one_sample)
 
     @property
     def name(self) -> str:
@@ -215,6 +231,8 @@ class GridCase:
         who = self.model.split("/")[-1] if self.model else self.family
         packed = f"-packed-{self.packing}" if self.packing else ""
         packed += "-offload" if self.offload else ""
+        packed += f"-{self.offload_mode}" if self.offload and self.offload_mode else ""
+        packed += "-compile" if self.compile else ""
         return (
             f"{who}-{self.method}-{ckpt}-b{self.batch}-s{self.seq}-{self.precision}{fsdp}{attn}"
             f"{packed}"
@@ -353,19 +371,41 @@ def setup_for(case: GridCase) -> TrainingSetup:
         attn=AttnImpl(case.attn),
         packing=case.packing,
         activation_offload=case.offload,
+        compile=case.compile,
     )
 
 
 def predict_case(case: GridCase, config: dict[str, Any], model_id: str) -> dict[str, Any]:
     """The core's figures for a case: allocated per phase, and the totals with their terms."""
     spec = spec_from_config(config, model_id=model_id, source=ModelSource.LOCAL)
-    budget = estimate_budget(spec, setup_for(case), None, with_first_step=False)
+    setup = setup_for(case)
+    budget = estimate_budget(spec, setup, None, with_first_step=False)
+    floor: dict[str, Any] | None = None
+    if budget.band_floor is not None:
+        # the lowest a real run can reach: every saved tensor on the host (offloading), or
+        # the checkpointed step (torch.compile), with its allocated peak beside the total
+        low = (
+            estimate_budget(spec, setup, None, with_first_step=False, offloaded=True)
+            if case.offload
+            else estimate_budget(
+                spec,
+                replace(setup, grad_ckpt=True, activation_offload=False),
+                None,
+                with_first_step=False,
+            )
+        )
+        floor = {
+            "allocated_peak_bytes": min(low.allocated_peak_bytes, budget.allocated_peak_bytes),
+            "device_total_bytes": budget.band_floor[0],
+            "why": budget.band_floor[1],
+        }
     return {
         "phases": {phase.phase.value: phase.allocated_bytes for phase in budget.phases},
         "totals": {
             "allocated_peak_bytes": budget.allocated_peak_bytes,
             "reserved_peak_bytes": budget.reserved_peak_bytes,
             "device_total_bytes": budget.device_total_bytes,
+            "floor": floor,
             "overheads": {
                 name.value: {"bytes": term.bytes, "formula": term.formula}
                 for name, term in budget.overheads.items()
@@ -384,7 +424,11 @@ def run_case(
     started = time.monotonic()
     if device == "cuda":
         _empty_cuda_cache()
-    measured = run_step(request_for(spec, setup_for(case), config, device))
+    request = request_for(spec, setup_for(case), config, device)
+    if case.offload and case.offload_mode:
+        request.activation_offload = case.offload_mode
+    request.compile = case.compile
+    measured = run_step(request)
     seconds = round(time.monotonic() - started, 2)
     if device == "cuda":
         _empty_cuda_cache()
@@ -444,6 +488,8 @@ def results_json(results: list[GridResult]) -> list[dict[str, Any]]:
             "attn": r.case.attn,
             "packing": r.case.packing,
             "offload": r.case.offload,
+            "offload_mode": r.case.offload_mode,
+            "compile": r.case.compile,
             "predicted_allocated_bytes": r.predicted,
             "measured_allocated_bytes": r.simulated,
             "predicted": r.predicted_totals,
@@ -534,8 +580,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--shape", action="append", metavar="BxS", help="micro-batch x sequence, e.g. 2x2048"
     )
+    parser.add_argument(
+        "--packed",
+        action="append",
+        choices=["flat", "rows"],
+        help="with --model: packed samples, position ids restarting per sample",
+    )
+    parser.add_argument(
+        "--offload",
+        action="append",
+        choices=["all", "dedupe", "trl"],
+        help="with --model: activation offloading, by the emulation of TRL's rules (all, "
+        "dedupe) or by TRL's own OffloadActivations (trl, where trl is installed)",
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="with --model --device cuda: the model runs under torch.compile",
+    )
     parser.add_argument("--json", metavar="PATH", help="write every case's figures here")
     args = parser.parse_args(argv)
+    if (args.packed or args.offload or args.compile) and not args.model:
+        parser.error("--packed, --offload and --compile go with --model")
+    if args.compile and args.device != "cuda":
+        parser.error("torch.compile is measured on a GPU: --compile needs --device cuda")
     families = args.family or list(SMALL_CONFIGS)
     shapes = SHAPES[args.size]
     if args.shape:
@@ -554,6 +622,18 @@ def main(argv: list[str] | None = None) -> int:
             grid = model_cases(args.model, methods, args.attn or ["sdpa"], shapes)
         except KeyError as err:
             parser.error(str(err.args[0]))
+        grid = [
+            replace(
+                case,
+                packing=packing,
+                offload=offload is not None,
+                offload_mode=offload,
+                compile=args.compile,
+            )
+            for case in grid
+            for packing in args.packed or [None]
+            for offload in args.offload or [None]
+        ]
     elif args.qlora:
         grid = qlora_cases(families, shapes)
     else:

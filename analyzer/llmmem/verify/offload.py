@@ -100,7 +100,9 @@ class OffloadedActivations:
         for old in [i for i in self.fwd_stash if i <= tensor_id - MAX_FWD_STASH]:
             self.offloaded_storages.discard(self._key(self.fwd_stash.pop(old)))
         host = None
-        if not _is_fake(t):
+        if t.device.type != "cpu" and not _is_fake(t):
+            host = t.detach().to("cpu", copy=True)  # a GPU's tensor: host memory, not its own
+        elif not _is_fake(t):
             host = t.detach().contiguous().view(-1).view(torch.uint8).numpy().copy()
         self.tracker[tensor_id] = (host, tuple(t.shape), t.dtype, t.device)
         self.fwd_stash[tensor_id] = t
@@ -124,7 +126,9 @@ class OffloadedActivations:
             return t
         host, shape, dtype, device = self.tracker.pop(value)
         t = torch.empty(shape, dtype=dtype, device=device)
-        if host is not None:
+        if isinstance(host, torch.Tensor):
+            t.copy_(host)
+        elif host is not None:
             t.view(-1).view(torch.uint8).copy_(torch.from_numpy(host))
         self.bwd_stash[value] = t
         return t

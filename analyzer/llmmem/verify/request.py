@@ -59,7 +59,11 @@ class StepRequest:
     # saved activations moved off the device in forward and back in backward: "all" (every
     # tensor TRL's rules let go) or "dedupe" (a second save of a storage still being offloaded
     # stays on the device, as TRL's stream mode keeps it); None: no offloading
+    # "trl": TRL's own OffloadActivations (needs trl installed), the whole forward and backward
+    # under its hooks as SFTTrainer.training_step runs them
     activation_offload: str | None = None
+    # the model runs under torch.compile (default mode), CUDA only
+    compile: bool = False
 
     @property
     def launched(self) -> bool:

@@ -263,9 +263,11 @@ def _batch(torch: Any, request: StepRequest, device: str, vocab: int) -> dict[st
     ids = torch.randint(3, max(vocab, 4), shape, device=device)
     batch = {"input_ids": ids, "labels": ids.clone()}
     if request.packing is not None:
-        # the samples' own positions: `batch` samples of `seq` tokens in one flat row, or two
-        # samples in each row
-        length = request.seq if request.packing == "flat" else max(request.seq // 2, 1)
+        # the samples' own positions: `batch` samples of `seq` tokens in one flat row (two
+        # halves of one where the batch is one sample, which packs nothing), or two samples in
+        # each row
+        flat_samples = request.packing == "flat" and request.batch > 1
+        length = request.seq if flat_samples else max(request.seq // 2, 1)
         positions = torch.arange(shape[1], device=device) % length
         batch["position_ids"] = positions.unsqueeze(0).expand(shape[0], -1).contiguous()
     if request.architecture.endswith("ForConditionalGeneration") or "T5" in request.architecture:
@@ -356,6 +358,12 @@ def _run(request: StepRequest, result: StepMeasurement, meters: list[_Meter]) ->
             "a DeepSpeed ZeRO plan cannot be simulated (DeepSpeed does not run on fake "
             "tensors): use --device cpu for a small model, or cuda"
         )
+    if request.compile and device != "cuda":
+        raise VerifyError(
+            "a torch.compile plan is measured on a GPU only (--device cuda): the CPU's and the "
+            "simulator's storage trackers do not run under the compiler, and the estimate "
+            "already gives its band (down to the checkpointed step)"
+        )
     if device == "cuda" and not torch.cuda.is_available():
         raise VerifyError(
             "no CUDA device here: run `llmmem verify FILE --simulate` for a simulated step, or "
@@ -430,6 +438,11 @@ def _run(request: StepRequest, result: StepMeasurement, meters: list[_Meter]) ->
         meter.file(list(loop.model.buffers()), OTHER)
         if loop.autograd_gradients:
             meter.watch_gradients(loop.trainable)
+        if request.compile:
+            loop.model = torch.compile(loop.model)
+            notes.append(
+                "torch.compile (default mode): the warm-up step compiles, the next one is measured"
+            )
         _drive(torch, loop, meter, request, result)
     result.allocated_peak_bytes = max(p.peak_bytes for p in result.phases)
     meter.finish()
@@ -945,7 +958,21 @@ def _drive(
     vocab = _vocab(request)
     micro_batches = max(1, min(request.grad_accum, 2))
     offload: Any = None
-    if request.activation_offload:
+    around_step: Any = contextlib.nullcontext
+    if request.activation_offload == "trl":
+        if request.device != "cuda":
+            raise VerifyError(
+                "TRL's own offloading hooks move tensors of an accelerator only: measure them "
+                "with --device cuda (on the CPU the emulation of its rules runs instead)"
+            )
+        # TRL's own hooks, made once as SFTTrainer makes them, around forward and backward as
+        # its training_step has them
+        trl_hooks = _trl_offloading().get_act_offloading_ctx_manager(model=loop.model)
+        around_step = lambda: trl_hooks  # noqa: E731
+        result.notes.append(
+            "activation offloading: TRL's own OffloadActivations (pinned host memory, streams)"
+        )
+    elif request.activation_offload:
         from llmmem.verify.offload import OffloadedActivations
 
         offload = OffloadedActivations(
@@ -963,13 +990,18 @@ def _drive(
             result.stage = "forward"
             if measure:
                 meter.begin("forward")
-            with offload if offload is not None else contextlib.nullcontext():
-                loss = loop.forward(batch)
-            if measure:
-                meter.end("forward")
-                meter.begin("backward")
-            result.stage = "backward"
-            loop.backward(loss)
+            hooks = around_step()
+            hooks.__enter__()
+            try:
+                with offload if offload is not None else contextlib.nullcontext():
+                    loss = loop.forward(batch)
+                if measure:
+                    meter.end("forward")
+                    meter.begin("backward")
+                result.stage = "backward"
+                loop.backward(loss)
+            finally:
+                hooks.__exit__(None, None, None)
             if offload is not None:
                 offload.end_of_backward()
             del loss, batch
@@ -1000,6 +1032,25 @@ def _drive(
     finally:
         if offload is not None:
             offload.close()
+
+
+def _trl_offloading() -> Any:
+    """TRL's `trl.models.activation_offloading`, loaded from its file: the package's own
+    `__init__` imports datasets and more that a step does not need."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("trl")
+    if spec is None or not spec.submodule_search_locations:
+        raise VerifyError("offloading by TRL's own hooks needs trl: pip install trl")
+    path = Path(next(iter(spec.submodule_search_locations))) / "models" / "activation_offloading.py"
+    if not path.is_file():
+        raise VerifyError(f"this trl has no {path.name} (an older release): install a newer trl")
+    module_spec = importlib.util.spec_from_file_location("_trl_activation_offloading", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
 
 
 def _let_collectives_release(request: StepRequest) -> None:
