@@ -345,9 +345,13 @@ def attention_core(
                 tally.add(4, "b·a·s²")  # dropout output, saved by probs @ v
         return
     tally.add(2 * e, "N·q")  # q after rotary embedding, and the attention output
-    tally.add(2 * e, "N·kvd")  # k after rotary embedding, v
+    masked = attn is AttnImpl.SDPA and ctx.setup.packed_mask and not cross
+    # transformers passes SDPA grouped K/V heads (enable_gqa) only without a mask
+    # (`use_gqa_in_sdpa`, 4.5x to 5.x): with the packed samples' mask it repeats K and V to
+    # every query head first, and SDPA keeps the repeated copies
+    tally.add(2 * e, "N·q" if masked and grouped else "N·kvd")  # k after rotary embedding, v
     tally.add(4, "b·a·s")  # log-sum-exp per head and row (fp32)
-    if attn is AttnImpl.SDPA and ctx.setup.packed_mask and not cross:
+    if masked:
         # packed samples: transformers passes SDPA a boolean block-diagonal mask, which SDPA
         # converts to an additive one in q's dtype on every call (torch's
         # convert_boolean_attn_mask) and keeps for backward: rows × tokens² per layer
