@@ -94,6 +94,21 @@ def logits_moments(spec: ModelSpec, setup: TrainingSetup) -> LogitsMoments:
             text + f" + 12 B × one chunk of {CHUNK_POSITIONS} positions",
             text,
         )
+    if setup.compile and setup.loss is LossImpl.STANDARD:
+        # torch.compile fuses the upcast, the log-softmax and the loss into reductions over
+        # the logits: forward keeps the logits alone, and backward's gradient comes out of one
+        # kernel in fp32 beside them (an H100 under torch 2.11 with transformers 5.24:
+        # bench/gpu/2026-11-26-h100/grid-compile.json, 2 and 6 B × N·V for bf16 logits)
+        capped = e if softcap else 0
+        text = f"{e + capped} B × {count}: the logits, the loss fused by torch.compile"
+        return LogitsMoments(
+            (e + capped) * n_logits,
+            (e + 4 + capped) * n_logits,
+            (e + capped) * n_logits,
+            text,
+            f"{e + 4 + capped} B × {count}: the logits + their gradient in fp32 (fused loss)",
+            f"{e + capped} B × {count}: the logits' gradient in the compute dtype",
+        )
     if own_16bit_loss(spec, setup):
         # the shifted copy and the log-softmax in the logits' dtype, beside the logits
         text = f"({e} (logits) + {e} (shifted copy) + {e} (log-softmax)) B × {count}"
@@ -134,8 +149,8 @@ def logits_hole(spec: ModelSpec, setup: TrainingSetup) -> int:
     """The 16-bit logits' block, freed at the start of backward and too small for the fp32
     tensors that follow: the caching allocator keeps it reserved, unused, until the logits'
     16-bit gradient fits into it. Only the standard loss upcasts whole 16-bit logits."""
-    if not spec.is_causal_lm or setup.loss is not LossImpl.STANDARD:
-        return 0
+    if not spec.is_causal_lm or setup.loss is not LossImpl.STANDARD or setup.compile:
+        return 0  # (torch.compile's fused loss makes no fp32 copy)
     if own_16bit_loss(spec, setup) or all(setup.loss_forward_copies):
         # transformers 4.46-4.48 (and the 16-bit losses): the 16-bit logits stay allocated
         # beside the fp32 copies until forward's end, the allocated peak, and the backward's
