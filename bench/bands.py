@@ -74,6 +74,8 @@ def gpu_residuals() -> list[Residual]:
     # expandable segments are another allocator setting: not the default user's
     paths = [p for p in sorted(GPU_RUNS.glob("*/grid-*.json")) if "expandable" not in p.stem]
     for path, case, config, measurement in measured_cases(paths):
+        if not case.measures_the_estimate:
+            continue  # offloading, torch.compile: the band's floor is their evidence
         setup = setup_for(case)
         totals = predict_case(case, config, case.model or case.family)["totals"]
         workspaces = totals["overheads"].get("cublas_workspaces", {}).get("bytes", 0)

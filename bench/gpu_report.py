@@ -84,9 +84,31 @@ def grid_rows(path: Path, now: bool = False) -> list[dict[str, Any]]:
                 "slack_predicted": predicted["overheads"]["allocator_slack"]["bytes"],
                 "used_before_build": before,
                 "seconds": row.get("seconds"),
+                "floor": (predicted.get("floor") or {}).get("allocated_peak_bytes"),
+                "estimate": predicted["allocated_peak_bytes"] + cublas,
+                "cublas": cublas,
             }
         )
     return out
+
+
+def band_table(rows: list[dict[str, Any]]) -> str:
+    """Settings whose estimate is the top of a band (activation offloading, torch.compile):
+    where the measured allocated peak lands between the floor (0) and the estimate (1)."""
+    lines = [
+        "| case | measured (GiB) | floor (GiB) | estimate (GiB) | where in the band |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "error" in r or r.get("floor") is None:
+            continue
+        floor = r["floor"] + r["cublas"]
+        got, top = r["measured_allocated"], r["estimate"]
+        where = f"{(got - floor) / (top - floor):.2f}" if top > floor else "(no band)"
+        lines.append(
+            f"| {r['case']} | {got / GIB:.2f} | {floor / GIB:.2f} | {top / GIB:.2f} | {where} |"
+        )
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def grid_table(title: str, rows: list[dict[str, Any]]) -> str:
@@ -184,12 +206,18 @@ def main(argv: list[str] | None = None) -> int:
     paths = [path for folder in folders for path in sorted(folder.glob("grid-*.json"))]
     for path in paths:
         rows = grid_rows(path, now=args.now)
-        if "expandable" not in path.stem:  # another allocator setting: shown, not pooled
+        banded = band_table(rows)
+        if "expandable" not in path.stem and not banded:
+            # another allocator setting, or an estimate that is the top of a band: shown,
+            # not pooled
             everything += rows
         print(grid_table(f"{path.parent.name}/{path.stem}", rows))
         print()
         print(summary(rows))
         print()
+        if banded:
+            print(banded)
+            print()
     if everything:
         print("### all grid cases (default allocator settings)")
         print(summary(everything))
