@@ -35,6 +35,15 @@ Under DeepSpeed accelerate turns `native_amp` off: no model's outputs are conver
 LM's SFT step is not changed the same way: its loss upcasts the logits to fp32 inside the
 forward anyway, and the output's fp32 copy is made after that loss's own copy is freed.
 
+Two moments are TRL 0.29's own code and are counted only when `PreferenceSetup.trl_release`
+is a 0.29 release (None: 0.29): DPOTrainer (rewritten in 0.29) logs metrics after the loss, in
+the same call, with the policy's and the reference's logits and shifted copies alive
+(`entropy_from_logits` over 128-row chunks, a mask copy of the chosen completions' logits),
+and the step peaks there where the reference's logits are large; trl.experimental's ORPO and
+CPO trainers take the log-probabilities on a view of the logits (no shifted copy, but the
+logits stay alive through backward) and add the chosen half's cross-entropy over a shifted copy
+of that half. Both were found running the trainers themselves (bench/trl_trainers.py).
+
 TRL 1.x replaced the full logits by a fused, tiled LM head (`add_fused_lm_head` in
 trl/trainer/utils.py at 1.16.0): the logits are never whole there. This module follows the 0.x
 trainers, read at 0.29.1 (KTO: trl/experimental/kto/kto_trainer.py).
@@ -54,7 +63,7 @@ from llmmem.budget.activations import dtypes_for, estimate_activations
 from llmmem.budget.overheads import overhead_terms, reserved_and_device_total
 from llmmem.budget.phases import estimate_budget
 from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
-from llmmem.budget.setup import Method, SetupError, TrainingSetup
+from llmmem.budget.setup import Method, SetupError, TrainingSetup, release
 from llmmem.budget.weights import build_inventory
 from llmmem.models.spec import ModelSpec
 from llmmem.units import format_bytes, format_count
@@ -109,6 +118,10 @@ class PreferenceSetup:
     grpo: Any = None
     # PPO: a llmmem.budget.ppo.PpoSetup (None: PPOConfig's defaults, every model the policy's size)
     ppo: Any = None
+    # the TRL release the trainer runs (None: TRL_RELEASE, the one these budgets follow); the
+    # moments that are one release's own (DPO's metrics after the loss, ORPO's and CPO's
+    # log-probabilities on a view of the logits) are counted for that release only
+    trl_release: str | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -121,6 +134,18 @@ class PreferenceSetup:
             raise SetupError(f"num_labels must be at least 1, got {self.num_labels}")
         if self.reference_bytes is not None and self.reference_bytes not in (1, 2, 4):
             raise SetupError(f"reference_bytes is 1, 2 or 4, got {self.reference_bytes}")
+        if self.trl_release is not None:
+            try:
+                release(self.trl_release)
+            except ValueError:
+                raise SetupError(
+                    f"trl_release must look like '0.29.1', got '{self.trl_release}'"
+                ) from None
+
+    @property
+    def follows_trl_release(self) -> bool:
+        """Whether the trainer runs the release whose code these budgets restate (0.29.x)."""
+        return release(self.trl_release or TRL_RELEASE) == release(TRL_RELEASE)
 
 
 def fp32_outputs(mixed_precision: bool | None, setup: TrainingSetup) -> bool:
@@ -196,6 +221,7 @@ def log_prob_moments(
     sequences: int,
     fp32: bool = False,
     reference_fp32: bool | None = None,
+    chosen_nll: bool = False,
 ) -> LogProbMoments:
     """`selective_log_softmax` over `sequences` rows of `setup.seq` tokens (trl 0.29.1,
     trl/trainer/utils.py), measured on CPU in tests/budget/test_preference.py.
@@ -208,7 +234,11 @@ def log_prob_moments(
     log-softmax autograd keeps are alive. In backward fp32 logits peak at four L'-sized fp32
     tensors (the saved copy, the gather's scattered gradient, the per-row logsumexp gradients
     accumulated into one buffer, and the next row's); 16-bit ones at two (the saved
-    log-softmax and the gradient buffer)."""
+    log-softmax and the gradient buffer).
+
+    `chosen_nll`: ORPO's and CPO's step at TRL 0.29 (trl/experimental/orpo/orpo_trainer.py,
+    cpo/cpo_trainer.py `concatenated_forward` and `get_batch_logps`), which `_orpo_moments`
+    follows instead."""
     compute = dtypes_for(setup).compute
     e = 4 if fp32 else compute
     r = 4 if (fp32 if reference_fp32 is None else reference_fp32) else compute
@@ -218,6 +248,8 @@ def log_prob_moments(
     row = max(setup.seq - 1, 0) * vocab
     count = f"L = {sequences}×{setup.seq}×{format_count(vocab)}"
     converted = " (accelerate's fp32 outputs)" if compute != 4 else ""
+    if chosen_nll:
+        return _orpo_moments(e, whole, shifted, (sequences // 2) * row, count + converted)
     if e == 4:
         forward = 4 * whole + 4 * shifted
         forward_text = f"4 B × {count} (fp32 logits{converted}) + 4 B × L' (the shifted copy, kept)"
@@ -251,6 +283,98 @@ def log_prob_moments(
         reference_text,
         backward_text,
     )
+
+
+def _orpo_moments(e: int, whole: int, shifted: int, half: int, count: str) -> LogProbMoments:
+    """ORPO's (and CPO's, `cpo_alpha` > 0) log-probabilities at TRL 0.29.1: the chosen half's
+    NLL is `nn.CrossEntropyLoss` over `logits[:n_chosen][..., :-1, :].contiguous()` (a copy
+    of that half, freed when the loss is made; its log_softmax kept for backward), and
+    `get_batch_logps` takes `selective_log_softmax` of the view `logits[:, :-1, :]`: no
+    shifted copy. With e-byte logits, L' = rows × (s − 1) × V and H = L'/2 (the chosen half),
+    measured on the CPU in tests/budget/test_trl_release_moments.py:
+
+    - fp32 logits: the forward peaks inside the cross-entropy (L, the copy H and its
+      log_softmax H); backward at L (kept by the per-row logsumexp's saved rows) + H (the
+      saved log_softmax) + three L'-sized gradients (the gather's, the rows' logsumexp
+      gradients stacked, and their sum);
+    - 16-bit logits: the per-row log_softmax outputs (L') are kept beside the logits and the
+      cross-entropy's H; backward peaks at three L-sized gradients of the logits (the
+      log-probabilities', the cross-entropy's, and their sum), the saved tensors given back.
+
+    There is no reference model: `reference` and `inside_kernel` are 0."""
+    if e == 4:
+        forward = 4 * whole + 8 * half
+        forward_text = (
+            f"4 B × {count} (fp32 logits) + 4 B × L'/2 (the chosen half's shifted copy, inside "
+            "its cross-entropy) + 4 B × L'/2 (that cross-entropy's log_softmax, kept)"
+        )
+        backward = 4 * whole + 12 * shifted + 4 * half
+        backward_text = (
+            "4 B × L (kept by the per-row logsumexp's saved rows) + 4 B × L'/2 (the "
+            "cross-entropy's log_softmax) + 12 B × L' (the gather's gradient, the rows' "
+            "logsumexp gradients stacked, and their sum)"
+        )
+    else:
+        forward = e * whole + e * half + e * shifted
+        forward_text = (
+            f"{e} B × {count} (logits) + {e} B × L'/2 (the chosen half's cross-entropy "
+            f"log_softmax, kept) + {e} B × L' (per-row log-softmax of the view, kept)"
+        )
+        backward = 3 * e * whole
+        backward_text = (
+            f"{3 * e} B × L (the logits' gradients from the log-probabilities and from the "
+            "cross-entropy, and their sum)"
+        )
+    return LogProbMoments(forward, 0, 0, backward, forward_text, "", backward_text)
+
+
+def dpo_metrics_bytes(spec: ModelSpec, setup: TrainingSetup, sequences: int, e: int) -> int:
+    """What TRL 0.29.1's `DPOTrainer._compute_loss` allocates for its metrics after the loss,
+    with the policy's (and the reference's) logits and shifted copies still alive: the larger
+    of `entropy_from_logits` on the shifted logits (trl/trainer/utils.py: `log_softmax`,
+    `exp` and their product over chunks of 128 rows of the flattened logits, three chunks at
+    once) and the boolean-mask copy of the chosen completions' logits for their mean
+    (`chosen_logits[chosen_mask.bool()]`: every position of a chosen sequence counted, an
+    upper bound, as prompts and padding are not copied). e: bytes per logit."""
+    positions = sequences * max(setup.seq - 1, 0)
+    chunk = min(128, positions)
+    chosen = (sequences // 2) * max(setup.seq - 1, 0)
+    return e * spec.vocab_size * max(3 * chunk, chosen)
+
+
+def _metrics_phase(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    phase: PhaseBudget,
+    reference_row: int,
+    rows: int,
+    e: int,
+) -> PhaseBudget:
+    """DPO's metrics moment (TRL 0.29): `phase` (the reference forward, or the policy's forward
+    without a reference in the step) with the reference's one-row temporary (`reference_row`
+    bytes) given back and the metrics' tensors made, or `phase` where it is larger."""
+    extra = dpo_metrics_bytes(spec, setup, rows, e)
+    parts = dict(phase.components)
+    temporaries = parts.get(Component.TEMPORARIES)
+    kept = 0
+    text = ""
+    if temporaries is not None:
+        given_back = reference_row if phase.phase is Phase.REFERENCE_FORWARD else 0
+        kept = temporaries.bytes - given_back
+        text = temporaries.formula + (" (its row's given back)" if given_back else "") + " + "
+    chunk = min(128, rows * max(setup.seq - 1, 0))
+    parts[Component.TEMPORARIES] = Term(
+        bytes=kept + extra,
+        formula=text
+        + f"DPO's metrics (TRL 0.29): {e} B × V × max(3 × {chunk} rows (entropy_from_logits' "
+        "chunks), the chosen completions' rows (their mask copy))",
+    )
+    metrics = PhaseBudget(
+        phase=phase.phase,
+        moment="DPO's metrics after the loss (TRL 0.29: entropy_from_logits), the logits alive",
+        components=parts,
+    )
+    return metrics if metrics.allocated_bytes > phase.allocated_bytes else phase
 
 
 def sequences_per_step(pref: PreferenceSetup, setup: TrainingSetup) -> int:
@@ -357,12 +481,14 @@ def estimate_preference_budget(
         return _with_first_step(budget, spec, setup, pref, gpu)
 
     fp32 = fp32_outputs(pref.mixed_precision, setup)
+    release_029 = pref.follows_trl_release
     lp = log_prob_moments(
         spec,
         policy_setup,
         rows,
         fp32,
         reference_fp32_outputs(pref.mixed_precision, setup, reference),
+        chosen_nll=release_029 and pref.objective in (Objective.ORPO, Objective.CPO),
     )
     if fp32:
         notes.append(
@@ -378,6 +504,13 @@ def estimate_preference_budget(
     phases = [policy_forward]
     if reference in (Reference.COPY, Reference.ADAPTER) or pref.objective is Objective.KTO:
         phases.append(_reference_phase(spec, setup, pref, policy_forward, lp, reference, rows))
+    if pref.objective is Objective.DPO and release_029:
+        # the metrics run after the loss, in the same call: the last phase before backward
+        compute = dtypes_for(setup).compute
+        e = 4 if fp32 else compute
+        r = 4 if reference_fp32_outputs(pref.mixed_precision, setup, reference) else compute
+        reference_row = r * max(setup.seq - 1, 0) * spec.vocab_size
+        phases[-1] = _metrics_phase(spec, policy_setup, phases[-1], reference_row, rows, e)
     if reference is Reference.PRECOMPUTED:
         notes.append(
             "precompute_ref_log_probs: the reference log-probabilities are read from the "
@@ -388,8 +521,14 @@ def estimate_preference_budget(
     phases.append(_with(step, extra))
     if pref.objective in (Objective.ORPO, Objective.CPO):
         notes.append(
-            f"{pref.objective.value}: no reference model; the chosen half's NLL term reuses the "
-            "same logits (its cross-entropy's own fp32 copy is not counted)"
+            f"{pref.objective.value}: no reference model; "
+            + (
+                "the log-probabilities are taken on a view of the logits and the chosen half's "
+                "NLL is a cross-entropy over a shifted copy of that half (TRL 0.29)"
+                if release_029
+                else "the chosen half's NLL term reuses the same logits (its cross-entropy's "
+                "own copy is not counted)"
+            )
         )
     budget = _budget(sft, phases, notes, policy_spec, policy_setup, reference)
     return _with_first_step(budget, spec, setup, pref, gpu)

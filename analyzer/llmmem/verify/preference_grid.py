@@ -6,8 +6,12 @@ its logits, `selective_log_softmax` (trl/trainer/utils.py: gather and a per-row 
 logits, a per-row log_softmax for 16-bit ones), completion tokens summed; then, inside the same
 call and with the policy's tensors alive, the reference forward under `torch.no_grad()`: a frozen
 copy of the model (full fine-tuning) or the policy with its adapter disabled (PEFT); the sigmoid
-loss. Without a reference (ORPO, CPO/SimPO, precomputed log-probabilities) the loss compares the
-policy's own chosen and rejected log-probabilities. A reward step is TRL's
+loss; then the metrics TRL 0.29.1 logs with every tensor of the loss still alive
+(`entropy_from_logits` over 128-row chunks, a boolean-mask copy of the chosen completions'
+logits). With precomputed log-probabilities the loss compares the policy's own. An ORPO step
+(CPO's is the same) is trl.experimental's ORPOTrainer at 0.29.1: the log-probabilities taken on a
+view of the logits, no shifted copy, and the chosen half's NLL a cross-entropy over a shifted
+copy of that half; the odds-ratio loss. A reward step is TRL's
 `RewardTrainer.compute_loss`: a sequence-classification model on the concatenated pairs,
 `-logsigmoid(chosen - rejected)`. A KTO step is TRL 0.29.1's
 (trl/experimental/kto/kto_trainer.py): unpaired examples, the KL batch's log-probabilities without
@@ -205,12 +209,18 @@ class _Step:
             return -F.logsigmoid(chosen - rejected).mean()
         if case.objective == "kto":
             return self.kto_loss(ids, completion, tracker)
+        if case.objective == "orpo":
+            loss = self.orpo_loss(ids, completion)
+            tracker.marks["forward"] = tracker.peak
+            return loss
         outputs, shifted, (chosen, rejected) = self.log_probs(self.model, ids, completion)
+        if case.reference == "precomputed":
+            loss = -F.logsigmoid(0.1 * (chosen - rejected)).mean()
+            self.dpo_metrics(shifted, completion)
+            tracker.marks["forward"] = tracker.peak
+            return loss
         tracker.marks["forward"] = tracker.peak
         tracker.reset_peak("activations")
-        if case.objective != "dpo" or case.reference == "precomputed":
-            margin = chosen - rejected  # ORPO-like: no reference
-            return -F.logsigmoid(0.1 * margin).mean()
         with torch.no_grad():
             if self.ref is None:
                 with self.model.disable_adapter():
@@ -223,8 +233,51 @@ class _Step:
                 )
         margin = (chosen - ref_chosen) - (rejected - ref_rejected)
         loss = -F.logsigmoid(0.1 * margin).mean()
+        # the metrics run with the reference's logits and shifted copy still alive
+        self.dpo_metrics(shifted, completion)
         tracker.marks["reference_forward"] = tracker.peak
         return loss
+
+    def dpo_metrics(self, shifted: torch.Tensor, completion: torch.Tensor) -> None:
+        """The metrics TRL 0.29.1's `DPOTrainer._compute_loss` logs after the loss, on the
+        policy's shifted logits: `entropy_from_logits` (trl/trainer/utils.py: log_softmax,
+        exp and their product over 128-row chunks), the mean logit of the chosen and of the
+        rejected completion tokens (a boolean-mask copy of those rows), the chosen half's
+        argmax."""
+        logits = shifted.detach()
+        flat = logits.reshape(-1, logits.shape[-1])
+        for chunk in flat.split(128, dim=0):
+            logps = F.log_softmax(chunk, dim=-1)
+            _ = -(torch.exp(logps) * logps).sum(-1)
+        del logps
+        chosen_logits, rejected_logits = logits.chunk(2, dim=0)
+        chosen_mask, rejected_mask = completion[..., 1:].chunk(2, dim=0)
+        for half, mask in ((chosen_logits, chosen_mask), (rejected_logits, rejected_mask)):
+            _masked_rows(half, mask).mean(-1).sum()
+        chosen_logits.argmax(dim=-1)
+
+    def orpo_loss(self, ids: torch.Tensor, completion: torch.Tensor) -> Any:
+        """TRL 0.29.1's ORPO step (trl/experimental/orpo/orpo_trainer.py `concatenated_forward`,
+        `get_batch_logps`, `odds_ratio_loss`; CPO's is the same with `cpo_alpha` > 0): the
+        chosen half's NLL is a cross-entropy over a shifted copy of that half's logits (its
+        log_softmax kept for backward, the copy freed); the log-probabilities are taken on a
+        view of the logits (`logits[:, :-1, :]`, no copy), whose rows the per-row logsumexp
+        keeps alive through backward."""
+        half = ids.shape[0] // 2
+        all_logits = self.forward(self.model, ids).logits
+        chosen = all_logits[:half][..., :-1, :].contiguous()
+        nll = F.cross_entropy(chosen.view(-1, chosen.shape[-1]), ids[:half, 1:].reshape(-1))
+        del chosen
+        labels = ids[:, 1:].clone()
+        mask = completion[:, 1:] != 0
+        labels[~mask] = 0
+        per_token = selective_log_softmax(all_logits[:, :-1, :], labels)
+        logps = (per_token * mask).sum(-1) / mask.sum(-1)
+        chosen_logps, rejected_logps = logps.chunk(2)
+        log_odds = (chosen_logps - rejected_logps) - (
+            torch.log1p(-torch.exp(chosen_logps)) - torch.log1p(-torch.exp(rejected_logps))
+        )
+        return nll - 0.1 * F.logsigmoid(log_odds).mean()
 
     # -- KTO (trl 0.29.1, trl/experimental/kto/kto_trainer.py: `forward`, `get_batch_logps`,
     # `_compute_kl_logps`, `get_batch_loss_metrics`): unpaired examples, half desirable; the
@@ -276,6 +329,19 @@ class _Step:
         loss = torch.cat((chosen_losses, rejected_losses), 0).mean()
         tracker.marks["reference_forward"] = tracker.peak
         return loss
+
+
+def _masked_rows(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`logits[mask.bool()]`; under fake tensors (a simulated step), whose count of rows is
+    data-dependent, a tensor of the same size: `_Step.batch` masks the first quarter of every
+    sequence as its prompt."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if not isinstance(logits, FakeTensor):
+        return logits[mask.bool()]
+    seq = mask.shape[-1] + 1
+    rows = mask.shape[0] * (seq - max(seq // 4, 1))
+    return logits.new_empty((rows, logits.shape[-1]))
 
 
 def mixed_precision(case: Any) -> bool:
@@ -415,7 +481,9 @@ def predict(case: Case, size: str = "small") -> dict[str, int]:
     )
     budget = estimate_preference_budget(spec, setup, pref)
     phases = {p.phase.value: p.allocated_bytes for p in budget.phases}
-    if Phase.REFERENCE_FORWARD.value in phases:
+    ref_phase = next((p for p in budget.phases if p.phase is Phase.REFERENCE_FORWARD), None)
+    # DPO's metrics moment (TRL 0.29) comes after the reference's kernel temporary is gone
+    if ref_phase is not None and ref_phase.moment.startswith("reference forward"):
         rows = 2 * case.batch
         fp32 = fp32_outputs(case.mixed, setup)
         inside = log_prob_moments(spec, replace(setup, batch=rows), rows, fp32).inside_kernel

@@ -3,7 +3,10 @@ objectives (ORPO, CPO, SimPO), KTO and reward models, on the plan's own model.
 
 The loss code is `llmmem.verify.preference_grid`'s (chosen and rejected concatenated,
 `selective_log_softmax` over the shifted logits, the reference's log-probabilities under
-`no_grad` — a frozen copy in full fine-tuning, the adapter disabled under PEFT — and KTO's KL
+`no_grad` — a frozen copy in full fine-tuning, the adapter disabled under PEFT — and DPO's
+metrics after the loss, `entropy_from_logits` among them; ORPO, CPO and SimPO as TRL's
+experimental ORPOTrainer: the log-probabilities on a view of the logits and the chosen half's
+cross-entropy, which SimPO's `cpo_alpha=0` leaves out, so its step is an upper bound; KTO's KL
 batch); here it runs on the model the plan builds (its config, dtype, LoRA, checkpointing,
 optimizer), counted by the storage tracker, on the CPU or simulated. Each phase the budget names
 is measured: forward, the reference forward, backward and the optimizer step; and the run's
@@ -25,7 +28,7 @@ from llmmem.verify.request import StepMeasurement, StepRequest
 STEP_OBJECTIVE = {
     "dpo": "dpo",
     "kto": "kto",
-    "orpo": "orpo",  # no reference: the policy's log-probabilities alone
+    "orpo": "orpo",  # no reference: the log-probabilities and the chosen half's NLL
     "cpo": "orpo",
     "simpo": "orpo",
     "reward": "reward",

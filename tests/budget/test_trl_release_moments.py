@@ -1,0 +1,121 @@
+"""The moments of TRL 0.29's preference trainers that are that release's own code.
+
+- DPOTrainer._compute_loss (trl/trainer/dpo_trainer.py at 0.29.1) logs its metrics after the
+  loss, while the policy's and the reference's logits and shifted copies are alive:
+  `entropy_from_logits` (log_softmax, exp and their product over 128-row chunks) and a
+  boolean-mask copy of the chosen completions' logits. bench/trl_trainers.py found the real
+  trainer's step peaking there.
+- ORPOTrainer (trl/experimental/orpo at 0.29.1) takes the log-probabilities on a view of the
+  logits (no shifted copy) and adds the chosen half's NLL, a cross-entropy over a shifted copy
+  of that half.
+
+Bytes below are worked out by hand from those lines of TRL for the tiny Llama of the
+preference grid (vocabulary 1000), 2 pairs of 64 tokens unless said: L = 4 × 64 × 1000 logits,
+L' = 4 × 63 × 1000 shifted, the chosen half H = 2 × 63 × 1000.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from llmmem.budget.preference import (
+    Objective,
+    PreferenceSetup,
+    estimate_preference_budget,
+    log_prob_moments,
+)
+from llmmem.budget.result import Phase
+from llmmem.budget.setup import Method, Precision, SetupError, TrainingSetup
+from llmmem.models.architectures import spec_from_config
+from llmmem.models.spec import ModelSource
+
+TINY = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 64,
+    "intermediate_size": 160,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 1000,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": False,
+}
+
+
+def _spec():  # type: ignore[no-untyped-def]
+    return spec_from_config(TINY, model_id="tiny-llama", source=ModelSource.CONFIG)
+
+
+def _setup(seq: int = 64, precision: str = "fp32") -> TrainingSetup:
+    return TrainingSetup(
+        method=Method.FULL, batch=2, seq=seq, precision=Precision(precision), optim="adamw_torch"
+    )
+
+
+def _phase(objective: Objective, release: str | None, phase: Phase, seq: int = 64):  # type: ignore[no-untyped-def]
+    pref = PreferenceSetup(objective=objective, trl_release=release)
+    budget = estimate_preference_budget(_spec(), _setup(seq), pref)
+    return next(p for p in budget.phases if p.phase is phase)
+
+
+def test_dpo_at_trl_029_peaks_in_its_entropy_metric_after_the_reference() -> None:
+    before = _phase(Objective.DPO, "0.28.0", Phase.REFERENCE_FORWARD)
+    after = _phase(Objective.DPO, "0.29.1", Phase.REFERENCE_FORWARD)
+    assert "entropy_from_logits" in after.moment
+    # the reference's one-row logsumexp temporary (63 × 1000 fp32) is given back; three
+    # 128-row chunks of fp32 log-probabilities are made (4 × 63 = 252 rows: 128 a chunk)
+    row = 4 * 63 * 1000
+    chunks = 4 * 1000 * 3 * 128
+    assert after.allocated_bytes - before.allocated_bytes == chunks - row == 1_284_000
+
+
+def test_dpo_metrics_on_long_sequences_copy_the_chosen_completions() -> None:
+    # 2 pairs of 512 tokens: the chosen half's 2 × 511 rows outweigh three 128-row chunks
+    before = _phase(Objective.DPO, "0.28.0", Phase.REFERENCE_FORWARD, seq=512)
+    after = _phase(Objective.DPO, "0.29.1", Phase.REFERENCE_FORWARD, seq=512)
+    assert after.allocated_bytes - before.allocated_bytes == 4 * 1000 * (2 * 511 - 511)
+
+
+def test_dpo_metrics_are_only_trl_029s() -> None:
+    for release in ("0.28.0", "1.16.0"):
+        phase = _phase(Objective.DPO, release, Phase.REFERENCE_FORWARD)
+        assert "entropy_from_logits" not in phase.moment
+    # None: the release these budgets follow
+    assert "entropy_from_logits" in _phase(Objective.DPO, None, Phase.REFERENCE_FORWARD).moment
+
+
+def test_orpo_at_trl_029_keeps_the_logits_and_the_chosen_cross_entropy() -> None:
+    rows = 4
+    setup = replace(_setup(), batch=rows)
+    fp32 = log_prob_moments(_spec(), setup, rows, fp32=True, chosen_nll=True)
+    whole, shifted, half = 4 * 64 * 1000, 4 * 63 * 1000, 2 * 63 * 1000
+    # inside the chosen half's cross-entropy: the logits, the half's copy and its log_softmax
+    assert fp32.forward_end == 4 * (whole + half + half) == 2_032_000
+    # backward: the logits (kept by the logsumexp's saved rows), the saved log_softmax of the
+    # chosen half, three L'-sized gradients
+    assert fp32.backward_peak == 4 * (whole + half + 3 * shifted) == 4_552_000
+    assert fp32.reference == 0
+    bf16 = log_prob_moments(
+        _spec(), replace(setup, precision=Precision("bf16-true")), rows, chosen_nll=True
+    )
+    # 16-bit logits: the per-row log_softmax of the view kept beside the half's; backward at
+    # three L-sized gradients
+    assert bf16.forward_end == 2 * (whole + half + shifted) == 1_268_000
+    assert bf16.backward_peak == 3 * 2 * whole == 1_536_000
+
+
+def test_orpo_backward_is_larger_than_the_dpo_like_step_before() -> None:
+    before = _phase(Objective.ORPO, "0.28.0", Phase.BACKWARD)
+    after = _phase(Objective.ORPO, "0.29.1", Phase.BACKWARD)
+    # 4·L + 4·H + 12·L' instead of 16·L'
+    assert after.allocated_bytes - before.allocated_bytes == 4 * (
+        64 * 4 * 1000 + 2 * 63 * 1000 - 4 * 63 * 1000
+    )
+
+
+def test_a_release_that_is_not_one_says_so() -> None:
+    with pytest.raises(SetupError, match="trl_release must look like"):
+        PreferenceSetup(objective=Objective.DPO, trl_release="latest")
