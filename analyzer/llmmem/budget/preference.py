@@ -467,7 +467,12 @@ def estimate_preference_budget(
         # the score is hidden × num_labels per sequence: nothing vocabulary-sized to replace
         candidates = [_embedding_last(backward, spec, setup)]
         candidates += [last_block] if last_block else []
-        candidates += _later_backward_moments(policy_spec, policy_setup, forward, step)
+        # the token embedding's gradient comes last under a score head too (the later
+        # moments count it out only beside a vocabulary head)
+        candidates += [
+            _embedding_last(moment, spec, setup)
+            for moment in _later_backward_moments(policy_spec, policy_setup, forward, step)
+        ]
         backward = max(candidates, key=lambda p: p.allocated_bytes)
         in_block = _checkpointed_block_moment(policy_spec, policy_setup, forward)
         if in_block is not None and in_block.allocated_bytes > forward.allocated_bytes:
