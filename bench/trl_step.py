@@ -1,11 +1,17 @@
 """One case of bench/trl_trainers.py, run inside the environment that has TRL.
 
 TRL's own trainer (DPOTrainer, RewardTrainer, trl.experimental's ORPOTrainer and KTOTrainer)
-trains a model built from a config for two steps on the CPU under llmmem's StorageTracker; the
-peak of allocated bytes of the second step (from `on_step_begin` to `on_step_end`: its forward,
-backward and optimizer step) is printed as JSON, with the function TRL was in when it was
-reached. The tokens are words of a word-level tokenizer, so every pair is exactly the asked
-length: a prompt of half the tokens, a completion of the rest less the end-of-sequence token.
+trains a model built from a config for two steps on the CPU under llmmem's StorageTracker. Of the
+second step two peaks of allocated bytes are printed as JSON: from `on_step_begin` to
+`on_pre_optimizer_step` (the forward, the loss and its metrics, backward, gradient clipping) and
+from there to `on_step_end` (the optimizer step), each with the function it was reached in. The
+tokens are words of a word-level tokenizer, so every pair is exactly the asked length: a prompt of
+half the tokens, a completion of the rest less the end-of-sequence token.
+
+torch's AdamW runs its foreach implementation on a GPU and its for-loop one on the CPU (torch
+2.13 `_default_to_fused_or_foreach`: foreach only on cuda, xpu, mtia and privateuse1 devices);
+the budget sizes the GPU's step, so the trainer's optimizer is asked for foreach here.
+With `"detail": true` the sizes of the storages alive at each peak (1 MiB and more) come too.
 
     python bench/trl_step.py '{"objective": "dpo", "method": "full", "batch": 2, "seq": 64,
                                "config": {...}}'
@@ -37,17 +43,34 @@ from llmmem.verify.tracker import StorageTracker  # noqa: E402
 
 
 class PeakTracker(StorageTracker):
-    """The tracker, remembering where the step's peak was reached."""
+    """The tracker, remembering where the step's peak was reached (and, asked, what was
+    alive then)."""
 
     where = ""
     armed = False
+    detail = False
+    live: list[int] = []
 
     def _note_peak(self) -> None:
         before = self.peak
         super()._note_peak()
         if self.armed and self.peak > before:
-            frames = [f for f in traceback.extract_stack() if "/trl/" in f.filename]
-            self.where = f"{frames[-1].name} (trl {frames[-1].lineno})" if frames else ""
+            self.where = _where(traceback.extract_stack())
+            if self.detail:
+                self.live = sorted((s for s in self.sizes.values() if s >= 2**20), reverse=True)
+
+
+def _where(stack: list[Any]) -> str:
+    """The innermost TRL function on the stack, else the optimizer's or autograd's."""
+    for frame in reversed(stack):
+        if "/trl/" in frame.filename:
+            return f"{frame.name} (trl {frame.lineno})"
+    for frame in reversed(stack):
+        if "/torch/optim/" in frame.filename:
+            return f"optimizer {frame.name}"
+        if "/torch/autograd/" in frame.filename or "/torch/nn/utils/clip_grad" in frame.filename:
+            return f"torch {frame.name}"
+    return ""
 
 
 def word(i: int) -> str:
@@ -131,7 +154,14 @@ def run(case: dict[str, Any]) -> dict[str, Any]:
             r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type=task
         )
     tracker = PeakTracker()
-    peaks: list[int] = []
+    tracker.detail = bool(case.get("detail"))
+    seen: dict[str, Any] = {}
+
+    def note(phase: str) -> None:
+        seen[phase] = tracker.peak
+        seen[phase + " where"] = tracker.where
+        if tracker.detail:
+            seen[phase + " live"] = tracker.live
 
     class Peak(TrainerCallback):
         def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -141,13 +171,25 @@ def run(case: dict[str, Any]) -> dict[str, Any]:
                 if module is not None:
                     for tensor in list(module.parameters()) + list(module.buffers()):
                         tracker.track(tensor, "weights")
+            # the GPU's AdamW implementation, which the budget sizes
+            for group in trainer.optimizer.param_groups:
+                group["foreach"] = True
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             tracker.reset_peak("activations")
             tracker.armed = state.global_step == 1
+            tracker.where, tracker.live = "", []
+
+        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if tracker.armed:
+                note("step")
+            tracker.reset_peak("temporaries")
+            tracker.where, tracker.live = "optimizer step", []
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            peaks.append(tracker.peak)
+            if tracker.armed:
+                note("optimizer")
+            tracker.armed = False
 
     config_class, trainer_class = trainer_classes(objective)
     args = config_class(
@@ -163,6 +205,8 @@ def run(case: dict[str, Any]) -> dict[str, Any]:
         dataloader_num_workers=0,
         max_length=seq,
         remove_unused_columns=False,
+        # TRL 0.29's configs turn checkpointing on unless told otherwise: say which
+        gradient_checkpointing=bool(case.get("grad_ckpt", True)),
     )
     with tracker:
         model = cls.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
@@ -175,7 +219,8 @@ def run(case: dict[str, Any]) -> dict[str, Any]:
             callbacks=[Peak()],
         )
         trainer.train()
-    return {"peak": peaks[-1], "where": tracker.where}
+    seen["peak"] = max(seen["step"], seen["optimizer"])
+    return seen
 
 
 if __name__ == "__main__":
