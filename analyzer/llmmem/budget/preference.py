@@ -291,7 +291,8 @@ def _orpo_moments(e: int, whole: int, shifted: int, half: int, count: str) -> Lo
     of that half, freed when the loss is made; its log_softmax kept for backward), and
     `get_batch_logps` takes `selective_log_softmax` of the view `logits[:, :-1, :]`: no
     shifted copy. With e-byte logits, L' = rows × (s − 1) × V and H = L'/2 (the chosen half),
-    measured on the CPU in tests/budget/test_trl_release_moments.py:
+    as measured on the CPU, on the grid's restated step (tests/budget/test_preference.py) and
+    on TRL's own trainer (bench/trl_trainers.py):
 
     - fp32 logits: the forward peaks inside the cross-entropy (L, the copy H and its
       log_softmax H); backward at L (kept by the per-row logsumexp's saved rows) + H (the
