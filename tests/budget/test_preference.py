@@ -61,6 +61,8 @@ CASES = [
     Case("llama", "dpo", "lora", True, seq=512),
     Case("llama", "dpo", reference="precomputed"),
     Case("llama", "orpo"),
+    # one pair: the chosen sequence's slice is contiguous already, no copy for its NLL
+    Case("llama", "orpo", batch=1, seq=128),
     Case("qwen2", "orpo", "lora", dtype="bf16-true", mixed=False),
     Case("llama", "reward"),
     Case("qwen2", "reward", grad_ckpt=True),

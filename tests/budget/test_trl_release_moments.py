@@ -107,6 +107,18 @@ def test_orpo_at_trl_029_keeps_the_logits_and_the_chosen_cross_entropy() -> None
     assert bf16.backward_peak == 3 * 2 * whole == 1_536_000
 
 
+def test_orpo_with_one_pair_copies_nothing_for_its_nll() -> None:
+    # `logits[:1][..., :-1, :]` of one sequence is contiguous: `.contiguous()` returns it, and
+    # the forward peaks at the per-row logsumexp, whose row temporary (127 × 1000 fp32, inside
+    # the kernel: a GPU allocates it) is the size the copy would have been
+    rows = 2
+    setup = replace(_setup(seq=128), batch=rows)
+    one = log_prob_moments(_spec(), setup, rows, fp32=True, chosen_nll=True)
+    whole, row = 2 * 128 * 1000, 127 * 1000
+    assert one.forward_end == 4 * (whole + row + row)
+    assert one.inside_kernel == 4 * row == 508_000
+
+
 def test_orpo_backward_is_larger_than_the_dpo_like_step_before() -> None:
     before = _phase(Objective.ORPO, "0.28.0", Phase.BACKWARD)
     after = _phase(Objective.ORPO, "0.29.1", Phase.BACKWARD)

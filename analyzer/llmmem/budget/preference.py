@@ -206,8 +206,9 @@ class LogProbMoments:
 
     forward_end: int  # the policy's logits, their shifted copy and what autograd keeps
     reference: int  # the reference's logits and shifted copy, beside the policy's
-    # of `reference`: one row's temporary made inside an aten kernel (fp32 logsumexp), which a
-    # GPU allocates and a dispatch-level storage counter does not see
+    # of `reference` (of `forward_end` for ORPO and CPO: no reference): one row's temporary
+    # made inside an aten kernel (fp32 logsumexp), which a GPU allocates and a dispatch-level
+    # storage counter does not see
     inside_kernel: int
     backward_peak: int  # inside the log-softmax backward
     formula_forward: str
@@ -249,7 +250,8 @@ def log_prob_moments(
     count = f"L = {sequences}×{setup.seq}×{format_count(vocab)}"
     converted = " (accelerate's fp32 outputs)" if compute != 4 else ""
     if chosen_nll:
-        return _orpo_moments(e, whole, shifted, (sequences // 2) * row, count + converted)
+        pairs = sequences // 2
+        return _orpo_moments(e, whole, shifted, pairs, row, count + (converted if e == 4 else ""))
     if e == 4:
         forward = 4 * whole + 4 * shifted
         forward_text = f"4 B × {count} (fp32 logits{converted}) + 4 B × L' (the shifted copy, kept)"
@@ -285,7 +287,9 @@ def log_prob_moments(
     )
 
 
-def _orpo_moments(e: int, whole: int, shifted: int, half: int, count: str) -> LogProbMoments:
+def _orpo_moments(
+    e: int, whole: int, shifted: int, pairs: int, row: int, count: str
+) -> LogProbMoments:
     """ORPO's (and CPO's, `cpo_alpha` > 0) log-probabilities at TRL 0.29.1: the chosen half's
     NLL is `nn.CrossEntropyLoss` over `logits[:n_chosen][..., :-1, :].contiguous()` (a copy
     of that half, freed when the loss is made; its log_softmax kept for backward), and
@@ -302,13 +306,26 @@ def _orpo_moments(e: int, whole: int, shifted: int, half: int, count: str) -> Lo
       cross-entropy's H; backward peaks at three L-sized gradients of the logits (the
       log-probabilities', the cross-entropy's, and their sum), the saved tensors given back.
 
-    There is no reference model: `reference` and `inside_kernel` are 0."""
+    With one pair the chosen half's slice is already contiguous and `.contiguous()` copies
+    nothing; the fp32 forward then peaks at the per-row logsumexp of the view, whose
+    row-sized temporary (aten's `(self - maxes).exp_()`, inside the kernel) is as large as the
+    copy would be: the same bytes, of which `inside_kernel` is what a dispatch-level counter
+    cannot see. There is no reference model: `reference` is 0."""
+    half = pairs * row
+    inside = 0
     if e == 4:
         forward = 4 * whole + 8 * half
         forward_text = (
             f"4 B × {count} (fp32 logits) + 4 B × L'/2 (the chosen half's shifted copy, inside "
             "its cross-entropy) + 4 B × L'/2 (that cross-entropy's log_softmax, kept)"
         )
+        if pairs == 1:
+            inside = 4 * row
+            forward_text = (
+                f"4 B × {count} (fp32 logits) + 4 B × L'/2 (the chosen sequence's "
+                "cross-entropy log_softmax, kept) + 4 B × (s − 1) × V (one row's logsumexp "
+                "temporary)"
+            )
         backward = 4 * whole + 12 * shifted + 4 * half
         backward_text = (
             "4 B × L (kept by the per-row logsumexp's saved rows) + 4 B × L'/2 (the "
@@ -326,7 +343,7 @@ def _orpo_moments(e: int, whole: int, shifted: int, half: int, count: str) -> Lo
             f"{3 * e} B × L (the logits' gradients from the log-probabilities and from the "
             "cross-entropy, and their sum)"
         )
-    return LogProbMoments(forward, 0, 0, backward, forward_text, "", backward_text)
+    return LogProbMoments(forward, 0, inside, backward, forward_text, "", backward_text)
 
 
 def dpo_metrics_bytes(spec: ModelSpec, setup: TrainingSetup, sequences: int, e: int) -> int:

@@ -488,6 +488,13 @@ def predict(case: Case, size: str = "small") -> dict[str, int]:
         fp32 = fp32_outputs(case.mixed, setup)
         inside = log_prob_moments(spec, replace(setup, batch=rows), rows, fp32).inside_kernel
         phases[Phase.REFERENCE_FORWARD.value] -= inside
+    forward = next(p for p in budget.phases if p.phase is Phase.FORWARD)
+    if case.objective == "orpo" and forward.moment.startswith("end of the policy's forward"):
+        # one pair: the per-row logsumexp's temporary, inside the kernel, at the forward's peak
+        rows = 2 * case.batch
+        fp32 = fp32_outputs(case.mixed, setup)
+        lp = log_prob_moments(spec, replace(setup, batch=rows), rows, fp32, chosen_nll=True)
+        phases[Phase.FORWARD.value] -= lp.inside_kernel
     return phases
 
 
