@@ -30,18 +30,19 @@ optimizer with checkpointing on (TRL's default) and off, then the optimizer step
     reward full       444.09  443.08  -0.2%         444.09  443.08  -0.2%     553.85  +0.0%
     reward lora       138.78  139.00  +0.2%         180.12  179.33  -0.4%     112.05  -0.0%
 
-DPO peaks in `entropy_from_logits` (its metrics after the loss), ORPO, full KTO and full reward
-in backward, KTO LoRA in KTO's `forward`, reward LoRA in the training step. `--size small`
-(two blocks, 2 × 64) is within 0.5% but reward full (+4.8%: a step of 3.5 MiB, where the
-budget's bytes that do not scale with the model, such as the loss's scalars and the batch, are
-a share no real model has) and KTO full (−1.3%).
+DPO peaks in `entropy_from_logits` (its metrics after the loss), ORPO and full KTO in backward,
+KTO LoRA in KTO's `forward`, reward at the end of backward (in `training_step`).
+`--size small` (two blocks, 2 × 64, checkpointing on): the step within 0.5% but KTO full
+(−1.3%) and reward full (+4.8% of 3.5 MiB: the budget's recomputed first block, an SFT moment,
+is 0.17 MiB over at this size); the optimizer step within 1.9%.
 
 The table's first version (+2% to +29%) compared a step TRL ran with checkpointing (its
 default) against a budget without, and the CPU's for-loop AdamW against the budget's foreach.
 With both said, what was left was TRL 0.29's own code, which the budget now follows: DPO's
 metrics after the loss, with every logits tensor of the loss alive (+46.9 MiB at medium), and
 ORPO's log-probabilities on a view of the logits plus the chosen half's cross-entropy (+31.5
-MiB in backward); and a reward model's embedding gradient, which comes last in backward.
+MiB in backward); and a reward model's embedding gradient, which comes last in backward
+(reward full without checkpointing read +6.1%).
 
 TRL is not a dependency of llmmem: the first run makes its own environment under
 `bench/.trl/` (torch, transformers, peft, accelerate and TRL at the releases below; a few
