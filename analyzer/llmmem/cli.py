@@ -109,9 +109,10 @@ def _add_estimate_parser(sub: Any) -> None:
     p.add_argument("--optim", default=None, help="HF `optim` name or optimizer class")
     p.add_argument(
         "--precision",
-        choices=["fp32", "fp16", "bf16", "bf16-true", "fp16-true"],
+        choices=["fp32", "fp16", "bf16", "bf16-true", "fp16-true", "bf16-autocast"],
         default=None,
-        help="bf16 = autocast over fp32 weights; bf16-true = bf16 weights",
+        help="bf16 = autocast over fp32 weights; bf16-true = bf16 weights; bf16-autocast = bf16 "
+        "weights under bf16 autocast (bf16=True over dtype=torch.bfloat16)",
     )
     p.add_argument("--lora-r", type=_positive_int, default=None)
     p.add_argument("--lora-alpha", type=_finite_float, default=None)

@@ -830,6 +830,13 @@ def run_estimate(args: argparse.Namespace) -> int:
     if grpo is not None:
         args.seq = grpo.seq  # the policy's sequence: prompt + completion
     setup, prov = build_setup(args, spec, gpu)
+    if preference is not None:
+        from llmmem.preference_plan import autocast_as_mixed_precision
+
+        try:
+            setup, preference = autocast_as_mixed_precision(setup, preference)
+        except SetupError as err:
+            raise UsageError(str(err)) from None
     if grpo is not None:
         prov["seq"] = "max prompt + max completion"
         if args.max_batch and args.batch is None:

@@ -9,9 +9,11 @@ full fine-tuning, the adapter disabled under PEFT).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from llmmem.budget.preference import Objective, PreferenceSetup, Reference
+from llmmem.budget.setup import Precision, SetupError, TrainingSetup
 from llmmem.plan import Sourced, TrainingPlan
 
 
@@ -55,7 +57,7 @@ def mixed_precision_of(plan: TrainingPlan) -> bool | None:
     flags = [_kept(plan, key) for key in ("bf16", "fp16") if key in plan.extra]
     if any(_truthy(flag) for flag in flags if flag is not None):
         return True
-    if str(plan.precision.value) in ("bf16", "fp16"):
+    if str(plan.precision.value) in ("bf16", "fp16", "bf16-autocast"):
         return True
     if flags and all(flag is not None for flag in flags):
         return False
@@ -477,3 +479,22 @@ def budget_for_plan(plan: TrainingPlan, spec: Any, setup: Any, gpu: Any) -> Any:
     from llmmem.budget.preference import estimate_preference_budget
 
     return estimate_preference_budget(spec, setup, preference, gpu)
+
+
+def autocast_as_mixed_precision(
+    setup: TrainingSetup, preference: PreferenceSetup
+) -> tuple[TrainingSetup, PreferenceSetup]:
+    """The preference, GRPO and PPO budgets hold accelerate's autocast as mixed precision over
+    the weights' own dtype (`PreferenceSetup.mixed_precision`): bf16 weights under bf16
+    autocast are bf16 weights with mixed precision on."""
+    if setup.precision is not Precision.BF16_AUTOCAST:
+        return setup, preference
+    if preference.mixed_precision is False:
+        raise SetupError(
+            "bf16-autocast runs forward under accelerate's autocast, which is its mixed "
+            "precision: drop --no-mixed-precision, or use --precision bf16-true"
+        )
+    return (
+        replace(setup, precision=Precision.BF16_TRUE),
+        replace(preference, mixed_precision=True),
+    )

@@ -373,6 +373,10 @@ def analyze(
         from llmmem.preference_plan import preference_setup
 
         preference = preference_setup(plan)
+        if preference is not None:
+            from llmmem.preference_plan import autocast_as_mixed_precision
+
+            analysis.setup, preference = autocast_as_mixed_precision(analysis.setup, preference)
         if preference is None:
             analysis.budget = estimate_budget(analysis.spec, analysis.setup, analysis.gpu)
         else:

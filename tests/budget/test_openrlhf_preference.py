@@ -178,8 +178,11 @@ def test_a_plans_mixed_precision_reaches_the_preference_setup(tmp_path: Path) ->
     from llmmem.preference_plan import mixed_precision_of, preference_setup
 
     examples = Path(__file__).resolve().parents[2] / "examples"
-    plan = extract_plan(examples / "dpo_lora.py")  # bf16 weights, no bf16= flag
-    assert plan.precision.value == "bf16-true"
+    # bf16 weights, no bf16= flag: DPOConfig's default bf16=True autocasts over them
+    plan = extract_plan(examples / "dpo_lora.py")
+    assert plan.precision.value == "bf16-autocast"
+    assert mixed_precision_of(plan) is True
+    plan = replace(plan, precision=replace(plan.precision, value="bf16-true"))
     assert mixed_precision_of(plan) is None
     off = replace(
         plan, extra={**plan.extra, "bf16": Sourced(value=False, source=Provenance.EXPLICIT)}

@@ -87,7 +87,7 @@ def test_axolotl_qlora() -> None:
     expect(plan, "gradient_accumulation_steps", 2, EXPLICIT, "2")
     expect(plan, "max_seq_length", 2048, EXPLICIT, "2048")
     expect(plan, "gradient_checkpointing", True, EXPLICIT, "true")
-    expect(plan, "precision", "bf16-true", EXPLICIT, "auto")
+    expect(plan, "precision", "bf16-autocast", EXPLICIT, "auto")
     expect(plan, "optim", "paged_adamw_8bit", EXPLICIT, "paged_adamw_8bit")
     attention = expect(plan, "attn_implementation", "flash_attention_2", EXPLICIT, "true")
     assert attention.range is not None and attention.range.start_line == 35  # flash_attention
@@ -175,12 +175,12 @@ def axolotl_plan(tmp_path: Path, lines: str) -> TrainingPlan:
 
 def test_axolotl_bf16_auto_says_what_an_older_gpu_gets(tmp_path: Path) -> None:
     plan = axolotl_plan(tmp_path, "bf16: auto\n")
-    found = expect(plan, "precision", "bf16-true", EXPLICIT, "auto")
+    found = expect(plan, "precision", "bf16-autocast", EXPLICIT, "auto")
     assert "where the GPU supports it" in found.note and "fp16" in found.note
     assert plan.extra["bf16_auto_fallback"].value == "fp16"
     # fp16: false leaves float32 on an older GPU
     plan = axolotl_plan(tmp_path, "bf16: auto\nfp16: false\n")
-    found = expect(plan, "precision", "bf16-true", EXPLICIT, "auto")
+    found = expect(plan, "precision", "bf16-autocast", EXPLICIT, "auto")
     assert "float32" in found.note
     assert plan.extra["bf16_auto_fallback"].value == "fp32"
     # fp16: true beside auto wins: axolotl turns bf16 off
@@ -192,7 +192,7 @@ def test_axolotl_bf16_auto_says_what_an_older_gpu_gets(tmp_path: Path) -> None:
 def test_axolotl_without_bf16_trains_in_bf16(tmp_path: Path) -> None:
     # bf16 defaults to auto in axolotl: no bf16 key is not float32
     plan = axolotl_plan(tmp_path, "")
-    found = expect(plan, "precision", "bf16-true", DEFAULT)
+    found = expect(plan, "precision", "bf16-autocast", DEFAULT)
     assert "default auto" in found.note
     # under DeepSpeed bf16 is mixed precision over fp32 master weights
     plan = axolotl_plan(tmp_path, "deepspeed: deepspeed_configs/zero2.json\n")
@@ -208,7 +208,7 @@ def test_axolotl_without_bf16_trains_in_bf16(tmp_path: Path) -> None:
 def test_axolotl_auto_is_for_bf16_only(tmp_path: Path) -> None:
     plan = axolotl_plan(tmp_path, "fp16: auto\n")
     assert plan.problems == ["line 3, column 7: fp16 takes true or false; only bf16 takes auto"]
-    expect(plan, "precision", "bf16-true", DEFAULT)
+    expect(plan, "precision", "bf16-autocast", DEFAULT)
 
 
 def test_hf_yaml_bf16_auto_is_true_with_a_problem(tmp_path: Path) -> None:
@@ -233,7 +233,7 @@ def test_llamafactory_lora() -> None:
     expect(plan, "gradient_accumulation_steps", 8, EXPLICIT, "8")
     expect(plan, "max_seq_length", 1024, EXPLICIT, "1024")
     expect(plan, "gradient_checkpointing", True, DEFAULT)
-    expect(plan, "precision", "bf16-true", EXPLICIT, "true")
+    expect(plan, "precision", "bf16-autocast", EXPLICIT, "true")
     expect(plan, "attn_implementation", "flash_attention_2", EXPLICIT, "fa2")
     expect(plan, "lora.r", 16, EXPLICIT, "16")
     alpha = expect(plan, "lora.alpha", 32.0, DEFAULT, "16")  # lora_rank × 2
@@ -355,7 +355,8 @@ def test_trl_sft_config() -> None:
     expect(plan, "gradient_accumulation_steps", 2, EXPLICIT, "2")
     expect(plan, "max_seq_length", 2048, EXPLICIT, "2048")
     expect(plan, "gradient_checkpointing", True, EXPLICIT, "true")
-    expect(plan, "precision", "bf16-true", EXPLICIT, "bfloat16")
+    # bf16 weights (torch_dtype) under the config's bf16: true autocast
+    expect(plan, "precision", "bf16-autocast", EXPLICIT, "bfloat16")
     expect(plan, "attn_implementation", "flash_attention_2", EXPLICIT, "flash_attention_2")
     expect(plan, "lora.r", 32, EXPLICIT, "32")
     expect(plan, "lora.alpha", 16.0, EXPLICIT, "16")

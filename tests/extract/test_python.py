@@ -93,7 +93,7 @@ EXPECTED: dict[str, list[Expect]] = {
         Expect("gradient_accumulation_steps", 8, EXPLICIT, "8", 39),
         Expect("max_seq_length", 1024, EXPLICIT, "1024", 14),  # MAX_LEN via tokenize()
         Expect("gradient_checkpointing", True, EXPLICIT, "True", 42),
-        Expect("precision", "bf16-true", EXPLICIT, "torch.bfloat16", 21),
+        Expect("precision", "bf16-autocast", EXPLICIT, "torch.bfloat16", 21),
         Expect("optim", "adamw_torch_fused", EXPLICIT, '"adamw_torch_fused"', 44),
         Expect("attn_implementation", "sdpa", EXPLICIT, '"sdpa"', 22),
         Expect("use_cache", False, EXPLICIT, "False", 24),
@@ -106,7 +106,7 @@ EXPECTED: dict[str, list[Expect]] = {
         Expect("per_device_train_batch_size", 2, EXPLICIT, "2", 19),
         Expect("gradient_accumulation_steps", 4, EXPLICIT, "4", 20),
         Expect("gradient_checkpointing", True, DEFAULT),  # TRL turns it on
-        Expect("precision", "bf16-true", EXPLICIT, '"bfloat16"', 23),
+        Expect("precision", "bf16-autocast", EXPLICIT, '"bfloat16"', 23),
         Expect("attn_implementation", "flash_attention_2", EXPLICIT, '"flash_attention_2"', 23),
         Expect("optim", "adamw_torch_fused", DEFAULT),
         Expect("lora.r", 16, EXPLICIT, "16", 9),
@@ -181,7 +181,7 @@ EXPECTED: dict[str, list[Expect]] = {
         Expect("gradient_accumulation_steps", 4, EXPLICIT, "4", 32),
         Expect("optim", "adamw_8bit", EXPLICIT, '"adamw_8bit"', 35),
         Expect("gradient_checkpointing", True, EXPLICIT, '"unsloth"', 20),
-        Expect("precision", "bf16-true", ASSUMED, "None", 10),  # dtype=None: unsloth picks
+        Expect("precision", "bf16-autocast", ASSUMED, "None", 10),  # dtype=None: unsloth picks
         Expect("lora.r", 32, EXPLICIT, "32", 16),
         Expect("lora.alpha", 32.0, EXPLICIT, "32", 18),
         Expect("lora.dropout", 0.0, EXPLICIT, "0", 19),
@@ -283,7 +283,7 @@ EXPECTED: dict[str, list[Expect]] = {
         Expect(
             "gradient_checkpointing", True, EXPLICIT, "model.gradient_checkpointing_enable()", 18
         ),
-        Expect("precision", "bf16-true", EXPLICIT, "torch.bfloat16", 17),
+        Expect("precision", "bf16-autocast", EXPLICIT, "torch.bfloat16", 17),
         Expect("gradient_accumulation_steps", 1, DEFAULT),
     ],
 }
@@ -431,7 +431,9 @@ def test_precision_rules() -> None:
         "bf16=True": "bf16",
         "fp16=True": "fp16",
         "": "fp32",
-        "bf16=True, torch_dtype=torch.bfloat16": "bf16-true",
+        # the trainer autocasts over the bf16 weights it was given (kept as loaded)
+        "bf16=True, torch_dtype=torch.bfloat16": "bf16-autocast",
+        "bf16=False, torch_dtype=torch.bfloat16": "bf16-true",
         "torch_dtype=torch.float16": "fp16-true",
         "dtype='bfloat16'": "bf16-true",
     }

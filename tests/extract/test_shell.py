@@ -102,7 +102,7 @@ def test_torchrun_with_the_script_beside_it() -> None:
     expect(plan, "gradient_checkpointing", True, EXPLICIT, "--gradient_checkpointing", line=13)
     # what the command line leaves alone comes from train.py
     expect(plan, "max_seq_length", 1024, CLI_DEFAULT, "1024", in_file="train.py")
-    expect(plan, "precision", "bf16-true", EXPLICIT, "torch.bfloat16", in_file="train.py")
+    expect(plan, "precision", "bf16-autocast", EXPLICIT, "torch.bfloat16", in_file="train.py")
     expect(plan, "optim", "adamw_torch_fused", EXPLICIT, '"adamw_torch_fused"', in_file="train.py")
     assert plan.problems == []
 
@@ -248,8 +248,8 @@ def test_accelerate_flags_without_a_config_file() -> None:
     expect(plan, "distributed.zero_stage", 3, EXPLICIT, "3")
     expect(plan, "distributed.offload_optimizer", True, EXPLICIT, "cpu")
     expect(plan, "distributed.world_size", 8, EXPLICIT, "8")
-    # the script's own torch_dtype=bfloat16 decides; accelerate's flag only fills a gap
-    expect(plan, "precision", "bf16-true", EXPLICIT, "torch.bfloat16", in_file="train.py")
+    # the script's own torch_dtype=bfloat16 decides the weights; its bf16=True autocasts
+    expect(plan, "precision", "bf16-autocast", EXPLICIT, "torch.bfloat16", in_file="train.py")
 
 
 def test_axolotl_through_accelerate() -> None:

@@ -125,15 +125,15 @@ def dtypes_for(setup: TrainingSetup) -> Dtypes:
         # stream's normalised copy, so the MLP runs in the residual dtype, under autocast too
         residual = 4 if setup.quant.prepare_for_kbit_training else setup.quant.compute_dtype_bytes
         return Dtypes(
-            compute=2 if precision.is_autocast else residual,
+            compute=2 if precision.autocasts else residual,
             residual=residual,
-            autocast=precision.is_autocast,
+            autocast=precision.autocasts,
             linear_out=residual,
         )
     return Dtypes(
         compute=precision.compute_bytes,
         residual=4 if precision in (Precision.FP32,) or precision.is_autocast else 2,
-        autocast=precision.is_autocast,
+        autocast=precision.autocasts,
     )
 
 

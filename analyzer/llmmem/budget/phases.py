@@ -218,7 +218,8 @@ def _weight_copy_terms(
     """Bytes of weight copies alive (through forward, at the start of backward, while the last
     block is recomputed under checkpointing)."""
     dt = dtypes_for(setup)
-    if dt.autocast and setup.method is Method.FULL:
+    # autocast copies weights only where they are fp32 (AMP); bf16 weights are used as they are
+    if setup.precision.is_autocast and setup.method is Method.FULL:
         linear = sum(g.params for g in inv.groups if g.kind in ("linear", "head"))
         head = sum(g.params for g in inv.groups if g.kind == "head") or (
             spec.vocab_size * spec.hidden_size if spec.is_causal_lm else 0
@@ -231,7 +232,7 @@ def _weight_copy_terms(
             return forward, 2 * (head + block), 2 * (head + block)
         total = 2 * (linear + (head if not spec.params.head else 0))
         return total, total, total
-    if dt.autocast and setup.quant is None and setup.method is not Method.FULL:
+    if setup.precision.is_autocast and setup.quant is None and setup.method is not Method.FULL:
         return _frozen_autocast_copies(spec, setup)
     if setup.quant is not None:
         # a k-bit matmul dequantizes its weight to a 16-bit temporary (one at a time)
@@ -1156,7 +1157,7 @@ def _root_reduce_scatter(
 
 def _sixteen_bit(setup: TrainingSetup) -> TrainingSetup:
     """The same step with its weights, adapters too, in the 16-bit dtype autocast used."""
-    if setup.precision.is_autocast:
+    if setup.precision.autocasts:
         sixteen = Precision.BF16_TRUE if setup.precision.uses_bf16 else Precision.FP16_TRUE
         setup = replace(setup, precision=sixteen)
     if setup.lora is not None and setup.lora.adapter_bytes != 2:
@@ -1167,7 +1168,7 @@ def _sixteen_bit(setup: TrainingSetup) -> TrainingSetup:
 def _fsdp_mixed_precision(setup: TrainingSetup) -> bool:
     """FSDP under bf16/fp16 mixed precision: accelerate (and so the HF trainer) gives FSDP a
     mixed-precision policy with param_dtype = the autocast dtype."""
-    return setup.distributed.fsdp is not None and setup.precision.is_autocast
+    return setup.distributed.fsdp is not None and setup.precision.autocasts
 
 
 def forward_only_terms(spec: ModelSpec, setup: TrainingSetup, inv: Inventory) -> list[Term]:

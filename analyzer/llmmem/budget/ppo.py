@@ -212,6 +212,8 @@ def _rollout_bytes(setup: TrainingSetup) -> int:
 
 def _rollout_setup(setup: TrainingSetup) -> TrainingSetup:
     """The setup the rollout's models compute under: outside autocast."""
+    if setup.precision is Precision.BF16_AUTOCAST and setup.quant is None:
+        return replace(setup, precision=Precision.BF16_TRUE)
     if setup.precision.is_autocast and setup.quant is None:
         return replace(
             setup,

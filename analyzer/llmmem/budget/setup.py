@@ -73,10 +73,14 @@ class Precision(str, Enum):
         "bf16-true"  # weights, gradients and optimizer states in bf16 (`torch_dtype=bfloat16`)
     )
     FP16_TRUE = "fp16-true"  # weights in fp16 without autocast (rare; unstable for training)
+    # bf16 weights under bf16 autocast: HF `bf16=True` over a model loaded with
+    # `dtype=torch.bfloat16` (the Trainer leaves the weights alone; accelerate autocasts)
+    BF16_AUTOCAST = "bf16-autocast"
 
     @property
     def weight_bytes(self) -> int:
-        return 2 if self in (Precision.BF16_TRUE, Precision.FP16_TRUE) else 4
+        sixteen = (Precision.BF16_TRUE, Precision.FP16_TRUE, Precision.BF16_AUTOCAST)
+        return 2 if self in sixteen else 4
 
     @property
     def compute_bytes(self) -> int:
@@ -84,11 +88,17 @@ class Precision(str, Enum):
 
     @property
     def is_autocast(self) -> bool:
+        """Mixed precision over fp32 weights (AMP): autocast casts the weights at each use."""
         return self in (Precision.FP16, Precision.BF16)
 
     @property
+    def autocasts(self) -> bool:
+        """Whether forward runs under autocast: AMP, or bf16 weights under bf16 autocast."""
+        return self.is_autocast or self is Precision.BF16_AUTOCAST
+
+    @property
     def uses_bf16(self) -> bool:
-        return self in (Precision.BF16, Precision.BF16_TRUE)
+        return self in (Precision.BF16, Precision.BF16_TRUE, Precision.BF16_AUTOCAST)
 
 
 class AttnImpl(str, Enum):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from llmmem.budget.setup import Method, Precision, QuantSetup, QuantType, SetupError, TrainingSetup
+from llmmem.budget.setup import Method, QuantSetup, QuantType, SetupError, TrainingSetup
 from llmmem.models.spec import LinearModule, ModelSpec
 
 GroupKind = Literal["embedding", "head", "linear", "bias", "norm", "other", "adapter", "saved_copy"]
@@ -131,9 +131,7 @@ def base_weight_bytes(setup: TrainingSetup, spec: ModelSpec) -> float:
     """Storage of an unquantized base weight: the precision's weight dtype."""
     if setup.method is Method.QLORA and setup.quant is not None:
         return float(setup.quant.compute_dtype_bytes)
-    if setup.precision in (Precision.BF16_TRUE, Precision.FP16_TRUE):
-        return 2.0
-    return 4.0
+    return float(setup.precision.weight_bytes)
 
 
 def build_inventory(spec: ModelSpec, setup: TrainingSetup) -> Inventory:

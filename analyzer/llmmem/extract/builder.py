@@ -680,7 +680,13 @@ class PlanBuilder:
             precision = "bf16-true" if dtype.value == "bfloat16" else "fp16-true"
             notes = [dtype.note] if dtype.note else []
             flag = bf16 if dtype.value == "bfloat16" else fp16
-            if flag is not None and flag.value and flag.source is not Provenance.DEFAULT:
+            if flag is not None and flag.value and dtype.value == "bfloat16":
+                # the Trainer keeps the weights as loaded and runs forward under autocast:
+                # ops autocast keeps in fp32 (softmax, norms) and fp32 adapters' inputs differ
+                # from a pure bf16 step
+                precision = "bf16-autocast"
+                notes.append("bf16 weights under bf16 autocast (the trainer's bf16=True)")
+            elif flag is not None and flag.value and flag.source is not Provenance.DEFAULT:
                 notes.append("autocast over weights already in that dtype: still pure 16-bit")
             return replace(dtype, value=precision, note="; ".join(notes))
         if dtype is not None and dtype.value == "auto":

@@ -262,7 +262,7 @@ _ATTENTION: dict[str, str] = {
     "disabled": "eager",
 }
 
-PRECISIONS = ("fp32", "fp16", "bf16", "bf16-true", "fp16-true")
+PRECISIONS = ("fp32", "fp16", "bf16", "bf16-true", "fp16-true", "bf16-autocast")
 FSDP_SHARDING = ("full_shard", "hybrid_shard", "shard_grad_op", "no_shard")
 
 

@@ -104,7 +104,8 @@ def check_optimizer_states(analysis: Analysis, text: str) -> list[Finding]:
 
 def check_bf16_support(analysis: Analysis, text: str) -> list[Finding]:
     gpu, plan = analysis.gpu, analysis.plan
-    if gpu is None or gpu.bf16 or plan.precision.value not in ("bf16", "bf16-true"):
+    bf16 = ("bf16", "bf16-true", "bf16-autocast")
+    if gpu is None or gpu.bf16 or plan.precision.value not in bf16:
         return []
     if "bf16_auto_fallback" in plan.extra:
         # axolotl's `bf16: auto` (also an unset bf16) asks for bf16 only where the GPU has it:

@@ -51,8 +51,8 @@ class VerifyError(Exception):
     """A step that cannot be built or run as asked; the message is one actionable line."""
 
 
-DTYPES = {"bf16-true": "bfloat16", "fp16-true": "float16"}
-AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}
+DTYPES = {"bf16-true": "bfloat16", "fp16-true": "float16", "bf16-autocast": "bfloat16"}
+AUTOCAST = {"bf16": "bfloat16", "fp16": "float16", "bf16-autocast": "bfloat16"}
 ADAMW_IMPLEMENTATION = {
     "adamw_torch": {"foreach": True},
     "adamw_torch_foreach": {"foreach": True},

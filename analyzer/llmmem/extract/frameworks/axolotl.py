@@ -155,9 +155,11 @@ def read_axolotl_checkpointing(reader: DocumentReader) -> None:
 
 
 def read_axolotl_precision(reader: DocumentReader, uses_deepspeed: bool) -> None:
-    """axolotl loads the model in bfloat16 when bf16 is on (torch_dtype follows it), so a full
-    fine-tune keeps weights, gradients and AdamW states in bf16 ("bf16-true"); under DeepSpeed
-    the ZeRO optimizer keeps fp32 master weights instead ("bf16").
+    """axolotl loads the model in bfloat16 when bf16 is on (torch_dtype follows it) and hands
+    bf16=True to the trainer, which autocasts: weights, gradients and AdamW states in bf16
+    under bf16 autocast ("bf16-autocast"); `bfloat16: true` is pure bf16 without autocast
+    ("bf16-true"); under DeepSpeed the ZeRO optimizer keeps fp32 master weights instead
+    ("bf16").
 
     `bf16: auto`, also what an unset bf16 means (utils/schemas/config.py, axolotl 0.18.0 and
     since 0.10), is resolved on the GPU (utils/config resolve_dtype): bf16 where the GPU has it;
@@ -189,7 +191,7 @@ def read_axolotl_precision(reader: DocumentReader, uses_deepspeed: bool) -> None
 
 # key -> (precision without DeepSpeed, with DeepSpeed, the dtype axolotl loads the model in)
 AXOLOTL_PRECISIONS = {
-    "bf16": ("bf16-true", "bf16", "bfloat16"),
+    "bf16": ("bf16-autocast", "bf16", "bfloat16"),
     "bfloat16": ("bf16-true", "bf16-true", "bfloat16"),
     "fp16": ("fp16-true", "fp16", "float16"),
     "float16": ("fp16-true", "fp16-true", "float16"),
@@ -217,7 +219,7 @@ def read_axolotl_bf16_auto(
 ) -> None:
     """bf16 on a GPU that has it (Ampere and newer, the GPUs these configs are written for);
     what an older GPU gets instead is said in the note and kept as `bf16_auto_fallback`."""
-    precision = "bf16" if uses_deepspeed else "bf16-true"
+    precision = "bf16" if uses_deepspeed else "bf16-autocast"
     fallback = "fp32" if fp16 is False else "fp16"
     older = "float32 (fp16: false)" if fallback == "fp32" else "fp16 (the same bytes per value)"
     meaning = f"bf16 where the GPU supports it (Ampere and newer), else {older}"
@@ -318,7 +320,7 @@ def read_axolotl_adapter(reader: DocumentReader) -> None:
         reader.put(
             "quantization.compute_dtype",
             "bfloat16"
-            if reader.reading.value_of("precision") in ("bf16", "bf16-true")
+            if reader.reading.value_of("precision") in ("bf16", "bf16-true", "bf16-autocast")
             else (
                 "float16"
                 if reader.reading.value_of("precision") in ("fp16", "fp16-true")

@@ -217,8 +217,9 @@ LLAMAFACTORY_DEFAULTS: tuple[tuple[str, Any, str], ...] = (
 
 def read_llamafactory_precision(reader: DocumentReader, finetuning: str) -> None:
     """LLaMA-Factory loads the model in its compute dtype and, unless pure_bf16 is set, upcasts
-    trainable weights to fp32: LoRA keeps a bf16 base ("bf16-true", adapters in fp32), a full
-    fine-tune trains fp32 weights under bf16 autocast ("bf16")."""
+    trainable weights to fp32, and its trainer runs bf16=True under autocast: LoRA keeps a bf16
+    base under autocast ("bf16-autocast", adapters in fp32), a full fine-tune trains fp32
+    weights under bf16 autocast ("bf16")."""
     pure = reader.converted(("pure_bf16",), as_bool)
     bf16 = reader.converted(("bf16",), as_bool)
     fp16 = reader.converted(("fp16",), as_bool)
@@ -229,9 +230,11 @@ def read_llamafactory_precision(reader: DocumentReader, finetuning: str) -> None
     if bf16:
         reader.put(
             "precision",
-            "bf16" if full else "bf16-true",
+            "bf16" if full else "bf16-autocast",
             ("bf16",),
-            "trainable weights upcast to fp32" if full else "bf16 base, fp32 adapters",
+            "trainable weights upcast to fp32"
+            if full
+            else "bf16 base, fp32 adapters, under the trainer's bf16 autocast",
         )
     elif fp16:
         reader.put(
