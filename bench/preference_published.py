@@ -57,8 +57,10 @@ REASONS: dict[str, str] = {
         "the run is TRL main after PR 5926, whose DPOTrainer._compute_loss no longer makes "
         ".contiguous() copies of the policy's and the reference's shifted logits; the estimate "
         "follows trl 0.29.1's, which makes both (4 B × 8×511×151936 each, 2.31 GiB in fp32) "
-        "and is within 2.2% of the -before row, the same setup measured before the PR (the "
-        "measured drop: 2.69 GiB)"
+        "and reads the -before row, the same setup measured before the PR, 7.1% high (the "
+        "measured drop: 2.69 GiB); that row's excess is TRL 0.29's metrics moment counted with "
+        "every chosen position as a completion token (the prompt lengths are not published), "
+        "an upper bound"
     ),
 }
 

@@ -660,6 +660,10 @@ def build_setup(
         )
         if "torch" in versions:
             setup = replace(setup, torch_version=versions["torch"])
+        trl_release = versions.get("trl") or (found["trl"].release if "trl" in found else None)
+        if trl_release is not None:
+            # the preference budgets count one TRL release's own moments for that release only
+            setup = replace(setup, trl_version=trl_release)
         setup = _trl_on_kbit(args, setup, versions, found, prov)
         if setup.framework is Framework.LITGPT and getattr(args, "loss", None) is None:
             # litgpt's finetune scripts compute chunked_cross_entropy (128 positions a chunk)

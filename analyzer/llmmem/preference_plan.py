@@ -478,15 +478,21 @@ def budget_for_plan(plan: TrainingPlan, spec: Any, setup: Any, gpu: Any) -> Any:
         return estimate_budget(spec, setup, gpu)
     from llmmem.budget.preference import estimate_preference_budget
 
+    setup, preference = autocast_as_mixed_precision(setup, preference)
+
     return estimate_preference_budget(spec, setup, preference, gpu)
 
 
 def autocast_as_mixed_precision(
     setup: TrainingSetup, preference: PreferenceSetup
 ) -> tuple[TrainingSetup, PreferenceSetup]:
-    """The preference, GRPO and PPO budgets hold accelerate's autocast as mixed precision over
-    the weights' own dtype (`PreferenceSetup.mixed_precision`): bf16 weights under bf16
-    autocast are bf16 weights with mixed precision on."""
+    """The setup and the preference plan as the preference, GRPO and PPO budgets take them:
+    the TRL release the setup knows (their moments that are one release's own follow it), and
+    accelerate's autocast as mixed precision over the weights' own dtype
+    (`PreferenceSetup.mixed_precision`): bf16 weights under bf16 autocast are bf16 weights
+    with mixed precision on."""
+    if setup.trl_version is not None and preference.trl_release is None:
+        preference = replace(preference, trl_release=setup.trl_version)
     if setup.precision is not Precision.BF16_AUTOCAST:
         return setup, preference
     if preference.mixed_precision is False:

@@ -539,6 +539,7 @@ def setup_releases(versions: dict[str, FoundVersion]) -> dict[str, str]:
         ("torch", "torch_version"),
         ("transformers", "transformers_version"),
         ("bitsandbytes", "bitsandbytes_version"),
+        ("trl", "trl_version"),
     ):
         found = versions.get(library)
         if found is not None and re.match(r"\d+\.\d+", found.release):
@@ -547,7 +548,8 @@ def setup_releases(versions: dict[str, FoundVersion]) -> dict[str, str]:
 
 
 def apply_to_setup(setup: Any, versions: dict[str, FoundVersion]) -> Any:
-    """`setup` (a TrainingSetup) with the found torch, transformers and bitsandbytes releases."""
+    """`setup` (a TrainingSetup) with the found torch, transformers, bitsandbytes and TRL
+    releases."""
 
     fields = setup_releases(versions)
     quant_release = fields.pop("bitsandbytes_version", None)

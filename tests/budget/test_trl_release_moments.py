@@ -17,6 +17,8 @@ L' = 4 × 63 × 1000 shifted, the chosen half H = 2 × 63 × 1000.
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -131,3 +133,36 @@ def test_orpo_backward_is_larger_than_the_dpo_like_step_before() -> None:
 def test_a_release_that_is_not_one_says_so() -> None:
     with pytest.raises(SetupError, match="trl_release must look like"):
         PreferenceSetup(objective=Objective.DPO, trl_release="latest")
+
+
+def test_the_trl_release_a_file_runs_with_reaches_the_preference_budget(
+    tmp_path: Path, estimate_json: Any
+) -> None:
+    """The release read beside the file (here a requirements file) or given with --versions
+    decides whether TRL 0.29's own DPO metrics moment is counted: a TRL 0.28 run does not
+    have it, and its estimate is lower than a 0.29 run's."""
+    from llmmem.extract import extract_plan
+    from llmmem.scenario import analyze
+
+    base = ("--model", "Qwen/Qwen2.5-0.5B", "--method", "dpo", "--batch", "2", "--seq", "1024")
+    at_029 = estimate_json(*base, "--versions", "trl=0.29.1")["allocated_peak_bytes"]
+    at_028 = estimate_json(*base, "--versions", "trl=0.28.0")["allocated_peak_bytes"]
+    assert at_028 < at_029
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "from transformers import AutoModelForCausalLM\n"
+        "from trl import DPOConfig, DPOTrainer\n"
+        "model = AutoModelForCausalLM.from_pretrained('Qwen/Qwen2.5-0.5B')\n"
+        "args = DPOConfig(output_dir='o', per_device_train_batch_size=2, max_length=1024)\n"
+        "DPOTrainer(model=model, args=args).train()\n",
+        encoding="utf-8",
+    )
+    peaks = {}
+    for pin in ("0.28.0", "0.29.1"):
+        (tmp_path / "requirements.txt").write_text(f"trl=={pin}\n", encoding="utf-8")
+        analysis = analyze(extract_plan(script))
+        assert analysis.setup is not None and analysis.setup.trl_version == pin[:4]
+        assert analysis.budget is not None
+        peaks[pin] = analysis.budget.allocated_peak_bytes
+    assert peaks["0.28.0"] < peaks["0.29.1"]

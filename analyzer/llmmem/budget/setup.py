@@ -345,6 +345,9 @@ class TrainingSetup:
     framework: Framework = Framework.HF
     # the transformers release, "major.minor": how it stores a MoE layer's experts changed
     transformers_version: str = TESTED_TRANSFORMERS
+    # the TRL release, "major.minor", where it is known (None: not known; a preference budget
+    # then follows the release it restates)
+    trl_version: str | None = None
     # several samples per row or one flat row (None: one sample per row, padded to seq)
     packing: Packing | None = None
     # saved activations copied to the host in forward and back in backward (TRL's and
@@ -377,6 +380,8 @@ class TrainingSetup:
         _set(self, "new_tokens", _whole(self.new_tokens, "new_tokens", at_least=0))
         _check_release(self.torch_version, "torch_version", "2.4")
         _check_release(self.transformers_version, "transformers_version", "4.48")
+        if self.trl_version is not None:
+            _check_release(self.trl_version, "trl_version", "0.29")
         if self.method is Method.FULL and self.quant is not None and self.mode is Mode.TRAIN:
             raise SetupError(
                 "full fine-tuning of a quantized model is not possible: use --method qlora "
