@@ -32,19 +32,10 @@ from llmmem.budget.result import Phase
 from llmmem.budget.setup import Method, Precision, SetupError, TrainingSetup
 from llmmem.models.architectures import spec_from_config
 from llmmem.models.spec import ModelSource
+from llmmem.verify.preference_grid import SMALL
 
-TINY = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 160,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 1000,
-    "max_position_embeddings": 512,
-    "tie_word_embeddings": False,
-}
+# the preference grid's tiny Llama: hidden 64, MLP 160, 2 layers, 4 heads (2 K/V), vocab 1,000
+TINY = SMALL["llama"]
 
 
 def _spec():  # type: ignore[no-untyped-def]
