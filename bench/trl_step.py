@@ -1,7 +1,8 @@
 """One case of bench/trl_trainers.py, run inside the environment that has TRL.
 
-TRL's own trainer (DPOTrainer, RewardTrainer, trl.experimental's ORPOTrainer and KTOTrainer)
-trains a model built from a config for two steps on the CPU under llmmem's StorageTracker. Of the
+TRL's own trainer (DPOTrainer, RewardTrainer, GRPOTrainer, trl.experimental's ORPOTrainer and
+KTOTrainer) trains a model built from a config for two steps on the CPU under llmmem's
+StorageTracker. Of the
 second step two peaks of allocated bytes are printed as JSON: from `on_step_begin` to
 `on_pre_optimizer_step` (the forward, the loss and its metrics, backward, gradient clipping) and
 from there to `on_step_end` (the optimizer step), each with the function it was reached in. The
@@ -12,6 +13,16 @@ torch's AdamW runs its foreach implementation on a GPU and its for-loop one on t
 2.13 `_default_to_fused_or_foreach`: foreach only on cuda, xpu, mtia and privateuse1 devices);
 the budget sizes the GPU's step, so the trainer's optimizer is asked for foreach here.
 With `"detail": true` the sizes of the storages alive at each peak (1 MiB and more) come too.
+
+GRPO (`"objective": "grpo"`, with `"generations"`, `"prompt"`, `"completion"` and `"beta"`):
+`per_device_train_batch_size` is `"batch"` completions, `steps_per_generation` is 1, so every
+step generates (transformers' `generate`, no vLLM) inside `_prepare_inputs` and the measured
+second step holds one generation. Its phases are split where TRL's own methods return:
+`_generate_single_turn` (generation), the rest of `_generate_and_score_completions` (the
+reference's log-probabilities without gradient), `compute_loss` (the policy's forward and the
+loss), then backward up to `on_pre_optimizer_step`. Prompts are exactly `"prompt"` words and
+`min_new_tokens = max_completion_length` keeps the end-of-sequence token from being sampled, so
+every completion runs to its full length.
 
     python bench/trl_step.py '{"objective": "dpo", "method": "full", "batch": 2, "seq": 64,
                                "config": {...}}'
@@ -112,7 +123,28 @@ def dataset_for(objective: str, vocab: int, seq: int, rows: int = 8) -> Any:
     )
 
 
+def prompts_for(vocab: int, prompt: int, rows: int = 16) -> Any:
+    """GRPO's prompts: `prompt` words each, no completion (the policy writes it)."""
+    return Dataset.from_dict(
+        {
+            "prompt": [
+                "".join(word(3 + (5 * i + j) % (vocab - 3)) + " " for j in range(prompt))
+                for i in range(rows)
+            ]
+        }
+    )
+
+
+def reward_length(completions: list[str], **_: Any) -> list[float]:
+    """A reward written here: the completion's distinct words (the length is fixed)."""
+    return [float(len(set(text.split()))) for text in completions]
+
+
 def trainer_classes(objective: str) -> tuple[Any, Any]:
+    if objective == "grpo":
+        from trl import GRPOConfig, GRPOTrainer
+
+        return GRPOConfig, GRPOTrainer
     if objective == "dpo":
         from trl import DPOConfig, DPOTrainer
 
@@ -154,6 +186,9 @@ def run(case: dict[str, Any]) -> dict[str, Any]:
             r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type=task
         )
     tracker = PeakTracker()
+    # the step measured (0 is the first): the second unless a GRPO case whose generation comes
+    # every other step asks for a later one
+    measured = int(case.get("measured_step", 1))
     tracker.detail = bool(case.get("detail"))
     seen: dict[str, Any] = {}
 
@@ -177,12 +212,12 @@ def run(case: dict[str, Any]) -> dict[str, Any]:
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             tracker.reset_peak("activations")
-            tracker.armed = state.global_step == 1
+            tracker.armed = state.global_step == measured
             tracker.where, tracker.live = "", []
 
         def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             if tracker.armed:
-                note("step")
+                note("backward" if objective == "grpo" else "step")
             tracker.reset_peak("temporaries")
             tracker.where, tracker.live = "optimizer step", []
 
@@ -192,35 +227,100 @@ def run(case: dict[str, Any]) -> dict[str, Any]:
             tracker.armed = False
 
     config_class, trainer_class = trainer_classes(objective)
-    args = config_class(
+    common = dict(
         output_dir=tempfile.mkdtemp(),
         per_device_train_batch_size=int(case["batch"]),
-        max_steps=2,
+        max_steps=measured + 1,
         report_to="none",
         save_strategy="no",
         logging_strategy="no",
         use_cpu=True,
-        bf16=False,
+        # accelerate's mixed precision over fp32 weights (bf16 autocast, fp32 outputs): the
+        # default of TRL 0.29's configs; off unless the case asks
+        bf16=bool(case.get("bf16", False)),
         optim="adamw_torch",
         dataloader_num_workers=0,
-        max_length=seq,
         remove_unused_columns=False,
         # TRL 0.29's configs turn checkpointing on unless told otherwise: say which
         gradient_checkpointing=bool(case.get("grad_ckpt", True)),
     )
+    extra: dict[str, Any] = {"processing_class": tokenizer_for(vocab)}
+    if objective == "grpo":
+        completion = int(case["completion"])
+        args = config_class(
+            **common,
+            num_generations=int(case["generations"]),
+            max_completion_length=completion,
+            beta=float(case["beta"]),
+            gradient_accumulation_steps=int(case.get("grad_accum", 1)),
+            steps_per_generation=int(case.get("steps_per_generation", 1)),
+            num_iterations=int(case.get("num_iterations", 1)),
+            # the end-of-sequence token is masked until the last token: full-length completions
+            generation_kwargs={"min_new_tokens": completion},
+        )
+        extra["reward_funcs"] = reward_length
+        data = prompts_for(vocab, int(case["prompt"]))
+    else:
+        args = config_class(**common, max_length=seq)
+        data = dataset_for(objective, vocab, seq)
     with tracker:
         model = cls.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
         trainer = trainer_class(
             model=model,
             args=args,
-            train_dataset=dataset_for(objective, vocab, seq),
-            processing_class=tokenizer_for(vocab),
+            train_dataset=data,
             peft_config=peft_config,
             callbacks=[Peak()],
+            **extra,
         )
+        if objective == "grpo":
+            split_grpo_phases(trainer, tracker, note)
         trainer.train()
+    if objective == "grpo":
+        phases = [k for k in ("generate", "reference_forward", "forward", "backward") if k in seen]
+        top = max(phases, key=lambda k: seen[k])
+        seen["step"], seen["step where"] = seen[top], f"{top}: {seen[top + ' where']}"
     seen["peak"] = max(seen["step"], seen["optimizer"])
     return seen
+
+
+def split_grpo_phases(trainer: Any, tracker: PeakTracker, note: Any) -> None:
+    """Note a peak where each of GRPOTrainer's phases returns: the generation, the scoring
+    (the reference's log-probabilities), the policy's forward and loss; backward runs on to
+    `on_pre_optimizer_step` (noted as "backward" there)."""
+    generate_single_turn = trainer._generate_single_turn
+    generate_and_score = trainer._generate_and_score_completions
+    compute_loss = trainer.compute_loss
+
+    def restart(category: str, where: str) -> None:
+        tracker.reset_peak(category)
+        tracker.where, tracker.live = where, []
+
+    def generating(*a: Any, **kw: Any) -> Any:
+        restart("activations", "")
+        out = generate_single_turn(*a, **kw)
+        if tracker.armed:
+            note("generate")
+        restart("activations", "")
+        return out
+
+    def scoring(*a: Any, **kw: Any) -> Any:
+        out = generate_and_score(*a, **kw)
+        if tracker.armed:
+            note("reference_forward")
+        restart("activations", "")
+        return out
+
+    def loss(*a: Any, **kw: Any) -> Any:
+        out = compute_loss(*a, **kw)
+        if tracker.armed:
+            note("forward")
+        restart("temporaries", "")
+        return out
+
+    trainer._generate_single_turn = generating
+    trainer._generate_and_score_completions = scoring
+    trainer.compute_loss = loss
 
 
 if __name__ == "__main__":

@@ -77,30 +77,52 @@ RELEASES = [
 ]
 
 
+# GRPOTrainer imports TRL's vLLM client, which imports requests (not one of TRL's requirements)
+EXTRAS = ["requests"]
+
+
 def environment() -> Path:
     """The Python of the environment with TRL, made on first use."""
     python = ENV / "bin" / "python"
     marker = ENV / "releases.txt"
     if python.exists() and marker.exists() and marker.read_text() == "\n".join(RELEASES):
+        missing = [
+            name
+            for name in EXTRAS
+            if subprocess.run([str(python), "-c", f"import {name}"], capture_output=True).returncode
+        ]
+        if missing:
+            subprocess.run([str(python), "-m", "pip", "install", "-q", *missing], check=True)
         return python
     print(f"making {ENV} with {', '.join(RELEASES)} ...", file=sys.stderr)
     venv.EnvBuilder(with_pip=True, clear=True).create(ENV)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", *RELEASES], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", *RELEASES, *EXTRAS], check=True)
     marker.write_text("\n".join(RELEASES))
     return python
 
 
 def measure(python: Path, case: Any, size: str) -> dict[str, Any]:
+    from llmmem.verify.grpo_grid import PROMPT
     from llmmem.verify.preference_grid import CONFIGS
 
     payload = {
-        "objective": case.objective,
         "method": case.method,
         "batch": case.batch,
-        "seq": case.seq,
         "config": CONFIGS[size][case.family],
         "grad_ckpt": case.grad_ckpt,
+        "bf16": getattr(case, "dtype", "fp32") == "bf16",
     }
+    if hasattr(case, "generations"):  # a GRPO case
+        payload.update(
+            objective="grpo",
+            seq=PROMPT + case.completion,
+            prompt=PROMPT,
+            completion=case.completion,
+            generations=case.generations,
+            beta=case.beta,
+        )
+    else:
+        payload.update(objective=case.objective, seq=case.seq)
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO / "analyzer"),
@@ -125,16 +147,34 @@ def measure(python: Path, case: Any, size: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=["small", "medium"], default="small")
-    parser.add_argument("--objective", action="append", choices=["dpo", "orpo", "kto", "reward"])
+    parser.add_argument(
+        "--objective", action="append", choices=["dpo", "orpo", "kto", "reward", "grpo"]
+    )
     parser.add_argument("--method", action="append", choices=["full", "lora"])
-    parser.add_argument("--shape", help="pairs x tokens (default 2x64 small, 2x128 medium)")
+    parser.add_argument(
+        "--shape",
+        help="pairs x tokens (default 2x64 small, 2x128 medium); for grpo completions per "
+        "device x completion tokens (default 4x32)",
+    )
     parser.add_argument(
         "--checkpointing",
         choices=["on", "off"],
         default="on",
         help="gradient checkpointing (default on, as TRL 0.29's configs)",
     )
+    parser.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="grpo only: bf16 is accelerate's mixed precision over fp32 weights (bf16=True, "
+        "TRL 0.29's default)",
+    )
     args = parser.parse_args(argv)
+    objectives = args.objective or ["dpo", "orpo", "kto", "reward"]
+    if "grpo" in objectives:
+        if len(objectives) > 1:
+            parser.error("--objective grpo runs alone (its table has a column per phase)")
+        args.shape = args.shape or "4x32"
     args.shape = args.shape or ("2x128" if args.size == "medium" else "2x64")
     try:
         batch, seq = (int(x) for x in args.shape.lower().split("x"))
@@ -142,15 +182,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--shape wants PAIRSxTOKENS, e.g. 2x64, got {args.shape!r}")
     if batch < 1 or seq < 2:
         parser.error(f"--shape {args.shape}: at least 1 pair of 2 tokens")
-    from llmmem.verify.preference_grid import Case, predict
-
     python = environment()
     ckpt = args.checkpointing == "on"
+    if objectives == ["grpo"]:
+        methods = args.method or ["full", "lora"]
+        return grpo_table(python, args.size, methods, batch, seq, ckpt, args.precision)
     print(
         f"{'case':30} {'step: TRL':>10} {'budget':>8} {'error':>6}  {'optimizer: TRL':>14} "
         f"{'budget':>8} {'error':>6}  step peak at (MiB; checkpointing {args.checkpointing})"
     )
-    for objective in args.objective or ["dpo", "orpo", "kto", "reward"]:
+    from llmmem.verify.preference_grid import Case, predict
+
+    for objective in objectives:
         for method in args.method or ["full", "lora"]:
             case = Case("llama", objective, method, ckpt, batch=batch, seq=seq)
             got = measure(python, case, args.size)
@@ -166,6 +209,61 @@ def main(argv: list[str] | None = None) -> int:
                 error = 100 * (budget - measured) / measured
                 cells.append(f"{measured / 2**20:8.2f} {budget / 2**20:8.2f} {error:+5.1f}%")
             print(f"{name:30} {cells[0]:>26}  {cells[1]:>30}  {got['step where']}")
+    return 0
+
+
+GRPO_PHASES = ("generate", "reference_forward", "forward", "backward", "optimizer_step")
+
+
+def grpo_table(
+    python: Path,
+    size: str,
+    methods: list[str],
+    batch: int,
+    completion: int,
+    ckpt: bool,
+    precision: str = "fp32",
+) -> int:
+    """TRL's GRPOTrainer against the GRPO budget, phase by phase: num_generations 2 and 4,
+    beta 0 and 0.04, full and LoRA."""
+    from llmmem.verify.grpo_grid import Case, predict
+
+    heads = ["generate", "reference", "forward", "backward", "optimizer"]
+    print(
+        f"{'case':34} "
+        + "  ".join(f"{h + ': TRL':>15} {'budget':>7} {'error':>6}" for h in heads)
+        + f"  step peak at (MiB; checkpointing {'on' if ckpt else 'off'})"
+    )
+    for method in methods:
+        for generations in (2, 4):
+            for beta in (0.0, 0.04):
+                if batch % generations:
+                    continue
+                case = Case(
+                    generations,
+                    completion,
+                    beta,
+                    batch=batch,
+                    method=method,
+                    grad_ckpt=ckpt,
+                    dtype=precision,
+                )
+                got = measure(python, case, size)
+                if "error" in got:
+                    print(f"{case.id:34} failed: {got['error']}")
+                    continue
+                budget = predict(case, size)
+                cells = []
+                for phase in GRPO_PHASES:
+                    measured = got.get("optimizer" if phase == "optimizer_step" else phase)
+                    if measured is None or phase not in budget:
+                        cells.append(f"{'-':>15} {'-':>7} {'':>6}")
+                        continue
+                    error = 100 * (budget[phase] - measured) / measured
+                    cells.append(
+                        f"{measured / 2**20:15.2f} {budget[phase] / 2**20:7.2f} {error:+5.1f}%"
+                    )
+                print(f"{case.id:34} " + "  ".join(cells) + f"  {got['step where']}")
     return 0
 
 
