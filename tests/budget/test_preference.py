@@ -187,16 +187,17 @@ def test_deepspeed_leaves_the_outputs_in_the_compute_dtype() -> None:
     assert on.allocated_peak_bytes == off.allocated_peak_bytes
 
 
-def test_lora_over_bf16_weights_under_mixed_precision_is_overestimated() -> None:
+def test_lora_over_bf16_weights_under_mixed_precision_is_sized_under_autocast() -> None:
     """Under mixed precision autocast also runs PEFT's fp32 adapters over bf16 weights in
-    bf16; the activations are sized without that autocast, so the budget stays above the
-    measured step there, by a few percent (never below it)."""
+    bf16: each adapter keeps a bf16 cast of its input, not the fp32 one a pure bf16 step
+    keeps. The policy's activations are sized so (precision bf16-autocast): every phase within
+    2% of the measured step, where sizing them as pure bf16 read +5.1% to +5.9%."""
     case = Case("llama", "dpo", "lora", False, "bf16-true")
     measured = measure(case)
     predicted = predict(case)
     for phase, got in measured.items():
         error = (predicted[phase] - got) / got
-        assert -TOLERANCE <= error <= 0.10, f"{phase}: {error:+.1%}"
+        assert abs(error) <= 0.02, f"{phase}: {error:+.1%}"
 
 
 def test_sft_step_is_unchanged_by_the_fp32_outputs() -> None:

@@ -63,7 +63,7 @@ from llmmem.budget.activations import dtypes_for, estimate_activations
 from llmmem.budget.overheads import overhead_terms, reserved_and_device_total
 from llmmem.budget.phases import estimate_budget
 from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
-from llmmem.budget.setup import Method, SetupError, TrainingSetup, release
+from llmmem.budget.setup import Method, Precision, SetupError, TrainingSetup, release
 from llmmem.budget.weights import build_inventory
 from llmmem.models.spec import ModelSpec
 from llmmem.units import format_bytes, format_count
@@ -448,6 +448,9 @@ def estimate_preference_budget(
     rows = sequences_per_step(pref, setup)
     # TRL calls the model with use_cache=False: no unused KV cache during training
     policy_setup = replace(setup, batch=rows, use_cache=False)
+    if setup.precision is Precision.BF16_TRUE and fp32_outputs(pref.mixed_precision, setup):
+        # accelerate's mixed precision runs the forward under autocast over the bf16 weights
+        policy_setup = replace(policy_setup, precision=Precision.BF16_AUTOCAST)
     policy_spec = reward_spec(spec, pref.num_labels) if pref.objective is Objective.REWARD else spec
     sft = estimate_budget(policy_spec, policy_setup, gpu)
     notes = list(sft.notes)
