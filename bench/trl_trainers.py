@@ -120,6 +120,10 @@ def measure(python: Path, case: Any, size: str) -> dict[str, Any]:
             completion=case.completion,
             generations=case.generations,
             beta=case.beta,
+            # one accumulation step: a generation every `spg` steps, the old log-probabilities
+            # taken too; the step measured is one that generates
+            steps_per_generation=case.spg,
+            measured_step=case.spg,
         )
     else:
         payload.update(objective=case.objective, seq=case.seq)
@@ -169,6 +173,12 @@ def main(argv: list[str] | None = None) -> int:
         help="grpo only: bf16 is accelerate's mixed precision over fp32 weights (bf16=True, "
         "TRL 0.29's default)",
     )
+    parser.add_argument(
+        "--steps-per-generation",
+        type=int,
+        default=1,
+        help="grpo only: the generation batch in micro-batches (default 1)",
+    )
     args = parser.parse_args(argv)
     objectives = args.objective or ["dpo", "orpo", "kto", "reward"]
     if "grpo" in objectives:
@@ -186,7 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     ckpt = args.checkpointing == "on"
     if objectives == ["grpo"]:
         methods = args.method or ["full", "lora"]
-        return grpo_table(python, args.size, methods, batch, seq, ckpt, args.precision)
+        if args.steps_per_generation < 1:
+            parser.error("--steps-per-generation must be at least 1")
+        return grpo_table(
+            python, args.size, methods, batch, seq, ckpt, args.precision, args.steps_per_generation
+        )
     print(
         f"{'case':30} {'step: TRL':>10} {'budget':>8} {'error':>6}  {'optimizer: TRL':>14} "
         f"{'budget':>8} {'error':>6}  step peak at (MiB; checkpointing {args.checkpointing})"
@@ -223,6 +237,7 @@ def grpo_table(
     completion: int,
     ckpt: bool,
     precision: str = "fp32",
+    spg: int = 1,
 ) -> int:
     """TRL's GRPOTrainer against the GRPO budget, phase by phase: num_generations 2 and 4,
     beta 0 and 0.04, full and LoRA."""
@@ -247,6 +262,7 @@ def grpo_table(
                     method=method,
                     grad_ckpt=ckpt,
                     dtype=precision,
+                    spg=spg,
                 )
                 got = measure(python, case, size)
                 if "error" in got:

@@ -22,11 +22,16 @@ four phases, one after the other:
   the reference model's per-token log-probabilities over the completions, and the policy's
   own ("old") ones when vLLM's importance-sampling correction is on (the default) or when
   `gradient_accumulation_steps` is not a multiple of `steps_per_generation × num_iterations`.
-  Both run in chunks of `per_device_train_batch_size` rows (`_get_per_token_logps_and_entropies`
-  with `batch_size`), each with `logits_to_keep = completion + 1`. `beta` defaults to 0.0 at
-  0.29.1: no reference model is loaded at all. With `beta != 0` the reference is a second copy
-  in full fine-tuning (`create_model_from_path`) and the policy with its adapter disabled
-  under PEFT (`use_adapter(model, None)`: no copy).
+  Both run over the whole generation batch in chunks of `per_device_train_batch_size` rows
+  (`_get_per_token_logps_and_entropies` with `batch_size`), each with `logits_to_keep =
+  completion + 1`. From the second chunk on, the previous chunk's divided logits are still
+  bound to `logits` while the next chunk's forward makes its own (`logits = model(...).logits`
+  rebinds the name only when the forward has returned): its LM head runs beside them, and under
+  accelerate's mixed precision so does `convert_outputs_to_fp32`'s fp32 copy of the 16-bit
+  logits. `steps_per_generation` (the accumulation steps by default) sets the chunks. `beta`
+  defaults to 0.0 at 0.29.1: no reference model is loaded at all. With `beta != 0` the
+  reference is a second copy in full fine-tuning (`create_model_from_path`) and the policy with
+  its adapter disabled under PEFT (`use_adapter(model, None)`: no copy).
 - the policy's forward and backward (`_compute_loss`): one micro-batch of
   `per_device_train_batch_size` completions, prompt + completion tokens through the model with
   gradient, the logits of the last completion + 1 positions only; `logits[:, :-1]`,
@@ -187,6 +192,9 @@ class GrpoLogProbs:
     no_grad: Term  # the reference (or old-policy) pass: one chunk's logits
     inside_kernel: int  # of `no_grad`: fp32 logsumexp's row temporary (a GPU sees it)
     backward_peak: Term
+    # a later chunk's fp32 copy of its 16-bit logits, made after the forward has left autocast
+    # (its cached weight casts released): None with one chunk or without mixed precision
+    no_grad_outside_autocast: Term | None = None
 
 
 def grpo_log_probs(spec: ModelSpec, setup: TrainingSetup, grpo: GrpoSetup) -> GrpoLogProbs:
@@ -234,6 +242,12 @@ def grpo_log_probs(spec: ModelSpec, setup: TrainingSetup, grpo: GrpoSetup) -> Gr
         formula=f"{e} B × {count}: one chunk's logits and their divided copy"
         + (" + one row's fp32 logsumexp temporary" if inside else ""),
     )
+    later = later_chunk_moment(spec, setup, grpo, e)
+    at_head = later[0] if later else None
+    if at_head is not None and at_head.bytes > division + inside:
+        no_grad, inside = at_head, 0
+    elif at_head is not None and at_head.bytes > division:
+        inside = division + inside - at_head.bytes  # what a counter misses of the GPU's moment
     if e == 4:
         backward = Term(
             bytes=16 * kept,
@@ -245,7 +259,49 @@ def grpo_log_probs(spec: ModelSpec, setup: TrainingSetup, grpo: GrpoSetup) -> Gr
             bytes=2 * e * kept,
             formula=f"{2 * e} B × L (the saved log-softmax and its gradient buffer)",
         )
-    return GrpoLogProbs(forward, no_grad, inside, backward)
+    return GrpoLogProbs(forward, no_grad, inside, backward, later[1] if later else None)
+
+
+def later_chunk_moment(
+    spec: ModelSpec, setup: TrainingSetup, grpo: GrpoSetup, e: int
+) -> tuple[Term, Term | None] | None:
+    """The no-gradient pass's second and later chunks (None with one chunk): TRL 0.29.1's
+    `_get_per_token_logps_and_entropies` keeps the previous chunk's divided logits (`logits /
+    temperature`, e B × rows × C × V) bound to `logits` until the next chunk's forward returns.
+    That forward's LM head makes the new logits (compute dtype, rows × (C + 1) × V) from the
+    final norm's output over every position (residual dtype) and a contiguous copy of the kept
+    positions (the head's input); under accelerate's mixed precision the 16-bit logits are then
+    copied to fp32 (`convert_outputs_to_fp32`) with the previous chunk's still alive: that
+    copy is made outside the forward's autocast, so its cached weight casts are gone then.
+    Returns the LM head's moment and the fp32 copy's (None without mixed precision)."""
+    rows = setup.batch
+    gen_rows = generation_rows(grpo, setup)
+    if gen_rows <= rows:
+        return None
+    dt = dtypes_for(setup)
+    ec = dt.compute
+    c, vocab, h = grpo.max_completion_length, spec.vocab_size, spec.hidden_size
+    plus = rows * (c + 1) * vocab
+    previous = e * rows * c * vocab
+    head_input = dt.residual * rows * grpo.seq * h + ec * rows * (c + 1) * h
+    at_head = previous + ec * plus + head_input
+    chunks = -(-gen_rows // rows)
+    count = f"{chunks} chunks of {rows} rows, V = {format_count(vocab)}"
+    copy = None
+    if e != ec:
+        copy = Term(
+            bytes=previous + ec * plus + 4 * plus,
+            formula=f"the previous chunk's divided logits (4 B × {rows}×{c}×V) beside the next "
+            f"chunk's {ec} B logits and their fp32 copy (4 B × {rows}×{c + 1}×V; {count}), "
+            "outside autocast",
+        )
+    return Term(
+        bytes=at_head,
+        formula=f"the previous chunk's divided logits ({e} B × {rows}×{c}×V) beside the next "
+        f"chunk's LM head: its {ec} B logits ({rows}×{c + 1}×V), the final norm's output "
+        f"({dt.residual} B × {rows}×{grpo.seq}×h) and the head's input ({ec} B × "
+        f"{rows}×{c + 1}×h; {count})",
+    ), copy
 
 
 def _held(phase: PhaseBudget) -> dict[Component, Term]:
@@ -438,6 +494,12 @@ def estimate_grpo_budget(
     cached = old_log_probs(grpo, setup) or setup.quant is not None
     no_grad_held = running if cached else held_training
     no_grad = no_grad_phase(spec, policy_setup, grpo, no_grad_held, lp, reference)
+    if no_grad is not None and lp.no_grad_outside_autocast is not None:
+        # a later chunk's fp32 copy of its logits: autocast's cached casts released by then
+        outside = replace(lp, no_grad=lp.no_grad_outside_autocast, inside_kernel=0)
+        alternative = no_grad_phase(spec, policy_setup, grpo, held_training, outside, reference)
+        if alternative is not None and alternative.allocated_bytes > no_grad.allocated_bytes:
+            no_grad = alternative
     if no_grad is not None:
         phases.append(no_grad)
     policy_forward = _replace_logits(

@@ -11,7 +11,10 @@ following the trainer's code (trl/trainer/grpo_trainer.py at 0.29.1):
   to `max_completion_length` (no EOS: the longest case);
 - with `beta != 0`, the reference log-probabilities of `_generate_and_score_completions` under
   `torch.no_grad()`, chunked by `per_device_train_batch_size`: a frozen copy in full
-  fine-tuning, the policy with its adapter disabled under LoRA;
+  fine-tuning, the policy with its adapter disabled under LoRA; with `steps_per_generation` 2
+  (a case's `spg`; one accumulation step) the generation batch is two micro-batches, the
+  policy's old log-probabilities are taken too, and both passes run over two chunks (the
+  first chunk's divided logits alive while the second's forward runs);
 - the policy's `_get_per_token_logps_and_entropies`: `logits_to_keep = C + 1`, the last logit
   dropped, `logits / temperature`, `selective_log_softmax`, `entropy_from_logits` without
   gradient in 128-row chunks;
@@ -35,14 +38,14 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from llmmem.budget.grpo import GrpoSetup, estimate_grpo_budget, grpo_log_probs
-from llmmem.budget.result import Phase
+from llmmem.budget.result import Component, Phase
 from llmmem.budget.setup import LoraSetup, Method, Precision, TrainingSetup
 from llmmem.models.architectures import spec_from_config
 from llmmem.models.spec import ModelSource
@@ -71,6 +74,9 @@ class Case:
     grad_ckpt: bool = False
     family: str = "llama"
     mixed: bool | None = None  # accelerate's mixed precision; None: on for bf16 and bf16-true
+    # generations per micro-batch's worth: with 2 and one accumulation step, the policy's old
+    # log-probabilities are taken too, and both no-gradient passes run over two chunks
+    spg: int = 1
 
     @property
     def id(self) -> str:
@@ -78,6 +84,7 @@ class Case:
         parts += [f"g{self.generations}", f"c{self.completion}", f"b{self.batch}"]
         parts += [f"beta{self.beta:g}", self.method, self.dtype]
         parts += ["no-amp"] if self.mixed is False else []
+        parts += [f"spg{self.spg}"] if self.spg != 1 else []
         return "-".join(parts + (["ckpt"] if self.grad_ckpt else []))
 
 
@@ -112,6 +119,7 @@ def _grpo(case: Case) -> GrpoSetup:
         max_completion_length=case.completion,
         beta=case.beta,
         mixed_precision=case.mixed,
+        steps_per_generation=case.spg,
     )
 
 
@@ -181,6 +189,7 @@ def measure(case: Case, size: str = "small") -> dict[str, int]:
         generations=case.generations,
         batch=case.batch,
         beta=case.beta,
+        steps_per_generation=case.spg,
     )
 
 
@@ -196,11 +205,18 @@ def step_peaks(
     batch: int,
     beta: float,
     tracker: StorageTracker | None = None,
+    steps_per_generation: int = 1,
+    old_log_probs: bool | None = None,
 ) -> dict[str, int]:
     """A warm-up and a measured GRPO step of `model` (generation, the reference's
     log-probabilities when `beta`, the policy's forward and backward, the optimizer step):
-    each phase's peak of allocated bytes, weights (and a reference copy) included."""
+    each phase's peak of allocated bytes, weights (and a reference copy) included. The
+    generation batch is `steps_per_generation` micro-batches, of which the first trains; the
+    policy's old log-probabilities are taken when `old_log_probs` (None: with more than one
+    micro-batch a generation, as one accumulation step makes TRL take them)."""
     c = completion
+    if old_log_probs is None:
+        old_log_probs = steps_per_generation > 1
     peaks: dict[str, int] = {}
     tracker = tracker or StorageTracker()
     with tracker:
@@ -211,7 +227,8 @@ def step_peaks(
             tracker.track(tensor, "weights")
         for _ in range(2):  # a warm-up step, then the measured one
             tracker.reset_peak("activations")
-            prompts = torch.randint(3, vocab, (max(batch // generations, 1), prompt))
+            rows = batch * steps_per_generation  # the generation batch
+            prompts = torch.randint(3, vocab, (max(rows // generations, 1), prompt))
             prompts = prompts.repeat_interleave(generations, dim=0)
             prompt_mask = torch.ones_like(prompts)
             with torch.no_grad():
@@ -232,15 +249,22 @@ def step_peaks(
             ids = torch.cat([prompts, completions], dim=1)
             mask = torch.cat([prompt_mask, torch.ones_like(completions)], dim=1)
             ref_logps = None
-            if beta:
+            if beta or old_log_probs:
                 tracker.reset_peak("activations")
                 with torch.no_grad():
-                    if ref is None:
+                    old_logps = None
+                    if old_log_probs:
+                        old_logps, _ = _log_probs(model, ids, mask, c, batch, False)
+                    if beta and ref is None:
                         with model.disable_adapter():
                             ref_logps, _ = _log_probs(model, ids, mask, c, batch, False)
-                    else:
+                    elif beta:
                         ref_logps, _ = _log_probs(ref, ids, mask, c, batch, False)
+                    del old_logps
                 peaks["reference_forward"] = tracker.peak
+            ids, mask = ids[:batch], mask[:batch]  # the first micro-batch trains
+            if ref_logps is not None:
+                ref_logps = ref_logps[:batch]
             advantages = torch.randn(ids.size(0)).unsqueeze(1)
             tracker.reset_peak("activations")
             logps, _ = _log_probs(model, ids, mask, c, batch, True)
@@ -273,10 +297,10 @@ def predict(case: Case, size: str = "small") -> dict[str, int]:
     setup = _setup(case)
     budget = estimate_grpo_budget(spec, setup, _grpo(case))
     phases = {p.phase.value: p.allocated_bytes for p in budget.phases}
-    if Phase.REFERENCE_FORWARD.value in phases:
-        phases[Phase.REFERENCE_FORWARD.value] -= grpo_log_probs(
-            spec, setup, _grpo(case)
-        ).inside_kernel
+    lp = grpo_log_probs(spec, replace(setup, seq=_grpo(case).seq), _grpo(case))
+    no_grad = next((p for p in budget.phases if p.phase is Phase.REFERENCE_FORWARD), None)
+    if no_grad is not None and no_grad.components.get(Component.LOGITS) == lp.no_grad:
+        phases[Phase.REFERENCE_FORWARD.value] -= lp.inside_kernel
     return phases
 
 
@@ -293,6 +317,11 @@ def grid(families: list[str], shapes: list[tuple[int, int]]) -> list[Case]:
         cases.append(
             Case(4, shapes[0][0], 0.0, batch=max(8, shapes[0][1]), grad_ckpt=True, family=family)
         )
+        # two micro-batches a generation: both no-gradient passes run over two chunks
+        for dtype in ("fp32", "bf16"):
+            cases.append(
+                Case(2, shapes[0][0], 0.04, batch=shapes[0][1], dtype=dtype, spg=2, family=family)
+            )
     return cases
 
 

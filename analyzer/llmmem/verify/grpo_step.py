@@ -54,6 +54,10 @@ def run_grpo_step(request: StepRequest, result: StepMeasurement) -> None:
     prompt = int(grpo.get("max_prompt_length", 512))
     completion = int(grpo.get("max_completion_length", 256))
     beta = float(grpo.get("beta", 0.0))
+    # grpo_trainer.py: a generation every steps_per_generation micro-batches (default the
+    # accumulation steps); the old log-probabilities when the accumulation is no multiple
+    spg = int(grpo.get("steps_per_generation") or request.grad_accum)
+    iterations = int(grpo.get("num_iterations") or 1)
     mixed = grpo.get("mixed_precision")
     if request.batch % generations and request.batch > generations:
         raise runner.VerifyError(
@@ -87,6 +91,8 @@ def run_grpo_step(request: StepRequest, result: StepMeasurement) -> None:
         generations=generations,
         batch=request.batch,
         beta=beta,
+        steps_per_generation=spg,
+        old_log_probs=request.grad_accum % (spg * iterations) != 0,
     )
     result.phases = [
         PhaseMeasurement(phase=name, peak_bytes=int(peak), by_category={})
