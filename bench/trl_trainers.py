@@ -1,4 +1,4 @@
-"""The preference budgets against TRL's own trainers, run on the CPU.
+"""The preference and GRPO budgets against TRL's own trainers, run on the CPU.
 
 `python -m llmmem.verify.grid --preference` checks the budget against steps written the way
 TRL computes them. This runs the trainers themselves: TRL 0.29.1's DPOTrainer and RewardTrainer
@@ -44,6 +44,40 @@ ORPO's log-probabilities on a view of the logits plus the chosen half's cross-en
 MiB in backward); and a reward model's embedding gradient, which comes last in backward
 (reward full without checkpointing read +6.1%).
 
+GRPO (`--objective grpo`): TRL 0.29.1's GRPOTrainer, transformers' generation (no vLLM),
+prompts of 16 words, every completion run to `max_completion_length` (`min_new_tokens` masks the
+end-of-sequence token), a reward written in bench/trl_step.py, 4 completions per device. The
+measured step generates (`steps_per_generation` 1, or 2 with the second generation's step
+measured), and is split where TRL's own methods return: `_generate_single_turn` (generate),
+the rest of `_generate_and_score_completions` (the old and reference log-probabilities without
+gradient), `compute_loss` (the policy's forward and loss), backward, the optimizer step; each
+against the GRPO budget's phase (`llmmem.verify.grpo_grid.predict`). num_generations 2 and 4
+read the same (the batch counts completions). MiB, TRL / budget / error:
+
+    case               generate            reference           forward             backward
+    medium 4x64, ckpt on (TRL's default), fp32:
+    beta 0    full 528.45/526.83 -0.3%                   - 602.24/602.30 +0.0% 693.70/693.07 -0.1%
+    beta 0.04 full 701.71/700.09 -0.2% 756.07/756.06 -0.0% 775.51/775.57 +0.0% 866.97/866.34 -0.1%
+    beta 0    lora 182.66/181.04 -0.9%                   - 255.32/255.27 -0.0% 302.19/302.14 -0.0%
+    beta 0.04 lora 182.66/181.04 -0.9% 237.02/237.01 -0.0% 255.32/255.27 -0.0% 302.19/302.14 -0.0%
+    small 4x32, fp32, ckpt off (on reads within 1.3% too):
+    beta 0.04 full     3.50/3.48 -0.4%     4.27/4.26 -0.2%     7.15/7.15 -0.0%     7.15/7.15 -0.0%
+    beta 0.04 lora     1.08/1.07 -1.3%     1.86/1.85 -0.5%     4.12/4.15 +0.7%     4.12/4.15 +0.8%
+    small 4x32, ckpt on, steps_per_generation 2 (8 completions a generation, two chunks):
+    beta 0.04 fp32     3.72/3.69 -0.8%     4.36/4.34 -0.5%     5.46/5.46 -0.1%     5.46/5.46 -0.0%
+    beta 0.04 bf16     3.82/3.77 -1.4%     4.54/4.55 +0.3%     5.57/5.72 +2.7%     5.57/5.72 +2.8%
+
+The optimizer step reads within 0.4% in every case (medium full 866.33 / 1039.59 MiB, exact
+to 0.01 MiB). Medium peaks in backward, small in `entropy_from_logits` (the policy's forward).
+With `steps_per_generation` 2 the no-gradient passes run over two chunks, and TRL 0.29's
+`_get_per_token_logps_and_entropies` keeps the first chunk's divided logits bound to `logits`
+until the second chunk's forward returns: the budget read −2.3% (fp32) there before it counted
+the second chunk's LM head beside them, and under mixed precision accelerate's fp32 copy of the
+second chunk's bf16 logits. Left, all under 5% and not traced yet: generation reads 0.2 to
+1.7% under TRL (the restated step reads the same, so it is in transformers' `generate`, not in
+TRL), and the checkpointed forward under bf16 autocast +2.7 to +3.3% over (the SFT budget's
+checkpointed forward; fp32 reads exact).
+
 TRL is not a dependency of llmmem: the first run makes its own environment under
 `bench/.trl/` (torch, transformers, peft, accelerate and TRL at the releases below; a few
 hundred MB, from the package index) and reuses it after.
@@ -51,6 +85,8 @@ hundred MB, from the package index) and reuses it after.
     python bench/trl_trainers.py [--size small|medium] [--objective dpo|orpo|kto|reward ...]
                                  [--method full|lora ...] [--shape PAIRSxTOKENS]
                                  [--checkpointing on|off]
+    python bench/trl_trainers.py --objective grpo [--size small|medium] [--shape 4x32]
+                                 [--precision fp32|bf16] [--steps-per-generation 1|2]
 """
 
 from __future__ import annotations
