@@ -4,15 +4,13 @@ bench/trl_step.py trains a tiny Llama with GRPOTrainer on the CPU (transformers'
 every completion run to its full length) under the project's StorageTracker and splits the
 measured step where TRL's methods return: `_generate_single_turn`, the rest of
 `_generate_and_score_completions` (the reference's log-probabilities), `compute_loss`, backward,
-the optimizer step. It needs TRL, which llmmem does not depend on: the comparison runs only where
-bench/trl_trainers.py has made its environment (bench/.trl), and is skipped elsewhere.
+the optimizer step. It needs TRL, which llmmem does not depend on: `python bench/trl_trainers.py
+--objective grpo` makes its environment and runs that comparison (its table is in its
+docstring); the tests here hold the moments it found with hand-derived bytes.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +21,7 @@ pytest.importorskip("transformers")
 
 from llmmem.budget.grpo import estimate_grpo_budget, grpo_log_probs  # noqa: E402
 from llmmem.budget.result import Component, Phase  # noqa: E402
-from llmmem.verify.grpo_grid import PROMPT, Case, _grpo, _setup, _spec, predict  # noqa: E402
-from llmmem.verify.preference_grid import CONFIGS  # noqa: E402
+from llmmem.verify.grpo_grid import Case, _grpo, _setup, _spec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 TRL_PYTHON = REPO / "bench" / ".trl" / "bin" / "python"
@@ -74,65 +71,3 @@ def test_under_mixed_precision_a_second_chunks_fp32_copy_comes_beside_the_first(
     # one chunk: no such moment
     _, single = _no_grad(Case(2, 32, 0.04, batch=4, dtype="bf16"))
     assert single.no_grad_outside_autocast is None
-
-
-def _trl_step(case: Case) -> dict[str, int]:
-    payload = {
-        "objective": "grpo",
-        "method": case.method,
-        "batch": case.batch,
-        "seq": PROMPT + case.completion,
-        "prompt": PROMPT,
-        "completion": case.completion,
-        "generations": case.generations,
-        "beta": case.beta,
-        "grad_ckpt": case.grad_ckpt,
-        "bf16": case.dtype == "bf16",
-        "steps_per_generation": case.spg,
-        "measured_step": case.spg,
-        "config": CONFIGS["small"][case.family],
-    }
-    done = subprocess.run(
-        [str(TRL_PYTHON), str(REPO / "bench" / "trl_step.py"), json.dumps(payload)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-        env={
-            **os.environ,
-            "PYTHONPATH": str(REPO / "analyzer"),
-            "HF_HUB_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-        },
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    result: dict[str, int] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
-
-
-TRL_CASES = [
-    # a frozen reference copy, TRL's default checkpointing
-    Case(2, 32, 0.04, batch=4, grad_ckpt=True),
-    # the reference is the policy with its adapter disabled
-    Case(4, 32, 0.04, batch=4, method="lora"),
-    # a generation every two steps: old and reference log-probabilities over two chunks
-    Case(2, 32, 0.04, batch=4, spg=2),
-]
-
-
-@pytest.mark.skipif(not TRL_PYTHON.exists(), reason="bench/.trl (TRL 0.29.1) is not made here")
-@pytest.mark.parametrize("case", TRL_CASES, ids=[c.id for c in TRL_CASES])
-def test_each_phase_within_five_percent_of_trls_grpo_trainer(case: Case) -> None:
-    got = _trl_step(case)
-    budget = predict(case)
-    for phase, measured_key in [
-        ("generate", "generate"),
-        ("reference_forward", "reference_forward"),
-        ("forward", "forward"),
-        ("backward", "backward"),
-        ("optimizer_step", "optimizer"),
-    ]:
-        measured = got[measured_key]
-        assert abs(budget[phase] - measured) <= TOLERANCE * measured, (phase, measured, budget)
-    # the policy's forward peaks where TRL takes the entropies
-    assert "entropy_from_logits" in got["forward where"]
