@@ -11,7 +11,6 @@ docstring); the tests here hold the moments it found with hand-derived bytes.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,8 +22,6 @@ from llmmem.budget.grpo import estimate_grpo_budget, grpo_log_probs  # noqa: E40
 from llmmem.budget.result import Component, Phase  # noqa: E402
 from llmmem.verify.grpo_grid import Case, _grpo, _setup, _spec  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
-TRL_PYTHON = REPO / "bench" / ".trl" / "bin" / "python"
 TOLERANCE = 0.05
 
 
