@@ -664,7 +664,7 @@ def build_setup(
         if trl_release is not None:
             # the preference budgets count one TRL release's own moments for that release only
             setup = replace(setup, trl_version=trl_release)
-        setup = _trl_on_kbit(args, setup, versions, found, prov)
+        setup = _trl_on_kbit(args, setup, prov)
         if setup.framework is Framework.LITGPT and getattr(args, "loss", None) is None:
             # litgpt's finetune scripts compute chunked_cross_entropy (128 positions a chunk)
             setup = replace(setup, loss=LossImpl.CHUNKED)
@@ -678,8 +678,6 @@ def build_setup(
 def _trl_on_kbit(
     args: argparse.Namespace,
     setup: TrainingSetup,
-    versions: dict[str, str],
-    found: dict[str, Any],
     prov: dict[str, str],
 ) -> TrainingSetup:
     """--framework trl: the checkpointing the run's TRL release asks for and, over a k-bit
@@ -687,7 +685,7 @@ def _trl_on_kbit(
     (llmmem.budget.trl_rules), unless a flag says otherwise."""
     if getattr(args, "framework", None) != "trl":
         return setup
-    trl = versions.get("trl") or (found["trl"].release if "trl" in found else None)
+    trl = setup.trl_version  # the flag's release, else the one found beside the file
     if trl is None:
         return setup
     from llmmem.budget.trl_rules import sft_trainer_checkpointing, sft_trainer_on_kbit

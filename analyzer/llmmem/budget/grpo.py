@@ -65,10 +65,11 @@ from llmmem.budget.preference import (
     _replace_logits,
     _with,
     fp32_outputs,
+    policy_under_autocast,
     reference_copy_term,
 )
 from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
-from llmmem.budget.setup import Method, Mode, Precision, SetupError, TrainingSetup
+from llmmem.budget.setup import Method, Mode, SetupError, TrainingSetup
 from llmmem.models.spec import ModelSpec
 from llmmem.units import format_bytes, format_count
 
@@ -459,10 +460,9 @@ def estimate_grpo_budget(
     prompt + completion."""
     check_grpo(grpo, setup)
     reference = reference_of(grpo, setup)
-    policy_setup = replace(setup, seq=grpo.seq, use_cache=False)
-    if setup.precision is Precision.BF16_TRUE and fp32_outputs(grpo.mixed_precision, setup):
-        # accelerate's mixed precision runs the forward under autocast over the bf16 weights
-        policy_setup = replace(policy_setup, precision=Precision.BF16_AUTOCAST)
+    policy_setup = policy_under_autocast(
+        replace(setup, seq=grpo.seq, use_cache=False), grpo.mixed_precision
+    )
     sft = estimate_budget(spec, policy_setup, gpu)
     forward = sft.phase(Phase.FORWARD)
     backward = sft.phase(Phase.BACKWARD)

@@ -162,6 +162,14 @@ def fp32_outputs(mixed_precision: bool | None, setup: TrainingSetup) -> bool:
     return True if mixed_precision is None else bool(mixed_precision)
 
 
+def policy_under_autocast(setup: TrainingSetup, mixed_precision: bool | None) -> TrainingSetup:
+    """The setup the policy's activations are sized with: accelerate's mixed precision runs the
+    forward under autocast, over bf16 weights too (bf16-autocast)."""
+    if setup.precision is Precision.BF16_TRUE and fp32_outputs(mixed_precision, setup):
+        return replace(setup, precision=Precision.BF16_AUTOCAST)
+    return setup
+
+
 def reference_fp32_outputs(
     mixed_precision: bool | None, setup: TrainingSetup, reference: Reference
 ) -> bool:
@@ -447,10 +455,9 @@ def estimate_preference_budget(
     reference = reference_for(pref, setup)
     rows = sequences_per_step(pref, setup)
     # TRL calls the model with use_cache=False: no unused KV cache during training
-    policy_setup = replace(setup, batch=rows, use_cache=False)
-    if setup.precision is Precision.BF16_TRUE and fp32_outputs(pref.mixed_precision, setup):
-        # accelerate's mixed precision runs the forward under autocast over the bf16 weights
-        policy_setup = replace(policy_setup, precision=Precision.BF16_AUTOCAST)
+    policy_setup = policy_under_autocast(
+        replace(setup, batch=rows, use_cache=False), pref.mixed_precision
+    )
     policy_spec = reward_spec(spec, pref.num_labels) if pref.objective is Objective.REWARD else spec
     sft = estimate_budget(policy_spec, policy_setup, gpu)
     notes = list(sft.notes)
