@@ -70,6 +70,22 @@ CASES = [
     Case("llama", "kto", "lora", True, "bf16-true", batch=4),
     Case("qwen2", "kto", "full", True, "bf16", batch=4),
     Case("qwen2", "kto", "lora", dtype="bf16", batch=4),
+    # Gemma-2: eager attention and its two masks (full and sliding layers), soft-capped logits,
+    # tied embeddings, a norm after each sub-layer
+    Case("gemma2", "dpo", "full", False, "bf16"),
+    Case("gemma2", "dpo", "lora", True, "bf16"),
+    Case("gemma2", "dpo", "lora", False, "fp32", batch=1, seq=128),
+    Case("gemma2", "orpo", "full", True, "bf16-true"),
+    Case("gemma2", "kto", "lora", False, "bf16", batch=4),
+] + [
+    # reward models: no vocabulary logits, so the forward peaks in the last block or the final
+    # norm, and backward in a block's (or the final norm's) backward; LoRA trains the score
+    # head whole (modules_to_save=["score"], as TRL recommends)
+    Case(family, "reward", method, ckpt, dtype)
+    for family in ("llama", "qwen2", "gemma2")
+    for method in ("full", "lora")
+    for ckpt in (False, True)
+    for dtype in ("fp32", "bf16-true", "bf16")
 ]
 
 

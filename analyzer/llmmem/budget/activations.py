@@ -193,8 +193,9 @@ class BlockContext:
         width: str,
         consumers: list[LinearModule],
         already_saved: bool = False,
-    ) -> None:
-        """What the Linears reading one tensor save of it (shared copy or private casts)."""
+    ) -> bool:
+        """What the Linears reading one tensor save of it (shared copy or private casts);
+        whether the tensor itself is kept."""
         shared = already_saved
         private = 0.0
         adapter_bytes = 2 if self.dt.autocast else self.train.adapter_bytes
@@ -226,6 +227,7 @@ class BlockContext:
         if shared and not already_saved:
             tally.add(tensor_dtype, width)
         tally.add(private, width)
+        return shared
 
     def norm(self, tally: Tally, width: str = "N·h", input_dtype: int | None = None) -> int:
         """A norm over the residual stream; returns the dtype of its output."""
@@ -437,7 +439,7 @@ def block_tally(ctx: BlockContext, group: BlockGroup) -> Tally:
     elif two_norm_parallel:
         # the second LayerNorm saves the same input tensor as the first: only its output is new
         ctx.consumers_save(tally, dt.residual, "N·h", mlp_in)
-    if spec.model_type in ("gemma2", "gemma3_text", "gemma3"):
+    if spec.model_type in SANDWICH_NORM_TYPES:
         ctx.norm(tally)  # post-attention norm
         ctx.norm(tally)  # post-feedforward norm
     if group.num_experts:
@@ -495,6 +497,12 @@ class ActivationEstimate:
     outside: Tally  # final norm, head input, masks: once per model
     checkpointed: bool
     dims: dict[str, float]
+    final: Tally | None = None  # the final norm's and the head input's part of `outside`
+
+    @property
+    def final_bytes(self) -> int:
+        """What the final norm and the head keep: given back once their backward has run."""
+        return self.final.evaluate(self.dims) if self.final is not None else 0
 
     def per_block_bytes(self, group: BlockGroup) -> int:
         for g, tally in self.per_block:
@@ -533,14 +541,29 @@ def estimate_activations(spec: ModelSpec, setup: TrainingSetup) -> ActivationEst
     outside.extend(final)
     # attention's geometry: a flat packed batch is one row of batch × seq tokens
     b, s = setup.attention_shape
-    if spec.sliding_window and s > spec.sliding_window and spec.sliding_layers:
-        outside.add(1, "b·s²")  # the boolean sliding-window mask built once per forward
-    if spec.is_causal_lm and (setup.attn is AttnImpl.EAGER or not spec.supports_sdpa):
-        # eager attention adds a mask to the scores: transformers builds it once per forward,
-        # in the scores' dtype, rows × tokens² (block-diagonal for packed samples)
-        outside.add(dt.compute, "b·s²")
-    elif setup.packed_mask and spec.is_causal_lm:
-        outside.add(1, "b·s²")  # the packed samples' boolean mask, built once per forward
+    # a decoder's causal masks: a causal LM's, or a decoder under a score head (a reward
+    # model, AutoModelForSequenceClassification), which builds them the same way
+    decoder = spec.is_causal_lm or (
+        spec.architecture.endswith("ForSequenceClassification")
+        and spec.model_type not in POST_NORM_TYPES
+    )
+    eager = decoder and (setup.attn is AttnImpl.EAGER or not spec.supports_sdpa)
+    layers = sum(g.count for g in spec.blocks)
+    if eager:
+        # eager attention adds a mask to the scores: transformers builds it once per forward
+        # and per kind of layer (a model mixing sliding-window and full layers, Gemma-2's,
+        # gets both, whatever the length), rows × tokens² (block-diagonal for packed
+        # samples), in the embeddings' dtype: fp32 under autocast over fp32 weights. The
+        # addition keeps nothing: the masks outlive the model's forward only as the
+        # checkpointed blocks' inputs
+        if setup.grad_ckpt:
+            kinds = 2 if 0 < spec.sliding_layers < layers else 1
+            outside.add(kinds * dt.residual, "b·s²")
+    else:
+        if spec.sliding_window and s > spec.sliding_window and spec.sliding_layers:
+            outside.add(1, "b·s²")  # the boolean sliding-window mask built once per forward
+        if setup.packed_mask and spec.is_causal_lm:
+            outside.add(1, "b·s²")  # the packed samples' boolean mask, built once per forward
     r = setup.lora.r if setup.lora else 0
     dims: dict[str, float] = {
         "N·h": b * s * spec.hidden_size,
@@ -557,7 +580,7 @@ def estimate_activations(spec: ModelSpec, setup: TrainingSetup) -> ActivationEst
         "k·N·h": spec.experts_per_token * b * s * spec.hidden_size,
         "k·N·I": spec.experts_per_token * b * s * spec.intermediate_size,
     }
-    return ActivationEstimate(per_block, outside, setup.grad_ckpt, dims)
+    return ActivationEstimate(per_block, outside, setup.grad_ckpt, dims, final)
 
 
 def shared_expert_width(spec: ModelSpec) -> int:
@@ -575,3 +598,40 @@ def checkpoint_input_bytes(spec: ModelSpec, setup: TrainingSetup) -> tuple[int, 
     n = setup.tokens * spec.hidden_size
     blocks = sum(g.count for g in spec.blocks)
     return d * n * blocks, f"{d}·N·h × {blocks} blocks"
+
+
+def backward_workspace(spec: ModelSpec, setup: TrainingSetup) -> tuple[int, str]:
+    """The gradients of one block in flight during its backward: the residual stream's two
+    (the block's output gradient and its input gradient), and the MLP's. A gated MLP's
+    product `act(gate) * up` has one backward node that makes both its inputs' gradients
+    while the product's own gradient is alive, beside the residual's: three N·I tensors. Where
+    the down projection keeps the product for its weight's gradient, its backward gives it back
+    first, and the three stand where it stood: two beyond the saved tensors."""
+    dt = dtypes_for(setup)
+    n_h = setup.tokens * spec.hidden_size
+    n_i = setup.tokens * spec.intermediate_size
+    d, e = dt.residual, dt.linear_out_bytes
+    best = 2 * d * n_h + 2 * e * n_i, f"2·{d}·N·h + 2·{e}·N·I (gradients of one block in flight)"
+    if spec.mlp == "gated" and spec.blocks and not _keeps_mlp_product(spec, setup, dt):
+        gated = d * n_h + 3 * e * n_i
+        if gated > best[0]:
+            best = gated, f"{d}·N·h + 3·{e}·N·I (gradients of one block in flight)"
+    if spec.model_type in SANDWICH_NORM_TYPES:
+        # a norm ends the block (Gemma-2's post-feedforward norm): its backward runs first,
+        # beside every tensor the block keeps, and its fp32 `pow` branch has five N·h
+        # tensors in flight (the rsqrt product's input gradient waiting in autograd's buffer,
+        # the mean's expanded gradient, `x.pow(1)`, its double and their product)
+        norm = d * n_h + 5 * 4 * n_h
+        if norm > best[0]:
+            best = norm, f"{d}·N·h + 5·4·N·h (the block's last norm's backward)"
+    return best
+
+
+# norms after attention and after the MLP as well as before them
+SANDWICH_NORM_TYPES = {"gemma2", "gemma3_text", "gemma3"}
+
+
+def _keeps_mlp_product(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> bool:
+    ctx = BlockContext(spec, setup, dt, trainability_for(spec, setup))
+    down = _linears(spec.blocks[0], "mlp_out")
+    return ctx.consumers_save(Tally(), dt.linear_out_bytes, "N·I", down)

@@ -59,7 +59,13 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
-from llmmem.budget.activations import dtypes_for, estimate_activations
+from llmmem.budget.activations import (
+    backward_workspace,
+    dtypes_for,
+    estimate_activations,
+    linear_position,
+    trainability_for,
+)
 from llmmem.budget.overheads import overhead_terms, reserved_and_device_total
 from llmmem.budget.phases import estimate_budget
 from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
@@ -248,6 +254,32 @@ def log_prob_moments(
     `chosen_nll`: ORPO's and CPO's step at TRL 0.29 (trl/experimental/orpo/orpo_trainer.py,
     cpo/cpo_trainer.py `concatenated_forward` and `get_batch_logps`), which `_orpo_moments`
     follows instead."""
+    moments = _log_prob_moments(spec, setup, sequences, fp32, reference_fp32, chosen_nll)
+    if spec.final_logit_softcapping is None:
+        return moments
+    # Gemma-2's soft-capped logits (`tanh(logits / cap) * cap` inside the model's forward):
+    # the policy's tanh output, in the model's compute dtype, is kept for backward from the
+    # forward's end until the capping's backward runs, after the log-probabilities'
+    compute = dtypes_for(setup).compute
+    capped = compute * sequences * setup.seq * spec.vocab_size
+    text = f" + {compute} B × L (the soft-capping's tanh, kept)"
+    return replace(
+        moments,
+        forward_end=moments.forward_end + capped,
+        backward_peak=moments.backward_peak + capped,
+        formula_forward=moments.formula_forward + text,
+        formula_backward=moments.formula_backward + text,
+    )
+
+
+def _log_prob_moments(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    sequences: int,
+    fp32: bool,
+    reference_fp32: bool | None,
+    chosen_nll: bool,
+) -> LogProbMoments:
     compute = dtypes_for(setup).compute
     e = 4 if fp32 else compute
     r = 4 if (fp32 if reference_fp32 is None else reference_fp32) else compute
@@ -501,10 +533,14 @@ def estimate_preference_budget(
             _embedding_last(moment, spec, setup)
             for moment in _later_backward_moments(policy_spec, policy_setup, forward, step)
         ]
+        norm_forward, norm_backward = _final_norm_moments(policy_spec, policy_setup, forward)
+        candidates += [norm_backward] if norm_backward else []
         backward = max(candidates, key=lambda p: p.allocated_bytes)
         in_block = _checkpointed_block_moment(policy_spec, policy_setup, forward)
-        if in_block is not None and in_block.allocated_bytes > forward.allocated_bytes:
-            forward = in_block
+        running = _running_block_moments(policy_spec, policy_setup, forward)
+        for moment in (in_block, norm_forward, *running):
+            if moment is not None and moment.allocated_bytes > forward.allocated_bytes:
+                forward = moment
         phases = [_with(p, extra) for p in (forward, backward, step)]
         notes.append(
             f"reward model: a score head of {spec.hidden_size} × {pref.num_labels} instead of "
@@ -685,11 +721,7 @@ def _later_backward_moments(
     weight = setup.precision.weight_bytes
     head = spec.vocab_size * spec.hidden_size * weight if full and spec.is_causal_lm else 0
     acts = estimate_activations(spec, setup)
-    dt = dtypes_for(setup)
-    n_h = setup.tokens * spec.hidden_size
-    n_i = setup.tokens * spec.intermediate_size
-    workspace = 2 * dt.residual * n_h + 2 * dt.linear_out_bytes * n_i
-    work_text = f"2·{dt.residual}·N·h + 2·{dt.linear_out_bytes}·N·I (gradients of one block)"
+    workspace, work_text = backward_workspace(spec, setup)
     held: dict[Component, Term] = {
         k: v
         for k, v in forward.components.items()
@@ -706,8 +738,11 @@ def _later_backward_moments(
                     Component.GRADIENTS: Term(
                         bytes=kept or head, formula="the head's gradient" if not kept else ""
                     ),
-                    Component.ACTIVATIONS: forward.components.get(
-                        Component.ACTIVATIONS, Term(0, "")
+                    # the final norm's and the head's backward have given theirs back
+                    Component.ACTIVATIONS: Term(
+                        bytes=forward.components.get(Component.ACTIVATIONS, Term(0, "")).bytes
+                        - acts.final_bytes,
+                        formula="the checkpointed blocks' inputs",
                     ),
                     Component.TEMPORARIES: Term(
                         bytes=acts.largest_block_bytes + workspace,
@@ -779,6 +814,206 @@ def _embedding_last(phase: PhaseBudget, spec: ModelSpec, setup: TrainingSetup) -
     return PhaseBudget(phase=phase.phase, moment=phase.moment, components=parts)
 
 
+def _running_block_moments(
+    spec: ModelSpec, setup: TrainingSetup, forward: PhaseBudget
+) -> list[PhaseBudget]:
+    """Under a score head the forward can peak inside the last block, whose tensors that
+    nothing keeps for backward are alive while it runs (transformers' decoder layers: the
+    residual is a local, each sub-layer's input a local until it returns):
+
+    - its MLP, as the down projection's output is made: the residual (not kept when the
+      norm keeps an fp32 copy of a 16-bit one), the MLP's input and act(gate) · up where no
+      Linear keeps them; under checkpointing nothing is kept, and act(gate), up and their
+      product are alive together;
+    - its eager attention, as the fp32 softmax is made: the masked scores and their fp32
+      upcast (a 16-bit model), beside the masks transformers builds once per forward; under
+      checkpointing the softmax's output and the block's q, k and v too.
+
+    Below them every earlier block's saved tensors (without checkpointing), or the
+    checkpointed inputs."""
+    if not spec.blocks or spec.mlp != "gated":
+        return []
+    from llmmem.budget.activations import ABSOLUTE_POSITION_TYPES, BlockContext, Tally
+    from llmmem.budget.setup import AttnImpl
+
+    dt = dtypes_for(setup)
+    train = trainability_for(spec, setup)
+    ctx = BlockContext(spec, setup, dt, train)
+    acts = estimate_activations(spec, setup)
+    group = spec.blocks[-1]
+    dims = acts.dims
+    d, e = dt.residual, dt.linear_out_bytes
+    n_h, n_i = dims["N·h"], dims["N·I"]
+    ckpt = setup.grad_ckpt
+    held: dict[Component, Term] = {
+        k: v
+        for k, v in forward.components.items()
+        if k not in (Component.LOGITS, Component.TEMPORARIES, Component.ACTIVATIONS)
+    }
+    final = Tally()
+    ctx.norm(final)
+    final_norm = final.evaluate(dims)
+    if ckpt:
+        below = forward.components.get(Component.ACTIVATIONS, Term(0, "")).bytes - final_norm
+        below_text = "the checkpointed blocks' inputs"
+    else:
+        below = acts.full_bytes - acts.outside.evaluate(dims)
+        below_text = "every block's saved tensors"
+    # the residual stream's tensor: kept when the norm's fp32 view of it is itself
+    residual_kept = d == 4 and spec.norm != "layernorm" and not ckpt
+    residual = 0 if residual_kept else d * n_h
+    mlp_in = [lin for lin in group.linears if linear_position(lin) == "mlp_in"]
+    down = [lin for lin in group.linears if linear_position(lin) == "mlp_out"]
+    scratch = Tally()
+    input_kept = not ckpt and ctx.consumers_save(scratch, d, "N·h", mlp_in)
+    product_kept = not ckpt and ctx.consumers_save(scratch, e, "N·I", down)
+    if ckpt:
+        mlp_live = residual + d * n_h + 3 * e * n_i + e * n_h
+        mlp_text = f"{d}·N·h residual + {d}·N·h MLP input + 3·{e}·N·I + {e}·N·h output"
+    else:
+        mlp_live = (
+            residual + (0 if input_kept else d * n_h) + (0 if product_kept else e * n_i) + e * n_h
+        )
+        mlp_text = "the MLP's tensors no Linear keeps + its output"
+    eager = setup.attn is AttnImpl.EAGER or not spec.supports_sdpa
+    layers = sum(g.count for g in spec.blocks)
+    masks = (2 if 0 < spec.sliding_layers < layers else 1) * d * dims["b·s²"] if eager else 0
+    moments = [
+        PhaseBudget(
+            phase=Phase.FORWARD,
+            moment="the last block's MLP (no vocabulary logits)",
+            components={
+                **held,
+                Component.ACTIVATIONS: Term(bytes=round(below), formula=below_text),
+                Component.TEMPORARIES: Term(
+                    bytes=round(mlp_live + (0 if ckpt else masks)), formula=mlp_text
+                ),
+            },
+        )
+    ]
+    if eager:
+        c = dt.compute
+        scores = dims["b·a·s²"]
+        # the scores plus the mask: type promotion makes them fp32 under autocast over fp32
+        # weights (an fp32 mask); softmax(dtype=float32) upcasts 16-bit ones first
+        m = max(c, d)
+        upcast = 4 if m != 4 else 0
+        if ckpt:
+            # the residual is the block's input, a checkpointed one; repeat_kv copies K and V
+            # to every head where the model groups them
+            # (rotary embeddings multiply q and k by cos and sin in the residual stream's
+            # dtype: fp32 q and k under autocast over fp32 weights)
+            r = max(c, d) if spec.model_type not in ABSOLUTE_POSITION_TYPES else c
+            qkv = r * dims["N·q"] + r * dims["N·kvd"] + c * dims["N·kvd"]
+            if spec.num_kv_heads < spec.num_attention_heads:
+                qkv += (r + c) * dims["N·q"]
+            live = d * n_h + qkv + (m + upcast + 4) * scores
+            text = (
+                "attention input, q, k, v (repeated per head) + the masked scores, upcast and "
+                "softmax"
+            )
+        else:
+            # the last block has kept only what comes before its softmax: its norm's, its
+            # projections' inputs, q and the (repeated) K and V
+            kv_width = "N·q" if spec.num_kv_heads < spec.num_attention_heads else "N·kvd"
+            before = Tally()
+            ctx.norm(before)
+            attn_in = [lin for lin in group.linears if linear_position(lin) == "attn_in"]
+            ctx.consumers_save(before, d, "N·h", attn_in)
+            before.add(c, "N·q")
+            before.add(2 * c, kv_width)
+            below -= acts.per_block_bytes(group) - before.evaluate(dims)
+            live = residual + masks + (m + upcast + 4) * scores
+            text = "the masked scores, their fp32 upcast and softmax + the masks"
+        moments.append(
+            PhaseBudget(
+                phase=Phase.FORWARD,
+                moment="the last block's eager attention (no vocabulary logits)",
+                components={
+                    **held,
+                    Component.ACTIVATIONS: Term(bytes=round(below), formula=below_text),
+                    Component.TEMPORARIES: Term(bytes=round(live), formula=text),
+                },
+            )
+        )
+    return moments
+
+
+def _final_norm_moments(
+    spec: ModelSpec, setup: TrainingSetup, forward: PhaseBudget
+) -> tuple[PhaseBudget | None, PhaseBudget | None]:
+    """Under a score head nothing vocabulary-sized outweighs the final RMSNorm, whose forward
+    and backward are then the model's peaks outside the blocks. transformers' RMSNorm
+    (Llama's, Qwen2's: `x.to(float32)`, `x * rsqrt(x.pow(2).mean(-1) + eps)`, `weight *
+    x.to(input_dtype)`) runs written out:
+
+    - forward, as its output is made: the input (still the caller's), its fp32 copy, the
+      fp32 normalised tensor (the function's local), its cast back and the output; under
+      autocast over fp32 weights, once it has returned, the output (the model's local until
+      its forward returns) beside the score head's 16-bit cast of it;
+    - backward, in the `pow` branch: the gradient of the fp32 input from the rsqrt product
+      waits in autograd's buffer while the mean's expanded gradient, `x.pow(1)`, its double
+      and their product are made: five fp32 tensors of N·h, beside every block's saved
+      tensors and the fp32 input the `pow` keeps.
+
+    Gemma's RMSNorm runs the same way in fp32 and casts its product back; LayerNorm's fused
+    kernel is left to the blocks' moments."""
+    if spec.norm == "layernorm" or not spec.blocks:
+        return None, None
+    dt = dtypes_for(setup)
+    n_h = setup.tokens * spec.hidden_size
+    d = dt.residual
+    copies = d != 4  # x.to(float32) copies a 16-bit input; an fp32 one is returned as is
+    trains = trainability_for(spec, setup).base_trains
+    if spec.norm == "gemma_rmsnorm":
+        # Gemma's `(x.float() normalised) * (1 + weight.float())`, then `.type_as(x)`: the
+        # fp32 product and, for a 16-bit input, the input and the product's cast back
+        making = d + 4 + d if copies else 4 + (0 if trains else 4)
+        normalised = 4
+    else:
+        # (a frozen weight's product keeps no normalised tensor: alive only as it is read)
+        making = (d + 4 if copies else 0) + d + (0 if trains else d)
+        normalised = d
+    returned = d + (2 if dt.autocast and not copies else 0)
+    held: dict[Component, Term] = {
+        k: v
+        for k, v in forward.components.items()
+        if k not in (Component.LOGITS, Component.TEMPORARIES)
+    }
+    in_forward = PhaseBudget(
+        phase=Phase.FORWARD,
+        moment="the final norm's forward (no vocabulary logits)",
+        components={
+            **held,
+            Component.TEMPORARIES: Term(
+                bytes=max(making, returned) * n_h,
+                formula=(
+                    f"{d}·N·h input + 4·N·h fp32 normalised + {d}·N·h output"
+                    if making >= returned
+                    else f"{d}·N·h output + 2·N·h the score head's cast of it"
+                ),
+            ),
+        },
+    )
+    acts = forward.components.get(Component.ACTIVATIONS, Term(0, ""))
+    # the weight product's backward has run: the normalised tensor it kept is gone
+    saved = max(acts.bytes - (normalised * n_h if trains else 0), 0)
+    in_backward = PhaseBudget(
+        phase=Phase.BACKWARD,
+        moment="the final norm's backward (no vocabulary logits)",
+        components={
+            **held,
+            Component.ACTIVATIONS: Term(
+                bytes=saved, formula=acts.formula + " (the norm's weight product done)"
+            ),
+            Component.TEMPORARIES: Term(
+                bytes=5 * 4 * n_h, formula="5·4·N·h (the pow branch of the norm's backward)"
+            ),
+        },
+    )
+    return in_forward, in_backward
+
+
 def _checkpointed_block_moment(
     spec: ModelSpec, setup: TrainingSetup, forward: PhaseBudget
 ) -> PhaseBudget | None:
@@ -816,10 +1051,7 @@ def _last_block_moment(
         return None
     acts = estimate_activations(spec, setup)
     outside = acts.outside.evaluate(acts.dims)
-    dt = dtypes_for(setup)
-    n_h = setup.tokens * spec.hidden_size
-    n_i = setup.tokens * spec.intermediate_size
-    workspace = 2 * dt.residual * n_h + 2 * dt.linear_out_bytes * n_i
+    workspace, work_text = backward_workspace(spec, setup)
     parts: dict[Component, Term] = {
         k: v
         for k, v in forward.components.items()
@@ -832,8 +1064,7 @@ def _last_block_moment(
     temporaries = forward.components.get(Component.TEMPORARIES)
     parts[Component.TEMPORARIES] = Term(
         bytes=workspace + (temporaries.bytes if temporaries else 0),
-        formula=f"2·{dt.residual}·N·h + 2·{dt.linear_out_bytes}·N·I (the block's gradients in "
-        "flight)",
+        formula=work_text,
     )
     return PhaseBudget(
         phase=Phase.BACKWARD, moment="backward of the last block, as it starts", components=parts

@@ -317,6 +317,9 @@ def _adapter_groups(spec: ModelSpec, setup: TrainingSetup) -> list[ParameterGrou
     return groups
 
 
+CLASSIFIER_HEADS = ("score", "classifier")
+
+
 def _modules_to_save(
     spec: ModelSpec, setup: TrainingSetup, groups: list[ParameterGroup]
 ) -> list[ParameterGroup]:
@@ -333,12 +336,23 @@ def _modules_to_save(
         "lm_head": "lm_head",
         "embed_out": "lm_head",
     }
+    classifier = spec.architecture.endswith("ForSequenceClassification")
     for name in sorted(wanted):
         target = aliases.get(name)
+        if name in CLASSIFIER_HEADS:
+            # a sequence-classification model's head (TRL's RewardTrainer recommends
+            # modules_to_save=["score"]; PEFT's SEQ_CLS task adds it by itself)
+            if not classifier:
+                raise SetupError(
+                    f"modules_to_save '{name}' names a sequence-classification head; "
+                    f"{spec.architecture} has lm_head instead"
+                )
+            target = "lm_head"
         if target is None:
             raise SetupError(
                 f"modules_to_save '{name}' is not a module llmmem can count: use "
                 f"{', '.join(sorted(aliases))}"
+                + (f" (or {' / '.join(CLASSIFIER_HEADS)} for a reward model)")
             )
         if target == "lm_head" and not spec.params.head:
             target = "embeddings"  # a tied head is the embedding matrix

@@ -51,7 +51,7 @@ from llmmem.models.architectures import spec_from_config
 from llmmem.models.spec import ModelSource
 from llmmem.verify.preference_grid import (
     CONFIGS,
-    SMALL,
+    GENERATING_FAMILIES,
     mixed_precision,
     parse_shapes,
     prepared_forward,
@@ -328,7 +328,7 @@ def grid(families: list[str], shapes: list[tuple[int, int]]) -> list[Case]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m llmmem.verify.grid --grpo")
     parser.add_argument("--size", choices=sorted(CONFIGS), default="small")
-    parser.add_argument("--family", action="append", choices=sorted(SMALL))
+    parser.add_argument("--family", action="append", choices=list(GENERATING_FAMILIES))
     parser.add_argument(
         "--shape",
         action="append",
@@ -336,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     shapes = parse_shapes(parser, args.shape, ["32x4", "64x4"])
-    print_grid(grid(args.family or sorted(SMALL), shapes), measure, predict, args.size, 40)
+    cases = grid(args.family or list(GENERATING_FAMILIES), shapes)
+    print_grid(cases, measure, predict, args.size, 40)
     return 0
 
 

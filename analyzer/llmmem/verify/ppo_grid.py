@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from llmmem.verify.preference_grid import (
     CONFIGS,
-    SMALL,
+    GENERATING_FAMILIES,
     mixed_precision,
     parse_shapes,
     prepared_forward,
@@ -445,7 +445,7 @@ def grid(families: list[str], shapes: list[tuple[int, int]]) -> list[Case]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m llmmem.verify.grid --ppo")
     parser.add_argument("--size", choices=sorted(CONFIGS), default="small")
-    parser.add_argument("--family", action="append", choices=sorted(SMALL))
+    parser.add_argument("--family", action="append", choices=list(GENERATING_FAMILIES))
     parser.add_argument(
         "--shape",
         action="append",
@@ -453,7 +453,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     shapes = parse_shapes(parser, args.shape, ["16x32", "32x64"])
-    print_grid(grid(args.family or sorted(SMALL), shapes), measure, predict, args.size, 48)
+    cases = grid(args.family or list(GENERATING_FAMILIES), shapes)
+    print_grid(cases, measure, predict, args.size, 48)
     return 0
 
 

@@ -78,6 +78,25 @@ SMALL: dict[str, dict[str, Any]] = {
         "attention_dropout": 0.0,
         "pad_token_id": 0,
     },
+    # Gemma-2's ways: tied embeddings, a (1 + weight) RMSNorm in fp32, norms after attention
+    # and the MLP too, GELU-tanh, logits soft-capped by tanh
+    "gemma2": {
+        "model_type": "gemma2",
+        "architectures": ["Gemma2ForCausalLM"],
+        "hidden_size": 64,
+        "intermediate_size": 160,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "vocab_size": 1000,
+        "max_position_embeddings": 512,
+        "sliding_window": 256,
+        "attn_logit_softcapping": None,
+        "final_logit_softcapping": 30.0,
+        "query_pre_attn_scalar": 16,
+        "pad_token_id": 0,
+    },
 }
 
 
@@ -155,7 +174,9 @@ class _Step:
             if case.objective == "reward"
             else transformers.AutoModelForCausalLM
         )
-        model = model_class.from_config(hf_config, dtype=dtype, attn_implementation="sdpa")
+        model = model_class.from_config(
+            hf_config, dtype=dtype, attn_implementation=attention_of(case.family)
+        )
         model.train()
         ref = None
         if needs_reference_copy(case):
@@ -165,7 +186,14 @@ class _Step:
             if case.method == "lora":
                 model.enable_input_require_grads()
         if case.method == "lora":
-            lora = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
+            lora = peft.LoraConfig(
+                r=8,
+                lora_alpha=16,
+                target_modules=["q_proj", "v_proj"],
+                # a reward model trains its new score head whole, as TRL's RewardTrainer
+                # recommends (modules_to_save=["score"])
+                modules_to_save=["score"] if case.objective == "reward" else None,
+            )
             model = peft.get_peft_model(model, lora)
         trainable = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=1e-5, foreach=True)
@@ -434,8 +462,24 @@ MEDIUM: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 1,
         "vocab_size": 75968,
     },
+    "gemma2": {
+        **SMALL["gemma2"],
+        # Gemma-2-2B's ratios: MLP 4 × the width, heads of 256 over a width of 2304, a
+        # vocabulary 111 × the width
+        "hidden_size": 512,
+        "intermediate_size": 2048,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 56,
+        "query_pre_attn_scalar": 56,
+        "vocab_size": 56832,
+    },
 }
 CONFIGS = {"small": SMALL, "medium": MEDIUM}
+# the families the GRPO and PPO grids generate with (SDPA and its KV cache; Gemma-2's eager
+# attention and hybrid cache are not measured there yet)
+GENERATING_FAMILIES = ("llama", "qwen2")
 
 
 def spec_of(case: Case, size: str = "small") -> Any:
@@ -446,10 +490,25 @@ def spec_of(case: Case, size: str = "small") -> Any:
     return spec_from_config(config, model_id=f"{size}-{case.family}", source=ModelSource.CONFIG)
 
 
-def setup_of(case: Case) -> Any:
-    from llmmem.budget.setup import LoraSetup, Method, Precision, TrainingSetup
+def attention_of(family: str) -> str:
+    """The attention a family trains with: SDPA, but eager for Gemma-2 (transformers refuses
+    SDPA for it, and TRL's docs ask for eager)."""
+    return "eager" if family == "gemma2" else "sdpa"
 
-    lora = LoraSetup(r=8, alpha=16, targets=["q_proj", "v_proj"]) if case.method == "lora" else None
+
+def setup_of(case: Case) -> Any:
+    from llmmem.budget.setup import AttnImpl, LoraSetup, Method, Precision, TrainingSetup
+
+    lora = (
+        LoraSetup(
+            r=8,
+            alpha=16,
+            targets=["q_proj", "v_proj"],
+            modules_to_save=["score"] if case.objective == "reward" else [],
+        )
+        if case.method == "lora"
+        else None
+    )
     return TrainingSetup(
         method=Method(case.method),
         batch=case.batch,
@@ -458,6 +517,7 @@ def setup_of(case: Case) -> Any:
         optim="adamw_torch",
         grad_ckpt=case.grad_ckpt,
         lora=lora,
+        attn=AttnImpl(attention_of(case.family)),
     )
 
 
@@ -501,12 +561,14 @@ def predict(case: Case, size: str = "small") -> dict[str, int]:
 def grid(families: list[str], objectives: list[str], shapes: list[tuple[int, int]]) -> list[Case]:
     out = []
     for family, objective, (batch, seq) in itertools.product(families, objectives, shapes):
-        methods = ("full",) if objective == "reward" else ("full", "lora")
         for method, ckpt, dtype in itertools.product(
-            methods, (False, True), ("fp32", "bf16-true", "bf16")
+            ("full", "lora"), (False, True), ("fp32", "bf16-true", "bf16")
         ):
             out.append(Case(family, objective, method, ckpt, dtype, batch=batch, seq=seq))
     return out
+
+
+OBJECTIVES = ["dpo", "orpo", "kto", "reward"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -517,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", action="append", help="pairs x tokens, e.g. 2x64")
     args = parser.parse_args(argv)
     shapes = parse_shapes(parser, args.shape, ["2x64", "1x128"])
-    cases = grid(args.family or sorted(SMALL), args.objective or ["dpo", "orpo", "reward"], shapes)
+    cases = grid(args.family or sorted(SMALL), args.objective or OBJECTIVES, shapes)
     print_grid(cases, measure, predict, args.size, width=48)
     return 0
 
