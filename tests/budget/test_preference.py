@@ -35,9 +35,8 @@ from llmmem.verify.preference_grid import SMALL, Case, measure, predict  # noqa:
 TOLERANCE = 0.05
 
 CASES = [
-    # bf16 weights under LoRA run without accelerate's mixed precision here: its autocast
-    # also runs PEFT's fp32 adapters in bf16, which the activations do not model (see
-    # test_lora_over_bf16_weights_under_mixed_precision_is_overestimated)
+    # bf16 weights under LoRA run here without accelerate's mixed precision (bf16=False);
+    # with it, see test_lora_over_bf16_weights_under_mixed_precision_is_sized_under_autocast
     Case(
         family,
         "dpo",
