@@ -7,7 +7,9 @@ Two files under ../shared/calibration/: `measured.jsonl` (21 rows with their ful
 PEFT runs on an A100-80GB and Answer.AI's FSDP-QLoRA runs on two 24 GB GPUs). For each: one
 line per row (predicted, measured, error against the row's own metric), the median and maximum
 absolute error, and for the wide rows the rows within 10%, a table per class (method × metric ×
-sharding) and the rows skipped, each with what the estimate cannot express yet.
+sharding) and the rows skipped, each with what the estimate cannot express yet. A row whose
+measurement is set by a moment outside the training step (SET_APART, with the reason read in the
+script that measured it) is printed, listed with its reason, and left out of its class's range.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import argparse
 import statistics
 import sys
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -34,6 +36,26 @@ from calibration import (  # noqa: E402
 from llmmem.budget.phases import estimate_budget  # noqa: E402
 from llmmem.units import format_bytes  # noqa: E402
 
+# Rows whose measured peak is not the training step's: the reason is read in the measuring
+# script at the commit the row names, and the numbers are replayed through the caching-allocator
+# rules (tests/budget/test_fsdp_qlora_wrap_floor.py). The row stays in the listing and in the
+# medians; only its class's range leaves it out.
+SET_APART = {
+    "aai-l2-7b-qlora-fsdp-ctx512-bs1": (
+        "the peak is train.py's FSDP1 wrap, not the step: fsdp_qlora 50efa1e resets the peak "
+        "statistics (train.py:789) after wrapping (704-717) with no empty_cache in between, so "
+        "max_memory_reserved starts at the wrap's 3.72 GiB (its log; replayed from rank 0 "
+        "moving each unit's weights to the GPU, broadcasting and flattening them: 3.73 GiB, "
+        "1.63 GiB of it cached free blocks of the default stream). The step's all-gathers "
+        "(FSDP1's unshard stream: the root's 500 MiB and two 96.5 MiB layers), its sharded "
+        "gradients (post-backward stream) and AdamW's state and foreach temporary (LoRA shards "
+        "under 1 MiB: the small pool) cannot use those blocks: 3.73 + 0.71 + 0.14 + 0.42 = "
+        "5.01 GiB against 4.98 measured, while the 512-token activations fit the cache. At 2048 "
+        "tokens they outgrow it and the step's own estimate holds (-0.1%); "
+        "aai-l2-7b-lora-fsdp-ctx512-bs1 (-9.8%) carries the same floor"
+    ),
+}
+
 
 @dataclass(frozen=True)
 class RowError:
@@ -46,6 +68,7 @@ class RowError:
 class WideSummary:
     errors: list[RowError]
     skipped: dict[str, str]  # row id -> why
+    set_apart: dict[str, str] = field(default_factory=dict)  # row id -> why (in `errors` too)
 
     @property
     def median(self) -> float:
@@ -105,7 +128,29 @@ def wide_errors(path: Path = WIDE_CALIBRATION_FILE, verbose: bool = False) -> Wi
             continue
         error = _row_line(case, verbose)
         errors.append(RowError(case.row_id, wide_class(case), error))
-    return WideSummary(errors, skipped)
+    set_apart = {e.row_id: SET_APART[e.row_id] for e in errors if e.row_id in SET_APART}
+    return WideSummary(errors, skipped, set_apart)
+
+
+def class_ranges(summary: WideSummary) -> dict[str, tuple[int, float, float, float, int]]:
+    """Per class: (rows, median |error|, lowest, highest error, rows set apart); the range and
+    the median leave out the rows set apart."""
+    by_class: dict[str, list[float]] = defaultdict(list)
+    apart: dict[str, int] = defaultdict(int)
+    for e in summary.errors:
+        if e.row_id in summary.set_apart:
+            apart[e.row_class] += 1
+        else:
+            by_class[e.row_class].append(e.error)
+    out = {}
+    for name in sorted(set(by_class) | set(apart)):
+        errs = by_class.get(name, [])
+        if not errs:
+            out[name] = (0, 0.0, 0.0, 0.0, apart[name])
+            continue
+        median = statistics.median(map(abs, errs))
+        out[name] = (len(errs), median, min(errs), max(errs), apart[name])
+    return out
 
 
 def run_wide(verbose: bool = False) -> WideSummary:
@@ -124,16 +169,15 @@ def run_wide(verbose: bool = False) -> WideSummary:
         f"within 10%: {summary.within_10} of {answered}   "
         f"max |error|: {100 * max(abs(e.error) for e in summary.errors):.1f}%"
     )
-    by_class: dict[str, list[float]] = defaultdict(list)
-    for e in summary.errors:
-        by_class[e.row_class].append(e.error)
+    for row_id, why in summary.set_apart.items():
+        print(f"set apart {row_id}: {why}")
     print()
     print(f"{'class (method metric sharding)':<32} {'rows':>4} {'median |err|':>12} {'range':>17}")
-    for name in sorted(by_class):
-        errs = by_class[name]
+    for name, (rows, median, low, high, apart) in class_ranges(summary).items():
+        note = f"   ({apart} set apart)" if apart else ""
         print(
-            f"{name:<32} {len(errs):>4} {100 * statistics.median(map(abs, errs)):>11.1f}% "
-            f"{100 * min(errs):>+7.1f}% .. {100 * max(errs):>+5.1f}%"
+            f"{name:<32} {rows:>4} {100 * median:>11.1f}% "
+            f"{100 * low:>+7.1f}% .. {100 * high:>+5.1f}%{note}"
         )
     return summary
 
