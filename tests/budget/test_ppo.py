@@ -49,6 +49,13 @@ CASES = [
     # a value model larger than the policy (its backbone is the rollout's peak), and long
     # queries with short responses (the generation's peak is the prefill)
     Case(value="large", prompt=64, response=8, method="lora"),
+    # padded queries (every case above too): SDPA gets the padding mask and K/V repeated to
+    # every head in the training forward; and queries all of one length, with no mask
+    Case(method="lora", prompt=32, response=64),
+    Case(method="lora", prompt=32, response=64, padded=False),
+    # two micro-batches: the first one's entropy runs with its gradients accumulated, the
+    # second's after the step, the first one's softmax dying as the new one is assigned
+    Case(batch=2, grad_accum=2, method="lora", value="small", prompt=32, response=64),
 ]
 
 
@@ -82,6 +89,25 @@ def test_each_phase_within_five_percent_of_a_cpu_update(case: Case) -> None:
 
 def _setup(**fields: object) -> TrainingSetup:
     return replace(setup_of(Case()), **fields)
+
+
+def test_padded_queries_cost_the_masks_and_the_repeated_heads_in_the_training_forward() -> None:
+    # llama small: 2 blocks, 4 query heads and 2 K/V heads of 16, h = 64; the value model is
+    # the policy's size; 2 rows of 16 + 32 tokens, fp32
+    case = Case()
+    spec = spec_of(case)
+    padded = estimate_ppo_budget(spec, setup_of(case), ppo_of(case))
+    same = estimate_ppo_budget(spec, setup_of(case), replace(ppo_of(case), padded_queries=False))
+    rows, seq, layers = 2, 48, 2 + 2
+    # per layer of either model: SDPA's additive mask (4 B × rows × seq²) and K and V repeated
+    # from 2 heads to 4 (2 × 4 B × rows × seq × (64 − 32) more than the unrepeated ones)
+    per_layer = 4 * rows * seq**2 + 2 * 4 * rows * seq * (64 - 32)
+    added = padded.phase(Phase.FORWARD).allocated_bytes - same.phase(Phase.FORWARD).allocated_bytes
+    # (and at most the boolean mask transformers builds once per forward, 1 B × rows × seq²)
+    assert layers * per_layer <= added <= layers * per_layer + rows * seq**2
+    # generation and the rollout run without gradient: nothing kept
+    for phase in (Phase.GENERATE, Phase.REFERENCE_FORWARD):
+        assert padded.phase(phase).allocated_bytes == same.phase(phase).allocated_bytes
 
 
 def test_the_four_models_and_the_phases_are_named() -> None:

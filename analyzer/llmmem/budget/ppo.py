@@ -81,7 +81,7 @@ from llmmem.budget.preference import (
     reward_spec,
 )
 from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
-from llmmem.budget.setup import Method, Mode, Precision, SetupError, TrainingSetup
+from llmmem.budget.setup import Method, Mode, Packing, Precision, SetupError, TrainingSetup
 from llmmem.models.spec import ModelSpec
 from llmmem.units import format_bytes, format_count
 
@@ -111,6 +111,11 @@ class PpoSetup:
     # accelerate's mixed precision (bf16=True): the prepared wrapper's outputs come back in
     # fp32; None: llmmem.budget.preference.fp32_outputs's default
     mixed_precision: bool | None = None
+    # the queries of a batch differ in length and the collator left-pads them to the longest:
+    # the attention mask `forward` builds (`query_responses != pad_token_id`) has zeros, so
+    # transformers hands SDPA a mask, and SDPA a mask repeats K and V to every query head.
+    # False: every query is as long and no generated token is the pad token (no mask)
+    padded_queries: bool = True
     trainer: str = "trl"  # "trl", "llamafactory" or "openrlhf"
     # what the notes call the value and reward models (a hub id, "the policy's size")
     value_name: str = ""
@@ -280,6 +285,10 @@ def estimate_ppo_budget(
     # counted here, not by the SFT step
     ckpt = setup.grad_ckpt and ppo.trainer != "trl"
     policy_setup = replace(setup, seq=seq, use_cache=False, grad_ckpt=ckpt)
+    if ppo.padded_queries and setup.packing is None:
+        # padded queries: SDPA gets the padding mask and K/V repeated to every head, as it does
+        # the block-diagonal mask of packed rows (flash-attention unpads instead: no mask)
+        policy_setup = replace(policy_setup, packing=Packing.ROWS)
     sft = estimate_budget(spec, policy_setup, gpu)
     forward = sft.phase(Phase.FORWARD)
     step = sft.phase(Phase.OPTIMIZER_STEP)
@@ -387,6 +396,20 @@ def estimate_ppo_budget(
             + row_text,
         )
     )
+    if spec.final_logit_softcapping is not None:
+        # Gemma-2's soft-capped head (`logits / cap`, tanh, `* cap`): each step a new
+        # whole-sequence tensor beside the one before; the first, the head's output beside its
+        # division by the cap, can outweigh the log-softmax's moment
+        candidates.append(
+            (
+                ref_hidden + ref_cache.bytes + 2 * ref_logits,
+                f"{whose} forward's soft-capped head: its hidden states and two "
+                "whole-sequence copies",
+                f"({_blocks(spec)} + 1) × {chunk}×{seq}×{spec.hidden_size} hidden states + "
+                f"2 × {e_roll} B × {chunk}×{seq}×{format_count(vocab)} (the head's output and "
+                f"its division by the cap) + its unused KV cache ({ref_cache.formula})",
+            )
+        )
     for name, model in (("value", models.value), ("reward", models.reward)):
         if model is None:
             continue
@@ -477,6 +500,13 @@ def estimate_ppo_budget(
             f"3 × 4 B × {micro}×{seq}×{format_count(vocab)} (TRL 0.9: the logits upcast to "
             "fp32, their torch.cat copy and the whole log-softmax)"
         )
+    capped = 0
+    if spec.final_logit_softcapping is not None:
+        # Gemma-2's soft-capped logits: the policy's tanh output (compute dtype, the whole
+        # sequence) is kept for the capping's backward, which runs after the log-probabilities'
+        capped = micro * seq * vocab * compute
+        lp += capped
+        lp_text += f" + {compute} B × {micro}×{seq}×V (the soft-capping's tanh, kept)"
     logits = Term(
         bytes=lp + kept.bytes,
         formula=lp_text
@@ -554,8 +584,14 @@ def estimate_ppo_budget(
         if value_sft is not None and setup.grad_accum > 1
         else None
     )
+    after_head = dict(train)
+    if capped:
+        # past the head's backward the tanh is freed
+        after_head[Component.LOGITS] = Term(
+            bytes=logits.bytes - capped, formula=logits.formula + " − the tanh, freed"
+        )
     later = _later_moments(
-        spec, policy_setup, forward, step, value_sft, models, held, train, caches, value_kept
+        spec, policy_setup, forward, step, value_sft, models, held, after_head, caches, value_kept
     )
     moments = [before(logprob_backward, softmax, accumulated)]
     moments += [before(m, softmax, None) for m in later]
@@ -585,22 +621,34 @@ def estimate_ppo_budget(
     step_phase = PhaseBudget(
         phase=Phase.OPTIMIZER_STEP, moment="inside the optimizer step", components=step_parts
     )
-    # then the entropy, without gradient: softmax(logits) and its product with the logits
+    # then the entropy, without gradient: softmax(logits) and its product with the logits.
+    # The micro-batch before's softmax (`prob_dist`) dies as the new one is assigned: while
+    # the new one is made the two are alive, as the new one and the product are after. Before
+    # the last micro-batch of an accumulation the step is skipped (`accelerator.accumulate`):
+    # the accumulated gradients are alive through the entropy
     entropy_parts: dict[Component, Term] = {
         k: v for k, v in step_parts.items() if k not in (Component.GRADIENTS, Component.TEMPORARIES)
     }
+    if accumulated is not None:
+        entropy_parts[Component.GRADIENTS] = Term(
+            bytes=grads.bytes,
+            formula=grads.formula + ", accumulated (the step comes at the last micro-batch)",
+        )
     entropy_parts[Component.TEMPORARIES] = Term(
         bytes=2 * response,
-        formula=f"2 × {e} B × {micro}×{r_len}×V (softmax of the logits and its product with them)",
+        formula=f"2 × {e} B × {micro}×{r_len}×V (softmax of the logits and its product with "
+        "them; or the micro-batch before's softmax and the new one)",
     )
     entropy_phase = PhaseBudget(
         phase=Phase.OPTIMIZER_STEP,
-        moment="after the step: the entropy of the micro-batch's logits",
+        moment="after the step: the entropy of the micro-batch's logits"
+        if accumulated is None
+        else "the entropy of a micro-batch's logits, its gradients accumulated",
         components=entropy_parts,
     )
     phases.append(
         max(
-            (before(step_phase, softmax, None), before(entropy_phase, softmax, None)),
+            (before(step_phase, softmax, None), entropy_phase),
             key=lambda p: p.allocated_bytes,
         )
     )

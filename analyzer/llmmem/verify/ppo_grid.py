@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from llmmem.verify.preference_grid import (
     CONFIGS,
     GENERATING_FAMILIES,
+    attention_of,
     mixed_precision,
     parse_shapes,
     prepared_forward,
@@ -68,11 +69,16 @@ class Case:
     # accelerate's mixed precision (PPOConfig's default bf16=True); None: on for bf16 and
     # bf16-true
     mixed: bool | None = None
+    # the queries differ in length, left-padded to the longest (all but the first by a
+    # quarter: every micro-batch of two rows or more holds padding);
+    # False: every query is as long, and sampling never picks the pad token
+    padded: bool = True
 
     @property
     def id(self) -> str:
         parts = [self.family, self.method, self.dtype, f"b{self.batch}x{self.grad_accum}"]
         parts += ["no-amp"] if self.mixed is False else []
+        parts += ["unpadded"] if not self.padded else []
         parts += [f"r{self.chunk}", f"q{self.prompt}", f"R{self.response}"]
         return "-".join(parts + ([f"value-{self.value}"] if self.value != "same" else []))
 
@@ -108,10 +114,11 @@ def spec_of(case: Case, size: str = "small", which: str = "policy") -> Any:
 
 
 def setup_of(case: Case) -> Any:
-    from llmmem.budget.setup import LoraSetup, Method, Precision, TrainingSetup
+    from llmmem.budget.setup import AttnImpl, LoraSetup, Method, Precision, TrainingSetup
 
     lora = LoraSetup(r=8, alpha=16, targets=["q_proj", "v_proj"]) if case.method == "lora" else None
     return TrainingSetup(
+        attn=AttnImpl(attention_of(case.family)),
         method=Method(case.method),
         batch=case.batch,
         seq=case.prompt + case.response,
@@ -133,6 +140,7 @@ def ppo_of(case: Case, size: str = "small") -> Any:
         response_length=case.response,
         local_rollout_forward_batch_size=case.chunk,
         mixed_precision=case.mixed,
+        padded_queries=case.padded,
     )
 
 
@@ -220,7 +228,7 @@ def _models(case: Case, size: str) -> tuple[Any, Any, Any, Any]:
             if head == "score"
             else transformers.AutoModelForCausalLM
         )
-        return cls.from_config(hf, dtype=dtype, attn_implementation="sdpa")
+        return cls.from_config(hf, dtype=dtype, attn_implementation=attention_of(case.family))
 
     torch.manual_seed(0)
     policy = build("policy", "lm")
@@ -266,6 +274,8 @@ def measure(case: Case, size: str = "small") -> dict[str, int]:
         for update in range(2):  # a warm-up update, then the measured one
             tracker.reset_peak("activations")
             queries = torch.randint(3, vocab, (local, q))
+            if case.padded:
+                queries[1:, : q // 4] = pad  # the collator left-pads the shorter queries
             with torch.no_grad():
                 responses_list, scores_list = [], []
                 for i in range(0, local, chunk):
@@ -286,6 +296,9 @@ def measure(case: Case, size: str = "small") -> dict[str, int]:
                         return_dict_in_generate=True,
                         output_scores=True,
                         disable_compile=True,
+                        # without padded queries, a sampled pad token would be the only zero
+                        # in the attention mask: one case in eight, by chance
+                        suppress_tokens=None if case.padded else [pad],
                     )
                     stacked = torch.stack(output.scores, 1)
                     responses_list.append(torch.cat((query, output.sequences[:, q:]), dim=1))
@@ -445,7 +458,7 @@ def grid(families: list[str], shapes: list[tuple[int, int]]) -> list[Case]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m llmmem.verify.grid --ppo")
     parser.add_argument("--size", choices=sorted(CONFIGS), default="small")
-    parser.add_argument("--family", action="append", choices=list(GENERATING_FAMILIES))
+    parser.add_argument("--family", action="append", choices=sorted(CONFIGS["small"]))
     parser.add_argument(
         "--shape",
         action="append",
