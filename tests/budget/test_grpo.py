@@ -58,6 +58,12 @@ CASES = [
     # bf16 weights without accelerate's mixed precision (bf16=False): 16-bit logits
     Case(2, 32, 0.04, dtype="bf16-true", mixed=False),
     Case(2, 64, 0.04, dtype="bf16-true", family="qwen2"),
+    # Gemma-2 (eager attention, soft-capped logits): the tanh kept with gradient, the capped
+    # head without it (first chunk, and a later one beside the previous chunk's logits), the
+    # grouped K/V heads repeated at each decoding step
+    Case(2, 64, 0.04, family="gemma2"),
+    Case(2, 32, 0.04, method="lora", family="gemma2"),
+    Case(2, 32, 0.04, spg=2, family="gemma2"),
 ]
 
 
@@ -219,3 +225,40 @@ def test_mixed_precision_divides_fp32_logits() -> None:
     assert logits >= 4 * rows * (c + 1) * vocab + 4 * rows * c * vocab
     assert logits > off.phase(Phase.FORWARD).components[Component.LOGITS].bytes
     assert on.allocated_peak_bytes > off.allocated_peak_bytes
+
+
+def test_eager_attention_repeats_the_grouped_heads_at_each_decoding_step() -> None:
+    from llmmem.budget.setup import AttnImpl
+
+    case = Case(completion=64)
+
+    def temporaries(attn: AttnImpl) -> int:
+        setup = replace(_setup(case), attn=attn)
+        budget = estimate_grpo_budget(_spec(case), setup, _grpo(case))
+        return budget.phase(Phase.GENERATE).components[Component.TEMPORARIES].bytes
+
+    # one layer's keys: 2 kv heads × 16 × (prompt + 63) cached tokens × 4 rows × 4 B. SDPA
+    # copies them once as the cache grows; eager attention copies K and V to all 4 query heads
+    keys = 2 * 16 * (PROMPT + 63) * 4 * 4
+    assert temporaries(AttnImpl.EAGER) - temporaries(AttnImpl.SDPA) == 2 * 2 * keys - keys
+
+
+def test_soft_capped_logits_keep_their_tanh_through_the_log_probabilities() -> None:
+    from llmmem.models.architectures import spec_from_config
+    from llmmem.models.spec import ModelSource
+
+    case = Case(2, 32, 0.0, family="gemma2")
+    uncapped = spec_from_config(
+        {**SMALL["gemma2"], "final_logit_softcapping": None},
+        model_id="uncapped",
+        source=ModelSource.CONFIG,
+    )
+
+    def logits(spec: Any, phase: Phase) -> int:
+        budget = estimate_grpo_budget(spec, _setup(case), _grpo(case))
+        return budget.phase(phase).components[Component.LOGITS].bytes
+
+    # the tanh over 4 rows × (32 + 1) positions × 1,000 tokens, fp32, kept for backward
+    tanh = 4 * 4 * 33 * 1000
+    for phase in (Phase.FORWARD, Phase.BACKWARD):
+        assert logits(_spec(case), phase) - logits(uncapped, phase) == tanh

@@ -39,6 +39,27 @@ def kv_cache_term(spec: ModelSpec, setup: TrainingSetup) -> Term:
     return Term(bytes=total, formula=formula)
 
 
+def decode_attention_copies(spec: ModelSpec, setup: TrainingSetup, kv: Term) -> Term:
+    """What one decoding step's attention adds beside the cache `kv` (a Term over every
+    block) in the layer it runs: the layer's old keys beside the new ones while the cache
+    grows (`torch.cat`); with eager attention (transformers' `repeat_kv`, always called there)
+    grouped K/V heads are first repeated to every query head: the layer's K and V copied,
+    query heads / kv heads times. SDPA packs the single query instead (`pack_gqa`): no copy."""
+    blocks = sum(g.count for g in spec.blocks if g.name != "encoder")
+    if not blocks:
+        return Term(bytes=0, formula="none")
+    one_layer = kv.bytes // (2 * blocks)
+    eager = setup.attn.value == "eager" or not spec.supports_sdpa
+    groups = spec.num_attention_heads // max(spec.num_kv_heads, 1)
+    if eager and groups > 1 and spec.kv_cache_per_token is None:
+        return Term(
+            bytes=2 * groups * one_layer,
+            formula=f"one layer's K and V repeated to the {spec.num_attention_heads} query "
+            "heads (eager attention's repeat_kv)",
+        )
+    return Term(bytes=one_layer, formula="one layer's keys copied as the cache grows")
+
+
 def estimate_generation(spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget | None) -> Budget:
     inv = build_inventory(spec, setup)
     e = dtypes_for(setup).compute

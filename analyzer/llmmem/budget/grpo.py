@@ -53,7 +53,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from llmmem.budget.activations import dtypes_for
-from llmmem.budget.generation import kv_cache_term
+from llmmem.budget.generation import decode_attention_copies, kv_cache_term
 from llmmem.budget.phases import estimate_budget
 from llmmem.budget.preference import (
     LogProbMoments,
@@ -249,6 +249,21 @@ def grpo_log_probs(spec: ModelSpec, setup: TrainingSetup, grpo: GrpoSetup) -> Gr
         no_grad, inside = at_head, 0
     elif at_head is not None and at_head.bytes > division:
         inside = division + inside - at_head.bytes  # what a counter misses of the GPU's moment
+    if spec.final_logit_softcapping is not None:
+        # Gemma-2's soft-capped head without gradient: the head's output beside its division
+        # by the cap (compute dtype, L⁺ each), the final norm's output still alive
+        dt = dtypes_for(setup)
+        head = 2 * dt.compute * plus + dt.residual * rows * grpo.seq * spec.hidden_size
+        if head > no_grad.bytes:
+            no_grad = Term(
+                bytes=head,
+                formula=f"2 × {dt.compute} B × L⁺ ({count}): the soft-capped head's output and "
+                f"its division by the cap + the final norm's output ({dt.residual} B × "
+                f"{rows}×{grpo.seq}×h)",
+            )
+            inside = 0
+        elif head > no_grad.bytes - inside:
+            inside = no_grad.bytes - head  # what a counter misses of the GPU's moment
     if e == 4:
         backward = Term(
             bytes=16 * kept,
@@ -260,6 +275,15 @@ def grpo_log_probs(spec: ModelSpec, setup: TrainingSetup, grpo: GrpoSetup) -> Gr
             bytes=2 * e * kept,
             formula=f"{2 * e} B × L (the saved log-softmax and its gradient buffer)",
         )
+    if spec.final_logit_softcapping is not None:
+        # Gemma-2's soft-capped logits (`tanh(logits / cap) * cap` inside the model's
+        # forward): with gradient the tanh output, rows × (C + 1) × V in the compute dtype, is
+        # kept for the capping's backward, which runs after the log-probabilities'; without
+        # gradient it lives only inside the model's head
+        capped = dtypes_for(setup).compute * plus
+        text = f" + {dtypes_for(setup).compute} B × L⁺ (the soft-capping's tanh, kept)"
+        forward = Term(bytes=forward.bytes + capped, formula=forward.formula + text)
+        backward = Term(bytes=backward.bytes + capped, formula=backward.formula + text)
     return GrpoLogProbs(forward, no_grad, inside, backward, later[1] if later else None)
 
 
@@ -286,6 +310,11 @@ def later_chunk_moment(
     previous = e * rows * c * vocab
     head_input = dt.residual * rows * grpo.seq * h + ec * rows * (c + 1) * h
     at_head = previous + ec * plus + head_input
+    capped = ""
+    if spec.final_logit_softcapping is not None:
+        # Gemma-2's soft-capped head: the logits divided by the cap, beside the head's output
+        at_head += ec * plus
+        capped = f", and their division by the soft-cap ({ec} B × {rows}×{c + 1}×V)"
     chunks = -(-gen_rows // rows)
     count = f"{chunks} chunks of {rows} rows, V = {format_count(vocab)}"
     copy = None
@@ -299,7 +328,7 @@ def later_chunk_moment(
     return Term(
         bytes=at_head,
         formula=f"the previous chunk's divided logits ({e} B × {rows}×{c}×V) beside the next "
-        f"chunk's LM head: its {ec} B logits ({rows}×{c + 1}×V), the final norm's output "
+        f"chunk's LM head: its {ec} B logits ({rows}×{c + 1}×V){capped}, the final norm's output "
         f"({dt.residual} B × {rows}×{grpo.seq}×h) and the head's input ({ec} B × "
         f"{rows}×{c + 1}×h; {count})",
     ), copy
@@ -356,13 +385,14 @@ def generation_phase(
         )
     p, c = grpo.max_prompt_length, grpo.max_completion_length
     e = dtypes_for(setup).compute
-    blocks = sum(g.count for g in spec.blocks if g.name != "encoder")
     # the cache at the last token: every token but the last generated one went through
     cached = max(p + c - 1, 1)
     gen = replace(setup, batch=rows, seq=cached, new_tokens=0)
     kv = kv_cache_term(spec, gen)
-    # the layer being updated: its old keys beside the new ones (torch.cat)
-    one_layer = kv.bytes // max(2 * blocks, 1) if blocks else 0
+    # the layer being updated: its old keys beside the new ones (torch.cat), or under eager
+    # attention its K and V repeated to every query head
+    copies = decode_attention_copies(spec, setup, kv)
+    one_layer = copies.bytes
     ids = 8 * rows * (p + c) * 2  # input_ids and attention mask (int64), grown by torch.cat
     # the last position's logits copied to fp32, the processed scores and the sampling
     # probabilities: a step's are alive through the next step's forward
@@ -395,7 +425,7 @@ def generation_phase(
             Component.KV_CACHE: kv,
             Component.TEMPORARIES: Term(
                 bytes=one_layer + ids + logits,
-                formula="one layer's keys copied as the cache grows + the token ids and mask "
+                formula=f"{copies.formula} + the token ids and mask "
                 "(int64) + 3 × 4 B × rows × V (the last position's fp32 logits, processed "
                 "scores and sampling probabilities)",
             ),

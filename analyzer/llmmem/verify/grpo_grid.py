@@ -46,12 +46,13 @@ import torch.nn.functional as F
 
 from llmmem.budget.grpo import GrpoSetup, estimate_grpo_budget, grpo_log_probs
 from llmmem.budget.result import Component, Phase
-from llmmem.budget.setup import LoraSetup, Method, Precision, TrainingSetup
+from llmmem.budget.setup import AttnImpl, LoraSetup, Method, Precision, TrainingSetup
 from llmmem.models.architectures import spec_from_config
 from llmmem.models.spec import ModelSource
 from llmmem.verify.preference_grid import (
     CONFIGS,
     GENERATING_FAMILIES,
+    attention_of,
     mixed_precision,
     parse_shapes,
     prepared_forward,
@@ -109,6 +110,7 @@ def _setup(case: Case) -> TrainingSetup:
         optim="adamw_torch",
         grad_ckpt=case.grad_ckpt,
         lora=lora,
+        attn=AttnImpl(attention_of(case.family)),
     )
 
 
@@ -160,7 +162,9 @@ def measure(case: Case, size: str = "small") -> dict[str, int]:
     torch.manual_seed(0)
     dtype = torch.bfloat16 if case.dtype == "bf16-true" else torch.float32
     model = transformers.AutoModelForCausalLM.from_config(
-        transformers.AutoConfig.for_model(**config), dtype=dtype, attn_implementation="sdpa"
+        transformers.AutoConfig.for_model(**config),
+        dtype=dtype,
+        attn_implementation=attention_of(case.family),
     )
     model.train()
     ref = None
@@ -328,7 +332,7 @@ def grid(families: list[str], shapes: list[tuple[int, int]]) -> list[Case]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m llmmem.verify.grid --grpo")
     parser.add_argument("--size", choices=sorted(CONFIGS), default="small")
-    parser.add_argument("--family", action="append", choices=list(GENERATING_FAMILIES))
+    parser.add_argument("--family", action="append", choices=sorted(CONFIGS["small"]))
     parser.add_argument(
         "--shape",
         action="append",
