@@ -32,6 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "analyzer"))
 
+from accuracy import SET_APART  # noqa: E402
 from calibration import (  # noqa: E402
     CALIBRATION_FILE,
     WIDE_CALIBRATION_FILE,
@@ -104,6 +105,8 @@ def calibration_residuals() -> list[Residual]:
             except RowSkipped:
                 continue
     for case in cases:
+        if case.row_id in SET_APART:
+            continue  # measured beyond the training step: not evidence of its error
         budget = estimate_budget(case.spec, case.setup, case.gpu)
         out.append(
             Residual(
@@ -159,6 +162,8 @@ def evidence_description(residuals: list[Residual]) -> dict[str, Any]:
             path.name: {"rows": len(load_rows(path)), "sha256": _sha256(path)} for path in files
         },
         "rows": len(residuals),
+        # rows whose measurement a moment outside the training step sets (bench/accuracy.py)
+        "set_apart": dict(sorted(SET_APART.items())),
     }
 
 

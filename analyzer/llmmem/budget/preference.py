@@ -565,7 +565,7 @@ def estimate_preference_budget(
             "(convert_outputs_to_fp32), 4 B per logit"
         )
     policy_forward = _replace_logits(
-        forward,
+        _autocast_cache_cleared(forward, spec, policy_setup, fp32),
         "end of the policy's forward: per-token log-probabilities taken",
         Term(bytes=lp.forward_end, formula=lp.formula_forward),
         extra,
@@ -703,6 +703,34 @@ def _backward_phase(
     candidates = [start] + [_with(moment, extra) for moment in others]
     chosen = max(candidates, key=lambda p: p.allocated_bytes)
     return replace(chosen, phase=Phase.BACKWARD)
+
+
+def _autocast_cache_cleared(
+    phase: PhaseBudget, spec: ModelSpec, setup: TrainingSetup, fp32: bool
+) -> PhaseBudget:
+    """Autocast caches its 16-bit casts of the weights for as long as its context lasts. The
+    prepared model's forward (accelerate's autocast, then `convert_outputs_to_fp32`) leaves
+    that context before the log-probabilities are taken, outside it: with checkpointed blocks,
+    whose casts nothing saved, only the head's cast is left (kept by its matmul for the input
+    gradient). Without checkpointing every cast is kept by its matmul anyway."""
+    copies = phase.components.get(Component.WEIGHT_COPIES)
+    if (
+        copies is None
+        or not fp32
+        or not setup.grad_ckpt
+        or setup.method is not Method.FULL
+        or not setup.precision.is_autocast
+        or setup.quant is not None
+    ):
+        return phase
+    head = 2 * spec.vocab_size * spec.hidden_size
+    parts = dict(phase.components)
+    parts[Component.WEIGHT_COPIES] = Term(
+        bytes=min(head, copies.bytes),
+        formula="autocast's 16-bit cast of the head, kept for its input gradient (the blocks' "
+        "casts gone with autocast's cache when the prepared forward returned)",
+    )
+    return PhaseBudget(phase=phase.phase, moment=phase.moment, components=parts)
 
 
 def _later_backward_moments(
