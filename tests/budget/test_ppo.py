@@ -56,6 +56,10 @@ CASES = [
     # two micro-batches: the first one's entropy runs with its gradients accumulated, the
     # second's after the step, the first one's softmax dying as the new one is assigned
     Case(batch=2, grad_accum=2, method="lora", value="small", prompt=32, response=64),
+    # Gemma-2 (eager attention, soft-capped logits): the policy's tanh kept in training, the
+    # reference's capped head and, in 16 bits, its eager attention peaking the rollout
+    Case(family="gemma2"),
+    Case(family="gemma2", method="lora", dtype="bf16-true", prompt=32, response=64),
 ]
 
 
@@ -240,3 +244,28 @@ def test_a_trl_ppo_script_gives_its_lengths() -> None:
     path = Path(__file__).parents[2] / "examples" / "ppo_lora.py"
     ppo = ppo_setup(extract_plan(path))
     assert (ppo.response_length, ppo.local_rollout_forward_batch_size) == (256, 16)
+
+
+def test_eager_attention_peaks_the_rollout_with_a_layers_scores() -> None:
+    from llmmem.budget.setup import AttnImpl
+
+    # llama small, 2 rows of 128 + 16 tokens, fp32, the value and reward models the policy's
+    # size: under eager attention a layer's scores (4 heads × 144 × 144, fp32) and their
+    # softmax, the causal mask (144 × 144) and K/V repeated from 2 heads to 4 (2 × 144 × 64)
+    # join the reference's hidden states (3 × 144 × 64) and its cache, and outweigh its logits
+    case = Case(prompt=128, response=16)
+    spec = spec_of(case)
+
+    def rollout(attn: AttnImpl) -> int:
+        setup = replace(setup_of(case), attn=attn)
+        budget = estimate_ppo_budget(spec, setup, ppo_of(case))
+        return budget.phase(Phase.REFERENCE_FORWARD).allocated_bytes
+
+    rows, seq = 2, 144
+    attention = 2 * 4 * rows * 4 * seq * seq + 4 * rows * seq * seq + 2 * 4 * rows * seq * 64
+    hidden = 3 * rows * seq * 64 * 4
+    cache = 2 * 2 * 2 * 16 * seq * rows * 4
+    held = estimate_ppo_budget(spec, setup_of(case), ppo_of(case)).phase(Phase.REFERENCE_FORWARD)
+    kept = sum(t.bytes for c, t in held.components.items() if c is not Component.ACTIVATIONS)
+    sdpa, eager = rollout(AttnImpl.SDPA), rollout(AttnImpl.EAGER)
+    assert eager == kept + hidden + cache + attention > sdpa

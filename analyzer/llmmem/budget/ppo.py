@@ -81,7 +81,15 @@ from llmmem.budget.preference import (
     reward_spec,
 )
 from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
-from llmmem.budget.setup import Method, Mode, Packing, Precision, SetupError, TrainingSetup
+from llmmem.budget.setup import (
+    AttnImpl,
+    Method,
+    Mode,
+    Packing,
+    Precision,
+    SetupError,
+    TrainingSetup,
+)
 from llmmem.models.spec import ModelSpec
 from llmmem.units import format_bytes, format_count
 
@@ -232,6 +240,22 @@ def _hidden_states(spec: ModelSpec, rows: int, seq: int, size: int) -> int:
     normalised: blocks + 1 tensors of rows × seq × hidden."""
     blocks = sum(g.count for g in spec.blocks if g.name != "encoder")
     return (blocks + 1) * rows * seq * spec.hidden_size * size
+
+
+def _eager_attention(spec: ModelSpec, setup: TrainingSetup, rows: int, seq: int, size: int) -> int:
+    """One layer's eager attention without gradient (0 under SDPA): the scores in `size`, their
+    fp32 copy (16-bit) and fp32 softmax (`softmax(..., dtype=float32)`), the masks transformers
+    builds once per forward and per kind of layer (Gemma-2: full and sliding), and grouped K/V
+    heads repeated to every query head (`repeat_kv`)."""
+    if setup.attn is not AttnImpl.EAGER and spec.supports_sdpa:
+        return 0
+    layers = _blocks(spec)
+    kinds = 2 if 0 < spec.sliding_layers < layers else 1
+    square = rows * seq * seq
+    scores = (size + (4 if size != 4 else 0) + 4) * spec.num_attention_heads * square
+    grouped = spec.num_kv_heads < spec.num_attention_heads
+    repeated = 2 * size * rows * seq * spec.q_dim if grouped else 0
+    return scores + kinds * size * square + repeated
 
 
 def _block(spec: ModelSpec, rows: int, seq: int, size: int) -> int:
@@ -410,18 +434,34 @@ def estimate_ppo_budget(
                 f"its division by the cap) + its unused KV cache ({ref_cache.formula})",
             )
         )
+    ref_eager = _eager_attention(spec, setup, chunk, seq, e_roll)
+    if ref_eager:
+        candidates.append(
+            (
+                ref_hidden + ref_cache.bytes + ref_eager,
+                f"{whose} forward's eager attention",
+                f"({_blocks(spec)} + 1) × {chunk}×{seq}×{spec.hidden_size} hidden states + its "
+                f"KV cache ({ref_cache.formula}) + one layer's scores, their fp32 softmax, "
+                "the masks and K/V repeated to every head",
+            )
+        )
     for name, model in (("value", models.value), ("reward", models.reward)):
         if model is None:
             continue
         size = e_roll if residual != 4 else 4
         hidden = _hidden_states(model, chunk, seq, size)
         block = _block(model, chunk, seq, e_roll)
+        eager = _eager_attention(model, setup, chunk, seq, e_roll)
         candidates.append(
             (
-                hidden + block,
+                hidden + max(block, eager),
                 f"the {name} model's backbone",
                 f"({_blocks(model)} + 1) hidden states of {chunk}×{seq}×{model.hidden_size} + "
-                "one block's intermediates",
+                + (
+                    "one layer's eager attention (scores, fp32 softmax, masks, K/V repeated)"
+                    if eager > block
+                    else "one block's intermediates"
+                ),
             )
         )
     best = max(candidates, key=lambda c: c[0])

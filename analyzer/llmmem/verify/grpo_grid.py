@@ -1,6 +1,6 @@
 """The GRPO budget against a GRPO step run on the CPU, phase by phase.
 
-    python -m llmmem.verify.grid --grpo [--size small|medium] [--family llama|qwen2 ...]
+    python -m llmmem.verify.grid --grpo [--size small|medium] [--family llama|qwen2|gemma2 ...]
 
 The step is TRL 0.29.1's GRPOTrainer restated on a model built from a config, each part
 following the trainer's code (trl/trainer/grpo_trainer.py at 0.29.1):

@@ -1,6 +1,6 @@
 """The PPO budget against a PPO step run on the CPU, phase by phase.
 
-    python -m llmmem.verify.grid --ppo [--size small|medium] [--family llama|qwen2 ...]
+    python -m llmmem.verify.grid --ppo [--size small|medium] [--family llama|qwen2|gemma2 ...]
 
 The step is TRL 0.29.1's PPOTrainer (trl/experimental/ppo/ppo_trainer.py) restated on models
 built from a config, each part following the trainer's code:
@@ -19,7 +19,11 @@ built from a config, each part following the trainer's code:
   `selective_log_softmax`, the clipped policy and value losses, backward, `optimizer.step()`
   over both trainables, `zero_grad`, then the entropy of the logits without gradient.
 
-Every response runs to `response_length` (no stop token: the longest case). A warm-up update
+Every response runs to `response_length` (no stop token: the longest case). The queries are
+left-padded as the collator pads queries of different lengths (all but the first shorter by a
+quarter): `forward`'s attention mask then has zeros, and SDPA gets a mask and K/V repeated to
+every head, as in a real run. An unpadded case (`padded=False`) never samples the pad token,
+which would otherwise bring the mask by chance. A warm-up update
 makes the optimizer states and leaves its rollout scores alive, as TRL's loop does; the second
 update is measured with StorageTracker, one peak per phase. The cases run in fp32 and in bf16
 (weights and compute); one PPO epoch and one mini-batch (the peaks repeat across them). Under
