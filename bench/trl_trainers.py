@@ -28,13 +28,15 @@ optimizer with checkpointing on (TRL's default) and off, then the optimizer step
     kto full          866.87  866.34  -0.1%         866.87  866.34  -0.1%    1039.62  -0.0%
     kto lora          300.62  301.03  +0.1%         328.13  329.25  +0.3%     174.55  -0.0%
     reward full       444.09  443.08  -0.2%         444.09  443.08  -0.2%     553.85  +0.0%
-    reward lora       138.78  139.00  +0.2%         180.12  179.33  -0.4%     112.05  -0.0%
+    reward lora       138.78  139.70  +0.7%         180.12  181.03  +0.5%     112.05  -0.0%
 
 DPO peaks in `entropy_from_logits` (its metrics after the loss), ORPO and full KTO in backward,
 KTO LoRA in KTO's `forward`, reward at the end of backward (in `training_step`).
 `--size small` (two blocks, 2 × 64, checkpointing on): the step within 0.5% but KTO full
-(−1.3%) and reward full (+4.8% of 3.5 MiB: the budget's recomputed first block, an SFT moment,
-is 0.17 MiB over at this size); the optimizer step within 1.9%.
+(−1.3%) and the reward models (full +1.3%, LoRA +2.1%: at this size a block's own moments,
+its recompute and its backward, are the reward step's peak); the optimizer step within 1.9%.
+The reward full case read +4.8% while the first block's backward counted all its own
+gradients beside its saved tensors; only its MLP output projection's exists by then.
 
 The table's first version (+2% to +29%) compared a step TRL ran with checkpointing (its
 default) against a budget without, and the CPU's for-loop AdamW against the budget's foreach.

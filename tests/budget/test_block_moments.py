@@ -15,32 +15,12 @@ from llmmem.budget.result import Component, Phase
 from llmmem.budget.setup import AttnImpl, LoraSetup, SetupError, TrainingSetup
 from llmmem.models.architectures import spec_from_config
 from llmmem.models.spec import ModelSource
+from llmmem.verify.preference_grid import SMALL
 
-LLAMA = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 160,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 1000,
-    "tie_word_embeddings": False,
-}
-GEMMA2 = {
-    "model_type": "gemma2",
-    "architectures": ["Gemma2ForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 160,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "vocab_size": 1000,
-    "sliding_window": 256,
-    "final_logit_softcapping": 30.0,
-    "query_pre_attn_scalar": 16,
-}
+# the preference grid's tiny configs: Llama (GQA, 64 wide, MLP 160, 1,000 tokens, untied) and
+# Gemma-2 at the same size (eager attention, sliding and full layers, soft-capped logits)
+LLAMA = SMALL["llama"]
+GEMMA2 = SMALL["gemma2"]
 B, S = 2, 64
 N = B * S
 
