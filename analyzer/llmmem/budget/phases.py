@@ -802,7 +802,7 @@ def estimate_budget(
         # ZeRO-3 partitions every parameter as the step starts and gathers the persistent
         # ones again after it (measured): inside the step without their whole copies, after
         # it with them and without the step's buffers
-        inside = Term(
+        weights_in_step = Term(
             bytes=st.weights.bytes - st.persistent_bytes,
             formula=st.weights.formula + ", less the whole copies: partitioned for the step",
         )
@@ -811,7 +811,7 @@ def estimate_budget(
             phase(
                 Phase.OPTIMIZER_STEP,
                 "inside the optimizer step",
-                {**step_parts, Component.WEIGHTS: inside},
+                {**step_parts, Component.WEIGHTS: weights_in_step},
             ),
             phase(
                 Phase.OPTIMIZER_STEP,

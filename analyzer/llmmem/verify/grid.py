@@ -45,6 +45,7 @@ from llmmem.budget.setup import (
     FsdpShard,
     LoraSetup,
     Method,
+    Packing,
     Precision,
     QuantSetup,
     TrainingSetup,
@@ -369,7 +370,7 @@ def setup_for(case: GridCase) -> TrainingSetup:
         if case.fsdp_ranks > 1
         else DistributedSetup(),
         attn=AttnImpl(case.attn),
-        packing=case.packing,
+        packing=Packing(case.packing) if case.packing else None,
         activation_offload=case.offload,
         compile=case.compile,
     )
