@@ -479,7 +479,7 @@ MEDIUM: dict[str, dict[str, Any]] = {
 CONFIGS = {"small": SMALL, "medium": MEDIUM}
 # the families the GRPO and PPO grids generate with (SDPA and its KV cache; Gemma-2's eager
 # attention and hybrid cache are not measured there yet)
-GENERATING_FAMILIES = ("llama", "qwen2")
+GENERATING_FAMILIES = ("llama", "qwen2", "gemma2")
 
 
 def spec_of(case: Case, size: str = "small") -> Any:
