@@ -477,8 +477,7 @@ MEDIUM: dict[str, dict[str, Any]] = {
     },
 }
 CONFIGS = {"small": SMALL, "medium": MEDIUM}
-# the families the GRPO and PPO grids generate with (SDPA and its KV cache; Gemma-2's eager
-# attention and hybrid cache are not measured there yet)
+# the families the GRPO and PPO grids generate with, each with its own attention and cache
 GENERATING_FAMILIES = ("llama", "qwen2", "gemma2")
 
 
