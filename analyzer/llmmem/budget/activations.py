@@ -548,7 +548,6 @@ def estimate_activations(spec: ModelSpec, setup: TrainingSetup) -> ActivationEst
         and spec.model_type not in POST_NORM_TYPES
     )
     eager = decoder and (setup.attn is AttnImpl.EAGER or not spec.supports_sdpa)
-    layers = sum(g.count for g in spec.blocks)
     if eager:
         # eager attention adds a mask to the scores: transformers builds it once per forward
         # and per kind of layer (a model mixing sliding-window and full layers, Gemma-2's,
@@ -557,8 +556,7 @@ def estimate_activations(spec: ModelSpec, setup: TrainingSetup) -> ActivationEst
         # addition keeps nothing: the masks outlive the model's forward only as the
         # checkpointed blocks' inputs
         if setup.grad_ckpt:
-            kinds = 2 if 0 < spec.sliding_layers < layers else 1
-            outside.add(kinds * dt.residual, "b·s²")
+            outside.add(eager_mask_kinds(spec) * dt.residual, "b·s²")
     else:
         if spec.sliding_window and s > spec.sliding_window and spec.sliding_layers:
             outside.add(1, "b·s²")  # the boolean sliding-window mask built once per forward
@@ -635,3 +633,10 @@ def _keeps_mlp_product(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> boo
     ctx = BlockContext(spec, setup, dt, trainability_for(spec, setup))
     down = _linears(spec.blocks[0], "mlp_out")
     return ctx.consumers_save(Tally(), dt.linear_out_bytes, "N·I", down)
+
+
+def eager_mask_kinds(spec: ModelSpec) -> int:
+    """How many additive masks transformers builds per forward for eager attention: one per
+    kind of layer, two for a model mixing sliding-window and full layers (Gemma-2)."""
+    layers = sum(g.count for g in spec.blocks)
+    return 2 if 0 < spec.sliding_layers < layers else 1

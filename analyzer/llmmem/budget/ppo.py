@@ -70,7 +70,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from math import ceil
 
-from llmmem.budget.activations import dtypes_for
+from llmmem.budget.activations import dtypes_for, eager_mask_kinds
 from llmmem.budget.generation import kv_cache_term
 from llmmem.budget.phases import estimate_budget
 from llmmem.budget.preference import (
@@ -249,8 +249,7 @@ def _eager_attention(spec: ModelSpec, setup: TrainingSetup, rows: int, seq: int,
     heads repeated to every query head (`repeat_kv`)."""
     if setup.attn is not AttnImpl.EAGER and spec.supports_sdpa:
         return 0
-    layers = _blocks(spec)
-    kinds = 2 if 0 < spec.sliding_layers < layers else 1
+    kinds = eager_mask_kinds(spec)
     square = rows * seq * seq
     scores = (size + (4 if size != 4 else 0) + 4) * spec.num_attention_heads * square
     grouped = spec.num_kv_heads < spec.num_attention_heads

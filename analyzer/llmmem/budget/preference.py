@@ -62,6 +62,7 @@ from typing import Any
 from llmmem.budget.activations import (
     backward_workspace,
     dtypes_for,
+    eager_mask_kinds,
     estimate_activations,
     linear_position,
     trainability_for,
@@ -904,8 +905,7 @@ def _running_block_moments(
         )
         mlp_text = "the MLP's tensors no Linear keeps + its output"
     eager = setup.attn is AttnImpl.EAGER or not spec.supports_sdpa
-    layers = sum(g.count for g in spec.blocks)
-    masks = (2 if 0 < spec.sliding_layers < layers else 1) * d * dims["b·s²"] if eager else 0
+    masks = eager_mask_kinds(spec) * d * dims["b·s²"] if eager else 0
     moments = [
         PhaseBudget(
             phase=Phase.FORWARD,
