@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -19,6 +20,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from calibration import load_rows  # noqa: E402
 from preference_published import (  # noqa: E402
     EXCLUDED,
+    NOTES,
     PUBLISHED_FILE,
     REASONS,
     RowError,
@@ -67,6 +69,31 @@ def test_each_row_becomes_flags_the_estimate_command_accepts(row: dict) -> None:
         assert args.seq == row["seq"]
     if row.get("ddp"):
         assert args.fsdp is None and args.world_size == row["world_size"]
+
+
+def test_the_trl_release_a_row_names_is_the_one_estimated() -> None:
+    """A row whose notes name the TRL release it ran on is estimated with that release, not the
+    one installed beside the bench."""
+    named = 0
+    for row in ROWS:
+        found = re.search(r"\btrl (\d+\.\d+)", str(row.get("notes", "")))
+        if not found:
+            continue
+        named += 1
+        versions = _value(published_row(row).flags, "--versions").split(",")
+        assert f"trl={found.group(1)}" in versions, row["id"]
+    assert named >= 2
+
+
+def test_a_note_belongs_to_a_row_and_is_printed_under_it() -> None:
+    ids = {row["id"] for row in ROWS}
+    assert set(NOTES) <= ids, set(NOTES) - ids
+    for row_id, note in NOTES.items():
+        row = next(r for r in ROWS if r["id"] == row_id)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            table([row])
+        assert f"note: {note}" in out.getvalue()
 
 
 def test_a_row_with_an_objective_the_estimate_lacks_is_refused_by_name() -> None:
