@@ -60,6 +60,15 @@ REASONS: dict[str, str] = {
         "and reads the -before row, the same setup measured before the PR, within 10% (the "
         "measured drop between the two runs: 2.69 GiB)"
     ),
+    "trl-notebook-grpo-qwen2-7b-qlora-t4": (
+        "the run sets use_liger_kernel=True, and TRL 0.26's GRPOTrainer.compute_loss then goes "
+        "through compute_liger_loss: the policy returns its last hidden states and Liger's "
+        "LigerFusedLinearGRPOLoss projects them through lm_head chunk by chunk, so the "
+        "[8, 256, 152064] logits never exist; llmmem's GRPO budget has no Liger path and counts "
+        "them with their gradients (16 B × 8×256×152064 = 4.6 GiB). Without them the estimate "
+        "would be about 6.8 GiB, some 23% under the measured peak: what Liger's chunks hold and "
+        "the rest of that gap are not explained yet"
+    ),
 }
 
 
