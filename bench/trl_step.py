@@ -140,6 +140,12 @@ def reward_length(completions: list[str], **_: Any) -> list[float]:
     return [float(len(set(text.split()))) for text in completions]
 
 
+def trl_major() -> int:
+    import trl
+
+    return int(trl.__version__.split(".")[0])
+
+
 def trainer_classes(objective: str) -> tuple[Any, Any]:
     if objective == "grpo":
         from trl import GRPOConfig, GRPOTrainer
@@ -158,7 +164,10 @@ def trainer_classes(objective: str) -> tuple[Any, Any]:
 
         return ORPOConfig, ORPOTrainer
     if objective == "kto":
-        from trl.experimental.kto import KTOConfig, KTOTrainer
+        if trl_major() >= 1:  # TRL 1.x moved KTO out of trl.experimental (fused LM head)
+            from trl import KTOConfig, KTOTrainer
+        else:
+            from trl.experimental.kto import KTOConfig, KTOTrainer
 
         return KTOConfig, KTOTrainer
     raise SystemExit(f"unknown objective {objective!r}")

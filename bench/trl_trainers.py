@@ -113,17 +113,25 @@ RELEASES = [
     "trl==0.29.1",
     "datasets",
 ]
+# each TRL release the bench runs, in an environment of its own (the same torch,
+# transformers, peft and accelerate; TRL 1.16 asks for transformers >= 4.56.2, accelerate >=
+# 1.10.1, datasets >= 4.7.0, Python >= 3.11)
+TRL_RELEASES = {
+    "0.29.1": (ENV, RELEASES),
+    "1.16.0": (HERE / ".trl-1.16", [*RELEASES[:4], "trl==1.16.0", "datasets>=4.7.0"]),
+}
 
 
 # GRPOTrainer imports TRL's vLLM client, which imports requests (not one of TRL's requirements)
 EXTRAS = ["requests"]
 
 
-def environment() -> Path:
-    """The Python of the environment with TRL, made on first use."""
-    python = ENV / "bin" / "python"
-    marker = ENV / "releases.txt"
-    if python.exists() and marker.exists() and marker.read_text() == "\n".join(RELEASES):
+def environment(trl: str = "0.29.1") -> Path:
+    """The Python of the environment with TRL (at `trl`), made on first use."""
+    env, releases = TRL_RELEASES[trl]
+    python = env / "bin" / "python"
+    marker = env / "releases.txt"
+    if python.exists() and marker.exists() and marker.read_text() == "\n".join(releases):
         missing = [
             name
             for name in EXTRAS
@@ -132,10 +140,12 @@ def environment() -> Path:
         if missing:
             subprocess.run([str(python), "-m", "pip", "install", "-q", *missing], check=True)
         return python
-    print(f"making {ENV} with {', '.join(RELEASES)} ...", file=sys.stderr)
-    venv.EnvBuilder(with_pip=True, clear=True).create(ENV)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", *RELEASES, *EXTRAS], check=True)
-    marker.write_text("\n".join(RELEASES))
+    print(f"making {env} with {', '.join(releases)} ...", file=sys.stderr)
+    venv.EnvBuilder(with_pip=True, clear=True).create(env)
+    # the environment is no part of the repository (Python 3.13's venv writes this itself)
+    (env / ".gitignore").write_text("*\n")
+    subprocess.run([str(python), "-m", "pip", "install", "-q", *releases, *EXTRAS], check=True)
+    marker.write_text("\n".join(releases))
     return python
 
 
@@ -217,8 +227,16 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="grpo only: the generation batch in micro-batches (default 1)",
     )
+    parser.add_argument(
+        "--trl",
+        choices=sorted(TRL_RELEASES),
+        default="0.29.1",
+        help="the TRL release the trainers run (each in its own environment; default 0.29.1)",
+    )
     args = parser.parse_args(argv)
     objectives = args.objective or ["dpo", "orpo", "kto", "reward"]
+    if args.trl != "0.29.1" and "grpo" in objectives:
+        parser.error(f"--objective grpo is measured against TRL 0.29.1 only, not {args.trl}")
     if "grpo" in objectives:
         if len(objectives) > 1:
             parser.error("--objective grpo runs alone (its table has a column per phase)")
@@ -230,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--shape wants PAIRSxTOKENS, e.g. 2x64, got {args.shape!r}")
     if batch < 1 or seq < 2:
         parser.error(f"--shape {args.shape}: at least 1 pair of 2 tokens")
-    python = environment()
+    python = environment(args.trl)
     ckpt = args.checkpointing == "on"
     if objectives == ["grpo"]:
         methods = args.method or ["full", "lora"]
@@ -241,9 +259,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(
         f"{'case':30} {'step: TRL':>10} {'budget':>8} {'error':>6}  {'optimizer: TRL':>14} "
-        f"{'budget':>8} {'error':>6}  step peak at (MiB; checkpointing {args.checkpointing})"
+        f"{'budget':>8} {'error':>6}  step peak at (MiB; checkpointing {args.checkpointing}, "
+        f"TRL {args.trl})"
     )
-    from llmmem.verify.preference_grid import Case, predict
+    from llmmem.verify.preference_grid import Case
 
     for objective in objectives:
         for method in args.method or ["full", "lora"]:
@@ -253,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             if "error" in got:
                 print(f"{name:30} failed: {got['error']}")
                 continue
-            phases = predict(case, args.size)
+            phases = predict_release(case, args.size, args.trl)
             optimizer = phases.pop("optimizer_step")
             step = max(phases.values())
             cells = []
@@ -262,6 +281,40 @@ def main(argv: list[str] | None = None) -> int:
                 cells.append(f"{measured / 2**20:8.2f} {budget / 2**20:8.2f} {error:+5.1f}%")
             print(f"{name:30} {cells[0]:>26}  {cells[1]:>30}  {got['step where']}")
     return 0
+
+
+def predict_release(case: Any, size: str, trl: str) -> dict[str, int]:
+    """The budget's allocated bytes per phase for the TRL release the trainer ran. At 0.29
+    the preference grid's prediction; at 1.x the budget with `trl_release` said, its fused LM
+    head folded in torch as on a device without Triton (this CPU: the tiles' fp32
+    temporaries, which a GPU's Triton kernel does without; llmmem.budget.fused_head
+    `torch_fold_bytes`)."""
+    from llmmem.verify.preference_grid import predict
+
+    if trl.startswith("0."):
+        return predict(case, size)
+    from functools import partial
+    from unittest import mock
+
+    from llmmem.budget import fused_head
+    from llmmem.budget.preference import (
+        Objective,
+        PreferenceSetup,
+        Reference,
+        estimate_preference_budget,
+    )
+    from llmmem.verify.preference_grid import setup_of, spec_of
+
+    pref = PreferenceSetup(
+        objective=Objective(case.objective),
+        reference=Reference(case.reference) if case.reference else None,
+        mixed_precision=case.mixed,
+        trl_release=trl,
+    )
+    without_triton = partial(fused_head.fused_head_moments, triton=False)
+    with mock.patch.object(fused_head, "fused_head_moments", without_triton):
+        budget = estimate_preference_budget(spec_of(case, size), setup_of(case), pref)
+    return {p.phase.value: p.allocated_bytes for p in budget.phases}
 
 
 GRPO_PHASES = ("generate", "reference_forward", "forward", "backward", "optimizer_step")
