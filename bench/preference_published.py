@@ -227,6 +227,26 @@ EXCLUDED: tuple[tuple[str, str], ...] = (
         "https://github.com/PrimeIntellect-ai/prime-rl/issues/1685",
         "Qwen3-4B LoRA RL at 64k tokens, '~28GB' peak: prime-rl's own trainer, not modelled",
     ),
+    (
+        "https://github.com/hiyouga/LlamaFactory/issues/3754",
+        "LLaMA-Factory LoRA ORPO of Llama-3-8B on A800s, 'within 40G' per card on "
+        "comparison_gpt4_zh: a bound, not a peak, and the configuration is not given",
+    ),
+    (
+        "https://github.com/hiyouga/LlamaFactory/issues/1250",
+        "LLaMA-Factory LoRA DPO of an SFT'd LLaMA2-7B on 8 A100s under ZeRO-2, about 60G on "
+        "average and 75G on some cards before an OOM: the batch size and lengths are not stated",
+    ),
+    (
+        "https://github.com/axolotl-ai-cloud/axolotl/issues/3181",
+        "axolotl QLoRA DPO of Gemma 3 270M at sequence_len 4096: out of memory at the start, "
+        "no measured peak",
+    ),
+    (
+        "https://github.com/OpenRLHF/OpenRLHF/issues/384",
+        "OpenRLHF DPO of glm-4-9b-chat under ZeRO-3, 40 .. 80G per card before an OOM without "
+        "flash attention: nvidia-smi readings over many steps, the pairs' lengths not stated",
+    ),
 )
 
 
