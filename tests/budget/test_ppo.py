@@ -114,6 +114,32 @@ def test_padded_queries_cost_the_masks_and_the_repeated_heads_in_the_training_fo
         assert padded.phase(phase).allocated_bytes == same.phase(phase).allocated_bytes
 
 
+def test_the_value_backbones_cache_and_score_input_are_alive_at_the_policys_head() -> None:
+    # PolicyAndValueWrapper.forward binds the value backbone's output until it returns: its KV
+    # cache is alive while the policy's LM head runs. llama small: 2 blocks, 2 K/V heads of 16;
+    # 2 rows of 16 + 32 tokens, fp32; the value model is the policy's size
+    case = Case()
+    budget = estimate_ppo_budget(spec_of(case), setup_of(case), ppo_of(case))
+    forward = budget.phase(Phase.FORWARD)
+    one_cache = 2 * 2 * 2 * 16 * 48 * 2 * 4  # K and V × blocks × kv heads × dim × tokens × rows
+    assert forward.components[Component.KV_CACHE].bytes == 2 * one_cache  # policy's and value's
+    assert "LM head" in forward.moment
+    # at the head the logits exist once (4 B × 2 rows × 48 × V = 1000), beside the kept scores
+    # (4 B × 2 rows × 32 × V)
+    assert forward.components[Component.LOGITS].bytes == 4 * 2 * 48 * 1000 + 4 * 2 * 32 * 1000
+    # the score head (hidden × 1 over every position) keeps its input: 4 B × 2 × 48 × 64, in
+    # the forward and until the value model's backward
+    without = estimate_ppo_budget(
+        spec_of(case), setup_of(case), replace(ppo_of(case), value="head")
+    )
+    assert "value score head's input" in forward.components[Component.ACTIVATIONS].formula
+    assert "value score head's input" not in (
+        without.phase(Phase.FORWARD).components[Component.ACTIVATIONS].formula
+    )
+    backward = budget.phase(Phase.BACKWARD).components[Component.ACTIVATIONS]
+    assert "value" in backward.formula
+
+
 def test_the_four_models_and_the_phases_are_named() -> None:
     budget = estimate_ppo_budget(spec_of(Case()), _setup(), ppo_of(Case()))
     assert [p.phase for p in budget.phases] == [

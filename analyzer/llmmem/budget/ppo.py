@@ -35,8 +35,10 @@ Read in TRL 0.29.1 (`trl/experimental/ppo/ppo_trainer.py`, `ppo_config.py`,
      score head on the last). Only per-token numbers leave a chunk.
   3. training: `num_ppo_epochs` passes over `num_mini_batches` mini-batches, each
      `gradient_accumulation_steps` micro-batches of `per_device_train_batch_size` rows through
-     the wrapper: the value backbone first (with gradient, hidden states kept), then the policy
-     (the whole sequence's logits), `logits /= temperature` in place on the response slice,
+     the wrapper: the value backbone first (with gradient, hidden states kept; its output,
+     with the KV cache it builds, stays bound in the wrapper's forward through the policy's
+     forward, and its score head keeps its input), then the policy (the whole sequence's
+     logits), `logits /= temperature` in place on the response slice,
      `selective_log_softmax`, the clipped policy and value losses, backward,
      `optimizer.step()` and `zero_grad()` (a step every `gradient_accumulation_steps`
      micro-batches under `accelerator.accumulate`), then, without gradient, the entropy
@@ -70,7 +72,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from math import ceil
 
-from llmmem.budget.activations import dtypes_for, eager_mask_kinds
+from llmmem.budget.activations import dtypes_for, eager_mask_kinds, head_input_dtype
 from llmmem.budget.generation import kv_cache_term
 from llmmem.budget.phases import estimate_budget
 from llmmem.budget.preference import (
@@ -484,6 +486,12 @@ def estimate_ppo_budget(
         if value_sft
         else Term(0, "")
     )
+    score_input = _score_input(models.value, policy_setup, micro, seq)
+    if score_input.bytes:
+        value_acts = Term(
+            bytes=value_acts.bytes + score_input.bytes,
+            formula=f"{value_acts.formula} + {score_input.formula}",
+        )
     train[Component.ACTIVATIONS] = _sum_terms(
         policy_acts, value_acts, "the policy's", "the value backbone's"
     )
@@ -560,6 +568,11 @@ def estimate_ppo_budget(
         moment="end of the policy and value forward: log-probabilities and values taken",
         components=train,
     )
+    head = _head_moment(
+        spec, policy_setup, models, train, micro, seq, compute, kept, caches, hidden_copies
+    )
+    if head is not None and head.allocated_bytes > policy_forward.allocated_bytes:
+        policy_forward = head
     phases.append(policy_forward)
 
     grads = _policy_and_value(step, value_sft, Phase.OPTIMIZER_STEP, Component.GRADIENTS)
@@ -630,7 +643,17 @@ def estimate_ppo_budget(
             bytes=logits.bytes - capped, formula=logits.formula + " − the tanh, freed"
         )
     later = _later_moments(
-        spec, policy_setup, forward, step, value_sft, models, held, after_head, caches, value_kept
+        spec,
+        policy_setup,
+        forward,
+        step,
+        value_sft,
+        models,
+        held,
+        after_head,
+        caches,
+        value_kept,
+        score_input,
     )
     moments = [before(logprob_backward, softmax, accumulated)]
     moments += [before(m, softmax, None) for m in later]
@@ -927,6 +950,7 @@ def _later_moments(
     train: dict[Component, Term],
     caches: Term,
     value_kept: Term | None,
+    score_input: Term,
 ) -> list[PhaseBudget]:
     """The backward moments after the log-probabilities': the policy's (its first block, the
     end of its backward) with the value backbone's saved tensors still waiting, then the value
@@ -945,6 +969,7 @@ def _later_moments(
     if value_sft is not None and models.value is not None:
         value_forward = value_sft.phase(Phase.FORWARD)
         value_acts = value_forward.components.get(Component.ACTIVATIONS, Term(0, ""))
+        value_acts = Term(bytes=value_acts.bytes + score_input.bytes, formula=value_acts.formula)
         value_setup = replace(setup, method=Method.FULL, lora=None, quant=None)
         value_moments = _later_backward_moments(
             models.value, value_setup, value_forward, value_sft.phase(Phase.OPTIMIZER_STEP)
@@ -985,6 +1010,76 @@ def _later_moments(
         parts[Component.LOGITS] = output
         out.append(replace(moment, moment="value model: " + moment.moment, components=parts))
     return out
+
+
+def _score_input(value: ModelSpec | None, setup: TrainingSetup, rows: int, seq: int) -> Term:
+    """The value model's score head (hidden × 1) runs over every position
+    (`self.value_model.score(output.hidden_states[-1])` in `PolicyAndValueWrapper.forward`) and
+    keeps its input for the weight's gradient: the final norm's output, rows × seq × hidden in
+    the residual stream's dtype (autocast's 16-bit cast of it under mixed precision). A
+    sequence-classification model's activations leave it out (no vocabulary head)."""
+    if value is None:
+        return Term(0, "")
+    size = head_input_dtype(dtypes_for(setup))
+    return Term(
+        bytes=size * rows * seq * value.hidden_size,
+        formula=f"{size} B × {rows}×{seq}×{value.hidden_size} (the value score head's input)",
+    )
+
+
+def _head_moment(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    models: _Models,
+    train: dict[Component, Term],
+    micro: int,
+    seq: int,
+    compute: int,
+    kept: Term,
+    caches: Term,
+    hidden_copies: int,
+) -> PhaseBudget | None:
+    """The policy's LM head inside `PolicyAndValueWrapper.forward` (ppo_trainer.py, TRL
+    0.29.1): `output = self.critic_backbone(**kwargs)` is bound until the wrapper returns, so
+    the value backbone's output, and in it the KV cache it builds (called without
+    `use_cache=False`), is alive through the policy's whole forward. At the head the policy's
+    logits exist in the compute dtype only (accelerate's fp32 conversion of the outputs, and
+    of the hidden states, comes after the wrapper returns); Gemma-2's soft-capping has the
+    head's output beside its division by the cap. None without a value backbone."""
+    if models.value is None:
+        return None
+    value_cache = _training_caches(models.value, setup, micro, seq)
+    if not value_cache.bytes:
+        return None
+    parts = dict(train)
+    if hidden_copies:
+        acts = parts[Component.ACTIVATIONS]
+        parts[Component.ACTIVATIONS] = Term(
+            bytes=acts.bytes - hidden_copies,
+            formula=acts.formula + " − the fp32 copies of the hidden states (made later)",
+        )
+    copies = 2 if spec.final_logit_softcapping is not None else 1
+    head = copies * micro * seq * spec.vocab_size * compute
+    parts[Component.LOGITS] = Term(
+        bytes=head + kept.bytes,
+        formula=f"{copies} × {compute} B × {micro}×{seq}×{format_count(spec.vocab_size)} (the "
+        "LM head's output"
+        + (" and its division by the soft-cap" if copies > 1 else "")
+        + ")"
+        + (f" + {format_count(kept.bytes)} B of kept rollout scores" if kept.bytes else ""),
+    )
+    parts[Component.KV_CACHE] = Term(
+        bytes=caches.bytes + value_cache.bytes,
+        formula=f"{caches.formula} + "
+        + value_cache.formula.replace("the policy", "the value backbone")
+        + " (its output still bound in the wrapper's forward)",
+    )
+    return PhaseBudget(
+        phase=Phase.FORWARD,
+        moment="the policy's LM head inside the wrapper's forward, the value backbone's output "
+        "(its KV cache) still alive",
+        components=parts,
+    )
 
 
 def _training_caches(spec: ModelSpec, setup: TrainingSetup, rows: int, seq: int) -> Term:
