@@ -12,7 +12,8 @@ collators pad to one). The trainer trains two steps on the CPU in fp32 under llm
 StorageTracker; of the second two peaks of allocated bytes are printed as JSON: from
 `on_step_begin` to `on_pre_optimizer_step` (the forward, the loss and its metrics, backward)
 and from there to `on_step_end` (the optimizer step), each with the function it was reached in
-(the innermost LLaMA-Factory one, else TRL's, else torch's optimizer or autograd).
+(the innermost LLaMA-Factory one, else TRL's, else torch's optimizer or autograd); with
+`"detail": true` the sizes of the storages alive at each peak (1 MiB and more) come too.
 
 torch's AdamW runs its for-loop implementation on the CPU; the trainer's optimizer is asked for
 foreach, which a GPU runs and the budget sizes. torchaudio has no release for torch 2.13 on
@@ -62,12 +63,41 @@ class PeakTracker(StorageTracker):
 
     where = ""
     armed = False
+    detail = False
+    live: list[int] = []
 
     def _note_peak(self) -> None:
         before = self.peak
         super()._note_peak()
         if self.armed and self.peak > before:
             self.where = _where(traceback.extract_stack())
+            if self.detail:
+                self.live = sorted((s for s in self.sizes.values() if s >= 2**20), reverse=True)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        """Count the contiguous copy `_log_softmax` makes of a strided input inside its kernel
+        (`get_batch_logps` takes it over the view `logits[:, :-1, :]`) beside the output: the
+        ops a kernel runs inside itself pass below this mode, but torch's profiler shows the copy
+        (aten::_log_softmax → aten::contiguous → aten::clone, 4 B × rows × (s − 1) × V)."""
+        source = args[0] if args else None
+        copy = 0
+        if (
+            func is torch.ops.aten._log_softmax.default
+            and isinstance(source, torch.Tensor)
+            and not source.is_contiguous()
+        ):
+            copy = source.numel() * source.element_size()
+        if not copy:
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        with self.lock:
+            self.current += copy
+            self.totals[self.new_category] += copy
+        try:
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        finally:
+            with self.lock:
+                self.current -= copy
+                self.totals[self.new_category] -= copy
 
 
 def _where(stack: list[Any]) -> str:
@@ -182,9 +212,13 @@ def run(case: dict[str, Any]) -> dict[str, Any]:
     seen: dict[str, Any] = {}
     trainer: Any = None
 
+    tracker.detail = bool(case.get("detail"))
+
     def note(phase: str) -> None:
         seen[phase] = tracker.peak
         seen[phase + " where"] = tracker.where
+        if tracker.detail:
+            seen[phase + " live"] = tracker.live
 
     class Peak(TrainerCallback):
         def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:

@@ -160,42 +160,6 @@ def budget(python: Path, case: Case, config: dict[str, Any], analyzer: Path) -> 
     }
 
 
-PREDICT = """
-import functools, json, sys
-from dataclasses import fields
-import llmmem.budget.preference as preference
-from llmmem.verify.preference_grid import Case, predict
-size, objective, method, ckpt, batch, seq, trl = json.loads(sys.argv[1])
-# the TRL release of LLaMA-Factory's environment, as the YAML's budget reads it
-preference.PreferenceSetup = functools.partial(preference.PreferenceSetup, trl_release=trl)
-extra = {}
-if "trainer" in {f.name for f in fields(Case)} and objective in ("dpo", "orpo", "cpo"):
-    extra["trainer"] = "llamafactory"
-case = Case("llama", objective, method, ckpt, batch=batch, seq=seq, **extra)
-print(json.dumps(predict(case, size)))
-"""
-
-
-def grid_budget(case: Case, objective: str, size: str, analyzer: Path) -> dict[str, Any]:
-    """The budget API's figures for the same setup, as llmmem.verify.preference_grid's `predict`
-    gives them: less the temporaries a GPU's kernels make inside themselves, which a storage
-    counter on the CPU cannot see (LLaMA-Factory's own trainer where the budget has it)."""
-    trl = next(r.split("==")[1] for r in RELEASES if r.startswith("trl=="))
-    arguments = [size, objective, case.method, case.grad_ckpt, case.batch, case.seq, trl]
-    done = subprocess.run(
-        [sys.executable, "-c", PREDICT, json.dumps(arguments)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(analyzer)},
-        check=False,
-    )
-    if done.returncode != 0:
-        return {}
-    phases: dict[str, int] = json.loads(done.stdout)
-    optimizer = phases.pop("optimizer_step")
-    return {"step": max(phases.values()), "optimizer": optimizer}
-
-
 def analyzer_at(rev: str, folder: Path) -> Path:
     """llmmem's source as committed at `rev`, unpacked under `folder`."""
     archive = subprocess.run(
@@ -253,8 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.budget_rev:
             analyzer = analyzer_at(args.budget_rev, Path(folder))
         print(
-            f"{'case':20} {'step: LF':>9} {'llmmem':>8} {'error':>6} {'grid':>8} {'error':>6}  "
-            f"{'optimizer: LF':>13} "
+            f"{'case':20} {'step: LF':>9} {'llmmem':>8} {'error':>6}  {'optimizer: LF':>13} "
             f"{'llmmem':>8} {'error':>6}  LF's step peak at / llmmem's (MiB, {args.size} "
             f"{batch}x{seq}, fp32)"
         )
@@ -272,16 +235,10 @@ def main(argv: list[str] | None = None) -> int:
             if "error" in want:
                 print(f"{case.name:20} llmmem failed: {want['error']}")
                 continue
-            grid = grid_budget(case, want["objective"], args.size, analyzer)
             cells = []
             for part in ("step", "optimizer"):
                 error = 100 * (want[part] - got[part]) / got[part]
                 cells.append(f"{got[part] / 2**20:8.2f} {want[part] / 2**20:8.2f} {error:+6.1f}%")
-            if grid:
-                error = 100 * (grid["step"] - got["step"]) / got["step"]
-                cells[0] += f" {grid['step'] / 2**20:8.2f} {error:+6.1f}%"
-            else:
-                cells[0] += f" {'-':>8} {'':>7}"
             print(
                 f"{case.name:20} {cells[0]}  {cells[1]:>29}  {got['step where']} / "
                 f"{want['step phase']}"
