@@ -93,6 +93,20 @@ def _add_estimate_parser(sub: Any) -> None:
         help="dpo/kto: the reference is a frozen copy (the full fine-tuning default), the "
         "policy with its adapter disabled (the LoRA default) or precomputed log-probabilities",
     )
+    p.add_argument(
+        "--cpo-alpha",
+        type=float,
+        default=None,
+        help="cpo/simpo: the weight of the chosen half's NLL (TRL's CPOConfig.cpo_alpha, "
+        "default 1.0); 0 drops its cross-entropy from the step, as SimPO's paper trains",
+    )
+    p.add_argument(
+        "--trainer",
+        choices=["trl", "llamafactory"],
+        default=None,
+        help="dpo, orpo, cpo/simpo: whose trainer runs the step (default trl: TRL 0.29's); "
+        "llamafactory is LLaMA-Factory's own DPO trainer (fp32 logits, a full log_softmax)",
+    )
     p.add_argument("--batch", type=_positive_int, default=None, help="micro-batch per device")
     p.add_argument("--seq", type=_positive_int, default=None, help="tokens per sequence")
     p.add_argument("--grad-accum", type=_positive_int, default=None)

@@ -797,6 +797,17 @@ def preference_from_args(args: argparse.Namespace) -> Any:
         objective, args.method = args.method, "full"
     reference = getattr(args, "ref_model", None)
     mixed = getattr(args, "mixed_precision", None)
+    cpo_alpha = getattr(args, "cpo_alpha", None)
+    trainer = getattr(args, "trainer", None)
+    if cpo_alpha is not None and objective not in ("cpo", "simpo"):
+        raise UsageError("--cpo-alpha needs --objective cpo or simpo")
+    if cpo_alpha is not None and not (cpo_alpha >= 0):
+        raise UsageError(f"--cpo-alpha is a weight of 0 or more, got {cpo_alpha}")
+    if trainer == "llamafactory" and objective not in ("dpo", "orpo", "cpo", "simpo"):
+        raise UsageError(
+            "--trainer llamafactory sizes LLaMA-Factory's DPO trainer: --objective dpo, orpo or "
+            "simpo"
+        )
     if objective in (None, "sft"):
         grpo_from_args(args, objective)  # GRPO's flags without --objective grpo
         ppo_from_args(args, objective)  # and PPO's without --objective ppo
@@ -819,6 +830,8 @@ def preference_from_args(args: argparse.Namespace) -> Any:
             grpo=grpo,
             ppo=ppo,
             mixed_precision=mixed,
+            trainer=trainer or "trl",
+            cpo_alpha=cpo_alpha,
         )
     except SetupError as err:
         raise UsageError(str(err)) from None

@@ -87,6 +87,18 @@ def openrlhf_reference(plan: TrainingPlan) -> dict[str, Any]:
     }
 
 
+def llamafactory_trainer(plan: TrainingPlan) -> dict[str, Any]:
+    """LLaMA-Factory runs its own preference trainers (0.9.5: llamafactory/train/dpo/trainer.py
+    CustomDPOTrainer, whose log-probabilities differ from TRL's: `PreferenceSetup.trainer`), and
+    loads a full fine-tune's reference copy with `create_ref_model` (train/trainer_utils.py):
+    `load_model(..., is_trainable=False)`, in the compute dtype, without the fp32 upcast the
+    trained model gets. Empty for other frameworks."""
+    if plan.framework != "llamafactory":
+        return {}
+    precision = str(plan.precision.value)
+    return {"trainer": "llamafactory", "reference_bytes": 4 if precision == "fp32" else 2}
+
+
 # GRPOConfig's fields (TRL 0.29.1) the GRPO budget reads, as a plan keeps them
 GRPO_KEYS: dict[str, str] = {
     "num_generations": "num_generations",
@@ -321,7 +333,21 @@ def preference_setup(plan: TrainingPlan) -> PreferenceSetup | None:
         reference=reference,
         mixed_precision=mixed,
         **openrlhf_reference(plan),
+        **llamafactory_trainer(plan),
+        **cpo_alpha_of(plan, objective),
     )
+
+
+def cpo_alpha_of(plan: TrainingPlan, objective: Objective) -> dict[str, Any]:
+    """CPO's `cpo_alpha` where the plan sets it (TRL's CPOConfig, axolotl's key): 0 drops the
+    chosen half's cross-entropy from the step. Empty where unset or unreadable (TRL's 1.0)."""
+    if objective is not Objective.CPO:
+        return {}
+    value = _kept(plan, "cpo_alpha")
+    try:
+        return {} if value is None else {"cpo_alpha": float(value)}
+    except (TypeError, ValueError):
+        return {}
 
 
 REFERENCE_TEXT = {
@@ -423,7 +449,16 @@ def reference_row(plan: TrainingPlan, method: Any) -> Sourced[str] | None:
     elif reference is None:
         full = str(getattr(method, "value", method)) == "full"
         reference = Reference.COPY if full else Reference.ADAPTER
-        why = "TRL's default for " + ("full fine-tuning" if full else "a PEFT model")
+        if plan.framework == "llamafactory":
+            # create_ref_model (train/trainer_utils.py, 0.9.5): None under LoRA, else the model
+            # loaded again, untrainable, in the compute dtype
+            why = (
+                "LLaMA-Factory's create_ref_model: the model loaded again, in the compute dtype"
+                if full
+                else "LLaMA-Factory's create_ref_model: none under LoRA, the adapter disabled"
+            )
+        else:
+            why = "TRL's default for " + ("full fine-tuning" if full else "a PEFT model")
         source = Provenance.DEFAULT
     else:
         source = Provenance.EXPLICIT

@@ -190,14 +190,22 @@ def run_verify(args: argparse.Namespace) -> int:
     )
     budget = estimate_budget(spec, setup, analysis.gpu)
     if preference is not None:
-        from llmmem.budget.preference import estimate_preference_budget, reference_for
+        from llmmem.budget.preference import (
+            Objective,
+            estimate_preference_budget,
+            reference_for,
+        )
         from llmmem.verify.preference_step import check_preference_request
 
+        objective = preference.objective.value
+        if preference.objective is Objective.CPO and preference.cpo_alpha == 0:
+            objective = "simpo"  # CPO's step without the chosen half's cross-entropy
         request = replace(
             request,
-            objective=preference.objective.value,
+            objective=objective,
             reference=reference_for(preference, setup).value,
             grpo=_grpo_fields(preference),
+            trainer=preference.trainer,
         )
         why = check_preference_request(request)
         if why:

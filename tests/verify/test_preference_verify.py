@@ -132,3 +132,69 @@ def test_a_ppo_script_points_to_its_grid(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "--ppo" in done.stderr and "PPO" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+SIMPO_SCRIPT = """import torch
+from transformers import AutoModelForCausalLM
+from trl.experimental.cpo import CPOConfig, CPOTrainer
+
+model = AutoModelForCausalLM.from_pretrained("./tiny", dtype=torch.bfloat16)
+args = CPOConfig(
+    output_dir="out",
+    loss_type="simpo",
+    cpo_alpha=0.0,
+    per_device_train_batch_size=2,
+    max_length=128,
+    optim="adamw_torch",
+    bf16=True,
+)
+CPOTrainer(model=model, args=args, train_dataset=None).train()
+"""
+
+
+def test_a_simpo_script_is_verified_without_the_cross_entropy(tmp_path: Path) -> None:
+    done = _verify(_project(tmp_path, SIMPO_SCRIPT), "--device=cpu")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    rows = {row["what"]: row for row in report["comparison"]}
+    for name in ("forward peak", "backward peak", "allocated peak"):
+        assert abs(rows[name]["error"]) < 0.05, (name, rows[name])
+    assert "SIMPO step as TRL 0.29.1 computes it" in " ".join(report["measurement"]["notes"])
+
+
+LLAMAFACTORY_DPO = """model_name_or_path: ./tiny
+stage: dpo
+do_train: true
+finetuning_type: lora
+lora_rank: 8
+lora_target: q_proj,v_proj
+pref_loss: sigmoid
+dataset: dpo_en_demo
+template: llama2
+cutoff_len: 128
+output_dir: out
+per_device_train_batch_size: 2
+optim: adamw_torch
+bf16: true
+"""
+
+
+def test_a_llamafactory_dpo_yaml_is_verified_with_its_own_trainer(tmp_path: Path) -> None:
+    project = _project(tmp_path, "")
+    (project / "dpo.yaml").write_text(LLAMAFACTORY_DPO)
+    done = subprocess.run(
+        [sys.executable, "-m", "llmmem", "verify", "dpo.yaml", "--format", "json", "--device=cpu"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    rows = {row["what"]: row for row in report["comparison"]}
+    for name in ("forward peak", "reference forward peak", "backward peak", "allocated peak"):
+        assert abs(rows[name]["error"]) < 0.05, (name, rows[name])
+    notes = " ".join(report["measurement"]["notes"])
+    assert "LLaMA-Factory 0.9.5's trainer" in notes

@@ -77,6 +77,8 @@ from llmmem.units import format_bytes, format_count
 
 # the TRL release whose trainers these budgets follow
 TRL_RELEASE = "0.29"
+# the trainers whose preference steps are told apart (PreferenceSetup.trainer)
+TRAINERS = ("trl", "llamafactory")
 
 
 class Objective(str, Enum):
@@ -129,6 +131,14 @@ class PreferenceSetup:
     # moments that are one release's own (DPO's metrics after the loss, ORPO's and CPO's
     # log-probabilities on a view of the logits) are counted for that release only
     trl_release: str | None = None
+    # whose trainer runs the step: "trl" (TRL's, at `trl_release`) or "llamafactory"
+    # (LLaMA-Factory's own CustomDPOTrainer, read at 0.9.5: the logits cast to fp32 and a full
+    # log_softmax gathered from, the policy before the reference; ORPO and SimPO without a
+    # cross-entropy). LLaMA-Factory's KTO and reward trainers are sized as TRL's so far
+    trainer: str = "trl"
+    # CPO's weight of the chosen half's NLL (CPOConfig.cpo_alpha; None: TRL's default 1.0).
+    # 0 (SimPO as its paper writes it, `loss_type="alphapo"` too) skips the cross-entropy
+    cpo_alpha: float | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -141,6 +151,8 @@ class PreferenceSetup:
             raise SetupError(f"num_labels must be at least 1, got {self.num_labels}")
         if self.reference_bytes is not None and self.reference_bytes not in (1, 2, 4):
             raise SetupError(f"reference_bytes is 1, 2 or 4, got {self.reference_bytes}")
+        if self.trainer not in TRAINERS:
+            raise SetupError(f"trainer is one of {', '.join(TRAINERS)}, got '{self.trainer}'")
         if self.trl_release is not None:
             try:
                 release(self.trl_release)
@@ -229,6 +241,9 @@ class LogProbMoments:
     formula_forward: str
     formula_reference: str
     formula_backward: str
+    # of `forward_end` where the policy has a reference after it too (LLaMA-Factory's full
+    # log_softmax over a strided view: the contiguous copy CUDA's kernel makes of its input)
+    inside_forward: int = 0
 
 
 def log_prob_moments(
@@ -238,6 +253,8 @@ def log_prob_moments(
     fp32: bool = False,
     reference_fp32: bool | None = None,
     chosen_nll: bool = False,
+    trainer: str = "trl",
+    cross_entropy: bool = True,
 ) -> LogProbMoments:
     """`selective_log_softmax` over `sequences` rows of `setup.seq` tokens (trl 0.29.1,
     trl/trainer/utils.py), measured on CPU in tests/budget/test_preference.py.
@@ -254,8 +271,15 @@ def log_prob_moments(
 
     `chosen_nll`: ORPO's and CPO's step at TRL 0.29 (trl/experimental/orpo/orpo_trainer.py,
     cpo/cpo_trainer.py `concatenated_forward` and `get_batch_logps`), which `_orpo_moments`
-    follows instead."""
-    moments = _log_prob_moments(spec, setup, sequences, fp32, reference_fp32, chosen_nll)
+    follows instead; `cross_entropy=False` is CPO's with `cpo_alpha=0`, whose
+    `concatenated_forward` skips the chosen half's cross-entropy. `trainer="llamafactory"`:
+    LLaMA-Factory's own trainer, which `_llamafactory_moments` follows."""
+    if trainer == "llamafactory":
+        moments = _llamafactory_moments(spec, setup, sequences, fp32, reference_fp32)
+    else:
+        moments = _log_prob_moments(
+            spec, setup, sequences, fp32, reference_fp32, chosen_nll, cross_entropy
+        )
     if spec.final_logit_softcapping is None:
         return moments
     # Gemma-2's soft-capped logits (`tanh(logits / cap) * cap` inside the model's forward):
@@ -280,6 +304,7 @@ def _log_prob_moments(
     fp32: bool,
     reference_fp32: bool | None,
     chosen_nll: bool,
+    cross_entropy: bool = True,
 ) -> LogProbMoments:
     compute = dtypes_for(setup).compute
     e = 4 if fp32 else compute
@@ -292,7 +317,10 @@ def _log_prob_moments(
     converted = " (accelerate's fp32 outputs)" if compute != 4 else ""
     if chosen_nll:
         pairs = sequences // 2
-        return _orpo_moments(e, whole, shifted, pairs, row, count + (converted if e == 4 else ""))
+        text = count + (converted if e == 4 else "")
+        if not cross_entropy:
+            return _view_moments(e, whole, shifted, row, text, compute if e != compute else 0)
+        return _orpo_moments(e, whole, shifted, pairs, row, text)
     if e == 4:
         forward = 4 * whole + 4 * shifted
         forward_text = f"4 B × {count} (fp32 logits{converted}) + 4 B × L' (the shifted copy, kept)"
@@ -325,6 +353,75 @@ def _log_prob_moments(
         forward_text,
         reference_text,
         backward_text,
+    )
+
+
+KERNEL_COPY_TEXT = " + 4 B × L' (the kernel's contiguous copy of the strided view)"
+
+
+def _llamafactory_moments(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    sequences: int,
+    fp32: bool,
+    reference_fp32: bool | None,
+) -> LogProbMoments:
+    """LLaMA-Factory 0.9.5's log-probabilities (llamafactory/train/dpo/trainer.py
+    `concatenated_forward`: `model(...).logits.to(torch.float32)`; trainer_utils.py
+    `get_batch_logps`: `torch.gather(logits[:, :-1, :].log_softmax(-1), 2, labels)`), the
+    policy's with gradient, then the reference's under `no_grad` (`compute_reference_log_probs`,
+    its outputs freed as it returns). With L = rows × s × V and L' = rows × (s − 1) × V, all
+    fp32 whatever the compute dtype (the cast makes an fp32 copy of 16-bit logits, which die
+    with the model's output; accelerate's mixed precision has made them fp32 already):
+
+    - the policy keeps its logits (returned, and read by the metrics' means) and the
+      log_softmax (saved by its backward; the gather saves only its index): 4 B × (L + L');
+    - the log_softmax runs on a strided view (two or more rows): CUDA's kernel
+      (aten/src/ATen/native/cuda/SoftMax.cu `host_softmax`: `input_.contiguous()`) first makes
+      a contiguous copy, 4 B × L', inside the kernel: a dispatch-level counter cannot see it;
+    - the reference adds the same beside the policy's: its fp32 logits, the log_softmax and
+      the kernel's copy (16-bit reference logits not converted by accelerate: their fp32 cast
+      beside them first, which is smaller);
+    - backward: the saved log_softmax, the gather's gradient (scattered into zeros) and the
+      log_softmax's input gradient, 12 B × L'; the slicing's gradient (4 B × L, zeros with
+      the L' rows copied in) comes after the first two are freed.
+
+    Measured on the CPU with the step restated (llmmem.verify.preference_grid, trainer
+    "llamafactory") and against LLaMA-Factory's own trainer (bench/llamafactory_trainers.py)."""
+    compute = dtypes_for(setup).compute
+    vocab = spec.vocab_size
+    whole = sequences * setup.seq * vocab
+    shifted = sequences * max(setup.seq - 1, 0) * vocab
+    strided = sequences > 1
+    inside = 4 * shifted if strided else 0
+    r16 = not (fp32 if reference_fp32 is None else reference_fp32) and compute != 4
+    count = f"L = {sequences}×{setup.seq}×{format_count(vocab)}"
+    copy_text = KERNEL_COPY_TEXT if strided else ""
+    forward = 4 * whole + 4 * shifted + inside
+    forward_text = (
+        f"4 B × {count} (fp32 logits) + 4 B × L' (the full log_softmax, kept)" + copy_text
+    )
+    reference = 4 * whole + 4 * shifted + inside
+    reference_text = (
+        "4 B × L (the reference's fp32 logits"
+        + (", cast from 16-bit" if r16 else "")
+        + ") + 4 B × L' (its log_softmax)"
+        + copy_text
+    )
+    backward = 12 * shifted
+    backward_text = (
+        "12 B × L' (the saved log_softmax, the gather's gradient and the log_softmax's input "
+        "gradient)"
+    )
+    return LogProbMoments(
+        forward,
+        reference,
+        inside,
+        backward,
+        forward_text,
+        reference_text,
+        backward_text,
+        inside_forward=inside,
     )
 
 
@@ -385,6 +482,60 @@ def _orpo_moments(
             "cross-entropy, and their sum)"
         )
     return LogProbMoments(forward, 0, inside, backward, forward_text, "", backward_text)
+
+
+def _view_moments(
+    e: int, whole: int, shifted: int, row: int, count: str, converted: int = 0
+) -> LogProbMoments:
+    """CPO's log-probabilities with `cpo_alpha=0` at TRL 0.29.1
+    (trl/experimental/cpo/cpo_trainer.py `concatenated_forward`: `nll_loss =
+    torch.tensor(0.0)`; `get_batch_logps`: `selective_log_softmax` of the view
+    `logits[:, :-1, :]`): ORPO's moments without the chosen half's cross-entropy, as measured
+    on the CPU (llmmem.verify.preference_grid, objective "simpo"):
+
+    - fp32 logits: the logits, kept by the per-row logsumexp's saved rows, and one row's
+      logsumexp temporary inside the kernel; backward at L + three L'-sized gradients (the
+      gather's, the rows' logsumexp gradients stacked, and their sum);
+    - 16-bit logits: the per-row log_softmax outputs (L') kept beside the logits; backward at
+      the logits' gradient (L) beside the saved outputs (L').
+
+    Without the cross-entropy's copy the forward can peak earlier, where accelerate's
+    `convert_outputs_to_fp32` makes the fp32 logits while the model's 16-bit ones (`converted`
+    bytes a logit) are still alive."""
+    if e == 4:
+        inside = 4 * row
+        if converted * whole > inside:
+            return LogProbMoments(
+                4 * whole + converted * whole,
+                0,
+                0,
+                4 * whole + 12 * shifted,
+                f"4 B × {count} + {converted} B × L (the model's {8 * converted}-bit logits, "
+                "alive while accelerate converts them)",
+                "",
+                "4 B × L (kept by the per-row logsumexp's saved rows) + 12 B × L' (the "
+                "gather's gradient, the rows' logsumexp gradients stacked, and their sum)",
+            )
+        return LogProbMoments(
+            4 * whole + inside,
+            0,
+            inside,
+            4 * whole + 12 * shifted,
+            f"4 B × {count} (fp32 logits, kept by the per-row logsumexp) + 4 B × (s − 1) × V "
+            "(one row's logsumexp temporary)",
+            "",
+            "4 B × L (kept by the per-row logsumexp's saved rows) + 12 B × L' (the gather's "
+            "gradient, the rows' logsumexp gradients stacked, and their sum)",
+        )
+    return LogProbMoments(
+        e * whole + e * shifted,
+        0,
+        0,
+        e * whole + e * shifted,
+        f"{e} B × {count} (logits) + {e} B × L' (per-row log-softmax of the view, kept)",
+        "",
+        f"{e} B × L (the logits' gradient) + {e} B × L' (the saved per-row log-softmax)",
+    )
 
 
 def dpo_metrics_bytes(spec: ModelSpec, setup: TrainingSetup, sequences: int, e: int) -> int:
@@ -502,7 +653,11 @@ def estimate_preference_budget(
             if pref.objective is not Objective.KTO
             else f"{rows} sequences with gradient, and a KL batch of {rows} without"
         )
-        + f" (TRL {TRL_RELEASE})"
+        + (
+            " (LLaMA-Factory's trainer)"
+            if pref.trainer == "llamafactory" and pref.objective is not Objective.KTO
+            else f" (TRL {TRL_RELEASE})"
+        )
     )
     forward = sft.phase(Phase.FORWARD)
     backward = sft.phase(Phase.BACKWARD)
@@ -551,7 +706,8 @@ def estimate_preference_budget(
         return _with_first_step(budget, spec, setup, pref, gpu)
 
     fp32 = fp32_outputs(pref.mixed_precision, setup)
-    release_029 = pref.follows_trl_release
+    llamafactory = pref.trainer == "llamafactory" and pref.objective is not Objective.KTO
+    release_029 = pref.follows_trl_release and not llamafactory
     lp = log_prob_moments(
         spec,
         policy_setup,
@@ -559,7 +715,21 @@ def estimate_preference_budget(
         fp32,
         reference_fp32_outputs(pref.mixed_precision, setup, reference),
         chosen_nll=release_029 and pref.objective in (Objective.ORPO, Objective.CPO),
+        trainer="llamafactory" if llamafactory else "trl",
+        cross_entropy=not (pref.objective is Objective.CPO and pref.cpo_alpha == 0),
     )
+    if llamafactory:
+        notes.append(
+            "LLaMA-Factory's own DPO trainer: the logits cast to fp32 and a full log_softmax "
+            "kept for backward (its get_batch_logps), the policy's forward before the "
+            "reference's"
+            + (
+                "; ORPO and SimPO add no cross-entropy (the NLL term is the chosen "
+                "log-probabilities')"
+                if pref.objective is not Objective.DPO
+                else ""
+            )
+        )
     if fp32:
         notes.append(
             "mixed precision: accelerate returns the prepared models' logits in fp32 "
@@ -589,12 +759,16 @@ def estimate_preference_budget(
     later = _later_backward_moments(policy_spec, policy_setup, forward, step)
     phases.append(_backward_phase(backward, policy_forward, lp, extra, last_block, later))
     phases.append(_with(step, extra))
-    if pref.objective in (Objective.ORPO, Objective.CPO):
+    phases = _inside_kernels(phases, lp)
+    if pref.objective in (Objective.ORPO, Objective.CPO) and not llamafactory:
         notes.append(
             f"{pref.objective.value}: no reference model; "
             + (
-                "the log-probabilities are taken on a view of the logits and the chosen half's "
-                "NLL is a cross-entropy over a shifted copy of that half (TRL 0.29)"
+                "the log-probabilities are taken on a view of the logits; cpo_alpha=0 skips the "
+                "chosen half's NLL and its cross-entropy (TRL 0.29)"
+                if release_029 and pref.objective is Objective.CPO and pref.cpo_alpha == 0
+                else "the log-probabilities are taken on a view of the logits and the chosen "
+                "half's NLL is a cross-entropy over a shifted copy of that half (TRL 0.29)"
                 if release_029
                 else "the chosen half's NLL term reuses the same logits (its cross-entropy's "
                 "own copy is not counted)"
@@ -650,6 +824,13 @@ def _reference_phase(
     policy without gradient, one after the other."""
     parts = dict(policy_forward.components)
     logits = parts.get(Component.LOGITS)
+    if lp.inside_forward and logits is not None:
+        # the policy's kernel copy was freed with its log_softmax's return
+        logits = Term(
+            bytes=logits.bytes - lp.inside_forward,
+            formula=logits.formula.replace(KERNEL_COPY_TEXT, ""),
+        )
+        parts[Component.LOGITS] = logits
     e = 4 if fp32_outputs(pref.mixed_precision, setup) else dtypes_for(setup).compute
     if pref.objective is Objective.KTO and e != 4 and logits is not None:
         # KTO's `forward` returns before the reference runs: the policy's 16-bit logits die
@@ -677,6 +858,26 @@ def _reference_phase(
         moment=f"reference forward ({what}): its log-probabilities taken",
         components=parts,
     )
+
+
+def _inside_kernels(phases: list[PhaseBudget], lp: LogProbMoments) -> list[PhaseBudget]:
+    """The phases with what their log-probability moment allocates inside a kernel marked
+    (`PhaseBudget.inside_kernels`): the reference's (one row's logsumexp temporary, or
+    LLaMA-Factory's contiguous copy), and the policy's where it has its own (LLaMA-Factory's
+    copy; ORPO's and CPO's row without a reference). A moment that is not the
+    log-probabilities' (DPO's metrics, after the kernels returned) has none."""
+    has_reference = any(p.phase is Phase.REFERENCE_FORWARD for p in phases)
+    out = []
+    for phase in phases:
+        inside = 0
+        if phase.phase is Phase.REFERENCE_FORWARD and phase.moment.startswith("reference forward"):
+            inside = lp.inside_kernel
+        elif phase.phase is Phase.FORWARD and phase.moment.startswith(
+            "end of the policy's forward"
+        ):
+            inside = lp.inside_forward or (0 if has_reference else lp.inside_kernel)
+        out.append(replace(phase, inside_kernels=inside) if inside else phase)
+    return out
 
 
 def _backward_phase(

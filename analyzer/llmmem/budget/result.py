@@ -66,6 +66,10 @@ class PhaseBudget:
     phase: Phase
     moment: str  # the instant inside the phase these bytes are for
     components: dict[Component, Term]
+    # of these bytes, what a kernel allocates for itself (a contiguous copy of a strided
+    # input, a reduction's temporary): the CUDA caching allocator counts it, a storage counter
+    # above the kernels (a CPU or simulated step) cannot see it
+    inside_kernels: int = 0
 
     @property
     def allocated_bytes(self) -> int:

@@ -90,6 +90,8 @@ KEY_SYNONYMS: dict[str, str] = {
     "max_completion_length": "max_completion_length",
     # preference training: the reference log-probabilities read from the dataset
     "precompute_ref_log_probs": "precompute_ref_log_probs",
+    # CPO/SimPO: the weight of the chosen half's NLL (0: no cross-entropy in the step)
+    "cpo_alpha": "cpo_alpha",
     # PPO (TRL's PPOConfig): the response length and the rollout's chunk
     "response_length": "response_length",
     "local_rollout_forward_batch_size": "local_rollout_forward_batch_size",

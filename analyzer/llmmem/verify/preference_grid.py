@@ -23,12 +23,19 @@ in fp32 (the policy's, the adapter-disabled policy's and the reference copy's: T
 too); the log-probabilities run outside it. A `bf16-true` case is under mixed precision unless
 its `mixed` is False (`bf16=False` over bf16 weights).
 
+`--trainer llamafactory` restates LLaMA-Factory 0.9.5's own CustomDPOTrainer instead
+(llamafactory/train/dpo/trainer.py, trainer_utils.py `get_batch_logps`): the logits cast to
+fp32, a full `log_softmax` of the view `logits[:, :-1, :]` gathered from, the policy's forward
+before the reference's, whose outputs die as it returns; ORPO and SimPO without a reference and
+without a cross-entropy. Its budget is `PreferenceSetup(trainer="llamafactory")`.
+
 `measure(case)` runs a warm-up step (it makes the optimizer states) and a measured one under the
 project's StorageTracker and returns the peak of each phase: the policy's forward, the reference
 forward, backward and the optimizer step; `predict(case)` is the budget's figure for each.
 
     python -m llmmem.verify.preference_grid [--size small|medium] [--family llama|qwen2 ...]
                                             [--objective dpo|kto|orpo|reward ...]
+                                            [--trainer trl|llamafactory]
 
 The reference forward's budget counts one row's fp32 logsumexp temporary that aten makes inside
 the kernel (a GPU allocates it; a dispatch-level counter cannot see it): `predict` leaves it out.
@@ -41,7 +48,7 @@ import copy
 import itertools
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -103,7 +110,7 @@ SMALL: dict[str, dict[str, Any]] = {
 @dataclass(frozen=True)
 class Case:
     family: str
-    objective: str = "dpo"  # "dpo", "kto", "orpo" (no reference), "reward"
+    objective: str = "dpo"  # "dpo", "kto", "orpo" (no reference), "simpo" (cpo_alpha=0), "reward"
     method: str = "full"  # "full" or "lora"
     grad_ckpt: bool = False
     dtype: str = "fp32"  # "fp32", "bf16-true" or "bf16" (autocast over fp32 weights)
@@ -113,10 +120,15 @@ class Case:
     # accelerate's mixed precision (bf16=True); None: on for bf16 and bf16-true, as TRL's
     # configs default
     mixed: bool | None = None
+    # whose trainer runs the step: "trl" (TRL 0.29.1's) or "llamafactory" (LLaMA-Factory
+    # 0.9.5's own CustomDPOTrainer: DPO, and ORPO/SimPO without a reference)
+    trainer: str = "trl"
 
     @property
     def id(self) -> str:
         parts = [self.family, self.objective, self.method, self.dtype, f"b{self.batch}s{self.seq}"]
+        if self.trainer != "trl":
+            parts.insert(0, self.trainer)
         if self.mixed is False:
             parts.append("no-amp")
         if self.grad_ckpt:
@@ -235,10 +247,16 @@ class _Step:
             chosen, rejected = scores.chunk(2)
             tracker.marks["forward"] = tracker.peak
             return -F.logsigmoid(chosen - rejected).mean()
+        if getattr(case, "trainer", "trl") == "llamafactory" and case.objective in (
+            "dpo",
+            "orpo",
+            "simpo",
+        ):
+            return self.llamafactory_loss(ids, completion, tracker)
         if case.objective == "kto":
             return self.kto_loss(ids, completion, tracker)
-        if case.objective == "orpo":
-            loss = self.orpo_loss(ids, completion)
+        if case.objective in ("orpo", "simpo"):
+            loss = self.orpo_loss(ids, completion, nll=case.objective == "orpo")
             tracker.marks["forward"] = tracker.peak
             return loss
         outputs, shifted, (chosen, rejected) = self.log_probs(self.model, ids, completion)
@@ -266,6 +284,57 @@ class _Step:
         tracker.marks["reference_forward"] = tracker.peak
         return loss
 
+    # -- LLaMA-Factory 0.9.5's CustomDPOTrainer (llamafactory/train/dpo/trainer.py
+    # `concatenated_forward`, `compute_reference_log_probs`, `get_batch_loss_metrics`;
+    # llamafactory/train/trainer_utils.py `get_batch_logps`): the logits cast to fp32, a full
+    # log_softmax over the view `logits[:, :-1, :]` and a gather from it; the policy's forward
+    # before the reference's; ORPO and SimPO (`pref_loss`) without a reference and without a
+    # cross-entropy (their NLL term is the chosen half's averaged log-probabilities)
+
+    def llamafactory_logps(self, model: Any, ids: torch.Tensor, completion: torch.Tensor) -> Any:
+        all_logits = self.forward(model, ids).logits.to(torch.float32)
+        labels = ids[:, 1:].clone()
+        mask = completion[:, 1:] != 0
+        labels[~mask] = 0
+        logits = all_logits[:, :-1, :]
+        per_token = torch.gather(logits.log_softmax(-1), dim=2, index=labels.unsqueeze(2))
+        per_token = per_token.squeeze(2)
+        valid = mask.sum(-1)
+        logps = (per_token * mask).sum(-1)
+        return all_logits, logps, valid
+
+    def llamafactory_loss(
+        self, ids: torch.Tensor, completion: torch.Tensor, tracker: _Tracker
+    ) -> Any:
+        case = self.case
+        all_logits, logps, valid = self.llamafactory_logps(self.model, ids, completion)
+        if case.objective != "dpo":
+            logps = logps / valid
+        chosen, rejected = logps.chunk(2)
+        tracker.marks["forward"] = tracker.peak
+        if case.objective != "dpo":
+            # ORPO's odds ratio (SimPO's margin costs no more): the chosen half's NLL included
+            log_odds = (chosen - rejected) - (
+                torch.log1p(-torch.exp(chosen)) - torch.log1p(-torch.exp(rejected))
+            )
+            loss = (-chosen - 0.1 * F.logsigmoid(log_odds)).mean()
+            all_logits.mean().item()
+            return loss
+        tracker.reset_peak("activations")
+        with torch.no_grad():
+            if self.ref is None:
+                with self.model.disable_adapter():
+                    _, ref_logps, _ = self.llamafactory_logps(self.model, ids, completion)
+            else:
+                _, ref_logps, _ = self.llamafactory_logps(self.ref, ids, completion)
+        ref_chosen, ref_rejected = ref_logps.chunk(2)
+        margin = (chosen - ref_chosen) - (rejected - ref_rejected)
+        loss = -F.logsigmoid(0.1 * margin).mean()
+        # the metrics: means of the policy's logits, nothing logit-sized
+        all_logits.mean().item()
+        tracker.marks["reference_forward"] = tracker.peak
+        return loss
+
     def dpo_metrics(self, shifted: torch.Tensor, completion: torch.Tensor) -> None:
         """The metrics TRL 0.29.1's `DPOTrainer._compute_loss` logs after the loss, on the
         policy's shifted logits: `entropy_from_logits` (trl/trainer/utils.py: log_softmax,
@@ -284,18 +353,24 @@ class _Step:
             _masked_rows(half, mask).mean(-1).sum()
         chosen_logits.argmax(dim=-1)
 
-    def orpo_loss(self, ids: torch.Tensor, completion: torch.Tensor) -> Any:
+    def orpo_loss(self, ids: torch.Tensor, completion: torch.Tensor, nll: bool = True) -> Any:
         """TRL 0.29.1's ORPO step (trl/experimental/orpo/orpo_trainer.py `concatenated_forward`,
         `get_batch_logps`, `odds_ratio_loss`; CPO's is the same with `cpo_alpha` > 0): the
         chosen half's NLL is a cross-entropy over a shifted copy of that half's logits (its
         log_softmax kept for backward, the copy freed); the log-probabilities are taken on a
         view of the logits (`logits[:, :-1, :]`, no copy), whose rows the per-row logsumexp
-        keeps alive through backward."""
+        keeps alive through backward. `nll=False` is CPO's step with `cpo_alpha=0` (SimPO as
+        its paper writes it: `nll_loss = torch.tensor(0.0)`, no cross-entropy)."""
         half = ids.shape[0] // 2
         all_logits = self.forward(self.model, ids).logits
-        chosen = all_logits[:half][..., :-1, :].contiguous()
-        nll = F.cross_entropy(chosen.view(-1, chosen.shape[-1]), ids[:half, 1:].reshape(-1))
-        del chosen
+        if nll:
+            chosen = all_logits[:half][..., :-1, :].contiguous()
+            nll_loss = F.cross_entropy(
+                chosen.view(-1, chosen.shape[-1]), ids[:half, 1:].reshape(-1)
+            )
+            del chosen
+        else:
+            nll_loss = torch.zeros((), device=ids.device)
         labels = ids[:, 1:].clone()
         mask = completion[:, 1:] != 0
         labels[~mask] = 0
@@ -305,7 +380,7 @@ class _Step:
         log_odds = (chosen_logps - rejected_logps) - (
             torch.log1p(-torch.exp(chosen_logps)) - torch.log1p(-torch.exp(rejected_logps))
         )
-        return nll - 0.1 * F.logsigmoid(log_odds).mean()
+        return nll_loss - 0.1 * F.logsigmoid(log_odds).mean()
 
     # -- KTO (trl 0.29.1, trl/experimental/kto/kto_trainer.py: `forward`, `get_batch_logps`,
     # `_compute_kl_logps`, `get_batch_loss_metrics`): unpaired examples, half desirable; the
@@ -527,58 +602,80 @@ def predict(case: Case, size: str = "small") -> dict[str, int]:
         PreferenceSetup,
         Reference,
         estimate_preference_budget,
-        fp32_outputs,
-        log_prob_moments,
     )
-    from llmmem.budget.result import Phase
 
     spec = spec_of(case, size)
     setup = setup_of(case)
     reference = Reference(case.reference) if case.reference else None
+    trainer = getattr(case, "trainer", "trl")
+    # "simpo": TRL's CPO trainer with cpo_alpha=0
+    simpo = case.objective == "simpo"
     pref = PreferenceSetup(
-        objective=Objective(case.objective), reference=reference, mixed_precision=case.mixed
+        objective=Objective.CPO if simpo else Objective(case.objective),
+        reference=reference,
+        mixed_precision=case.mixed,
+        trainer=trainer,
+        cpo_alpha=0.0 if simpo else None,
     )
     budget = estimate_preference_budget(spec, setup, pref)
-    phases = {p.phase.value: p.allocated_bytes for p in budget.phases}
-    ref_phase = next((p for p in budget.phases if p.phase is Phase.REFERENCE_FORWARD), None)
-    # DPO's metrics moment (TRL 0.29) comes after the reference's kernel temporary is gone
-    if ref_phase is not None and ref_phase.moment.startswith("reference forward"):
-        rows = 2 * case.batch
-        fp32 = fp32_outputs(case.mixed, setup)
-        inside = log_prob_moments(spec, replace(setup, batch=rows), rows, fp32).inside_kernel
-        phases[Phase.REFERENCE_FORWARD.value] -= inside
-    forward = next(p for p in budget.phases if p.phase is Phase.FORWARD)
-    if case.objective == "orpo" and forward.moment.startswith("end of the policy's forward"):
-        # one pair: the per-row logsumexp's temporary, inside the kernel, at the forward's peak
-        rows = 2 * case.batch
-        fp32 = fp32_outputs(case.mixed, setup)
-        lp = log_prob_moments(spec, replace(setup, batch=rows), rows, fp32, chosen_nll=True)
-        phases[Phase.FORWARD.value] -= lp.inside_kernel
-    return phases
+    # less what the kernels allocate for themselves, which no storage counter sees
+    return {p.phase.value: p.allocated_bytes - p.inside_kernels for p in budget.phases}
 
 
-def grid(families: list[str], objectives: list[str], shapes: list[tuple[int, int]]) -> list[Case]:
+def grid(
+    families: list[str],
+    objectives: list[str],
+    shapes: list[tuple[int, int]],
+    trainer: str = "trl",
+) -> list[Case]:
     out = []
     for family, objective, (batch, seq) in itertools.product(families, objectives, shapes):
         for method, ckpt, dtype in itertools.product(
             ("full", "lora"), (False, True), ("fp32", "bf16-true", "bf16")
         ):
-            out.append(Case(family, objective, method, ckpt, dtype, batch=batch, seq=seq))
+            out.append(
+                Case(family, objective, method, ckpt, dtype, batch=batch, seq=seq, trainer=trainer)
+            )
     return out
 
 
 OBJECTIVES = ["dpo", "orpo", "kto", "reward"]
+# the objectives whose step is told apart per trainer: TRL's CPO trainer with cpo_alpha=0
+# ("simpo"; with cpo_alpha > 0 its step is ORPO's) besides the defaults; LLaMA-Factory's DPO
+# trainer runs DPO, and ORPO and SimPO (its `pref_loss`), whose memory is ORPO's
+TRAINER_OBJECTIVES = {"trl": [*OBJECTIVES, "simpo"], "llamafactory": ["dpo", "orpo"]}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m llmmem.verify.preference_grid")
     parser.add_argument("--size", choices=sorted(CONFIGS), default="small")
     parser.add_argument("--family", action="append", choices=sorted(SMALL))
-    parser.add_argument("--objective", action="append", choices=["dpo", "kto", "orpo", "reward"])
+    parser.add_argument(
+        "--objective",
+        action="append",
+        choices=["dpo", "kto", "orpo", "reward", "simpo"],
+        help="simpo: TRL's CPO trainer with cpo_alpha=0 (not in the default set)",
+    )
     parser.add_argument("--shape", action="append", help="pairs x tokens, e.g. 2x64")
+    parser.add_argument(
+        "--trainer",
+        choices=sorted(TRAINER_OBJECTIVES),
+        default="trl",
+        help="whose trainer the step restates: TRL 0.29.1's, or LLaMA-Factory 0.9.5's own "
+        "DPO trainer (dpo, and orpo for its ORPO and SimPO)",
+    )
     args = parser.parse_args(argv)
     shapes = parse_shapes(parser, args.shape, ["2x64", "1x128"])
-    cases = grid(args.family or sorted(SMALL), args.objective or OBJECTIVES, shapes)
+    objectives = args.objective or (
+        OBJECTIVES if args.trainer == "trl" else TRAINER_OBJECTIVES[args.trainer]
+    )
+    unsupported = sorted(set(objectives) - set(TRAINER_OBJECTIVES[args.trainer]))
+    if unsupported:
+        parser.error(
+            f"--trainer {args.trainer} restates {', '.join(TRAINER_OBJECTIVES[args.trainer])}, "
+            f"not {', '.join(unsupported)}"
+        )
+    cases = grid(args.family or sorted(SMALL), objectives, shapes, args.trainer)
     print_grid(cases, measure, predict, args.size, width=48)
     return 0
 

@@ -6,13 +6,14 @@ The loss code is `llmmem.verify.preference_grid`'s (chosen and rejected concaten
 `no_grad` — a frozen copy in full fine-tuning, the adapter disabled under PEFT — and DPO's
 metrics after the loss, `entropy_from_logits` among them; ORPO, CPO and SimPO as TRL's
 experimental ORPOTrainer: the log-probabilities on a view of the logits and the chosen half's
-cross-entropy, which SimPO's `cpo_alpha=0` leaves out, so its step is an upper bound; KTO's KL
-batch); here it runs on the model the plan builds (its config, dtype, LoRA, checkpointing,
-optimizer), counted by the storage tracker, on the CPU or simulated. Each phase the budget names
-is measured: forward, the reference forward, backward and the optimizer step; and the run's
-allocations are replayed through the caching allocator for a reserved peak. In bf16 (weights or
-autocast) the models' forwards run as accelerate's mixed precision prepares them, their outputs
-converted to fp32 by accelerate's `convert_outputs_to_fp32`.
+cross-entropy, which SimPO's `cpo_alpha=0` leaves out, and its step does too; KTO's KL batch;
+LLaMA-Factory's own DPO trainer where the plan is LLaMA-Factory's); here it runs on the model
+the plan builds (its config, dtype, LoRA, checkpointing, optimizer), counted by the storage
+tracker, on the CPU or simulated. Each phase the budget names is measured: forward, the
+reference forward, backward and the optimizer step; and the run's allocations are replayed
+through the caching allocator for a reserved peak. In bf16 (weights or autocast) the models'
+forwards run as accelerate's mixed precision prepares them, their outputs converted to fp32 by
+accelerate's `convert_outputs_to_fp32`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ STEP_OBJECTIVE = {
     "kto": "kto",
     "orpo": "orpo",  # no reference: the log-probabilities and the chosen half's NLL
     "cpo": "orpo",
-    "simpo": "orpo",
+    "simpo": "simpo",  # CPO with cpo_alpha=0: no cross-entropy
     "reward": "reward",
 }
 
@@ -47,6 +48,7 @@ class _Shape:
     # accelerate's mixed precision (bf16=True): None, as the plan's budget takes it, is on
     # for bf16 weights and bf16 autocast (the logits come back in fp32)
     mixed: bool | None = None
+    trainer: str = "trl"  # "llamafactory": LLaMA-Factory's DPO trainer
 
 
 def check_preference_request(request: StepRequest) -> str | None:
@@ -102,6 +104,7 @@ def run_preference_step(request: StepRequest, result: StepMeasurement) -> None:
         seq=request.seq,
         grad_ckpt=request.grad_ckpt,
         mixed=getattr(request, "mixed_precision", None),
+        trainer=getattr(request, "trainer", "trl"),
     )
     if request.precision not in ("fp32", "bf16", "bf16-true"):
         raise runner.VerifyError(
@@ -160,7 +163,13 @@ def run_preference_step(request: StepRequest, result: StepMeasurement) -> None:
     replayed = replay_step(tracker.events or [], runner.CUBLAS_WORKSPACE)
     result.reserved_peak_bytes = replayed.peak_reserved
     notes.append(
-        f"{str(request.objective).upper()} step as TRL 0.29.1 computes it "
+        f"{str(request.objective).upper()} step as "
+        + (
+            "LLaMA-Factory 0.9.5's trainer"
+            if shape.trainer == "llamafactory" and objective in ("dpo", "orpo")
+            else "TRL 0.29.1"
+        )
+        + " computes it "
         f"({2 * request.batch} sequences: chosen and rejected of {request.batch} pairs"
         + {
             "copy": ", the reference a frozen copy",

@@ -45,11 +45,14 @@ class StepRequest:
     trust_remote_code: bool = False
     snapshot: str | None = None  # CUDA: where to save a torch.cuda.memory snapshot
     seed: int = 0
-    # a preference plan: "dpo", "orpo", "cpo", "simpo", "kto" or "reward" (None: supervised),
+    # a preference plan: "dpo", "orpo", "cpo", "simpo" (CPO with cpo_alpha=0), "kto" or
+    # "reward" (None: supervised),
     # and how its reference log-probabilities are made ("copy", "adapter", "precomputed";
     # None: TRL's default for the method)
     objective: str | None = None
     reference: str | None = None
+    # whose preference trainer the step restates: "trl" or "llamafactory" (its DPO trainer)
+    trainer: str = "trl"
     # GRPO: num_generations, max_prompt_length, max_completion_length, beta, vllm (None: the
     # policy generates), mixed_precision
     grpo: dict[str, Any] | None = None

@@ -95,6 +95,9 @@ def read_axolotl_objective(reader: DocumentReader) -> None:
     reader.put("objective", objective, ("rl",), note)
     reader.keep("rl_adapter_ref_model", ("rl_adapter_ref_model",))
     reader.keep("precompute_ref_log_probs", ("precompute_ref_log_probs",))
+    if objective == "cpo":
+        # axolotl passes `cpo_alpha` to TRL's CPOConfig (TRL's default 1.0 where unset)
+        reader.keep("cpo_alpha", ("cpo_alpha",))
     if objective == "grpo":
         read_axolotl_grpo(reader)
 

@@ -422,6 +422,12 @@ class PlanEmitter:
             if model_loaded_by_trainer and isinstance(value, DictValue):
                 self.emit_loading_keywords(value.entries, "trl")
             return
+        if name == "loss_type" and config.class_name == "CPOConfig":
+            # CPOConfig.__post_init__ (trl 0.29.1): "alphapo" is SimPO's loss with cpo_alpha 0
+            known = settle(value)
+            if known is not None and known.value == "alphapo":
+                self.set_known("cpo_alpha", replace(known, value=0.0))
+            return
         if name == "loss_type":
             known = settle(value)
             if known is not None and isinstance(known.value, str):
