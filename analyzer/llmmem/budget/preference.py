@@ -46,7 +46,8 @@ of that half. Both were found running the trainers themselves (bench/trl_trainer
 
 TRL 1.x replaced the full logits by a fused, tiled LM head (`add_fused_lm_head` in
 trl/trainer/utils.py at 1.16.0): the logits are never whole there. This module follows the 0.x
-trainers, read at 0.29.1 (KTO: trl/experimental/kto/kto_trainer.py).
+trainers, read at 0.29.1 (KTO: trl/experimental/kto/kto_trainer.py); where the run's TRL is 1.x,
+DPO's and KTO's log-probabilities are llmmem.budget.fused_head's instead.
 
 GRPO (generation inside the step, vLLM) is budgeted in llmmem.budget.grpo, reached from here
 through `PreferenceSetup.grpo`; PPO (a value model trained beside the policy, a reference and a
@@ -718,6 +719,19 @@ def estimate_preference_budget(
         trainer="llamafactory" if llamafactory else "trl",
         cross_entropy=not (pref.objective is Objective.CPO and pref.cpo_alpha == 0),
     )
+    from llmmem.budget.fused_head import fused_head_moments, uses_fused_head
+
+    fused = uses_fused_head(pref)
+    if fused:
+        # TRL 1.x: the log-probabilities through the fused, tiled LM head, no logits
+        lp = fused_head_moments(
+            spec, policy_setup, rows, pref.objective, reference is Reference.ADAPTER
+        )
+        notes.append(
+            f"{pref.objective.value} (TRL {pref.trl_release}): the log-probabilities come from "
+            "TRL's fused LM head, in tiles of 4096 tokens × 32768 vocabulary entries, without "
+            "the logits"
+        )
     if llamafactory:
         notes.append(
             "LLaMA-Factory's own DPO trainer: the logits cast to fp32 and a full log_softmax "
@@ -730,7 +744,7 @@ def estimate_preference_budget(
                 else ""
             )
         )
-    if fp32:
+    if fp32 and not fused:
         notes.append(
             "mixed precision: accelerate returns the prepared models' logits in fp32 "
             "(convert_outputs_to_fp32), 4 B per logit"
@@ -832,7 +846,15 @@ def _reference_phase(
         )
         parts[Component.LOGITS] = logits
     e = 4 if fp32_outputs(pref.mixed_precision, setup) else dtypes_for(setup).compute
-    if pref.objective is Objective.KTO and e != 4 and logits is not None:
+    from llmmem.budget.fused_head import uses_fused_head
+
+    # (TRL 1.x's fused head: no logits to free)
+    if (
+        pref.objective is Objective.KTO
+        and e != 4
+        and logits is not None
+        and not uses_fused_head(pref)
+    ):
         # KTO's `forward` returns before the reference runs: the policy's 16-bit logits die
         # with it (the per-row log_softmax keeps only its output; fp32 logits stay, kept by
         # the gather), and the returned index_select copies of them take their place
