@@ -487,18 +487,19 @@ def _note_of(plan: TrainingPlan, key: str) -> str:
 
 
 def trl_release_note(versions: dict[str, Any]) -> str | None:
-    """A note where the run's TRL computes the log-probabilities otherwise than the budget:
-    from 1.0 a fused, tiled LM head (trl/trainer/utils.py `add_fused_lm_head` at 1.16.0) never
-    holds the logits whole, so the budget's logits (TRL 0.29's) are an upper bound there."""
+    """A note where the run's TRL computes the log-probabilities otherwise than TRL 0.29: from
+    1.0 DPOTrainer and KTOTrainer take them through a fused, tiled LM head (trl/trainer/utils.py
+    `add_fused_lm_head` at 1.16.0), which the budget sizes (llmmem.budget.fused_head); GRPO's
+    trainer uses it too, and the GRPO budget still counts TRL 0.29's full logits there."""
     found = versions.get("trl")
     text = str(getattr(found, "version", "") or "")
     major = text.split(".")[0]
     if not major.isdigit() or int(major) < 1:
         return None
     return (
-        f"trl {text}: the log-probabilities come from a fused, tiled LM head that never holds "
-        "the logits whole; this budget counts TRL 0.29's full logits and shifted copy, an "
-        "upper bound on that part"
+        f"trl {text}: DPO and KTO take their log-probabilities from a fused, tiled LM head "
+        "that never holds the logits whole, and the budget sizes it; for GRPO, which uses it "
+        "too, the budget counts TRL 0.29's full logits, an upper bound on that part"
     )
 
 
