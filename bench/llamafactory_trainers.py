@@ -1,11 +1,95 @@
 """The preference budgets against LLaMA-Factory's own trainers, run on the CPU.
 
-TABLE
+llmmem reads a LLaMA-Factory YAML (`stage: dpo|kto|rm`, `pref_loss`), but LLaMA-Factory runs
+its own trainers, not TRL's. This runs LLaMA-Factory 0.9.5's CustomDPOTrainer (`pref_loss:
+sigmoid` with a reference: a reference copy for full fine-tuning, the adapter disabled for LoRA;
+`orpo` and `simpo` without one), CustomKTOTrainer and PairwiseTrainer (`stage: rm`), built as
+its `train/<stage>/workflow.py` builds them (bench/llamafactory_step.py: `get_train_args`,
+`load_model`, `create_ref_model`, the stage's collator, one case per process), two steps on the
+CPU in fp32 under llmmem's StorageTracker, and compares the second step's peaks with llmmem's
+figure for the same YAML, as a user gets it: `llmmem explain FILE --format json` on the YAML
+(written to a temp folder, the model a folder holding the config.json; `# llmmem:
+precision=fp32`, since llmmem reads a YAML without `bf16` as bf16; the releases read from the
+environment below through LLMMEM_RUN_ENV). The step up to the optimizer (forward, loss and
+metrics, backward) is compared with the largest of the budget's forward, reference-forward and
+backward phases, the optimizer step with the budget's; AdamW is asked for foreach (the GPU's
+implementation, which the budget sizes). `get_batch_logps` takes a full `log_softmax` over the
+strided view `logits[:, :-1, :]`; the kernel first makes a contiguous copy of it (torch's
+profiler: aten::_log_softmax → aten::contiguous → aten::clone, 62.01 MiB at medium), which a
+dispatch-level counter cannot see: the step counts it beside the kernel's output.
+
+Medium Llama (Llama-2-7B's proportions, 45M parameters, vocabulary 32000), 2 pairs (KTO: 2
+examples and their KL rows) × 128 tokens, fp32, LLaMA-Factory 0.9.5 (torch 2.13.0, transformers
+5.6.0, TRL 0.24.0, peft 0.18.1, accelerate 1.11.0), LoRA r 8 on q_proj and v_proj, MiB: the step
+up to the optimizer, LLaMA-Factory's and llmmem's before and after 600deb2 (the budget's own
+LLaMA-Factory DPO trainer), then the optimizer step (llmmem's error, the same before and after),
+and the function LLaMA-Factory's step peaked in:
+
+    case                  LF   before  error    after  error  optimizer error  step peak at
+    dpo full ckpt on   1011.22   964.60  -4.6%  1011.11  -0.0%   1039.61  -0.0%  get_batch_logps
+    dpo full ckpt off  1090.30  1043.66  -4.3%  1090.17  -0.0%   1039.61  -0.0%  get_batch_logps
+    dpo lora ckpt on    490.16   443.54  -9.5%   490.05  -0.0%    174.54  -0.0%  get_batch_logps
+    dpo lora ckpt off   545.61   499.98  -8.4%   546.49  +0.2%    174.54  -0.0%  get_batch_logps
+    orpo full ckpt on   713.42   774.85  +8.6%   713.33  -0.0%    866.34  -0.0%  get_batch_logps
+    orpo full ckpt off  792.50   853.91  +7.7%   792.39  -0.0%    866.34  -0.0%  get_batch_logps
+    orpo lora ckpt on   365.63   427.06 +16.8%   365.54  -0.0%    174.54  -0.0%  get_batch_logps
+    orpo lora ckpt off  421.08   483.50 +14.8%   421.98  +0.2%    174.54  -0.0%  get_batch_logps
+    simpo (each case as orpo's: the same step, the same figures)
+    kto full ckpt on    883.44   866.34  -1.9%   866.34  -1.9%   1039.61  -0.0%  get_batch_logps
+    kto full ckpt off   922.98   876.12  -5.1%   876.12  -5.1%   1039.61  -0.0%  get_batch_logps
+    kto lora ckpt on    363.39   316.53 -12.9%   316.53 -12.9%    174.54  -0.0%  get_batch_logps
+    kto lora ckpt off   391.11   344.75 -11.9%   344.75 -11.9%    174.54  -0.0%  get_batch_logps
+    rm full ckpt on     528.90   443.08 -16.2%   443.08 -16.2%    616.35 -10.1%  compute_loss
+    rm full ckpt off    607.98   443.08 -27.1%   443.08 -27.1%    616.35 -10.1%  compute_loss
+    rm lora ckpt on     307.12   139.69 -54.5%   139.69 -54.5%    174.55 -35.8%  compute_loss
+    rm lora ckpt off    363.57   181.02 -50.2%   181.02 -50.2%    174.55 -35.8%  compute_loss
+
+DPO peaks in the reference's `get_batch_logps`, ORPO and SimPO in the policy's (LF 612:
+the log_softmax), KTO in the reference's, the reward model in `compute_loss` (LF 98: inside
+the value head's linear, TRL's modeling_value_head.py). What is left and why:
+
+- before 600deb2 the budget sized these steps as TRL 0.24's. DPO read exactly LLaMA-Factory's
+  step less the kernel's copy (+1.5% to +3.6% against the step without it: the budget's one
+  row of logsumexp temporary from TRL's `selective_log_softmax`); ORPO and SimPO
+  read one logits-sized tensor over in backward (+62 MiB): LLaMA-Factory keeps neither the
+  logits nor a cross-entropy after its forward, only the log_softmax (its backward holds three
+  copies of 4 B × rows × (s − 1) × V). Now every DPO, ORPO and SimPO case is within 0.2%.
+- KTO is still sized as TRL's (−1.9% to −12.9%): LLaMA-Factory's `forward` keeps the policy's
+  fp32 logits and its full log_softmax, and `concatenated_forward` the chosen and rejected
+  rows' index copies of the logits, through the KL pass and both reference passes, each
+  log_softmax over the strided view (the copy); at the reference's peak, with LoRA, the
+  policy's logits, log_softmax and two index copies (a logits' worth) and the reference's
+  logits, log_softmax and copy, about 186 MiB, where the budget has 47 MiB less.
+- `stage: rm` is not TRL's sequence classifier: LLaMA-Factory wraps the causal LM in TRL's
+  AutoModelForCausalLMWithValueHead. The LM head stays (a frozen 62.5 MiB weight: not in the
+  loss, so no gradient and no optimizer states; the optimizer step's −10.1% and −35.8% are that
+  weight exactly), the forward computes the full logits, and the collator's `labels` reach the
+  model (PairwiseTrainer passes `**inputs`), so the causal LM computes its own cross-entropy
+  too, unused (its log_softmax, 4 B × rows × s × V); logits and cross-entropy die when the value
+  head returns, after the step's peak.
+
+`--size small` (two blocks, vocabulary 1000, 2 × 64, checkpointing on), after 600deb2: DPO,
+ORPO and SimPO within 0.6% (the optimizer step within 1.3%), KTO −11.9% (full) and −19.5%
+(LoRA), the reward models −18.9% and −33.5% (their optimizer steps −8.2% and −28.6%: the LM
+head's weight again).
+
+A first table, with the kernel's copy not counted, read DPO +6.0% to +14.5% after 600deb2 (the
+budget counts the copy, the counter did not see it); torch's profiler showed the copy on the CPU
+too, and the step counts it since.
+
+LLaMA-Factory is installed without its requirements (`--no-deps`): its trainers import only
+torch, transformers, TRL, peft, accelerate, datasets and omegaconf (its argument parser); the
+rest serve its web UI, API server and media readers. torchaudio has no release for torch 2.13
+on the package index; LLaMA-Factory imports it only to read audio (data/mm_plugin.py), so an
+empty module stands in for it. The first run makes the environment under `bench/.llamafactory`
+(`--llamafactory-wheel FILE` where the index has no LLaMA-Factory) and reuses it after;
+`--measured FILE` keeps the trainers' measurements, so the budget at another revision
+(`--budget-rev REV`) is compared without running them again.
 
     python bench/llamafactory_trainers.py [--size small|medium] [--stage dpo|orpo|simpo|kto|rm ...]
                                           [--method full|lora ...] [--shape PAIRSxTOKENS]
                                           [--checkpointing on|off ...] [--measured FILE]
-                                          [--budget-rev REV]
+                                          [--budget-rev REV] [--llamafactory-wheel FILE]
 """
 
 from __future__ import annotations
@@ -95,8 +179,9 @@ def yaml_text(settings: dict[str, Any], model: str) -> str:
     def value(v: Any) -> str:
         return ("true" if v else "false") if isinstance(v, bool) else str(v)
 
-    # a model whose config says float32 trains in fp32 under LLaMA-Factory (its compute dtype is
-    # the model's); llmmem reads a LLaMA-Factory YAML without `bf16` as bf16, so say it
+    # without bf16 or fp16 LLaMA-Factory computes in `infer_optim_dtype` of the model's dtype:
+    # fp32 on the CPU (bf16 for a bf16 model where bf16 runs, else fp16 where fp16 runs); llmmem
+    # reads a LLaMA-Factory YAML without `bf16` as bf16, so the pragma says what runs here
     lines = ["# llmmem: precision=fp32", f"model_name_or_path: {model}"]
     lines += [f"{k}: {value(v)}" for k, v in settings.items()]
     return "\n".join(lines) + "\n"
@@ -163,8 +248,12 @@ def budget(python: Path, case: Case, config: dict[str, Any], analyzer: Path) -> 
 def analyzer_at(rev: str, folder: Path) -> Path:
     """llmmem's source as committed at `rev`, unpacked under `folder`."""
     archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", rev, "analyzer"], capture_output=True, check=True
+        ["git", "-C", str(REPO), "archive", rev, "analyzer"], capture_output=True, check=False
     )
+    if archive.returncode != 0:
+        raise SystemExit(
+            f"--budget-rev {rev}: {archive.stderr.decode().strip() or 'no such revision'}"
+        )
     subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
     return folder / "analyzer"
 
@@ -211,7 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     ]
     measured: dict[str, Any] = {}
     if args.measured and args.measured.exists():
-        measured = json.loads(args.measured.read_text())
+        try:
+            measured = json.loads(args.measured.read_text())
+        except (OSError, ValueError) as error:
+            parser.error(f"--measured {args.measured}: not a file of measurements ({error})")
     with tempfile.TemporaryDirectory() as folder:
         analyzer = REPO / "analyzer"
         if args.budget_rev:
