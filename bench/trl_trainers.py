@@ -46,6 +46,42 @@ ORPO's log-probabilities on a view of the logits plus the chosen half's cross-en
 MiB in backward); and a reward model's embedding gradient, which comes last in backward
 (reward full without checkpointing read +6.1%).
 
+TRL 1.16.0 (`--trl 1.16.0`, its own environment `bench/.trl-1.16` with the same torch,
+transformers, peft and accelerate): DPOTrainer and KTOTrainer (out of trl.experimental since
+1.0) take their log-probabilities through TRL's fused LM head (`add_fused_lm_head`,
+`ChunkedLogProbFunction`), which the budget follows where `PreferenceSetup.trl_release` is 1.0
+or later (llmmem.budget.fused_head). On this CPU TRL folds each tile with torch ops (no
+Triton), and the bench adds those fp32 temporaries to the budget (`fused_head_moments(...,
+triton=False)`); a GPU's Triton kernel works inside the tile and the budget, sizing a GPU,
+leaves them out. Same cases and settings as above, MiB, TRL / budget / error:
+
+    case          ckpt on: TRL  budget  error  ckpt off: TRL  budget  error  optimizer  error
+    medium 2x128:
+    dpo full         1276.74 1276.66  -0.0%        1355.82 1355.72  -0.0%    1039.61  -0.0%
+    dpo lora          694.19  694.10  -0.0%         749.64  750.54  +0.1%     174.54  -0.0%
+    kto full         1016.20 1016.11  -0.0%        1055.74 1055.64  -0.0%    1039.61  -0.0%
+    kto lora          434.15  434.06  -0.0%         461.87  462.28  +0.1%     174.54  -0.0%
+    small 2x64:
+    dpo full           42.38   42.37  -0.0%          44.64   44.62  -0.0%       4.92  -0.2%
+    dpo lora           39.66   39.65  -0.0%          41.21   41.25  +0.1%       0.90  -1.3%
+    kto full           22.96   22.94  -0.1%          24.09   24.07  -0.1%       4.92  -0.2%
+    kto lora           20.27   20.25  -0.1%          21.04   21.05  +0.1%       0.90  -1.3%
+
+Every step peaks in TRL's `_backward_tile`: the saved copy of the scored positions' hidden
+states, the fp32 gradients allocated whole (the hidden states', and the head weight's in full
+fine-tuning), the 4096 × 32768 tile buffer (allocated at 32768 columns whatever the
+vocabulary: at small, 1000 tokens, it is most of the step) and, on this CPU, 29 B per tile
+element of the fold (y, z, log_p, p and the gradient in fp32, the target mask and its float
+copy with the difference). Before the budget followed the fused head it read these cases
+−15% to −87%: at these vocabularies (32000 and 1000 tokens) the 32768-wide buffer and the
+CPU's fold outweigh the logits it counted; at Qwen2.5-0.5B's 151,936 it is the other way
+(tests/budget/test_fused_head.py). On a GPU the fold's share is not there: medium DPO full's
+budget is 866.34 MiB with Triton (the head's backward 827 MiB, the end of backward above it)
+against 1276.66 MiB here. ORPO and the reward model do not use the fused head
+at 1.16 (ORPO stays in trl.experimental on the full logits): ORPO medium full and LoRA read
+806.45 and 458.66 MiB, as at 0.29, where the budget at `trl_release` 1.16 leaves out ORPO's
+0.29 moments and reads −3.9% and −6.9%; the reward model reads as at 0.29 (444.09 MiB).
+
 GRPO (`--objective grpo`): TRL 0.29.1's GRPOTrainer, transformers' generation (no vLLM),
 prompts of 16 words, every completion run to `max_completion_length` (`min_new_tokens` masks the
 end-of-sequence token), a reward written in bench/trl_step.py, 4 completions per device. The
@@ -86,7 +122,7 @@ hundred MB, from the package index) and reuses it after.
 
     python bench/trl_trainers.py [--size small|medium] [--objective dpo|orpo|kto|reward ...]
                                  [--method full|lora ...] [--shape PAIRSxTOKENS]
-                                 [--checkpointing on|off]
+                                 [--checkpointing on|off] [--trl 0.29.1|1.16.0]
     python bench/trl_trainers.py --objective grpo [--size small|medium] [--shape 4x32]
                                  [--precision fp32|bf16] [--steps-per-generation 1|2]
 """
