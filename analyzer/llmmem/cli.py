@@ -104,8 +104,9 @@ def _add_estimate_parser(sub: Any) -> None:
         "--trainer",
         choices=["trl", "llamafactory"],
         default=None,
-        help="dpo, orpo, cpo/simpo: whose trainer runs the step (default trl: TRL 0.29's); "
-        "llamafactory is LLaMA-Factory's own DPO trainer (fp32 logits, a full log_softmax)",
+        help="preference objectives: whose trainer runs the step (default trl: TRL 0.29's); "
+        "llamafactory is LLaMA-Factory's own DPO/ORPO/SimPO and KTO trainers (fp32 logits, a "
+        "full log_softmax) and its rm stage (a value head over the causal LM)",
     )
     p.add_argument("--batch", type=_positive_int, default=None, help="micro-batch per device")
     p.add_argument("--seq", type=_positive_int, default=None, help="tokens per sequence")

@@ -803,10 +803,17 @@ def preference_from_args(args: argparse.Namespace) -> Any:
         raise UsageError("--cpo-alpha needs --objective cpo or simpo")
     if cpo_alpha is not None and not (cpo_alpha >= 0):
         raise UsageError(f"--cpo-alpha is a weight of 0 or more, got {cpo_alpha}")
-    if trainer == "llamafactory" and objective not in ("dpo", "orpo", "cpo", "simpo"):
+    if trainer == "llamafactory" and objective not in (
+        "dpo",
+        "orpo",
+        "cpo",
+        "simpo",
+        "kto",
+        "reward",
+    ):
         raise UsageError(
-            "--trainer llamafactory sizes LLaMA-Factory's DPO trainer: --objective dpo, orpo or "
-            "simpo"
+            "--trainer llamafactory sizes LLaMA-Factory's DPO, KTO and reward trainers: "
+            "--objective dpo, orpo, simpo, kto or reward"
         )
     if objective in (None, "sft"):
         grpo_from_args(args, objective)  # GRPO's flags without --objective grpo

@@ -39,6 +39,13 @@ CASES = [
     # bf16 logits, cast to fp32 by the trainer itself (no accelerate mixed precision)
     Case("gemma2", "dpo", "full", True, "bf16-true", mixed=False, trainer="llamafactory"),
     Case("gemma2", "orpo", "lora", True, "fp32", trainer="llamafactory", batch=1, seq=128),
+    # CustomKTOTrainer: the completions, then the KL batch, then the boolean-mask copies
+    Case("llama", "kto", "full", True, "bf16", trainer="llamafactory"),
+    Case("qwen2", "kto", "lora", False, "fp32", trainer="llamafactory"),
+    Case("gemma2", "kto", "lora", True, "bf16-true", mixed=False, trainer="llamafactory"),
+    # the rm stage: TRL's value-head model over the causal LM, its LM logits made and unread
+    Case("llama", "reward", "full", True, "bf16", trainer="llamafactory"),
+    Case("qwen2", "reward", "lora", False, "fp32", trainer="llamafactory"),
 ]
 
 
@@ -82,6 +89,52 @@ def test_the_full_log_softmax_and_its_reference_are_counted_from_the_shapes() ->
     assert backward.components[Component.LOGITS].bytes == 12 * shifted
     # nothing of TRL 0.29's metrics moment
     assert "entropy" not in reference.moment
+
+
+def test_kto_counts_the_kl_batch_beside_the_completions_and_frees_it_before_the_reference() -> None:
+    # 2 completions and 2 KL rows of 64 tokens over 1000 entries, fp32
+    rows, seq, vocab = 2, 64, 1000
+    whole, shifted = rows * seq * vocab, rows * (seq - 1) * vocab
+    budget = estimate_preference_budget(
+        _spec(),
+        _setup(batch=2),
+        PreferenceSetup(objective=Objective.KTO, trainer="llamafactory"),
+    )
+    forward = budget.phase(Phase.FORWARD)
+    reference = budget.phase(Phase.REFERENCE_FORWARD)
+    # inside the KL batch's log_softmax: both batches' logits, both log_softmax outputs, and
+    # the kernel's copy of the KL view
+    assert forward.components[Component.LOGITS].bytes == 8 * whole + 8 * shifted + 4 * shifted
+    # the reference starts beside the masked copies of the policy's logits and its log_softmax
+    assert reference.components[Component.LOGITS].bytes == 4 * whole + 4 * shifted
+    assert reference.components[Component.TEMPORARIES].bytes == 8 * whole + 8 * shifted
+    assert budget.phase(Phase.BACKWARD).components[Component.LOGITS].bytes == 12 * shifted
+
+
+def test_the_rm_stage_keeps_the_lm_head_and_makes_its_logits() -> None:
+    # 2 pairs → 4 sequences of 64 tokens, a 1000-token vocabulary, hidden 64, untied head;
+    # full fine-tuning under bf16 autocast over fp32 weights (LLaMA-Factory's upcast)
+    spec = _spec()
+    setup = _setup(precision=Precision("bf16"))
+    value_head = estimate_preference_budget(
+        spec, setup, PreferenceSetup(objective=Objective.REWARD, trainer="llamafactory")
+    )
+    classifier = estimate_preference_budget(
+        spec, setup, PreferenceSetup(objective=Objective.REWARD)
+    )
+    whole = 4 * 64 * 1000
+    forward = value_head.phase(Phase.FORWARD)
+    # the head's bf16 logits and their fp32 upcast, both alive as the forward returns
+    assert forward.components[Component.LOGITS].bytes == 2 * whole + 4 * whole
+    # the LM head's fp32 weights, which a sequence classifier does not have; no gradient
+    head = 1000 * 64 * 4
+    weights = forward.components[Component.WEIGHTS].bytes
+    assert weights - classifier.phase(Phase.FORWARD).components[Component.WEIGHTS].bytes == head
+    step = value_head.phase(Phase.OPTIMIZER_STEP)
+    assert step.components[Component.GRADIENTS].bytes == (
+        classifier.phase(Phase.OPTIMIZER_STEP).components[Component.GRADIENTS].bytes
+    )
+    assert value_head.allocated_peak_bytes > classifier.allocated_peak_bytes
 
 
 def test_llamafactory_reads_lower_than_trl_where_trl_keeps_its_metrics() -> None:

@@ -179,9 +179,10 @@ bf16: true
 """
 
 
-def test_a_llamafactory_dpo_yaml_is_verified_with_its_own_trainer(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stage", ["dpo", "kto"])
+def test_a_llamafactory_yaml_is_verified_with_its_own_trainer(tmp_path: Path, stage: str) -> None:
     project = _project(tmp_path, "")
-    (project / "dpo.yaml").write_text(LLAMAFACTORY_DPO)
+    (project / "dpo.yaml").write_text(LLAMAFACTORY_DPO.replace("stage: dpo", f"stage: {stage}"))
     done = subprocess.run(
         [sys.executable, "-m", "llmmem", "verify", "dpo.yaml", "--format", "json", "--device=cpu"],
         cwd=project,
@@ -197,4 +198,4 @@ def test_a_llamafactory_dpo_yaml_is_verified_with_its_own_trainer(tmp_path: Path
     for name in ("forward peak", "reference forward peak", "backward peak", "allocated peak"):
         assert abs(rows[name]["error"]) < 0.05, (name, rows[name])
     notes = " ".join(report["measurement"]["notes"])
-    assert "LLaMA-Factory 0.9.5's trainer" in notes
+    assert f"{stage.upper()} step as LLaMA-Factory 0.9.5's trainer" in notes

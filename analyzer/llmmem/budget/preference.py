@@ -135,7 +135,7 @@ class PreferenceSetup:
     # whose trainer runs the step: "trl" (TRL's, at `trl_release`) or "llamafactory"
     # (LLaMA-Factory's own CustomDPOTrainer, read at 0.9.5: the logits cast to fp32 and a full
     # log_softmax gathered from, the policy before the reference; ORPO and SimPO without a
-    # cross-entropy). LLaMA-Factory's KTO and reward trainers are sized as TRL's so far
+    # cross-entropy; its KTO trainer likewise). Its reward trainer is sized as TRL's so far
     trainer: str = "trl"
     # CPO's weight of the chosen half's NLL (CPOConfig.cpo_alpha; None: TRL's default 1.0).
     # 0 (SimPO as its paper writes it, `loss_type="alphapo"` too) skips the cross-entropy
@@ -245,6 +245,10 @@ class LogProbMoments:
     # of `forward_end` where the policy has a reference after it too (LLaMA-Factory's full
     # log_softmax over a strided view: the contiguous copy CUDA's kernel makes of its input)
     inside_forward: int = 0
+    # what the policy still holds when the reference starts, where that is not `forward_end`
+    # less `inside_forward` (LLaMA-Factory's KTO: its KL batch's logits are gone by then)
+    kept_for_reference: int | None = None
+    formula_kept: str = ""
 
 
 def log_prob_moments(
@@ -275,7 +279,9 @@ def log_prob_moments(
     follows instead; `cross_entropy=False` is CPO's with `cpo_alpha=0`, whose
     `concatenated_forward` skips the chosen half's cross-entropy. `trainer="llamafactory"`:
     LLaMA-Factory's own trainer, which `_llamafactory_moments` follows."""
-    if trainer == "llamafactory":
+    if trainer == "llamafactory-kto":
+        moments = _llamafactory_kto_moments(spec, setup, sequences)
+    elif trainer == "llamafactory":
         moments = _llamafactory_moments(spec, setup, sequences, fp32, reference_fp32)
     else:
         moments = _log_prob_moments(
@@ -289,12 +295,15 @@ def log_prob_moments(
     compute = dtypes_for(setup).compute
     capped = compute * sequences * setup.seq * spec.vocab_size
     text = f" + {compute} B × L (the soft-capping's tanh, kept)"
+    kept = moments.kept_for_reference
     return replace(
         moments,
         forward_end=moments.forward_end + capped,
         backward_peak=moments.backward_peak + capped,
         formula_forward=moments.formula_forward + text,
         formula_backward=moments.formula_backward + text,
+        kept_for_reference=None if kept is None else kept + capped,
+        formula_kept=moments.formula_kept + (text if kept is not None else ""),
     )
 
 
@@ -423,6 +432,64 @@ def _llamafactory_moments(
         reference_text,
         backward_text,
         inside_forward=inside,
+    )
+
+
+def _llamafactory_kto_moments(spec: ModelSpec, setup: TrainingSetup, rows: int) -> LogProbMoments:
+    """LLaMA-Factory 0.9.5's KTO step (llamafactory/train/kto/trainer.py): `forward` casts each
+    batch's logits to fp32 and takes `get_batch_logps`' full log_softmax of their shifted view;
+    `concatenated_forward` runs the completions with gradient, then the KL batch under
+    `no_grad`, then copies the completions' logits by boolean masks (chosen, rejected);
+    `compute_reference_log_probs` runs the same under `no_grad`. With L = rows × s × V and
+    L' = rows × (s − 1) × V (rows: the completions; the KL batch has as many), all fp32:
+
+    - the policy peaks inside the KL batch's log_softmax: the completions' logits and their
+      kept log_softmax, the KL batch's logits and log_softmax, and the kernel's contiguous
+      copy of the strided view (two or more rows; inside the kernel): 4 B × (2L + 2L') + 4 B × L';
+    - when the reference starts the policy holds the masked copies of its logits (L) and the
+      kept log_softmax (L');
+    - the reference peaks inside its KL batch's log_softmax, its completions' logits alive:
+      4 B × (2L + L') + the kernel's copy;
+    - backward is DPO's: 12 B × L'."""
+    vocab = spec.vocab_size
+    whole = rows * setup.seq * vocab
+    shifted = rows * max(setup.seq - 1, 0) * vocab
+    inside = 4 * shifted if rows > 1 else 0
+    copy_text = KERNEL_COPY_TEXT if inside else ""
+    count = f"L = {rows}×{setup.seq}×{format_count(vocab)}"
+    reference = 8 * whole + 4 * shifted
+    reference_text = (
+        "4 B × 2L (the reference's completion and KL logits) + 4 B × L' (the KL batch's "
+        "log_softmax)" + copy_text
+    )
+    # on the GPU the larger of the moments; a storage counter sees the kernel's copy in none
+    total, visible = reference + inside, reference
+    if spec.final_logit_softcapping is not None:
+        # Gemma-2's capping (`logits / cap`, `tanh`, `* cap`) in the KL batch's forward: its
+        # head's output and the division's, beside the completions' fp32 logits
+        compute = dtypes_for(setup).compute
+        capping = 4 * whole + 2 * compute * whole
+        visible = max(visible, capping)
+        if capping > total:
+            total = capping
+            reference_text = (
+                f"4 B × L (the reference's completion logits) + 2 × {compute} B × L (the KL "
+                "batch's head output and its division by the cap)"
+            )
+    return LogProbMoments(
+        8 * whole + 8 * shifted + inside,
+        total,
+        total - visible,
+        12 * shifted,
+        f"4 B × 2 × {count} (the completions' and the KL batch's fp32 logits) + 4 B × 2 × L' "
+        "(their log_softmax, the completions' kept)" + copy_text,
+        reference_text,
+        "12 B × L' (the saved log_softmax, the gather's gradient and the log_softmax's input "
+        "gradient)",
+        inside_forward=inside,
+        kept_for_reference=4 * whole + 4 * shifted,
+        formula_kept=f"4 B × {count} (the masked copies of the policy's logits) + 4 B × L' "
+        "(the kept log_softmax)",
     )
 
 
@@ -596,6 +663,68 @@ def sequences_per_step(pref: PreferenceSetup, setup: TrainingSetup) -> int:
     return 2 * setup.batch
 
 
+def _value_head_logits_moment(
+    spec: ModelSpec, setup: TrainingSetup, forward_end: PhaseBudget
+) -> PhaseBudget:
+    """The end of the value-head model's forward (TRL 0.24, trl/models/modeling_value_head.py
+    `AutoModelForCausalLMWithValueHead.forward`, as LLaMA-Factory 0.9.5's rm stage runs it): the
+    causal LM's full logits in the compute dtype and their fp32 upcast (`lm_logits.float()`),
+    both alive until it returns, beside every tensor the forward saved; with fp32 weights under
+    autocast, autocast's 16-bit cast of the head's weight too."""
+    compute = dtypes_for(setup).compute
+    whole = setup.batch * setup.seq * spec.vocab_size
+    logits = compute * whole + (4 * whole if compute != 4 else 0)
+    count = f"{setup.batch}×{setup.seq}×{format_count(spec.vocab_size)}"
+    text = f"{compute} B × L = {count} (the LM logits)" + (
+        " + 4 B × L (their fp32 upcast)" if compute != 4 else ""
+    )
+    parts = dict(forward_end.components)
+    parts[Component.LOGITS] = Term(bytes=logits, formula=text)
+    # the value head's input: the last hidden state (kept by the output's hidden_states)
+    # through dropout (CUDA's fused kernel: a 1-byte mask) in the hidden states' dtype, cast
+    # to the head's fp32 where it differs, kept by the head's matmul
+    tokens = setup.batch * setup.seq * spec.hidden_size
+    residual = 4 if setup.precision.weight_bytes == 4 else 2
+    head_input = tokens * (1 + residual + residual + (4 if residual != 4 else 0))
+    temporaries = parts.get(Component.TEMPORARIES, Term(0, ""))
+    parts[Component.TEMPORARIES] = Term(
+        bytes=temporaries.bytes + head_input,
+        formula=(temporaries.formula + " + " if temporaries.bytes else "")
+        + "the value head's input: the last hidden state, its dropout mask and output"
+        + (" and fp32 cast" if residual != 4 else ""),
+    )
+    if setup.precision.is_autocast and setup.precision.weight_bytes == 4:
+        copies = parts.get(Component.WEIGHT_COPIES, Term(0, ""))
+        head = 2 * spec.vocab_size * spec.hidden_size
+        parts[Component.WEIGHT_COPIES] = Term(
+            bytes=copies.bytes + head,
+            formula=(copies.formula + " + " if copies.bytes else "")
+            + "2 B × V × h (autocast's cast of the LM head)",
+        )
+    return PhaseBudget(
+        phase=Phase.FORWARD,
+        moment="end of the value-head model's forward: the LM logits made and upcast, unread",
+        components=parts,
+    )
+
+
+def _with_lm_head(phase: PhaseBudget, spec: ModelSpec, setup: TrainingSetup) -> PhaseBudget:
+    """`phase` with the value-head model's LM head among the weights (untied: a tied head is
+    the embedding, counted already): trainable in full fine-tuning, upcast with the rest, but
+    never given a gradient, so neither gradients nor optimizer states."""
+    weights = phase.components.get(Component.WEIGHTS)
+    if weights is None or spec.tie_word_embeddings:
+        return phase
+    size = 2 if setup.quant is not None else setup.precision.weight_bytes
+    head = size * spec.vocab_size * spec.hidden_size
+    parts = dict(phase.components)
+    parts[Component.WEIGHTS] = Term(
+        bytes=weights.bytes + head,
+        formula=weights.formula + f" + V × h × {size} B (the LM head, no gradient)",
+    )
+    return replace(phase, components=parts)
+
+
 def reward_spec(spec: ModelSpec, num_labels: int) -> ModelSpec:
     """The model as AutoModelForSequenceClassification builds it: the vocabulary head replaced
     by a score head of hidden × num_labels (no bias), no vocabulary logits."""
@@ -656,7 +785,7 @@ def estimate_preference_budget(
         )
         + (
             " (LLaMA-Factory's trainer)"
-            if pref.trainer == "llamafactory" and pref.objective is not Objective.KTO
+            if pref.trainer == "llamafactory"
             else f" (TRL {TRL_RELEASE})"
         )
     )
@@ -698,16 +827,32 @@ def estimate_preference_budget(
         for moment in (in_block, norm_forward, *running):
             if moment is not None and moment.allocated_bytes > forward.allocated_bytes:
                 forward = moment
+        if pref.trainer == "llamafactory":
+            logits_moment = _value_head_logits_moment(spec, policy_setup, sft.phase(Phase.FORWARD))
+            if logits_moment.allocated_bytes > forward.allocated_bytes:
+                forward = logits_moment
         phases = [_with(p, extra) for p in (forward, backward, step)]
-        notes.append(
-            f"reward model: a score head of {spec.hidden_size} × {pref.num_labels} instead of "
-            f"the {format_count(spec.vocab_size)}-token vocabulary head; no vocabulary logits"
-        )
+        if pref.trainer == "llamafactory":
+            phases = [_with_lm_head(p, spec, policy_setup) for p in phases]
+            notes.append(
+                "reward model: LLaMA-Factory's rm stage trains TRL's "
+                "AutoModelForCausalLMWithValueHead: a value head of "
+                f"{spec.hidden_size} × 1 on the last hidden state, beside the "
+                f"{format_count(spec.vocab_size)}-token LM head, whose logits the forward still "
+                "makes (upcast to fp32) and the pairwise loss never reads; the LM head gets no "
+                "gradient and no optimizer state"
+            )
+        else:
+            notes.append(
+                f"reward model: a score head of {spec.hidden_size} × {pref.num_labels} instead "
+                f"of the {format_count(spec.vocab_size)}-token vocabulary head; no vocabulary "
+                "logits"
+            )
         budget = _budget(sft, phases, notes, policy_spec, policy_setup, reference)
         return _with_first_step(budget, spec, setup, pref, gpu)
 
     fp32 = fp32_outputs(pref.mixed_precision, setup)
-    llamafactory = pref.trainer == "llamafactory" and pref.objective is not Objective.KTO
+    llamafactory = pref.trainer == "llamafactory"
     release_029 = pref.follows_trl_release and not llamafactory
     lp = log_prob_moments(
         spec,
@@ -716,7 +861,11 @@ def estimate_preference_budget(
         fp32,
         reference_fp32_outputs(pref.mixed_precision, setup, reference),
         chosen_nll=release_029 and pref.objective in (Objective.ORPO, Objective.CPO),
-        trainer="llamafactory" if llamafactory else "trl",
+        trainer=(
+            ("llamafactory-kto" if pref.objective is Objective.KTO else "llamafactory")
+            if llamafactory
+            else "trl"
+        ),
         cross_entropy=not (pref.objective is Objective.CPO and pref.cpo_alpha == 0),
     )
     from llmmem.budget.fused_head import fused_head_moments, uses_fused_head
@@ -734,7 +883,8 @@ def estimate_preference_budget(
         )
     if llamafactory:
         notes.append(
-            "LLaMA-Factory's own DPO trainer: the logits cast to fp32 and a full log_softmax "
+            f"LLaMA-Factory's own {'KTO' if pref.objective is Objective.KTO else 'DPO'} "
+            "trainer: the logits cast to fp32 and a full log_softmax "
             "kept for backward (its get_batch_logps), the policy's forward before the "
             "reference's"
             + (
@@ -838,7 +988,10 @@ def _reference_phase(
     policy without gradient, one after the other."""
     parts = dict(policy_forward.components)
     logits = parts.get(Component.LOGITS)
-    if lp.inside_forward and logits is not None:
+    if lp.kept_for_reference is not None and logits is not None:
+        logits = Term(bytes=lp.kept_for_reference, formula=lp.formula_kept)
+        parts[Component.LOGITS] = logits
+    elif lp.inside_forward and logits is not None:
         # the policy's kernel copy was freed with its log_softmax's return
         logits = Term(
             bytes=logits.bytes - lp.inside_forward,
@@ -853,6 +1006,7 @@ def _reference_phase(
         pref.objective is Objective.KTO
         and e != 4
         and logits is not None
+        and lp.kept_for_reference is None
         and not uses_fused_head(pref)
     ):
         # KTO's `forward` returns before the reference runs: the policy's 16-bit logits die

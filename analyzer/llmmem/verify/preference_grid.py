@@ -177,13 +177,17 @@ class _Step:
         dtype = torch.bfloat16 if case.dtype == "bf16-true" else torch.float32
         config = dict(CONFIGS[size][case.family])
         config.pop("architectures")
-        if case.objective == "reward":
+        # LLaMA-Factory's rm stage: a causal LM under a value head, not a classifier
+        value_head = (
+            case.objective == "reward" and getattr(case, "trainer", "trl") == "llamafactory"
+        )
+        if case.objective == "reward" and not value_head:
             config["num_labels"] = 1
         hf_config = transformers.AutoConfig.for_model(**config)
         torch.manual_seed(0)
         model_class = (
             transformers.AutoModelForSequenceClassification
-            if case.objective == "reward"
+            if case.objective == "reward" and not value_head
             else transformers.AutoModelForCausalLM
         )
         model = model_class.from_config(
@@ -204,9 +208,13 @@ class _Step:
                 target_modules=["q_proj", "v_proj"],
                 # a reward model trains its new score head whole, as TRL's RewardTrainer
                 # recommends (modules_to_save=["score"])
-                modules_to_save=["score"] if case.objective == "reward" else None,
+                modules_to_save=["score"]
+                if case.objective == "reward" and not value_head
+                else None,
             )
             model = peft.get_peft_model(model, lora)
+        if value_head:
+            model = ValueHeadModel(model, config["hidden_size"], dtype)
         trainable = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=1e-5, foreach=True)
         return cls(case, model, ref, config["vocab_size"], optimizer)
@@ -242,6 +250,13 @@ class _Step:
     def loss(self, ids: torch.Tensor, completion: torch.Tensor, tracker: _Tracker) -> Any:
         """The loss call; `tracker.marks` gets the peak of the policy's part."""
         case = self.case
+        if case.objective == "reward" and isinstance(self.model, ValueHeadModel):
+            # LLaMA-Factory's PairwiseTrainer.compute_loss: `_, _, values = model(...)`, each
+            # sequence's score its last token's value
+            _, _, values = self.forward(self.model, ids)
+            chosen, rejected = values[:, -1].float().chunk(2)
+            tracker.marks["forward"] = tracker.peak
+            return -F.logsigmoid(chosen - rejected).mean()
         if case.objective == "reward":
             scores = self.forward(self.model, ids).logits.squeeze(-1)
             chosen, rejected = scores.chunk(2)
@@ -253,6 +268,8 @@ class _Step:
             "simpo",
         ):
             return self.llamafactory_loss(ids, completion, tracker)
+        if getattr(case, "trainer", "trl") == "llamafactory" and case.objective == "kto":
+            return self.llamafactory_kto_loss(ids, completion, tracker)
         if case.objective == "kto":
             return self.kto_loss(ids, completion, tracker)
         if case.objective in ("orpo", "simpo"):
@@ -332,6 +349,51 @@ class _Step:
         loss = -F.logsigmoid(0.1 * margin).mean()
         # the metrics: means of the policy's logits, nothing logit-sized
         all_logits.mean().item()
+        tracker.marks["reference_forward"] = tracker.peak
+        return loss
+
+    # -- LLaMA-Factory 0.9.5's CustomKTOTrainer (llamafactory/train/kto/trainer.py `forward`,
+    # `concatenated_forward`, `compute_reference_log_probs`, `get_batch_loss_metrics`): the
+    # completions' forward with gradient first, then the KL batch's without; the completions'
+    # logits split by boolean masks (copies) once the KL batch is done; the reference the same
+    # way under no_grad
+
+    def llamafactory_kto_forward(
+        self, model: Any, ids: torch.Tensor, completion: torch.Tensor
+    ) -> Any:
+        half = ids.shape[0] // 2
+        logits, logps, _ = self.llamafactory_logps(model, ids[:half], completion[:half])
+        with torch.no_grad():
+            _, kl_logps, _ = self.llamafactory_logps(model, ids[half:], completion[half:])
+        tags = torch.arange(half, device=ids.device) % 2 == 0
+        chosen_logits = logits[tags]
+        rejected_logits = logits[~tags]
+        return logps[tags], logps[~tags], chosen_logits, rejected_logits, kl_logps
+
+    def llamafactory_kto_loss(
+        self, ids: torch.Tensor, completion: torch.Tensor, tracker: _Tracker
+    ) -> Any:
+        chosen, rejected, chosen_logits, rejected_logits, kl_logps = self.llamafactory_kto_forward(
+            self.model, ids, completion
+        )
+        tracker.marks["forward"] = tracker.peak
+        tracker.reset_peak("activations")
+        with torch.no_grad():
+            if self.ref is None:
+                with self.model.disable_adapter():
+                    ref_chosen, ref_rejected, _, _, ref_kl = self.llamafactory_kto_forward(
+                        self.model, ids, completion
+                    )
+            else:
+                ref_chosen, ref_rejected, _, _, ref_kl = self.llamafactory_kto_forward(
+                    self.ref, ids, completion
+                )
+        kl = (kl_logps - ref_kl).mean().clamp(min=0).detach()
+        chosen_losses = 1 - torch.sigmoid(0.1 * (chosen - ref_chosen - kl))
+        rejected_losses = 1 - torch.sigmoid(0.1 * (kl - (rejected - ref_rejected)))
+        loss = torch.cat((chosen_losses, rejected_losses), 0).nanmean()
+        chosen_logits.nansum().item()
+        rejected_logits.nansum().item()
         tracker.marks["reference_forward"] = tracker.peak
         return loss
 
@@ -432,6 +494,36 @@ class _Step:
         loss = torch.cat((chosen_losses, rejected_losses), 0).mean()
         tracker.marks["reference_forward"] = tracker.peak
         return loss
+
+
+class ValueHeadModel(torch.nn.Module):
+    """TRL 0.24's `AutoModelForCausalLMWithValueHead` (trl/models/modeling_value_head.py), as
+    LLaMA-Factory 0.9.5's rm stage loads it: the causal LM called with
+    `output_hidden_states=True`, its last hidden state through dropout and a Linear(hidden, 1)
+    (fp32 unless the model is pure bf16), and its full LM logits upcast to fp32 and returned,
+    though the pairwise loss reads only the values."""
+
+    def __init__(self, lm: Any, hidden: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.pretrained_model = lm
+        self.dropout = torch.nn.Dropout(0.1)
+        self.summary = torch.nn.Linear(hidden, 1, dtype=dtype)
+
+    def disable_adapter(self) -> Any:
+        return self.pretrained_model.disable_adapter()
+
+    def forward(self, input_ids: torch.Tensor, use_cache: bool = False) -> Any:
+        out = self.pretrained_model(
+            input_ids=input_ids, use_cache=use_cache, output_hidden_states=True
+        )
+        hidden = self.dropout(out.hidden_states[-1])
+        if hidden.dtype != self.summary.weight.dtype:
+            hidden = hidden.to(self.summary.weight.dtype)
+        value = self.summary(hidden).squeeze(-1)
+        lm_logits = out.logits
+        if lm_logits.dtype != torch.float32:
+            lm_logits = lm_logits.float()
+        return (lm_logits, None, value)
 
 
 def _masked_rows(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -643,7 +735,10 @@ OBJECTIVES = ["dpo", "orpo", "kto", "reward"]
 # the objectives whose step is told apart per trainer: TRL's CPO trainer with cpo_alpha=0
 # ("simpo"; with cpo_alpha > 0 its step is ORPO's) besides the defaults; LLaMA-Factory's DPO
 # trainer runs DPO, and ORPO and SimPO (its `pref_loss`), whose memory is ORPO's
-TRAINER_OBJECTIVES = {"trl": [*OBJECTIVES, "simpo"], "llamafactory": ["dpo", "orpo"]}
+TRAINER_OBJECTIVES = {
+    "trl": [*OBJECTIVES, "simpo"],
+    "llamafactory": ["dpo", "orpo", "kto", "reward"],
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -166,7 +166,7 @@ def run_preference_step(request: StepRequest, result: StepMeasurement) -> None:
         f"{str(request.objective).upper()} step as "
         + (
             "LLaMA-Factory 0.9.5's trainer"
-            if shape.trainer == "llamafactory" and objective in ("dpo", "orpo")
+            if shape.trainer == "llamafactory" and objective in ("dpo", "orpo", "kto")
             else "TRL 0.29.1"
         )
         + " computes it "
