@@ -140,6 +140,24 @@ def test_the_value_backbones_cache_and_score_input_are_alive_at_the_policys_head
     assert "value" in backward.formula
 
 
+def test_16_bit_hidden_states_held_only_by_the_output_are_counted() -> None:
+    # an RMS norm saves its fp32 copy of a 16-bit residual, not the residual: the embeddings'
+    # output and the first block's (llama small: 2 blocks; 2 rows of 48 tokens, h = 64, 2 B)
+    # live only in the policy's output (output_hidden_states=True)
+    case = Case(dtype="bf16-true", mixed=False)
+    budget = estimate_ppo_budget(spec_of(case), setup_of(case), ppo_of(case))
+    text = "hidden states autograd does not keep"
+    for phase in (Phase.FORWARD, Phase.BACKWARD):
+        acts = budget.phase(phase).components[Component.ACTIVATIONS]
+        assert text in acts.formula, phase
+    fp32 = estimate_ppo_budget(spec_of(Case()), setup_of(Case()), ppo_of(Case()))
+    assert text not in fp32.phase(Phase.FORWARD).components[Component.ACTIVATIONS].formula
+    # 2 × 2×48×64 × 2 B, and the whole forward within 5% of the CPU update (CASES)
+    assert "2 × 2×48×64 × 2 B (the output's " + text in (
+        budget.phase(Phase.FORWARD).components[Component.ACTIVATIONS].formula
+    )
+
+
 def test_the_four_models_and_the_phases_are_named() -> None:
     budget = estimate_ppo_budget(spec_of(Case()), _setup(), ppo_of(Case()))
     assert [p.phase for p in budget.phases] == [

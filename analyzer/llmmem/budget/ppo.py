@@ -72,7 +72,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from math import ceil
 
-from llmmem.budget.activations import dtypes_for, eager_mask_kinds, head_input_dtype
+from llmmem.budget.activations import (
+    dtypes_for,
+    eager_mask_kinds,
+    head_input_dtype,
+    trainability_for,
+)
 from llmmem.budget.generation import kv_cache_term
 from llmmem.budget.phases import estimate_budget
 from llmmem.budget.preference import (
@@ -514,6 +519,24 @@ def estimate_ppo_budget(
             + f" + ({_blocks(spec)} + 1) × {micro}×{seq}×{spec.hidden_size} × 4 B (the "
             "output's hidden states, converted to fp32)",
         )
+    # `output_hidden_states=True` with a 16-bit residual stream: an RMS norm saves its fp32 copy
+    # (`hidden_states.to(torch.float32)`), not its input, so the embeddings' output and every
+    # block's output but the last (the tuple's last entry is the final norm's, which the head
+    # keeps) are held by the policy's output alone, until accelerate's conversion ends (mixed
+    # precision) or the output is deleted
+    unsaved = (
+        _blocks(spec) * micro * seq * spec.hidden_size * residual
+        if residual != 4 and spec.norm != "layernorm" and ppo.trainer == "trl"
+        else 0
+    )
+    if unsaved:
+        acts = train[Component.ACTIVATIONS]
+        train[Component.ACTIVATIONS] = Term(
+            bytes=acts.bytes + unsaved,
+            formula=acts.formula
+            + f" + {_blocks(spec)} × {micro}×{seq}×{spec.hidden_size} × {residual} B (the "
+            "output's hidden states autograd does not keep)",
+        )
     compute = e
     # the model's 16-bit logits, alive beside their fp32 copy while the output is converted
     converted = micro * seq * vocab * compute if out32 and compute != 4 else 0
@@ -618,6 +641,12 @@ def estimate_ppo_budget(
         backward_parts[Component.LOGITS] = Term(
             bytes=logits.bytes - converted,
             formula=logits.formula + f" − the 16-bit logits ({format_count(converted)} B)",
+        )
+    if unsaved and hidden_copies:
+        # and the 16-bit hidden states with them: the converted output holds fp32 copies
+        acts = train[Component.ACTIVATIONS]
+        backward_parts[Component.ACTIVATIONS] = Term(
+            bytes=acts.bytes - unsaved, formula=acts.formula + " − the 16-bit hidden states"
         )
     grad = 2 * whole + (2 * response if e == 4 else response)
     backward_parts[Component.TEMPORARIES] = Term(
@@ -1052,12 +1081,22 @@ def _head_moment(
     if not value_cache.bytes:
         return None
     parts = dict(train)
+    acts = parts[Component.ACTIVATIONS]
     if hidden_copies:
-        acts = parts[Component.ACTIVATIONS]
-        parts[Component.ACTIVATIONS] = Term(
+        acts = Term(
             bytes=acts.bytes - hidden_copies,
             formula=acts.formula + " − the fp32 copies of the hidden states (made later)",
         )
+    if not trainability_for(spec, setup).linear_inputs_saved:
+        # a frozen head saves nothing, but its input, the final norm's output, is alive while
+        # the head runs
+        size = dtypes_for(setup).residual
+        acts = Term(
+            bytes=acts.bytes + size * micro * seq * spec.hidden_size,
+            formula=acts.formula + f" + {size} B × {micro}×{seq}×{spec.hidden_size} (the "
+            "frozen head's input, the final norm's output)",
+        )
+    parts[Component.ACTIVATIONS] = acts
     copies = 2 if spec.final_logit_softcapping is not None else 1
     head = copies * micro * seq * spec.vocab_size * compute
     parts[Component.LOGITS] = Term(
