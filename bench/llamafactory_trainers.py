@@ -21,59 +21,59 @@ dispatch-level counter cannot see: the step counts it beside the kernel's output
 Medium Llama (Llama-2-7B's proportions, 45M parameters, vocabulary 32000), 2 pairs (KTO: 2
 examples and their KL rows) × 128 tokens, fp32, LLaMA-Factory 0.9.5 (torch 2.13.0, transformers
 5.6.0, TRL 0.24.0, peft 0.18.1, accelerate 1.11.0), LoRA r 8 on q_proj and v_proj, MiB: the step
-up to the optimizer, LLaMA-Factory's and llmmem's before and after 600deb2 (the budget's own
-LLaMA-Factory DPO trainer), then the optimizer step (llmmem's error, the same before and after),
-and the function LLaMA-Factory's step peaked in:
+up to the optimizer, LLaMA-Factory's, llmmem's before 600deb2 (TRL's trainers) and after
+78103c7 (LLaMA-Factory's own DPO trainer from 600deb2, its KTO trainer and rm stage from
+78103c7), then the optimizer step with llmmem's error before and after, and the function
+LLaMA-Factory's step peaked in:
 
-    case                  LF   before  error    after  error  optimizer error  step peak at
-    dpo full ckpt on   1011.22   964.60  -4.6%  1011.11  -0.0%   1039.61  -0.0%  get_batch_logps
-    dpo full ckpt off  1090.30  1043.66  -4.3%  1090.17  -0.0%   1039.61  -0.0%  get_batch_logps
-    dpo lora ckpt on    490.16   443.54  -9.5%   490.05  -0.0%    174.54  -0.0%  get_batch_logps
-    dpo lora ckpt off   545.61   499.98  -8.4%   546.49  +0.2%    174.54  -0.0%  get_batch_logps
-    orpo full ckpt on   713.42   774.85  +8.6%   713.33  -0.0%    866.34  -0.0%  get_batch_logps
-    orpo full ckpt off  792.50   853.91  +7.7%   792.39  -0.0%    866.34  -0.0%  get_batch_logps
-    orpo lora ckpt on   365.63   427.06 +16.8%   365.54  -0.0%    174.54  -0.0%  get_batch_logps
-    orpo lora ckpt off  421.08   483.50 +14.8%   421.98  +0.2%    174.54  -0.0%  get_batch_logps
-    simpo (each case as orpo's: the same step, the same figures)
-    kto full ckpt on    883.44   866.34  -1.9%   866.34  -1.9%   1039.61  -0.0%  get_batch_logps
-    kto full ckpt off   922.98   876.12  -5.1%   876.12  -5.1%   1039.61  -0.0%  get_batch_logps
-    kto lora ckpt on    363.39   316.53 -12.9%   316.53 -12.9%    174.54  -0.0%  get_batch_logps
-    kto lora ckpt off   391.11   344.75 -11.9%   344.75 -11.9%    174.54  -0.0%  get_batch_logps
-    rm full ckpt on     528.90   443.08 -16.2%   443.08 -16.2%    616.35 -10.1%  compute_loss
-    rm full ckpt off    607.98   443.08 -27.1%   443.08 -27.1%    616.35 -10.1%  compute_loss
-    rm lora ckpt on     307.12   139.69 -54.5%   139.69 -54.5%    174.55 -35.8%  compute_loss
-    rm lora ckpt off    363.57   181.02 -50.2%   181.02 -50.2%    174.55 -35.8%  compute_loss
+    case                 LF   before  error    after  error  optimizer before after peak at
+    dpo full ckpt on  1011.22   964.60  -4.6%  1011.11  -0.0%   1039.61  -0.0% -0.0% get_batch_logps
+    dpo full ckpt off 1090.30  1043.66  -4.3%  1090.17  -0.0%   1039.61  -0.0% -0.0% get_batch_logps
+    dpo lora ckpt on   490.16   443.54  -9.5%   490.05  -0.0%    174.54  -0.0% -0.0% get_batch_logps
+    dpo lora ckpt off  545.61   499.98  -8.4%   546.49  +0.2%    174.54  -0.0% -0.0% get_batch_logps
+    orpo full ckpt on  713.42   774.85  +8.6%   713.33  -0.0%    866.34  -0.0% -0.0% get_batch_logps
+    orpo full ckpt off 792.50   853.91  +7.7%   792.39  -0.0%    866.34  -0.0% -0.0% get_batch_logps
+    orpo lora ckpt on  365.63   427.06 +16.8%   365.54  -0.0%    174.54  -0.0% -0.0% get_batch_logps
+    orpo lora ckpt off 421.08   483.50 +14.8%   421.98  +0.2%    174.54  -0.0% -0.0% get_batch_logps
+    simpo (every case as orpo's: the same step, the same figures)
+    kto full ckpt on   883.44   866.34  -1.9%   883.34  -0.0%   1039.61  -0.0% -0.0% get_batch_logps
+    kto full ckpt off  922.98   876.12  -5.1%   922.87  -0.0%   1039.61  -0.0% -0.0% get_batch_logps
+    kto lora ckpt on   363.39   316.53 -12.9%   363.29  -0.0%    174.54  -0.0% -0.0% get_batch_logps
+    kto lora ckpt off  391.11   344.75 -11.9%   391.50  +0.1%    174.54  -0.0% -0.0% get_batch_logps
+    rm full ckpt on    528.90   443.08 -16.2%   505.58  -4.4%    616.35 -10.1% -0.0% compute_loss
+    rm full ckpt off   607.98   443.08 -27.1%   544.62 -10.4%    616.35 -10.1% -0.0% compute_loss
+    rm lora ckpt on    307.12   139.69 -54.5%   243.77 -20.6%    174.55 -35.8% -0.0% compute_loss
+    rm lora ckpt off   363.57   181.02 -50.2%   300.21 -17.4%    174.55 -35.8% -0.0% compute_loss
 
 DPO peaks in the reference's `get_batch_logps`, ORPO and SimPO in the policy's (LF 612:
 the log_softmax), KTO in the reference's, the reward model in `compute_loss` (LF 98: inside
-the value head's linear, TRL's modeling_value_head.py). What is left and why:
+the value head's linear, TRL's modeling_value_head.py). What each gap was, or is:
 
-- before 600deb2 the budget sized these steps as TRL 0.24's. DPO read exactly LLaMA-Factory's
-  step less the kernel's copy (+1.5% to +3.6% against the step without it: the budget's one
-  row of logsumexp temporary from TRL's `selective_log_softmax`); ORPO and SimPO
-  read one logits-sized tensor over in backward (+62 MiB): LLaMA-Factory keeps neither the
-  logits nor a cross-entropy after its forward, only the log_softmax (its backward holds three
-  copies of 4 B × rows × (s − 1) × V). Now every DPO, ORPO and SimPO case is within 0.2%.
-- KTO is still sized as TRL's (−1.9% to −12.9%): LLaMA-Factory's `forward` keeps the policy's
-  fp32 logits and its full log_softmax, and `concatenated_forward` the chosen and rejected
-  rows' index copies of the logits, through the KL pass and both reference passes, each
-  log_softmax over the strided view (the copy); at the reference's peak, with LoRA, the
-  policy's logits, log_softmax and two index copies (a logits' worth) and the reference's
-  logits, log_softmax and copy, about 186 MiB, where the budget has 47 MiB less.
+- sized as TRL 0.24's, DPO read exactly LLaMA-Factory's step less the kernel's copy (+1.5% to
+  +3.6% against the step without it: the budget's one row of logsumexp temporary from TRL's
+  `selective_log_softmax`); ORPO and SimPO read one logits-sized tensor over in backward
+  (+62 MiB): LLaMA-Factory keeps neither the logits nor a cross-entropy after its forward, only
+  the log_softmax (its backward holds three copies of 4 B × rows × (s − 1) × V).
+- KTO sized as TRL's read −1.9% to −12.9%: LLaMA-Factory's `forward` keeps the policy's fp32
+  logits and its full log_softmax, and `concatenated_forward` the chosen and rejected rows'
+  index copies of the logits, through the KL pass and both reference passes, each log_softmax
+  over the strided view (the copy); at the reference's peak, with LoRA, the policy's logits,
+  log_softmax and two index copies (a logits' worth) and the reference's logits, log_softmax
+  and copy, about 186 MiB, where TRL's shape has 47 MiB less. Within 0.1% since 78103c7.
 - `stage: rm` is not TRL's sequence classifier: LLaMA-Factory wraps the causal LM in TRL's
   AutoModelForCausalLMWithValueHead. The LM head stays (a frozen 62.5 MiB weight: not in the
-  loss, so no gradient and no optimizer states; the optimizer step's −10.1% and −35.8% are that
-  weight exactly), the forward computes the full logits, and the collator's `labels` reach the
-  model (PairwiseTrainer passes `**inputs`), so the causal LM computes its own cross-entropy
-  too, unused (its log_softmax, 4 B × rows × s × V); logits and cross-entropy die when the value
-  head returns, after the step's peak. With the labels taken out of the inputs (PairwiseTrainer's
-  `compute_loss` wrapped) rm LoRA with checkpointing reads 244.61 MiB, the cross-entropy's
-  62.50 MiB less.
+  loss, so no gradient and no optimizer states; the optimizer step's −10.1% and −35.8% were that
+  weight exactly, exact since 78103c7), and the forward computes the full logits. Left: the
+  collator's `labels` reach the model (PairwiseTrainer passes `**inputs`), so the causal LM
+  computes its own cross-entropy too, unused (transformers' ForCausalLMLoss: a log_softmax of
+  4 B × rows × s × V, 62.5 MiB here), alive with the logits while the value head runs, where
+  the step peaks; neither budget counts it. With the labels taken out of the inputs
+  (PairwiseTrainer's `compute_loss` wrapped) rm LoRA with checkpointing reads 244.61 MiB,
+  62.50 MiB less, and llmmem's 243.77 is −0.3% from it.
 
-`--size small` (two blocks, vocabulary 1000, 2 × 64, checkpointing on), after 600deb2: DPO,
-ORPO and SimPO within 0.6% (the optimizer step within 1.3%), KTO −11.9% (full) and −19.5%
-(LoRA), the reward models −18.9% and −33.5% (their optimizer steps −8.2% and −28.6%: the LM
-head's weight again).
+`--size small` (two blocks, vocabulary 1000, 2 × 64, checkpointing on), after 78103c7: DPO,
+ORPO, SimPO and KTO within 0.7% (the optimizer step within 1.4%), the reward models −13.3%
+(full) and −25.9% (LoRA) for the same unused cross-entropy.
 
 A first table, with the kernel's copy not counted, read DPO +6.0% to +14.5% after 600deb2 (the
 budget counts the copy, the counter did not see it); torch's profiler showed the copy on the CPU
