@@ -1,9 +1,9 @@
 """`llmmem explain` on LLaMA-Factory preference YAMLs gives the peaks LLaMA-Factory's own trainers
 reached. The figures were measured by bench/llamafactory_trainers.py: LLaMA-Factory 0.9.5's
-CustomDPOTrainer run for two steps on the CPU in fp32 (a Llama of 4 blocks, hidden 512,
-vocabulary 32000; 2 pairs of 128 tokens; foreach AdamW), the second step's peak up to the
-optimizer and the optimizer step's, in MiB, with the contiguous copy its log_softmax kernel makes
-of the strided logits view counted."""
+CustomDPOTrainer and CustomKTOTrainer run for two steps on the CPU in fp32 (a Llama of 4 blocks,
+hidden 512, vocabulary 32000; 2 pairs of 128 tokens; foreach AdamW), the second step's peak up to
+the optimizer and the optimizer step's, in MiB, with the contiguous copy its log_softmax kernel
+makes of the strided logits view counted."""
 
 from __future__ import annotations
 
@@ -29,26 +29,28 @@ CONFIG = {
     "torch_dtype": "float32",
 }
 
-# (pref_loss, finetuning_type, gradient checkpointing): (step, optimizer step) measured, MiB
+# (stage, pref_loss, finetuning_type, gradient checkpointing): (step, optimizer step) measured,
+# MiB; KTO's batch is 2 examples (and their KL rows)
 MEASURED = {
-    ("sigmoid", "full", True): (1011.22, 1039.61),
-    ("sigmoid", "lora", True): (490.16, 174.54),
-    ("sigmoid", "lora", False): (545.61, 174.54),
-    ("orpo", "full", False): (792.50, 866.34),
-    ("orpo", "lora", True): (365.63, 174.54),
-    ("simpo", "full", True): (713.42, 866.34),
+    ("dpo", "sigmoid", "full", True): (1011.22, 1039.61),
+    ("dpo", "sigmoid", "lora", True): (490.16, 174.54),
+    ("dpo", "sigmoid", "lora", False): (545.61, 174.54),
+    ("dpo", "orpo", "full", False): (792.50, 866.34),
+    ("dpo", "orpo", "lora", True): (365.63, 174.54),
+    ("dpo", "simpo", "full", True): (713.42, 866.34),
+    ("kto", "", "full", True): (883.44, 1039.61),
+    ("kto", "", "lora", False): (391.11, 174.54),
 }
 
 
-def _yaml(model: Path, loss: str, method: str, ckpt: bool) -> str:
+def _yaml(model: Path, stage: str, loss: str, method: str, ckpt: bool) -> str:
     lines = [
         # on the CPU LLaMA-Factory computes in fp32; a YAML without bf16 is read as bf16
         "# llmmem: precision=fp32",
         f"model_name_or_path: {model}",
-        "stage: dpo",
+        f"stage: {stage}",
         "do_train: true",
         f"finetuning_type: {method}",
-        f"pref_loss: {loss}",
         "dataset: pairs",
         "template: empty",
         "cutoff_len: 128",
@@ -56,6 +58,8 @@ def _yaml(model: Path, loss: str, method: str, ckpt: bool) -> str:
         "optim: adamw_torch",
         "bf16: false",
     ]
+    if loss:
+        lines.append(f"pref_loss: {loss}")
     if method == "lora":
         lines += ["lora_rank: 8", "lora_target: q_proj,v_proj"]
     if not ckpt:
@@ -63,8 +67,9 @@ def _yaml(model: Path, loss: str, method: str, ckpt: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.mark.parametrize(("loss", "method", "ckpt"), sorted(MEASURED))
+@pytest.mark.parametrize(("stage", "loss", "method", "ckpt"), sorted(MEASURED))
 def test_llamafactory_preference_yaml_matches_its_trainer(
+    stage: str,
     loss: str,
     method: str,
     ckpt: bool,
@@ -78,14 +83,14 @@ def test_llamafactory_preference_yaml_matches_its_trainer(
     model.mkdir()
     (model / "config.json").write_text(json.dumps(CONFIG))
     path = tmp_path / "train.yaml"
-    path.write_text(_yaml(model, loss, method, ckpt))
+    path.write_text(_yaml(model, stage, loss, method, ckpt))
     assert main(["explain", str(path), "--format", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["problems"] == [] and report["plan"]["problems"] == []
     phases = {k: v["allocated_bytes"] / 2**20 for k, v in report["budget"]["phases"].items()}
     optimizer = phases.pop("optimizer_step")
-    step, measured_optimizer = MEASURED[(loss, method, ckpt)]
+    step, measured_optimizer = MEASURED[(stage, loss, method, ckpt)]
     assert max(phases.values()) == pytest.approx(step, rel=0.01)
     assert optimizer == pytest.approx(measured_optimizer, rel=0.01)
-    # no reference model without one: ORPO and SimPO have no reference forward
-    assert ("reference_forward" in phases) == (loss == "sigmoid")
+    # ORPO and SimPO run no reference; DPO and KTO do
+    assert ("reference_forward" in phases) == (loss in ("sigmoid", ""))
