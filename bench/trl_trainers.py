@@ -66,6 +66,11 @@ leaves them out. Same cases and settings as above, MiB, TRL / budget / error:
     dpo lora           39.66   39.65  -0.0%          41.21   41.25  +0.1%       0.90  -1.3%
     kto full           22.96   22.94  -0.1%          24.09   24.07  -0.1%       4.92  -0.2%
     kto lora           20.27   20.25  -0.1%          21.04   21.05  +0.1%       0.90  -1.3%
+    medium 2x128, bf16 (`--precision bf16`: accelerate's mixed precision over fp32 weights):
+    dpo full         1276.73 1276.65  -0.0%        1352.44 1352.34  -0.0%    1039.61  -0.0%
+    dpo lora          694.18  694.10  -0.0%         748.18  748.97  +0.1%     174.54  -0.0%
+    kto full         1031.82 1031.74  -0.0%        1081.73 1081.64  -0.0%    1039.61  -0.0%
+    kto lora          449.77  449.68  -0.0%         488.13  488.43  +0.1%     174.54  -0.0%
 
 Every step peaks in TRL's `_backward_tile`: the saved copy of the scored positions' hidden
 states, the fp32 gradients allocated whole (the hidden states', and the head weight's in full
@@ -77,10 +82,13 @@ copy with the difference). Before the budget followed the fused head it read the
 CPU's fold outweigh the logits it counted; at Qwen2.5-0.5B's 151,936 it is the other way
 (tests/budget/test_fused_head.py). On a GPU the fold's share is not there: medium DPO full's
 budget is 866.34 MiB with Triton (the head's backward 827 MiB, the end of backward above it)
-against 1276.66 MiB here. ORPO and the reward model do not use the fused head
-at 1.16 (ORPO stays in trl.experimental on the full logits): ORPO medium full and LoRA read
-806.45 and 458.66 MiB, as at 0.29, where the budget at `trl_release` 1.16 leaves out ORPO's
-0.29 moments and reads −3.9% and −6.9%; the reward model reads as at 0.29 (444.09 MiB).
+against 1276.66 MiB here. Under bf16 the buffer is 16-bit and each vocabulary chunk of the
+fp32 head is cast for its tile; the budget read +2.4% to +4.5% there while it still counted
+the SFT step's autocast cast of the whole head, which the fused head never makes. ORPO and
+the reward model do not use the fused head at 1.16 (ORPO stays in trl.experimental on the
+full logits): ORPO medium full and LoRA read 806.45 and 458.66 MiB, as at 0.29, where the
+budget at `trl_release` 1.16 leaves out ORPO's 0.29 moments and reads −3.9% and −6.9%; the
+reward model reads as at 0.29 (444.09 MiB).
 
 GRPO (`--objective grpo`): TRL 0.29.1's GRPOTrainer, transformers' generation (no vLLM),
 prompts of 16 words, every completion run to `max_completion_length` (`min_new_tokens` masks the
@@ -122,7 +130,8 @@ hundred MB, from the package index) and reuses it after.
 
     python bench/trl_trainers.py [--size small|medium] [--objective dpo|orpo|kto|reward ...]
                                  [--method full|lora ...] [--shape PAIRSxTOKENS]
-                                 [--checkpointing on|off] [--trl 0.29.1|1.16.0]
+                                 [--checkpointing on|off] [--precision fp32|bf16]
+                                 [--trl 0.29.1|1.16.0]
     python bench/trl_trainers.py --objective grpo [--size small|medium] [--shape 4x32]
                                  [--precision fp32|bf16] [--steps-per-generation 1|2]
 """
@@ -254,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         "--precision",
         choices=["fp32", "bf16"],
         default="fp32",
-        help="grpo only: bf16 is accelerate's mixed precision over fp32 weights (bf16=True, "
+        help="bf16 is accelerate's mixed precision over fp32 weights (bf16=True, "
         "TRL 0.29's default)",
     )
     parser.add_argument(
@@ -302,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for objective in objectives:
         for method in args.method or ["full", "lora"]:
-            case = Case("llama", objective, method, ckpt, batch=batch, seq=seq)
+            case = Case("llama", objective, method, ckpt, args.precision, batch=batch, seq=seq)
             got = measure(python, case, args.size)
             name = f"{objective} {method} {args.size} {batch}x{seq}"
             if "error" in got:

@@ -194,6 +194,13 @@ def fused_head_moments(
         if trainability_for(spec, setup).linear_inputs_saved and spec.is_causal_lm
         else 0
     )
+    # the SFT step counts autocast's 16-bit cast of the head's weight (kept by the head's
+    # matmul for its input's gradient, llmmem.budget.phases); the fused head casts one
+    # vocabulary chunk at a time (`weight[start:end].to(compute_dtype)`, counted in its
+    # casts) and saves the weight itself: that cast is not there
+    w = _head_weight_bytes(setup)
+    head_cast = c * s.vocab * s.hidden if dt.autocast and w != c and spec.is_causal_lm else 0
+    sft_input += head_cast
     tile = f"the tile buffer ({c} B × {s.rows} × {VOCAB_CHUNK})"
     fold = "" if triton else " + the fold's fp32 tiles in torch (no Triton)"
     trains = trainability_for(spec, setup).base_trains
@@ -206,6 +213,7 @@ def fused_head_moments(
             f"the fused LM head (TRL 1.x): {hb} B × P × H (the positions' hidden states, "
             f"copied and saved, {count}) + the last hidden state ({hb} B × rows × s × H) + "
             f"{tile} + P-sized statistics{fold}, in place of the head's saved input"
+            + (" and of autocast's cast of its weight" if head_cast else "")
         ),
         formula_reference=(
             "the reference's fused LM head: its last hidden state, the positions' copy and "
