@@ -124,8 +124,10 @@ def test_the_rm_stage_keeps_the_lm_head_and_makes_its_logits() -> None:
     )
     whole = 4 * 64 * 1000
     forward = value_head.phase(Phase.FORWARD)
-    # the head's bf16 logits and their fp32 upcast, both alive as the forward returns
-    assert forward.components[Component.LOGITS].bytes == 2 * whole + 4 * whole
+    # the head's bf16 logits, the log_softmax of the causal LM's own cross-entropy (the
+    # pairwise collator passes labels; the unread loss keeps it) and the logits' fp32 upcast,
+    # all alive as the forward returns
+    assert forward.components[Component.LOGITS].bytes == 2 * whole + 4 * whole + 4 * whole
     # the LM head's fp32 weights, which a sequence classifier does not have; no gradient
     head = 1000 * 64 * 4
     weights = forward.components[Component.WEIGHTS].bytes

@@ -668,16 +668,24 @@ def _value_head_logits_moment(
 ) -> PhaseBudget:
     """The end of the value-head model's forward (TRL 0.24, trl/models/modeling_value_head.py
     `AutoModelForCausalLMWithValueHead.forward`, as LLaMA-Factory 0.9.5's rm stage runs it): the
-    causal LM's full logits in the compute dtype and their fp32 upcast (`lm_logits.float()`),
-    both alive until it returns, beside every tensor the forward saved; with fp32 weights under
-    autocast, autocast's 16-bit cast of the head's weight too."""
+    causal LM's full logits in the compute dtype, the log_softmax of its own cross-entropy (the
+    pairwise collator passes `labels`: transformers' ForCausalLMLoss upcasts and takes it, and
+    the unread loss keeps it) and the logits' fp32 upcast (`lm_logits.float()`), all alive
+    until it returns, beside every tensor the forward saved; with fp32 weights under autocast,
+    autocast's 16-bit cast of the head's weight too."""
     compute = dtypes_for(setup).compute
     whole = setup.batch * setup.seq * spec.vocab_size
-    logits = compute * whole + (4 * whole if compute != 4 else 0)
+    logits = compute * whole + 4 * whole + (4 * whole if compute != 4 else 0)
     count = f"{setup.batch}×{setup.seq}×{format_count(spec.vocab_size)}"
-    text = f"{compute} B × L = {count} (the LM logits)" + (
-        " + 4 B × L (their fp32 upcast)" if compute != 4 else ""
+    text = (
+        f"{compute} B × L = {count} (the LM logits) + 4 B × L (the log_softmax of the causal "
+        "LM's own cross-entropy over the collator's labels, kept by that unread loss)"
+        + (" + 4 B × L (the logits' fp32 upcast)" if compute != 4 else "")
     )
+    if spec.final_logit_softcapping is not None:
+        # Gemma-2's capping keeps its tanh for a backward that never comes, until the logits go
+        logits += compute * whole
+        text += f" + {compute} B × L (the soft-capping's tanh, kept by the graph)"
     parts = dict(forward_end.components)
     parts[Component.LOGITS] = Term(bytes=logits, formula=text)
     # the value head's input: the last hidden state (kept by the output's hidden_states)

@@ -232,13 +232,13 @@ class _Step:
         completion[:, : case.seq // 4] = 0  # the prompt
         return ids, completion
 
-    def forward(self, model: Any, ids: torch.Tensor) -> Any:
+    def forward(self, model: Any, ids: torch.Tensor, **extra: Any) -> Any:
         """The model's forward as the prepared model runs it: under mixed precision in
         autocast, its outputs converted to fp32 by accelerate's `convert_outputs_to_fp32`
         (the reference's too; the loss runs outside it)."""
         if not mixed_precision(self.case):
-            return model(input_ids=ids, use_cache=False)
-        return prepared_forward(model, self.device_type)(input_ids=ids, use_cache=False)
+            return model(input_ids=ids, use_cache=False, **extra)
+        return prepared_forward(model, self.device_type)(input_ids=ids, use_cache=False, **extra)
 
     def log_probs(self, model: Any, ids: torch.Tensor, completion: torch.Tensor) -> Any:
         outputs = self.forward(model, ids)
@@ -251,9 +251,12 @@ class _Step:
         """The loss call; `tracker.marks` gets the peak of the policy's part."""
         case = self.case
         if case.objective == "reward" and isinstance(self.model, ValueHeadModel):
-            # LLaMA-Factory's PairwiseTrainer.compute_loss: `_, _, values = model(...)`, each
-            # sequence's score its last token's value
-            _, _, values = self.forward(self.model, ids)
+            # LLaMA-Factory's PairwiseTrainer.compute_loss: `_, _, values = model(**inputs)`,
+            # each sequence's score its last token's value; the pairwise collator's inputs
+            # carry labels, so the causal LM computes its cross-entropy too, unread
+            labels = ids.clone()
+            labels[completion == 0] = -100
+            _, _, values = self.forward(self.model, ids, labels=labels)
             chosen, rejected = values[:, -1].float().chunk(2)
             tracker.marks["forward"] = tracker.peak
             return -F.logsigmoid(chosen - rejected).mean()
@@ -499,9 +502,10 @@ class _Step:
 class ValueHeadModel(torch.nn.Module):
     """TRL 0.24's `AutoModelForCausalLMWithValueHead` (trl/models/modeling_value_head.py), as
     LLaMA-Factory 0.9.5's rm stage loads it: the causal LM called with
-    `output_hidden_states=True`, its last hidden state through dropout and a Linear(hidden, 1)
-    (fp32 unless the model is pure bf16), and its full LM logits upcast to fp32 and returned,
-    though the pairwise loss reads only the values."""
+    `output_hidden_states=True` (and the collator's labels: its own cross-entropy, unread), its
+    last hidden state through dropout and a Linear(hidden, 1) (fp32 unless the model is pure
+    bf16), and its full LM logits upcast to fp32 and returned, though the pairwise loss reads
+    only the values."""
 
     def __init__(self, lm: Any, hidden: int, dtype: torch.dtype) -> None:
         super().__init__()
@@ -512,9 +516,9 @@ class ValueHeadModel(torch.nn.Module):
     def disable_adapter(self) -> Any:
         return self.pretrained_model.disable_adapter()
 
-    def forward(self, input_ids: torch.Tensor, use_cache: bool = False) -> Any:
+    def forward(self, input_ids: torch.Tensor, use_cache: bool = False, labels: Any = None) -> Any:
         out = self.pretrained_model(
-            input_ids=input_ids, use_cache=use_cache, output_hidden_states=True
+            input_ids=input_ids, use_cache=use_cache, output_hidden_states=True, labels=labels
         )
         hidden = self.dropout(out.hidden_states[-1])
         if hidden.dtype != self.summary.weight.dtype:
@@ -523,7 +527,7 @@ class ValueHeadModel(torch.nn.Module):
         lm_logits = out.logits
         if lm_logits.dtype != torch.float32:
             lm_logits = lm_logits.float()
-        return (lm_logits, None, value)
+        return (lm_logits, out.loss, value)
 
 
 def _masked_rows(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
