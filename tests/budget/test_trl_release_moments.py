@@ -157,3 +157,19 @@ def test_the_trl_release_a_file_runs_with_reaches_the_preference_budget(
         assert analysis.budget is not None
         peaks[pin] = analysis.budget.allocated_peak_bytes
     assert peaks["0.28.0"] < peaks["0.29.1"]
+
+
+@pytest.mark.parametrize("objective", [Objective.ORPO, Objective.CPO])
+def test_orpo_and_cpo_at_trl_1x_keep_the_view_and_the_chosen_cross_entropy(
+    objective: Objective,
+) -> None:
+    # trl.experimental's ORPO and CPO trainers run 0.29's code at 1.16 (no fused head there):
+    # TRL 1.16's own ORPOTrainer peaks where 0.29's does (bench/trl_trainers.py --trl 1.16.0)
+    for phase in (Phase.FORWARD, Phase.BACKWARD):
+        at_1x = _phase(objective, "1.16.0", phase)
+        at_029 = _phase(objective, "0.29.1", phase)
+        assert at_1x.allocated_bytes == at_029.allocated_bytes
+    # an older release is not sized with that code
+    assert _phase(objective, "0.24.0", Phase.BACKWARD).allocated_bytes != (
+        _phase(objective, "0.29.1", Phase.BACKWARD).allocated_bytes
+    )

@@ -605,3 +605,28 @@ def test_deepspeed_buffer_defaults_and_bad_values(tmp_path: Path) -> None:
     assert plan.distributed.param_persistence_threshold.value == 100_000
     assert any("reduce_bucket_size" in problem for problem in plan.problems)
     assert any("stage3_prefetch_bucket_size" in problem for problem in plan.problems)
+
+
+@pytest.mark.parametrize(
+    ("finetuning", "flag", "expected"),
+    [
+        # no bf16/fp16: no autocast; a full fine-tune's trainable weights upcast to fp32
+        ("full", "", "fp32"),
+        ("full", "bf16: false\n", "fp32"),
+        ("full", "bf16: true\n", "bf16"),
+        ("lora", "", "bf16-true"),
+        ("lora", "bf16: true\n", "bf16-autocast"),
+    ],
+)
+def test_llamafactory_precision_follows_its_trainer_flags(
+    tmp_path: Path, finetuning: str, flag: str, expected: str
+) -> None:
+    path = tmp_path / "train.yaml"
+    path.write_text(
+        "model_name_or_path: Qwen/Qwen2.5-0.5B-Instruct\nstage: sft\ndo_train: true\n"
+        f"finetuning_type: {finetuning}\ndataset: alpaca_en_demo\ntemplate: qwen\n"
+        f"cutoff_len: 512\nper_device_train_batch_size: 1\noutput_dir: out\n{flag}"
+    )
+    plan = extract_config_plan(path)
+    assert plan.framework == "llamafactory"
+    assert plan.precision.value == expected

@@ -862,13 +862,21 @@ def estimate_preference_budget(
     fp32 = fp32_outputs(pref.mixed_precision, setup)
     llamafactory = pref.trainer == "llamafactory"
     release_029 = pref.follows_trl_release and not llamafactory
+    # trl.experimental's ORPO and CPO trainers take the log-probabilities on a view and add the
+    # chosen half's cross-entropy from 0.29 on: 1.16 runs the same code (measured on the CPU:
+    # bench/trl_trainers.py --trl 1.16.0 reads ORPO as 0.29 does)
+    view_and_nll = (
+        not llamafactory
+        and pref.objective in (Objective.ORPO, Objective.CPO)
+        and release(pref.trl_release or TRL_RELEASE) >= release(TRL_RELEASE)
+    )
     lp = log_prob_moments(
         spec,
         policy_setup,
         rows,
         fp32,
         reference_fp32_outputs(pref.mixed_precision, setup, reference),
-        chosen_nll=release_029 and pref.objective in (Objective.ORPO, Objective.CPO),
+        chosen_nll=view_and_nll,
         trainer=(
             ("llamafactory-kto" if pref.objective is Objective.KTO else "llamafactory")
             if llamafactory
@@ -938,10 +946,10 @@ def estimate_preference_budget(
             + (
                 "the log-probabilities are taken on a view of the logits; cpo_alpha=0 skips the "
                 "chosen half's NLL and its cross-entropy (TRL 0.29)"
-                if release_029 and pref.objective is Objective.CPO and pref.cpo_alpha == 0
+                if view_and_nll and pref.objective is Objective.CPO and pref.cpo_alpha == 0
                 else "the log-probabilities are taken on a view of the logits and the chosen "
                 "half's NLL is a cross-entropy over a shifted copy of that half (TRL 0.29)"
-                if release_029
+                if view_and_nll
                 else "the chosen half's NLL term reuses the same logits (its cross-entropy's "
                 "own copy is not counted)"
             )

@@ -244,13 +244,20 @@ def read_llamafactory_precision(reader: DocumentReader, finetuning: str) -> None
             "trainable weights upcast to fp32" if full else "fp16 base, fp32 adapters",
         )
     else:
+        # without bf16/fp16 the trainer runs no autocast (hparams/parser.py sets compute_dtype
+        # only from them); model/patcher.py `patch_config` then infers the load dtype from the
+        # model (bf16 for most) and a full fine-tune's trainable weights are upcast to fp32
+        # (`cast_trainable_params_to_fp32`): fp32 weights computing in fp32
         reader.reading.settings.append(
             Setting(
                 "precision",
-                "bf16" if full else "bf16-true",
+                "fp32" if full else "bf16-true",
                 Provenance.DEFAULT,
                 None,
-                "LLaMA-Factory infers the compute dtype from the model (bf16 for most)",
+                "LLaMA-Factory without bf16/fp16: no autocast; trainable weights upcast to fp32"
+                if full
+                else "LLaMA-Factory infers the load dtype from the model (bf16 for most); no "
+                "autocast without bf16/fp16",
             )
         )
 
