@@ -272,7 +272,7 @@ class _Step:
         ):
             return self.llamafactory_loss(ids, completion, tracker)
         if getattr(case, "trainer", "trl") == "llamafactory" and case.objective == "kto":
-            return self.llamafactory_kto_loss(ids, completion, tracker)
+            return self.kto_loss(ids, completion, tracker, self.llamafactory_kto_forward)
         if case.objective == "kto":
             return self.kto_loss(ids, completion, tracker)
         if case.objective in ("orpo", "simpo"):
@@ -373,33 +373,6 @@ class _Step:
         rejected_logits = logits[~tags]
         return logps[tags], logps[~tags], chosen_logits, rejected_logits, kl_logps
 
-    def llamafactory_kto_loss(
-        self, ids: torch.Tensor, completion: torch.Tensor, tracker: _Tracker
-    ) -> Any:
-        chosen, rejected, chosen_logits, rejected_logits, kl_logps = self.llamafactory_kto_forward(
-            self.model, ids, completion
-        )
-        tracker.marks["forward"] = tracker.peak
-        tracker.reset_peak("activations")
-        with torch.no_grad():
-            if self.ref is None:
-                with self.model.disable_adapter():
-                    ref_chosen, ref_rejected, _, _, ref_kl = self.llamafactory_kto_forward(
-                        self.model, ids, completion
-                    )
-            else:
-                ref_chosen, ref_rejected, _, _, ref_kl = self.llamafactory_kto_forward(
-                    self.ref, ids, completion
-                )
-        kl = (kl_logps - ref_kl).mean().clamp(min=0).detach()
-        chosen_losses = 1 - torch.sigmoid(0.1 * (chosen - ref_chosen - kl))
-        rejected_losses = 1 - torch.sigmoid(0.1 * (kl - (rejected - ref_rejected)))
-        loss = torch.cat((chosen_losses, rejected_losses), 0).nanmean()
-        chosen_logits.nansum().item()
-        rejected_logits.nansum().item()
-        tracker.marks["reference_forward"] = tracker.peak
-        return loss
-
     def dpo_metrics(self, shifted: torch.Tensor, completion: torch.Tensor) -> None:
         """The metrics TRL 0.29.1's `DPOTrainer._compute_loss` logs after the loss, on the
         policy's shifted logits: `entropy_from_logits` (trl/trainer/utils.py: log_softmax,
@@ -477,8 +450,18 @@ class _Step:
             kl_logps,
         )
 
-    def kto_loss(self, ids: torch.Tensor, completion: torch.Tensor, tracker: _Tracker) -> Any:
-        chosen, rejected, chosen_logits, rejected_logits, kl_logps = self.kto_forward(
+    def kto_loss(
+        self,
+        ids: torch.Tensor,
+        completion: torch.Tensor,
+        tracker: _Tracker,
+        forward: Callable[..., Any] | None = None,
+    ) -> Any:
+        """KTO's loss over `forward` (TRL's `kto_forward`, or LLaMA-Factory's), the policy's
+        then the reference's; the logits it returns stay alive through the loss, as the
+        trainers' metrics read them."""
+        forward = forward or self.kto_forward
+        chosen, rejected, chosen_logits, rejected_logits, kl_logps = forward(
             self.model, ids, completion
         )
         tracker.marks["forward"] = tracker.peak
@@ -486,11 +469,9 @@ class _Step:
         with torch.no_grad():
             if self.ref is None:
                 with self.model.disable_adapter():
-                    ref_chosen, ref_rejected, _, _, ref_kl = self.kto_forward(
-                        self.model, ids, completion
-                    )
+                    ref_chosen, ref_rejected, _, _, ref_kl = forward(self.model, ids, completion)
             else:
-                ref_chosen, ref_rejected, _, _, ref_kl = self.kto_forward(self.ref, ids, completion)
+                ref_chosen, ref_rejected, _, _, ref_kl = forward(self.ref, ids, completion)
         kl = (kl_logps - ref_kl).mean().clamp(min=0).detach()
         chosen_losses = 1 - torch.sigmoid(0.1 * (chosen - ref_chosen - kl))
         rejected_losses = 1 - torch.sigmoid(0.1 * (kl - (rejected - ref_rejected)))
