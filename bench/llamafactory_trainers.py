@@ -22,8 +22,8 @@ Medium Llama (Llama-2-7B's proportions, 45M parameters, vocabulary 32000), 2 pai
 examples and their KL rows) × 128 tokens, fp32, LLaMA-Factory 0.9.5 (torch 2.13.0, transformers
 5.6.0, TRL 0.24.0, peft 0.18.1, accelerate 1.11.0), LoRA r 8 on q_proj and v_proj, MiB: the step
 up to the optimizer, LLaMA-Factory's, llmmem's before 600deb2 (TRL's trainers) and after
-78103c7 (LLaMA-Factory's own DPO trainer from 600deb2, its KTO trainer and rm stage from
-78103c7), then the optimizer step with llmmem's error before and after, and the function
+6c832b1 (LLaMA-Factory's own DPO trainer from 600deb2, its KTO trainer and rm stage from
+78103c7, the rm stage's unread cross-entropy from 6c832b1), then the optimizer step with llmmem's error before and after, and the function
 LLaMA-Factory's step peaked in:
 
     case                 LF   before  error    after  error  optimizer before after peak at
@@ -40,10 +40,10 @@ LLaMA-Factory's step peaked in:
     kto full ckpt off  922.98   876.12  -5.1%   922.87  -0.0%   1039.61  -0.0% -0.0% get_batch_logps
     kto lora ckpt on   363.39   316.53 -12.9%   363.29  -0.0%    174.54  -0.0% -0.0% get_batch_logps
     kto lora ckpt off  391.11   344.75 -11.9%   391.50  +0.1%    174.54  -0.0% -0.0% get_batch_logps
-    rm full ckpt on    528.90   443.08 -16.2%   505.58  -4.4%    616.35 -10.1% -0.0% compute_loss
-    rm full ckpt off   607.98   443.08 -27.1%   544.62 -10.4%    616.35 -10.1% -0.0% compute_loss
-    rm lora ckpt on    307.12   139.69 -54.5%   243.77 -20.6%    174.55 -35.8% -0.0% compute_loss
-    rm lora ckpt off   363.57   181.02 -50.2%   300.21 -17.4%    174.55 -35.8% -0.0% compute_loss
+    rm full ckpt on    528.90   443.08 -16.2%   528.06  -0.2%    616.35 -10.1% -0.0% compute_loss
+    rm full ckpt off   607.98   443.08 -27.1%   607.12  -0.1%    616.35 -10.1% -0.0% compute_loss
+    rm lora ckpt on    307.12   139.69 -54.5%   306.27  -0.3%    174.55 -35.8% -0.0% compute_loss
+    rm lora ckpt off   363.57   181.02 -50.2%   362.71  -0.2%    174.55 -35.8% -0.0% compute_loss
 
 DPO peaks in the reference's `get_batch_logps`, ORPO and SimPO in the policy's (LF 612:
 the log_softmax), KTO in the reference's, the reward model in `compute_loss` (LF 98: inside
@@ -63,17 +63,16 @@ the value head's linear, TRL's modeling_value_head.py). What each gap was, or is
 - `stage: rm` is not TRL's sequence classifier: LLaMA-Factory wraps the causal LM in TRL's
   AutoModelForCausalLMWithValueHead. The LM head stays (a frozen 62.5 MiB weight: not in the
   loss, so no gradient and no optimizer states; the optimizer step's −10.1% and −35.8% were that
-  weight exactly, exact since 78103c7), and the forward computes the full logits. Left: the
+  weight exactly, exact since 78103c7), and the forward computes the full logits. The
   collator's `labels` reach the model (PairwiseTrainer passes `**inputs`), so the causal LM
   computes its own cross-entropy too, unused (transformers' ForCausalLMLoss: a log_softmax of
   4 B × rows × s × V, 62.5 MiB here), alive with the logits while the value head runs, where
-  the step peaks; neither budget counts it. With the labels taken out of the inputs
-  (PairwiseTrainer's `compute_loss` wrapped) rm LoRA with checkpointing reads 244.61 MiB,
-  62.50 MiB less, and llmmem's 243.77 is −0.3% from it.
+  the step peaks; the budget counts it since 6c832b1 (with the labels taken out of the inputs
+  rm LoRA with checkpointing reads 244.61 MiB, 62.50 MiB less).
 
 `--size small` (two blocks, vocabulary 1000, 2 × 64, checkpointing on), after 78103c7: DPO,
-ORPO, SimPO and KTO within 0.7% (the optimizer step within 1.4%), the reward models −13.3%
-(full) and −25.9% (LoRA) for the same unused cross-entropy.
+ORPO, SimPO and KTO within 0.7% (the optimizer step within 1.4%); the reward models read
+−13.3% (full) and −25.9% (LoRA) then, for the same unused cross-entropy, which 6c832b1 counts.
 
 A first table, with the kernel's copy not counted, read DPO +6.0% to +14.5% after 600deb2 (the
 budget counts the copy, the counter did not see it); torch's profiler showed the copy on the CPU
