@@ -42,7 +42,7 @@ from llmmem.verify.tracker import StorageTracker  # noqa: E402
 TOLERANCE = 0.05
 
 
-CASES = [
+PADDED = [
     Case(generations, completion, beta)
     for generations in (2, 4)
     for completion in (32, 64)
@@ -64,6 +64,13 @@ CASES = [
     Case(2, 64, 0.04, family="gemma2"),
     Case(2, 32, 0.04, method="lora", family="gemma2"),
     Case(2, 32, 0.04, spg=2, family="gemma2"),
+    Case(4, 64, 0.04, family="qwen2"),
+]
+# every case above padded as TRL pads a batch (left-padded prompts, a completion cut short):
+# SDPA's mask and K/V repeated in the training forward; two more without padding
+CASES = [replace(c, padded=True) for c in PADDED] + [
+    Case(2, 32, 0.04),
+    Case(2, 64, 0.0, family="qwen2"),
 ]
 
 
@@ -79,13 +86,17 @@ def test_each_phase_within_five_percent_of_a_cpu_step(case: Case) -> None:
         )
 
 
-@pytest.mark.parametrize(("rows", "prompt", "completion"), [(4, 16, 64), (8, 16, 128), (8, 64, 16)])
+@pytest.mark.parametrize(
+    ("rows", "prompt", "completion", "padded"),
+    [(4, 16, 64, False), (8, 16, 128, False), (8, 64, 16, False), (8, 16, 128, True)],
+)
 def test_generation_beside_the_weights_within_five_percent(
-    rows: int, prompt: int, completion: int
+    rows: int, prompt: int, completion: int, padded: bool
 ) -> None:
     """What `generate` adds to the weights (its KV cache, the token ids, the last position's
     logits, a block's intermediates at the prefill), measured alone: in the step above the
-    weights and optimizer states dwarf it."""
+    weights and optimizer states dwarf it. Left-padded prompts give every step a mask, which
+    SDPA takes with the grouped heads packed (one query): nothing more."""
     import transformers
 
     config = dict(SMALL["llama"])
@@ -102,10 +113,14 @@ def test_generation_beside_the_weights_within_five_percent(
         weights = tracker.current
         tracker.reset_peak("activations")
         prompts = torch.randint(3, config["vocab_size"], (rows, prompt))
+        mask = torch.ones_like(prompts)
+        if padded:  # half the prompts shorter by a quarter, left-padded
+            prompts[rows // 2 :, : prompt // 4] = 0
+            mask[rows // 2 :, : prompt // 4] = 0
         with torch.no_grad():
             model.generate(
                 input_ids=prompts,
-                attention_mask=torch.ones_like(prompts),
+                attention_mask=mask,
                 max_new_tokens=completion,
                 min_new_tokens=completion,
                 do_sample=True,
@@ -140,6 +155,25 @@ def _budget(case: Case, **grpo: Any) -> Any:
 
 def _phases(budget: Any) -> set[str]:
     return {p.phase.value for p in budget.phases}
+
+
+def test_padded_batches_cost_the_masks_and_the_repeated_heads_in_the_training_forward() -> None:
+    # llama small: 2 blocks, 4 query heads and 2 K/V heads of 16, h = 64; 4 completions of
+    # 16 + 32 tokens, fp32
+    padded = _budget(Case())
+    same = _budget(Case(), padded_prompts=False)
+    rows, seq, layers = 4, 16 + 32, 2
+    # per layer: SDPA's additive mask (4 B × rows × seq²) and K and V repeated from 2 heads to
+    # 4 (2 × 4 B × rows × seq × (64 − 32) more than the unrepeated ones), kept for backward
+    per_layer = 4 * rows * seq**2 + 2 * 4 * rows * seq * (64 - 32)
+    for phase in (Phase.FORWARD, Phase.BACKWARD):
+        added = padded.phase(phase).allocated_bytes - same.phase(phase).allocated_bytes
+        # (and at most the boolean mask transformers builds once per forward, 1 B × rows × seq²)
+        assert layers * per_layer <= added <= layers * per_layer + rows * seq**2, phase
+    # generation (one query a step: SDPA packs the grouped heads) and the optimizer step keep
+    # nothing more
+    for phase in (Phase.GENERATE, Phase.OPTIMIZER_STEP):
+        assert padded.phase(phase).allocated_bytes == same.phase(phase).allocated_bytes
 
 
 def test_a_reference_only_with_beta() -> None:

@@ -40,6 +40,17 @@ four phases, one after the other:
   a log-softmax, its exp and their product alive together). Gradient checkpointing as for SFT.
 - the optimizer step, as for SFT.
 
+Padding (`GrpoSetup.padded_prompts`, on by default as in real runs): `_generate_single_turn`
+left-pads a device's prompts to the longest and `_generate_and_score_completions` right-pads
+the completions after their EOS, so the forwards over prompt + completion get an attention mask
+with zeros. transformers 5.24 then hands SDPA a mask (`sdpa_attention_forward`,
+integrations/sdpa_attention.py: `use_gqa_in_sdpa` is false with a mask, so `repeat_kv` copies K
+and V to every query head), and torch's SDPA converts the boolean mask to an additive one in q's
+dtype in every layer (`convert_boolean_attn_mask`), both kept for backward: the policy's
+forward is sized as for packed rows' mask (llmmem.budget.activations). The no-gradient passes
+make the same per layer and free it there. Generation is not changed: one query a step, SDPA
+packs the grouped heads (`pack_gqa`) and the mask is rows × cached tokens.
+
 `steps_per_generation` (default `gradient_accumulation_steps`) sets how many micro-batches one
 generation makes; `num_iterations` reuses them. The buffered generation batch between phases
 is token ids and per-token log-probabilities (a few bytes per token), not counted.
@@ -69,7 +80,7 @@ from llmmem.budget.preference import (
     reference_copy_term,
 )
 from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
-from llmmem.budget.setup import Method, Mode, SetupError, TrainingSetup
+from llmmem.budget.setup import Method, Mode, Packing, SetupError, TrainingSetup
 from llmmem.models.spec import ModelSpec
 from llmmem.units import format_bytes, format_count
 
@@ -108,6 +119,10 @@ class GrpoSetup:
     reference_bytes: int | None = None
     reference_sharded: bool = False
     reference_offloaded: bool = False
+    # the batch holds padding: TRL left-pads a generation batch's prompts to the longest and
+    # right-pads the completions after their EOS, so the forwards' attention mask has zeros
+    # (False: every prompt as long and every completion run to max_completion_length)
+    padded_prompts: bool = True
 
     def __post_init__(self) -> None:
         for name in ("num_generations", "max_prompt_length", "max_completion_length"):
@@ -149,6 +164,18 @@ def generation_rows(grpo: GrpoSetup, setup: TrainingSetup) -> int:
     steps_per_generation` (grpo_trainer.py `_prepare_inputs`: one generation for the whole
     generation batch, split into micro-batches afterwards)."""
     return setup.batch * steps_per_generation(grpo, setup)
+
+
+def padded_forwards(grpo: GrpoSetup, setup: TrainingSetup) -> TrainingSetup:
+    """The setup the forwards over prompt + completion run under. With padding (left-padded
+    prompts, or completions right-padded after an early EOS) the attention mask
+    (`torch.cat([prompt_mask, completion_mask], dim=1)`, `_generate_and_score_completions`)
+    has zeros: transformers hands SDPA a mask, SDPA converts it to an additive one in q's
+    dtype in every layer and keeps it for backward, and K and V are repeated to every query
+    head, as for packed rows' block-diagonal mask (flash-attention unpads instead)."""
+    if grpo.padded_prompts and setup.packing is None:
+        return replace(setup, packing=Packing.ROWS)
+    return setup
 
 
 def check_grpo(grpo: GrpoSetup, setup: TrainingSetup) -> None:
@@ -491,7 +518,8 @@ def estimate_grpo_budget(
     check_grpo(grpo, setup)
     reference = reference_of(grpo, setup)
     policy_setup = policy_under_autocast(
-        replace(setup, seq=grpo.seq, use_cache=False), grpo.mixed_precision
+        padded_forwards(grpo, replace(setup, seq=grpo.seq, use_cache=False)),
+        grpo.mixed_precision,
     )
     sft = estimate_budget(spec, policy_setup, gpu)
     forward = sft.phase(Phase.FORWARD)

@@ -7,8 +7,12 @@ following the trainer's code (trl/trainer/grpo_trainer.py at 0.29.1):
 
 - generation: `_generate_single_turn`'s regular path (`unwrapped_model.generate(...)` under
   `torch.no_grad()`): each prompt repeated `num_generations` times (the sampler's
-  `RepeatSampler`), transformers' `generate` with its KV cache, sampling, every completion run
-  to `max_completion_length` (no EOS: the longest case);
+  `RepeatSampler`), left-padded to the longest prompt (all but the first distinct prompt
+  shorter by a quarter: a case's `padded`, on in the grid but for one case a family),
+  transformers' `generate` with its
+  KV cache, sampling, every completion run to `max_completion_length` (no EOS: the longest
+  case); then one completion is cut a quarter short and right-padded, as an early EOS leaves
+  it, so the forwards' attention mask has zeros even when the batch holds a single prompt;
 - with `beta != 0`, the reference log-probabilities of `_generate_and_score_completions` under
   `torch.no_grad()`, chunked by `per_device_train_batch_size`: a frozen copy in full
   fine-tuning, the policy with its adapter disabled under LoRA; with `steps_per_generation` 2
@@ -78,6 +82,11 @@ class Case:
     # generations per micro-batch's worth: with 2 and one accumulation step, the policy's old
     # log-probabilities are taken too, and both no-gradient passes run over two chunks
     spg: int = 1
+    # the batch holds padding, as TRL pads it: the prompts of a generation batch left-padded to
+    # the longest (all but the first distinct prompt shorter by a quarter) and one completion
+    # ended early (an EOS: the rest right-padded); False: equal prompts, full completions (as
+    # bench/trl_trainers.py runs TRL's own trainer). The grid pads every case but one a family
+    padded: bool = False
 
     @property
     def id(self) -> str:
@@ -86,6 +95,7 @@ class Case:
         parts += [f"beta{self.beta:g}", self.method, self.dtype]
         parts += ["no-amp"] if self.mixed is False else []
         parts += [f"spg{self.spg}"] if self.spg != 1 else []
+        parts += ["padded"] if self.padded else []
         return "-".join(parts + (["ckpt"] if self.grad_ckpt else []))
 
 
@@ -122,6 +132,7 @@ def _grpo(case: Case) -> GrpoSetup:
         beta=case.beta,
         mixed_precision=case.mixed,
         steps_per_generation=case.spg,
+        padded_prompts=case.padded,
     )
 
 
@@ -194,6 +205,7 @@ def measure(case: Case, size: str = "small") -> dict[str, int]:
         batch=case.batch,
         beta=case.beta,
         steps_per_generation=case.spg,
+        padded=case.padded,
     )
 
 
@@ -211,13 +223,17 @@ def step_peaks(
     tracker: StorageTracker | None = None,
     steps_per_generation: int = 1,
     old_log_probs: bool | None = None,
+    padded: bool = False,
 ) -> dict[str, int]:
     """A warm-up and a measured GRPO step of `model` (generation, the reference's
     log-probabilities when `beta`, the policy's forward and backward, the optimizer step):
     each phase's peak of allocated bytes, weights (and a reference copy) included. The
     generation batch is `steps_per_generation` micro-batches, of which the first trains; the
     policy's old log-probabilities are taken when `old_log_probs` (None: with more than one
-    micro-batch a generation, as one accumulation step makes TRL take them)."""
+    micro-batch a generation, as one accumulation step makes TRL take them). With `padded`
+    the prompts differ in length, left-padded to the longest as `_generate_single_turn` pads
+    them (pad token 0, attention mask 0), and the second completion ends a quarter early, the
+    rest right-padded as `_generate_and_score_completions` pads the completions."""
     c = completion
     if old_log_probs is None:
         old_log_probs = steps_per_generation > 1
@@ -233,8 +249,12 @@ def step_peaks(
             tracker.reset_peak("activations")
             rows = batch * steps_per_generation  # the generation batch
             prompts = torch.randint(3, vocab, (max(rows // generations, 1), prompt))
-            prompts = prompts.repeat_interleave(generations, dim=0)
             prompt_mask = torch.ones_like(prompts)
+            if padded:  # left-padded to the longest prompt
+                prompts[1:, : prompt // 4] = 0
+                prompt_mask[1:, : prompt // 4] = 0
+            prompts = prompts.repeat_interleave(generations, dim=0)
+            prompt_mask = prompt_mask.repeat_interleave(generations, dim=0)
             with torch.no_grad():
                 out = model.generate(
                     input_ids=prompts,
@@ -250,8 +270,12 @@ def step_peaks(
             peaks["generate"] = tracker.peak
             completions = out[:, prompt:]
             del out
+            completion_mask = torch.ones_like(completions)
+            if padded:  # one completion stopped early: the rest right-padded
+                completions[1, c - c // 4 :] = 0
+                completion_mask[1, c - c // 4 :] = 0
             ids = torch.cat([prompts, completions], dim=1)
-            mask = torch.cat([prompt_mask, torch.ones_like(completions)], dim=1)
+            mask = torch.cat([prompt_mask, completion_mask], dim=1)
             ref_logps = None
             if beta or old_log_probs:
                 tracker.reset_peak("activations")
@@ -310,9 +334,10 @@ def predict(case: Case, size: str = "small") -> dict[str, int]:
 
 def grid(families: list[str], shapes: list[tuple[int, int]]) -> list[Case]:
     """num_generations × completion length × with and without a reference, full and LoRA,
-    for each family."""
-    cases = []
+    for each family; every case padded as TRL pads a batch, and one without padding."""
+    cases: list[Case] = []
     for family in families:
+        start = len(cases)
         for generations in (2, 4):
             for completion, batch in shapes:
                 for beta in (0.0, 0.04):
@@ -326,6 +351,9 @@ def grid(families: list[str], shapes: list[tuple[int, int]]) -> list[Case]:
             cases.append(
                 Case(2, shapes[0][0], 0.04, batch=shapes[0][1], dtype=dtype, spg=2, family=family)
             )
+        cases[start:] = [replace(c, padded=True) for c in cases[start:]]
+        # equal prompts and full completions: no padding, no mask
+        cases.append(Case(2, shapes[0][0], 0.04, batch=shapes[0][1], family=family))
     return cases
 
 

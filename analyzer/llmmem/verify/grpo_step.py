@@ -2,12 +2,14 @@
 own model, on the CPU.
 
 The step is `llmmem.verify.grpo_grid.step_peaks` (the policy's `generate` with its KV cache,
-every completion run to `max_completion_length`; the reference's log-probabilities under
-`no_grad` when `beta != 0` — a frozen copy in full fine-tuning, the adapter disabled under
-PEFT; the policy's log-probabilities, the clipped loss, backward, the optimizer step), on the
-model the plan builds (config, dtype, LoRA, checkpointing, optimizer). Under mixed precision
-the forwards run as accelerate prepares them (autocast, outputs converted to fp32). A plan that
-generates with vLLM is not run: the engine does not run here.
+every completion run to `max_completion_length`, the prompts left-padded and one completion
+right-padded as TRL pads a batch unless the plan's `padded_prompts` is off; the reference's
+log-probabilities under `no_grad` when `beta != 0` — a frozen copy in full fine-tuning, the
+adapter disabled under PEFT; the policy's log-probabilities, the clipped loss, backward, the
+optimizer step), on the model the plan builds (config, dtype, LoRA, checkpointing,
+optimizer). Under mixed precision the forwards run as accelerate prepares them (autocast,
+outputs converted to fp32). A plan that generates with vLLM is not run: the engine does not
+run here.
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ def run_grpo_step(request: StepRequest, result: StepMeasurement) -> None:
         beta=beta,
         steps_per_generation=spg,
         old_log_probs=request.grad_accum % (spg * iterations) != 0,
+        # TRL pads a batch (prompts left-padded, completions after an EOS): the budget's default
+        padded=bool(grpo.get("padded_prompts", True)),
     )
     result.phases = [
         PhaseMeasurement(phase=name, peak_bytes=int(peak), by_category={})
