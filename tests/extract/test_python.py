@@ -974,3 +974,25 @@ def test_random_programs_read_without_internal_errors(body: list[str]) -> None:
     assert not any("internal error" in problem for problem in plan.problems), (
         text + "\n---\n" + problem_lines(plan)
     )
+
+
+@pytest.mark.parametrize(
+    ("init_kwargs", "expected", "source"),
+    [
+        # TRL's create_model_from_path: dtype defaults to float32 (0.29.1 and 1.16.0)
+        ("", "float32", Provenance.DEFAULT),
+        ('model_init_kwargs={"dtype": "bfloat16"}, ', "bfloat16", Provenance.EXPLICIT),
+    ],
+)
+def test_a_model_named_by_string_is_loaded_as_trl_loads_it(
+    init_kwargs: str, expected: str, source: Provenance
+) -> None:
+    plan, _ = plan_of(
+        "from trl import DPOConfig, DPOTrainer\n"
+        f"args = DPOConfig(output_dir='out', {init_kwargs}bf16=True)\n"
+        "trainer = DPOTrainer(model='Qwen/Qwen2.5-0.5B-Instruct', args=args, train_dataset=None)\n"
+        "trainer.train()\n"
+    )
+    dtype = plan.extra["torch_dtype"]
+    assert dtype.value == expected
+    assert dtype.source is source

@@ -158,6 +158,18 @@ class PlanEmitter:
             self.emit_config(config, model_loaded_by_trainer=model is None)
         elif trainer is not None:
             self.builder.trainer_range = self.source.range_of(trainer.args.node)
+        if model is None and model_string is not None and self.builder.get("torch_dtype") is None:
+            # TRL's trainers load a model named by string with `create_model_from_path`
+            # (trl/trainer/utils.py, 0.29.1 and 1.16.0): `dtype` defaults to float32 there,
+            # not to the checkpoint's dtype as transformers 5's from_pretrained would
+            self.builder.set(
+                "torch_dtype",
+                "float32",
+                Provenance.DEFAULT,
+                self.builder.model_range,
+                "TRL loads a model named by string in float32 unless model_init_kwargs "
+                "says dtype",
+            )
         if model is not None:
             self.emit_model_switches(model)
         self.emit_adapter(trainer, model)
