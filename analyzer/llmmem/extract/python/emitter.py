@@ -167,8 +167,7 @@ class PlanEmitter:
                 "float32",
                 Provenance.DEFAULT,
                 self.builder.model_range,
-                "TRL loads a model named by string in float32 unless model_init_kwargs "
-                "says dtype",
+                "TRL loads a model named by string in float32 unless model_init_kwargs says dtype",
             )
         if model is not None:
             self.emit_model_switches(model)
