@@ -386,9 +386,9 @@ def analyze(
             analysis.budget = estimate_preference_budget(
                 analysis.spec, analysis.setup, preference, analysis.gpu
             )
-            trl_note = trl_release_note(analysis.versions)
-            if trl_note:
-                analysis.budget.notes.append(trl_note)
+            release_note = trl_release_note(analysis.versions)
+            if release_note:
+                analysis.budget.notes.append(release_note)
             from llmmem.preference_plan import grpo_assumed_note
 
             assumed = grpo_assumed_note(plan)

@@ -265,3 +265,58 @@ def test_ppo_flags_that_mean_nothing_are_refused(
     code = main(["estimate", "--offline", *flags])
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err
+
+
+# TRL 1.16.0's own docstring examples (trl/trainer/dpo_trainer.py, grpo_trainer.py), as a user
+# copies them, beside a requirements file that pins the release
+TRL_DOCS_DPO = """from trl import DPOTrainer
+from datasets import load_dataset
+
+dataset = load_dataset("trl-lib/ultrafeedback_binarized", split="train")
+
+trainer = DPOTrainer(
+    model="Qwen/Qwen2.5-0.5B-Instruct",
+    train_dataset=dataset,
+)
+trainer.train()
+"""
+
+TRL_DOCS_GRPO = """from trl import GRPOTrainer
+from trl.rewards import accuracy_reward
+from datasets import load_dataset
+
+dataset = load_dataset("trl-lib/DeepMath-103K", split="train")
+
+trainer = GRPOTrainer(
+    model="Qwen/Qwen2.5-0.5B-Instruct",
+    reward_funcs=accuracy_reward,
+    train_dataset=dataset,
+)
+trainer.train()
+"""
+
+
+@pytest.mark.parametrize(("script", "reference"), [(TRL_DOCS_DPO, True), (TRL_DOCS_GRPO, False)])
+def test_the_trl_docs_examples_are_explained_with_their_reference(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], script: str, reference: bool
+) -> None:
+    (tmp_path / "requirements.txt").write_text("trl==1.16.0\ntransformers==5.24.0\n")
+    path = tmp_path / "train.py"
+    path.write_text(script)
+    out = _json(capsys, "explain", str(path), "--gpu", "A100-80GB")
+    budget = out["budget"]
+    assert not out["problems"], out["problems"]
+    # a model TRL loads by name is fp32 (create_model_from_path), trained under bf16 autocast
+    params = 494_032_768
+    assert budget["components"]["weights"] == pytest.approx(4 * params, rel=0.01)
+    phases = list(budget["phases"])
+    if reference:
+        # full fine-tuning: a frozen fp32 copy, and its own forward in the step
+        assert budget["components"]["reference_model"] == pytest.approx(4 * params, rel=0.01)
+        assert "reference_forward" in phases
+    else:
+        # GRPOConfig's beta is 0: no reference model; the step generates
+        assert "reference_model" not in budget["components"]
+        assert "generate" in phases
+    release_notes = [note for note in budget["notes"] if note.startswith("trl 1.16.0")]
+    assert len(release_notes) == 1
