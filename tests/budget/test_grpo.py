@@ -296,3 +296,99 @@ def test_soft_capped_logits_keep_their_tanh_through_the_log_probabilities() -> N
     tanh = 4 * 4 * 33 * 1000
     for phase in (Phase.FORWARD, Phase.BACKWARD):
         assert logits(_spec(case), phase) - logits(uncapped, phase) == tanh
+
+
+# -- TRL 1.x: the fused LM head, by hand from its tile sizes -----------------------------------
+
+
+def _qwen_like() -> Any:
+    """Qwen2.5-0.5B's proportions: hidden 896, a 151,936-token vocabulary, 24 layers."""
+    from llmmem.models.architectures import spec_from_config
+    from llmmem.models.spec import ModelSource
+
+    config = {
+        "model_type": "qwen2",
+        "architectures": ["Qwen2ForCausalLM"],
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": True,
+    }
+    return spec_from_config(config, model_id="qwen2.5-0.5b-like", source=ModelSource.CONFIG)
+
+
+def _qwen_grpo(release: str | None, **grpo: Any) -> Any:
+    """4 completions of 256 tokens after prompts of 512, bf16 weights, full fine-tuning."""
+    from llmmem.budget.setup import Method, Precision
+
+    setup = TrainingSetup(
+        method=Method.FULL,
+        batch=4,
+        seq=768,
+        precision=Precision("bf16-true"),
+        optim="adamw_torch",
+    )
+    config = GrpoSetup(num_generations=4, max_prompt_length=512, max_completion_length=256, **grpo)
+    return estimate_grpo_budget(_qwen_like(), setup, replace(config, trl_release=release))
+
+
+def test_at_trl_1_the_policy_forward_holds_no_logits_sized_tensor() -> None:
+    """TRL 1.16's GRPOTrainer scores the completion's tokens through the fused head: on a GPU
+    P = 4 rows × 256 completion tokens = 1024 positions. Beyond what the SFT step already
+    counts (the head's input, 2 B × 4 × 768 × 896), the head's forward holds the positions'
+    bf16 copy (2 B × 1024 × 896), one tile buffer at the full 32768 columns (2 B × 1024 ×
+    32768) and 36 B of per-position statistics (seven fp32 and the int64 targets)."""
+    at_116 = _qwen_grpo("1.16.0")
+    head = at_116.phase(Phase.FORWARD).components[Component.LOGITS].bytes
+    assert head == 2 * 1024 * 896 + 2 * 1024 * 32768 + 36 * 1024
+    one_logits = 2 * 4 * 257 * 151936  # 0.29: the bf16 logits of C + 1 positions, alone
+    assert head < one_logits / 4
+
+
+def test_at_trl_1_the_step_is_lower_by_about_the_logits() -> None:
+    """At 0.29 the policy's forward makes the fp32 logits of 4 × 257 positions (accelerate's
+    mixed precision, GRPOConfig's default) and their divided copy over 256: 2.4 GiB beside a
+    tile buffer of 64 MiB at 1.16. The step's peak drops by more than one fp32 logits tensor
+    and less than the logits terms together."""
+    at_029 = _qwen_grpo(None).allocated_peak_bytes
+    at_116 = _qwen_grpo("1.16.0").allocated_peak_bytes
+    logits = 4 * 4 * 256 * 151936
+    assert logits < at_029 - at_116 < 3 * logits
+    assert _qwen_grpo("0.29.1").allocated_peak_bytes == at_029
+
+
+def test_at_trl_1_a_later_chunk_keeps_nothing_of_the_earlier_one() -> None:
+    """At 0.29 the reference's second chunk runs its head beside the first chunk's divided
+    logits; at 1.16 a chunk keeps only its per-token outputs,
+    so two chunks a generation size the reference's pass as one does (bf16 weights: no
+    autocast copies either way)."""
+
+    def reference(release: str | None, spg: int) -> int:
+        budget = _qwen_grpo(release, beta=0.04, steps_per_generation=spg)
+        return budget.phase(Phase.REFERENCE_FORWARD).allocated_bytes
+
+    assert reference("1.16.0", 2) == reference("1.16.0", 1)
+    assert reference(None, 2) > reference(None, 1)
+    # and the one chunk's fp32 logits (C + 1 positions) and divided copy (C) are gone
+    assert reference("1.16.0", 1) < reference(None, 1) - 4 * 4 * 256 * 151936
+
+
+def test_the_preference_entry_point_passes_the_trl_release_to_grpo() -> None:
+    case = Case(2, 64, 0.04)
+    spec, setup = _spec(case), _setup(case)
+    pref = PreferenceSetup(objective=Objective.GRPO, grpo=_grpo(case), trl_release="1.16.0")
+    at_116 = estimate_grpo_budget(spec, setup, replace(_grpo(case), trl_release="1.16.0"))
+    got = estimate_preference_budget(spec, setup, pref)
+    assert got.allocated_peak_bytes == at_116.allocated_peak_bytes
+    at_029 = estimate_grpo_budget(spec, setup, _grpo(case))
+    assert got.allocated_peak_bytes != at_029.allocated_peak_bytes
+    assert any("TRL 1.16.0" in note for note in got.notes)
+
+
+def test_a_malformed_trl_release_is_a_clear_error() -> None:
+    with pytest.raises(SetupError, match="trl_release must look like"):
+        GrpoSetup(trl_release="one")

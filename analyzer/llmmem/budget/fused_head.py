@@ -42,10 +42,12 @@ does not (it sizes a GPU's step).
 
 Which trainers use it at 1.16: DPOTrainer (policy outputs log_probs, entropy, mean_logits,
 is_top1; the reference's log_probs only), KTOTrainer (moved to trl/trainer/, policy outputs
-log_probs, entropy, mean_logits), GRPOTrainer and RLOOTrainer, SFTTrainer. Not ORPO and CPO
-(still trl.experimental, full logits through `selective_log_softmax`) nor RewardTrainer (a
-score head). This module sizes DPO's and KTO's steps; GRPO's is llmmem.budget.grpo's, which
-follows 0.29.
+log_probs, entropy, mean_logits), GRPOTrainer (policy outputs log_probs and entropy, the
+reference copy's log_probs only; only the completion's tokens are labelled, so on a GPU P is
+rows × completion) and RLOOTrainer, SFTTrainer. Not ORPO and CPO (still trl.experimental, full
+logits through `selective_log_softmax`) nor RewardTrainer (a score head). This module sizes
+DPO's and KTO's steps, and GRPO's head for llmmem.budget.grpo (`scored`: the completion's
+positions).
 """
 
 from __future__ import annotations
@@ -88,8 +90,18 @@ class Shapes:
     vocab: int  # V
 
 
-def shapes(spec: ModelSpec, setup: TrainingSetup, sequences: int) -> Shapes:
-    positions = sequences * max(setup.seq - 1, 0)
+def shapes(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    sequences: int,
+    scored: int | None = None,
+    triton: bool = True,
+) -> Shapes:
+    """`scored`: the labelled positions a row, where the caller knows them (GRPO labels the
+    completion's tokens only). With Triton only those go through the head
+    (`hidden_states[mask]`); without it every one of the s − 1 (`.reshape(-1, H)`)."""
+    per_row = scored if scored is not None and triton else setup.seq - 1
+    positions = sequences * max(min(per_row, setup.seq - 1), 0)
     return Shapes(
         positions,
         min(positions, TOKEN_CHUNK),
@@ -123,12 +135,13 @@ def head_bytes(
     objective: Objective = Objective.DPO,
     adapter_reference: bool = False,
     triton: bool = True,
+    scored: int | None = None,
 ) -> HeadBytes:
     """One call of the patched forward with `fused_lm_head=True` over `sequences` rows of
     `setup.seq` tokens, in the step's dtypes (compute c, the residual stream's hb, the head's
-    weight w)."""
+    weight w). `scored`: the labelled positions a row (`shapes`)."""
     dt = dtypes_for(setup)
-    s = shapes(spec, setup, sequences)
+    s = shapes(spec, setup, sequences, scored, triton)
     c, hb, w = dt.compute, dt.residual, _head_weight_bytes(setup)
     p, h, v = s.positions, s.hidden, s.vocab
     # utils.py `hidden_states[mask]` / `.reshape(-1, H)`: the copy saved for backward
@@ -142,8 +155,10 @@ def head_bytes(
     # `running_max` ... `target_logit`: seven fp32 statistics; the int64 targets
     statistics = (7 * 4 + 8) * p
     # `ctx.save_for_backward(..., targets, log_z, entropy)` and the masked outputs the caller
-    # keeps (`masked_fill`: log_probs, entropy, mean_logits in fp32, is_top1 a bool)
-    saved = copy + (8 + 4 + 4) * p + (3 * 4 + 1) * p
+    # keeps (`masked_fill`: log_probs, entropy, mean_logits in fp32, is_top1 a bool; GRPO's
+    # policy asks for `outputs=("log_probs", "entropy")`: two fp32)
+    outputs = 2 * 4 if objective is Objective.GRPO else 3 * 4 + 1
+    saved = copy + (8 + 4 + 4) * p + outputs * p
     # backward: `grad_hidden = torch.zeros(hidden.shape, dtype=torch.float32)`, and
     # `grad_weight` (V × H, fp32) when the head trains; at the return
     # `grad_hidden.to(hidden.dtype)` and `grad_weight.to(weight.dtype)` copy when not fp32,
@@ -152,7 +167,7 @@ def head_bytes(
     grads = 4 * p * h + (4 * v * h if trains else 0)
     returned = (hb * p * h if hb != 4 else 0) + (w * v * h if trains and w != 4 else 0)
     fold = (
-        torch_fold_bytes(spec, setup, sequences, objective, adapter_reference)
+        torch_fold_bytes(spec, setup, sequences, objective, adapter_reference, scored)
         if not triton
         else TorchFold(0, 0, 0)
     )
@@ -172,6 +187,7 @@ def fused_head_moments(
     objective: Objective = Objective.DPO,
     adapter_reference: bool = False,
     triton: bool = True,
+    scored: int | None = None,
 ) -> LogProbMoments:
     """The fused head's bytes at the preference step's moments, in place of the logits term
     (`preference._log_prob_moments`' shape): `forward_end` is the policy's head while its
@@ -181,12 +197,13 @@ def fused_head_moments(
     through the reference (DPO's pairs; KTO's completions, and its KL batch of as many rows
     one pass after the other). `triton=False`: the fold in torch, as on a device without
     Triton (`torch_fold_bytes`); `adapter_reference`: the reference is the policy with its
-    adapter disabled (the policy's patched forward, with its outputs)."""
+    adapter disabled (the policy's patched forward, with its outputs); `scored`: the labelled
+    positions a row (`shapes`)."""
     dt = dtypes_for(setup)
-    s = shapes(spec, setup, sequences)
-    head = head_bytes(spec, setup, sequences, objective, adapter_reference, triton)
+    s = shapes(spec, setup, sequences, scored, triton)
+    head = head_bytes(spec, setup, sequences, objective, adapter_reference, triton, scored)
     c, hb = dt.compute, dt.residual
-    count = f"P = {sequences}×{max(setup.seq - 1, 0)} positions, H = {s.hidden}"
+    count = f"P = {sequences}×{s.positions // max(sequences, 1)} positions, H = {s.hidden}"
     # the SFT step counts the head's saved input (a Linear keeps it for its weight's
     # gradient): the fused head keeps its own copy instead, under LoRA too
     sft_input = (
@@ -245,6 +262,7 @@ def torch_fold_bytes(
     sequences: int,
     objective: Objective = Objective.DPO,
     adapter_reference: bool = False,
+    scored: int | None = None,
 ) -> TorchFold:
     """What `_forward_tile` and `_backward_tile` (the fold in torch, on a device without
     Triton) add beside the tile buffer, in fp32 tiles of E = min(P, 4096) × min(V, 32768):
@@ -261,7 +279,7 @@ def torch_fold_bytes(
       above) and `_addmm_fp32` upcasts its operands after the fold's temporaries are gone:
       under 29 E.
     """
-    s = shapes(spec, setup, sequences)
+    s = shapes(spec, setup, sequences, scored, triton=False)
     e = s.rows * s.width
     dpo = objective is Objective.DPO
     return TorchFold(

@@ -55,19 +55,32 @@ packs the grouped heads (`pack_gqa`) and the mask is rows × cached tokens.
 generation makes; `num_iterations` reuses them. The buffered generation batch between phases
 is token ids and per-token log-probabilities (a few bytes per token), not counted.
 
-TRL 1.x computes the policy's log-probabilities with a fused, tiled LM head; this module
-follows 0.29.1.
+TRL 1.x (read at 1.16.0): `GRPOConfig` and the phases are the same, but the trainer patches
+the policy (and the reference copy) with `add_fused_lm_head` and
+`_get_per_token_logps_and_entropies` calls it with `fused_lm_head=True` and labels on the
+completion's tokens only (`labels[:, :-logits_to_keep] = -100`): the log-probabilities come
+from the tiled head (llmmem.budget.fused_head), never from whole logits. The policy asks for
+`outputs=("log_probs", "entropy")`, the reference copy for `log_probs`. So where
+`GrpoSetup.trl_release` is 1.0 or later (`fused_log_probs`) the logits terms of the
+no-gradient passes (no earlier chunk's logits stay bound either: a chunk keeps only its
+per-token outputs) and of the policy's forward and backward are the fused head's: the last
+hidden state, the scored positions' copy, the 4096 × 32768 tile buffer and, in backward, the
+fp32 gradients. Generation runs the unpatched forward (`fused_lm_head=False`): unchanged, as
+is the padding (`pad_to_multiple_of="auto"` pads only on Neuron). `cast_lm_head_to_fp32` is
+off by default at 1.16 and not sized here (it would keep the head in fp32).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from llmmem.budget import fused_head
 from llmmem.budget.activations import dtypes_for
 from llmmem.budget.generation import decode_attention_copies, kv_cache_term
 from llmmem.budget.phases import estimate_budget
 from llmmem.budget.preference import (
     LogProbMoments,
+    Objective,
     Reference,
     _backward_phase,
     _budget,
@@ -80,7 +93,7 @@ from llmmem.budget.preference import (
     reference_copy_term,
 )
 from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
-from llmmem.budget.setup import Method, Mode, Packing, SetupError, TrainingSetup
+from llmmem.budget.setup import Method, Mode, Packing, SetupError, TrainingSetup, release
 from llmmem.models.spec import ModelSpec
 from llmmem.units import format_bytes, format_count
 
@@ -123,8 +136,18 @@ class GrpoSetup:
     # right-pads the completions after their EOS, so the forwards' attention mask has zeros
     # (False: every prompt as long and every completion run to max_completion_length)
     padded_prompts: bool = True
+    # the TRL release whose GRPOTrainer runs (None: TRL_RELEASE); 1.0 and later take the
+    # log-probabilities through the fused LM head
+    trl_release: str | None = None
 
     def __post_init__(self) -> None:
+        if self.trl_release is not None:
+            try:
+                release(self.trl_release)
+            except ValueError:
+                raise SetupError(
+                    f"trl_release must look like '0.29.1', got '{self.trl_release}'"
+                ) from None
         for name in ("num_generations", "max_prompt_length", "max_completion_length"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -202,6 +225,12 @@ def reference_of(grpo: GrpoSetup, setup: TrainingSetup) -> Reference:
     if grpo.reference_copy:
         return Reference.COPY
     return Reference.COPY if setup.method is Method.FULL else Reference.ADAPTER
+
+
+def uses_fused_head(grpo: GrpoSetup) -> bool:
+    """Whether the GRPOTrainer takes its log-probabilities through the fused LM head (TRL 1.0
+    and later)."""
+    return release(grpo.trl_release or TRL_RELEASE) >= fused_head.FIRST_RELEASE
 
 
 def old_log_probs(grpo: GrpoSetup, setup: TrainingSetup) -> bool:
@@ -312,6 +341,33 @@ def grpo_log_probs(spec: ModelSpec, setup: TrainingSetup, grpo: GrpoSetup) -> Gr
         forward = Term(bytes=forward.bytes + capped, formula=forward.formula + text)
         backward = Term(bytes=backward.bytes + capped, formula=backward.formula + text)
     return GrpoLogProbs(forward, no_grad, inside, backward, later[1] if later else None)
+
+
+def fused_log_probs(
+    spec: ModelSpec, setup: TrainingSetup, grpo: GrpoSetup, triton: bool = True
+) -> GrpoLogProbs:
+    """TRL 1.x's `_get_per_token_logps_and_entropies` on `per_device_train_batch_size` rows:
+    the fused LM head (llmmem.budget.fused_head) over the completion's C labelled positions a
+    row on a GPU (every s − 1 without Triton, `triton=False`). With gradient the policy's
+    forward ends with the head's saved tensors and its backward is the head's; without
+    gradient (reference, old policy) one chunk's head at its largest: the last hidden state,
+    the positions' copy and the tile buffer. Nothing logits-sized, nothing from the previous
+    chunk but its per-token outputs."""
+    rows, c = setup.batch, grpo.max_completion_length
+    moments = fused_head.fused_head_moments(
+        spec, setup, rows, Objective.GRPO, triton=triton, scored=c
+    )
+    head = fused_head.head_bytes(spec, setup, rows, Objective.GRPO, triton=triton, scored=c)
+    return GrpoLogProbs(
+        forward_end=Term(bytes=moments.forward_end, formula=moments.formula_forward),
+        no_grad=Term(
+            bytes=head.no_grad,
+            formula=f"one chunk ({rows} rows) through the fused LM head (TRL 1.x) without "
+            "gradient: the last hidden state, the scored positions' copy and the tile buffer",
+        ),
+        inside_kernel=0,
+        backward_peak=Term(bytes=moments.backward_peak, formula=moments.formula_backward),
+    )
 
 
 def later_chunk_moment(
@@ -511,7 +567,8 @@ def estimate_grpo_budget(
     grpo: GrpoSetup,
     gpu: GpuTarget | None = None,
 ) -> Budget:
-    """One optimizer step of TRL 0.29.1's GRPOTrainer: generation, the log-probabilities
+    """One optimizer step of TRL 0.29.1's GRPOTrainer (1.x's where `grpo.trl_release` says
+    so: the fused LM head): generation, the log-probabilities
     without gradient, the policy's forward and backward over the completions, the step.
     `setup.batch` is `per_device_train_batch_size` (completions); its `seq` is replaced by
     prompt + completion."""
@@ -549,7 +606,11 @@ def estimate_grpo_budget(
 
     generating = running if grpo.vllm is None else held_training
     phases = [generation_phase(spec, setup, grpo, generating, vllm)]
-    lp = grpo_log_probs(spec, policy_setup, grpo)
+    lp = (
+        fused_log_probs(spec, policy_setup, grpo)
+        if uses_fused_head(grpo)
+        else grpo_log_probs(spec, policy_setup, grpo)
+    )
     # autocast caches the casts of trainable weights only: a frozen reference casts per op;
     # a k-bit base is dequantized in every forward, with or without its adapter
     cached = old_log_probs(grpo, setup) or setup.quant is not None
@@ -589,7 +650,7 @@ def estimate_grpo_budget(
     notes = list(sft.notes)
     rows = generation_rows(grpo, setup)
     notes.append(
-        f"grpo (TRL {TRL_RELEASE}): {rows} completions generated per device "
+        f"grpo (TRL {grpo.trl_release or TRL_RELEASE}): {rows} completions generated per device "
         f"({rows // grpo.num_generations if rows >= grpo.num_generations else 'part of'} "
         f"prompt(s) × {grpo.num_generations}), up to {grpo.max_completion_length} tokens after "
         f"prompts of {grpo.max_prompt_length}; {setup.batch} completions of {grpo.seq} tokens "

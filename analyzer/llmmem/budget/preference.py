@@ -762,6 +762,7 @@ def estimate_preference_budget(
         grpo = pref.grpo or GrpoSetup()
         if pref.mixed_precision is not None and grpo.mixed_precision is None:
             grpo = replace(grpo, mixed_precision=pref.mixed_precision)
+        grpo = replace(grpo, trl_release=grpo.trl_release or pref.trl_release)
         return estimate_grpo_budget(spec, setup, grpo, gpu)
     if pref.objective is Objective.PPO:
         from llmmem.budget.ppo import PpoSetup, estimate_ppo_budget
