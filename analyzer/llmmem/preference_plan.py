@@ -489,17 +489,18 @@ def _note_of(plan: TrainingPlan, key: str) -> str:
 def trl_release_note(versions: dict[str, Any]) -> str | None:
     """A note where the run's TRL computes the log-probabilities otherwise than TRL 0.29: from
     1.0 DPOTrainer and KTOTrainer take them through a fused, tiled LM head (trl/trainer/utils.py
-    `add_fused_lm_head` at 1.16.0), which the budget sizes (llmmem.budget.fused_head); GRPO's
-    trainer uses it too, and the GRPO budget still counts TRL 0.29's full logits there."""
+    `add_fused_lm_head` at 1.16.0), and so does GRPOTrainer: the budget sizes that head
+    (llmmem.budget.fused_head), for DPO and KTO over every position, where a GPU scores only
+    the labelled ones."""
     found = versions.get("trl")
     text = str(getattr(found, "version", "") or "")
     major = text.split(".")[0]
     if not major.isdigit() or int(major) < 1:
         return None
     return (
-        f"trl {text}: DPO and KTO take their log-probabilities from a fused, tiled LM head "
-        "that never holds the logits whole, and the budget sizes it; for GRPO, which uses it "
-        "too, the budget counts TRL 0.29's full logits, an upper bound on that part"
+        f"trl {text}: DPO, KTO and GRPO take their log-probabilities from a fused, tiled LM "
+        "head that never holds the logits whole, and the budget sizes it; for DPO and KTO "
+        "with every position scored, an upper bound where only the completions are"
     )
 
 
