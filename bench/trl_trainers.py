@@ -124,6 +124,33 @@ second chunk's bf16 logits. Left, all under 5% and not traced yet: generation re
 TRL), and the checkpointed forward under bf16 autocast +2.7 to +3.3% over (the SFT budget's
 checkpointed forward; fp32 reads exact).
 
+GRPO at TRL 1.16.0 (`--trl 1.16.0 --objective grpo`): GRPOTrainer patches the policy (and the
+reference copy) with the fused LM head (`outputs=("log_probs", "entropy")` for the policy) and
+scores the completion's tokens through it; the budget follows it where `GrpoSetup.trl_release`
+is 1.0 or later (llmmem.budget.grpo `fused_log_probs`). On this CPU TRL scores every position
+(no Triton: `hidden_states.reshape(-1, H)`, not the completion's only) and folds each tile in
+torch, and the bench sizes the same (`fused_log_probs(..., triton=False)`). num_generations 2
+and 4 read the same. MiB, TRL / budget / error:
+
+    case               generate            reference           forward             backward
+    medium 4x64, ckpt on (TRL's default), fp32:
+    beta 0    full 528.45/526.83 -0.3%                   - 680.09/680.03 -0.0%  906.50/906.46 -0.0%
+    beta 0.04 full 701.71/700.09 -0.2% 849.57/849.55 -0.0% 853.36/853.30 -0.0% 1079.77/1079.73 -0.0%
+    beta 0    lora 182.66/181.04 -0.9%                   - 333.68/333.62 -0.0%  497.59/497.55 -0.0%
+    beta 0.04 lora 182.66/181.04 -0.9% 330.52/330.49 -0.0% 333.68/333.62 -0.0%  497.59/497.55 -0.0%
+    small 4x32, ckpt off, fp32:
+    beta 0    full     2.68/2.66 -0.5%                   -   30.11/30.08 -0.1%    33.39/33.37 -0.0%
+    beta 0.04 full     3.50/3.48 -0.4%   29.04/29.02 -0.0%   30.92/30.90 -0.1%    34.20/34.19 -0.0%
+    beta 0.04 lora     1.08/1.07 -1.3%   26.62/26.61 -0.1%   27.92/27.95 +0.1%    30.96/31.00 +0.1%
+
+The optimizer step reads within 0.4% (medium full 866.34 / 1039.61 MiB). Every step peaks in
+TRL's `_backward_tile`. At small the 4096 × 32768 tile buffer (allocated at 32768 columns
+whatever the 1000-token vocabulary: 16 MiB for 128 positions) and the fold's fp32 tiles are
+most of the step: 30 MiB against 7 MiB at 0.29. At medium the policy's forward is above 0.29's
+(680 against 602 MiB) for the same reason and because this CPU scores the prompt's positions
+too; a GPU scores the 4 × 64 completion tokens only and folds inside the tile. Generation runs
+the unpatched forward and reads as at 0.29 (within 1.3% under).
+
 TRL is not a dependency of llmmem: the first run makes its own environment under
 `bench/.trl/` (torch, transformers, peft, accelerate and TRL at the releases below; a few
 hundred MB, from the package index) and reuses it after.
@@ -134,6 +161,7 @@ hundred MB, from the package index) and reuses it after.
                                  [--trl 0.29.1|1.16.0]
     python bench/trl_trainers.py --objective grpo [--size small|medium] [--shape 4x32]
                                  [--precision fp32|bf16] [--steps-per-generation 1|2]
+                                 [--trl 0.29.1|1.16.0]
 """
 
 from __future__ import annotations
@@ -280,8 +308,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     objectives = args.objective or ["dpo", "orpo", "kto", "reward"]
-    if args.trl != "0.29.1" and "grpo" in objectives:
-        parser.error(f"--objective grpo is measured against TRL 0.29.1 only, not {args.trl}")
     if "grpo" in objectives:
         if len(objectives) > 1:
             parser.error("--objective grpo runs alone (its table has a column per phase)")
@@ -300,7 +326,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.steps_per_generation < 1:
             parser.error("--steps-per-generation must be at least 1")
         return grpo_table(
-            python, args.size, methods, batch, seq, ckpt, args.precision, args.steps_per_generation
+            python,
+            args.size,
+            methods,
+            batch,
+            seq,
+            ckpt,
+            args.precision,
+            args.steps_per_generation,
+            args.trl,
         )
     print(
         f"{'case':30} {'step: TRL':>10} {'budget':>8} {'error':>6}  {'optimizer: TRL':>14} "
@@ -362,6 +396,30 @@ def predict_release(case: Any, size: str, trl: str) -> dict[str, int]:
     return {p.phase.value: p.allocated_bytes for p in budget.phases}
 
 
+def predict_grpo_release(case: Any, size: str, trl: str) -> dict[str, int]:
+    """The GRPO budget's allocated bytes per phase for the TRL release the trainer ran: at 0.29
+    the GRPO grid's prediction; at 1.x the budget with `trl_release` said, its fused LM head
+    over every position and folded in torch, as on this CPU without Triton
+    (`fused_log_probs(..., triton=False)`)."""
+    from llmmem.verify.grpo_grid import predict
+
+    if trl.startswith("0."):
+        return predict(case, size)
+    from dataclasses import replace
+    from functools import partial
+    from unittest import mock
+
+    from llmmem.budget import grpo
+    from llmmem.verify.grpo_grid import _grpo, _setup, _spec
+
+    without_triton = partial(grpo.fused_log_probs, triton=False)
+    with mock.patch.object(grpo, "fused_log_probs", without_triton):
+        budget = grpo.estimate_grpo_budget(
+            _spec(case, size), _setup(case), replace(_grpo(case), trl_release=trl)
+        )
+    return {p.phase.value: p.allocated_bytes for p in budget.phases}
+
+
 GRPO_PHASES = ("generate", "reference_forward", "forward", "backward", "optimizer_step")
 
 
@@ -374,10 +432,11 @@ def grpo_table(
     ckpt: bool,
     precision: str = "fp32",
     spg: int = 1,
+    trl: str = "0.29.1",
 ) -> int:
     """TRL's GRPOTrainer against the GRPO budget, phase by phase: num_generations 2 and 4,
     beta 0 and 0.04, full and LoRA."""
-    from llmmem.verify.grpo_grid import Case, predict
+    from llmmem.verify.grpo_grid import Case
 
     heads = ["generate", "reference", "forward", "backward", "optimizer"]
     print(
@@ -404,7 +463,7 @@ def grpo_table(
                 if "error" in got:
                     print(f"{case.id:34} failed: {got['error']}")
                     continue
-                budget = predict(case, size)
+                budget = predict_grpo_release(case, size, trl)
                 cells = []
                 for phase in GRPO_PHASES:
                     measured = got.get("optimizer" if phase == "optimizer_step" else phase)
