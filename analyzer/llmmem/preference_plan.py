@@ -141,6 +141,9 @@ def grpo_setup(plan: TrainingPlan) -> Any:
     if plan.framework == "openrlhf":
         estimator = str(_kept(plan, "advantage_estimator") or "").strip().lower()
         values["group_baseline"] = estimator in OPENRLHF_GROUP_ESTIMATORS
+        # OpenRLHF takes its log-probabilities from the full logits whatever TRL is installed
+        # beside it: not TRL 1.x's fused head
+        values["trl_release"] = "0.29.1"
         if _kept(plan, "ref_model_id"):
             # OpenRLHF loads the reference as a model of its own, under LoRA too
             values["reference_copy"] = True
@@ -487,16 +490,30 @@ def _note_of(plan: TrainingPlan, key: str) -> str:
 
 
 def trl_release_note(versions: dict[str, Any]) -> str | None:
-    """A note where the run's TRL computes the log-probabilities otherwise than TRL 0.29: from
-    1.0 DPOTrainer and KTOTrainer take them through a fused, tiled LM head (trl/trainer/utils.py
-    `add_fused_lm_head` at 1.16.0), and so does GRPOTrainer: the budget sizes that head
-    (llmmem.budget.fused_head), for DPO and KTO over every position, where a GPU scores only
-    the labelled ones."""
+    """A note where the run's TRL computes the log-probabilities otherwise than TRL 0.29: 1.6 to
+    1.14 DPOTrainer on views of the logits, without 0.29's shifted copies; from 1.15
+    DPOTrainer, KTOTrainer and GRPOTrainer through a fused, tiled LM head (trl/trainer/utils.py
+    `add_fused_lm_head`), which the budget sizes (llmmem.budget.fused_head), for DPO and KTO
+    over every position, where a GPU scores only the labelled ones. 1.0 to 1.5 run 0.29's
+    code: no note."""
+    from llmmem.budget.fused_head import FIRST_RELEASE
+    from llmmem.budget.preference import SAME_DPO_UNTIL
+    from llmmem.budget.setup import release
+
     found = versions.get("trl")
     text = str(getattr(found, "version", "") or "")
-    major = text.split(".")[0]
-    if not major.isdigit() or int(major) < 1:
+    try:
+        found_release = release(text)
+    except ValueError:
         return None
+    if found_release < SAME_DPO_UNTIL:
+        return None
+    if found_release < FIRST_RELEASE:
+        return (
+            f"trl {text}: DPOTrainer takes its log-probabilities on views of the logits (no "
+            "shifted copies since 1.6); the budget counts TRL 0.29's copies, an upper bound "
+            "on that part"
+        )
     return (
         f"trl {text}: DPO, KTO and GRPO take their log-probabilities from a fused, tiled LM "
         "head that never holds the logits whole, and the budget sizes it; for DPO and KTO "
