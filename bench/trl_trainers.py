@@ -142,6 +142,9 @@ and 4 read the same. MiB, TRL / budget / error:
     beta 0    full     2.68/2.66 -0.5%                   -   30.11/30.08 -0.1%    33.39/33.37 -0.0%
     beta 0.04 full     3.50/3.48 -0.4%   29.04/29.02 -0.0%   30.92/30.90 -0.1%    34.20/34.19 -0.0%
     beta 0.04 lora     1.08/1.07 -1.3%   26.62/26.61 -0.1%   27.92/27.95 +0.1%    30.96/31.00 +0.1%
+    small 4x32, ckpt on, bf16 mixed precision, steps_per_generation 2 (two chunks):
+    beta 0    full     3.00/2.95 -1.7%   16.67/16.88 +1.3%   16.85/16.95 +0.6%    20.09/20.24 +0.7%
+    beta 0.04 full     3.82/3.77 -1.4%   17.48/17.70 +1.2%   17.67/17.77 +0.6%    20.91/21.06 +0.7%
 
 The optimizer step reads within 0.4% (medium full 866.34 / 1039.61 MiB). Every step peaks in
 TRL's `_backward_tile`. At small the 4096 × 32768 tile buffer (allocated at 32768 columns
@@ -149,7 +152,9 @@ whatever the 1000-token vocabulary: 16 MiB for 128 positions) and the fold's fp3
 most of the step: 30 MiB against 7 MiB at 0.29. At medium the policy's forward is above 0.29's
 (680 against 602 MiB) for the same reason and because this CPU scores the prompt's positions
 too; a GPU scores the 4 × 64 completion tokens only and folds inside the tile. Generation runs
-the unpatched forward and reads as at 0.29 (within 1.3% under).
+the unpatched forward and reads as at 0.29 (within 1.7% under). Under bf16 autocast the fused
+head's phases read 0.1 to 0.2 MiB over (+0.6 to +1.3%), not traced yet; with two chunks the
+no-gradient pass holds nothing of the first chunk's but its per-token outputs.
 
 TRL is not a dependency of llmmem: the first run makes its own environment under
 `bench/.trl/` (torch, transformers, peft, accelerate and TRL at the releases below; a few
