@@ -145,7 +145,10 @@ def test_dpo_of_a_small_model_with_a_large_vocabulary_is_gibibytes_lower_at_trl_
 
 def test_only_the_trainers_with_the_fused_head_use_it() -> None:
     assert uses_fused_head(PreferenceSetup(objective=Objective.DPO, trl_release="1.16.0"))
-    assert uses_fused_head(PreferenceSetup(objective=Objective.KTO, trl_release="1.0.0"))
+    assert uses_fused_head(PreferenceSetup(objective=Objective.KTO, trl_release="1.15.0"))
+    # 1.0 to 1.14 still hold the logits (no add_fused_lm_head in their trl/trainer/utils.py)
+    for early in ("1.0.0", "1.3.0", "1.14.2"):
+        assert not uses_fused_head(PreferenceSetup(objective=Objective.DPO, trl_release=early))
     assert not uses_fused_head(PreferenceSetup(objective=Objective.DPO, trl_release="0.29.1"))
     assert not uses_fused_head(PreferenceSetup(objective=Objective.DPO))
     # ORPO and CPO stay in trl.experimental with the full logits; a reward model has none

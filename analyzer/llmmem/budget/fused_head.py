@@ -64,8 +64,10 @@ from llmmem.units import format_count
 TOKEN_CHUNK = 4096
 # trl/trainer/utils.py: `_CHUNKED_LOGPROB_CHUNK_SIZE = 32768` (vocabulary columns per tile)
 VOCAB_CHUNK = 32768
-# the release that brought the fused head to the preference trainers
-FIRST_RELEASE = (1, 0)
+# the release that brought the fused head to the trainers: `add_fused_lm_head` is in neither
+# trl/trainer/utils.py of 1.0.0 to 1.14.0 (every minor release read), and from 1.15.0 DPO, KTO,
+# GRPO and SFT call `fused_lm_head=True`
+FIRST_RELEASE = (1, 15)
 # the trainers this module sizes with it (GRPO's budget is llmmem.budget.grpo's)
 FUSED_OBJECTIVES = frozenset({Objective.DPO, Objective.KTO})
 

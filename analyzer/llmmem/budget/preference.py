@@ -78,6 +78,8 @@ from llmmem.units import format_bytes, format_count
 
 # the TRL release whose trainers these budgets follow
 TRL_RELEASE = "0.29"
+# the first release whose DPOTrainer no longer copies the shifted logits
+SAME_DPO_UNTIL = (1, 6)
 # the trainers whose preference steps are told apart (PreferenceSetup.trainer)
 TRAINERS = ("trl", "llamafactory")
 
@@ -164,8 +166,11 @@ class PreferenceSetup:
 
     @property
     def follows_trl_release(self) -> bool:
-        """Whether the trainer runs the release whose code these budgets restate (0.29.x)."""
-        return release(self.trl_release or TRL_RELEASE) == release(TRL_RELEASE)
+        """Whether the trainer runs the DPO code these budgets restate: 0.29's, which 1.0 to 1.5
+        keep (`_compute_loss`' `.contiguous()` shifted copies and `entropy_from_logits`, read
+        in each minor release's trl/trainer/dpo_trainer.py); 1.6 takes the log-probabilities on
+        views, 1.15 through the fused head."""
+        return release(TRL_RELEASE) <= release(self.trl_release or TRL_RELEASE) < SAME_DPO_UNTIL
 
 
 def fp32_outputs(mixed_precision: bool | None, setup: TrainingSetup) -> bool:
