@@ -292,3 +292,17 @@ def test_the_restated_head_measures_as_the_budget_sizes_it(vocab: int) -> None:
     assert forward == pytest.approx(budget.forward, rel=0.005)
     # the budget's backward counts what the forward left (its saved tensors) from zero
     assert backward == pytest.approx(budget.backward + (before - budget.saved), rel=0.005)
+
+
+def test_grpo_scores_only_the_completion_through_the_head_on_a_gpu() -> None:
+    """GRPOTrainer labels the completion's tokens only: on a GPU 4 rows × 256 completion
+    tokens = 1024 positions go through the head, whose saved tensors are their bf16 copy
+    (2 B × 1024 × 896) and 24 B a position (the int64 target, fp32 log_z and entropy saved,
+    the fp32 log-probabilities and entropies returned). Without Triton every one of the
+    4 × 767 positions is scored."""
+    spec = _qwen_like()
+    setup = _setup("full", 4, 768, "bf16-true")
+    gpu = head_bytes(spec, setup, 4, Objective.GRPO, scored=256)
+    assert gpu.saved == 2 * 1024 * 896 + 24 * 1024
+    cpu = head_bytes(spec, setup, 4, Objective.GRPO, triton=False, scored=256)
+    assert cpu.saved == 2 * 4 * 767 * 896 + 24 * 4 * 767
