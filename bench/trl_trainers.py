@@ -127,7 +127,7 @@ checkpointed forward; fp32 reads exact).
 GRPO at TRL 1.16.0 (`--trl 1.16.0 --objective grpo`): GRPOTrainer patches the policy (and the
 reference copy) with the fused LM head (`outputs=("log_probs", "entropy")` for the policy) and
 scores the completion's tokens through it; the budget follows it where `GrpoSetup.trl_release`
-is 1.0 or later (llmmem.budget.grpo `fused_log_probs`). On this CPU TRL scores every position
+is 1.15 or later (llmmem.budget.grpo `fused_log_probs`). On this CPU TRL scores every position
 (no Triton: `hidden_states.reshape(-1, H)`, not the completion's only) and folds each tile in
 torch, and the bench sizes the same (`fused_log_probs(..., triton=False)`). num_generations 2
 and 4 read the same. MiB, TRL / budget / error:

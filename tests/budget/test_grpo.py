@@ -392,3 +392,10 @@ def test_the_preference_entry_point_passes_the_trl_release_to_grpo() -> None:
 def test_a_malformed_trl_release_is_a_clear_error() -> None:
     with pytest.raises(SetupError, match="trl_release must look like"):
         GrpoSetup(trl_release="one")
+
+
+def test_trl_releases_before_the_fused_head_keep_the_full_logits() -> None:
+    """`add_fused_lm_head` came with TRL 1.15: a run on 1.3 computes its log-probabilities from
+    the full logits as 0.29 does, and is sized so."""
+    assert _qwen_grpo("1.3.0").allocated_peak_bytes == _qwen_grpo(None).allocated_peak_bytes
+    assert _qwen_grpo("1.15.0").allocated_peak_bytes == _qwen_grpo("1.16.0").allocated_peak_bytes

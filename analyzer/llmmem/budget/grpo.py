@@ -55,13 +55,14 @@ packs the grouped heads (`pack_gqa`) and the mask is rows × cached tokens.
 generation makes; `num_iterations` reuses them. The buffered generation batch between phases
 is token ids and per-token log-probabilities (a few bytes per token), not counted.
 
-TRL 1.x (read at 1.16.0): `GRPOConfig` and the phases are the same, but the trainer patches
+TRL 1.15 and later (read at 1.16.0; `add_fused_lm_head` is in no 1.x release before 1.15):
+`GRPOConfig` and the phases are the same, but the trainer patches
 the policy (and the reference copy) with `add_fused_lm_head` and
 `_get_per_token_logps_and_entropies` calls it with `fused_lm_head=True` and labels on the
 completion's tokens only (`labels[:, :-logits_to_keep] = -100`): the log-probabilities come
 from the tiled head (llmmem.budget.fused_head), never from whole logits. The policy asks for
 `outputs=("log_probs", "entropy")`, the reference copy for `log_probs`. So where
-`GrpoSetup.trl_release` is 1.0 or later (`fused_log_probs`) the logits terms of the
+`GrpoSetup.trl_release` is 1.15 or later (`fused_log_probs`) the logits terms of the
 no-gradient passes (no earlier chunk's logits stay bound either: a chunk keeps only its
 per-token outputs) and of the policy's forward and backward are the fused head's: the last
 hidden state, the scored positions' copy, the 4096 × 32768 tile buffer and, in backward, the
@@ -136,8 +137,8 @@ class GrpoSetup:
     # right-pads the completions after their EOS, so the forwards' attention mask has zeros
     # (False: every prompt as long and every completion run to max_completion_length)
     padded_prompts: bool = True
-    # the TRL release whose GRPOTrainer runs (None: TRL_RELEASE); 1.0 and later take the
-    # log-probabilities through the fused LM head
+    # the TRL release whose GRPOTrainer runs (None: TRL_RELEASE); 1.15 and later take the
+    # log-probabilities through the fused LM head (llmmem.budget.fused_head.FIRST_RELEASE)
     trl_release: str | None = None
 
     def __post_init__(self) -> None:
@@ -228,7 +229,7 @@ def reference_of(grpo: GrpoSetup, setup: TrainingSetup) -> Reference:
 
 
 def uses_fused_head(grpo: GrpoSetup) -> bool:
-    """Whether the GRPOTrainer takes its log-probabilities through the fused LM head (TRL 1.0
+    """Whether the GRPOTrainer takes its log-probabilities through the fused LM head (TRL 1.15
     and later)."""
     return release(grpo.trl_release or TRL_RELEASE) >= fused_head.FIRST_RELEASE
 
@@ -346,8 +347,8 @@ def grpo_log_probs(spec: ModelSpec, setup: TrainingSetup, grpo: GrpoSetup) -> Gr
 def fused_log_probs(
     spec: ModelSpec, setup: TrainingSetup, grpo: GrpoSetup, triton: bool = True
 ) -> GrpoLogProbs:
-    """TRL 1.x's `_get_per_token_logps_and_entropies` on `per_device_train_batch_size` rows:
-    the fused LM head (llmmem.budget.fused_head) over the completion's C labelled positions a
+    """`_get_per_token_logps_and_entropies` from TRL 1.15 on `per_device_train_batch_size`
+    rows: the fused LM head (llmmem.budget.fused_head) over the completion's C labelled positions a
     row on a GPU (every s − 1 without Triton, `triton=False`). With gradient the policy's
     forward ends with the head's saved tensors and its backward is the head's; without
     gradient (reference, old policy) one chunk's head at its largest: the last hidden state,
@@ -362,7 +363,7 @@ def fused_log_probs(
         forward_end=Term(bytes=moments.forward_end, formula=moments.formula_forward),
         no_grad=Term(
             bytes=head.no_grad,
-            formula=f"one chunk ({rows} rows) through the fused LM head (TRL 1.x) without "
+            formula=f"one chunk ({rows} rows) through the fused LM head (TRL 1.15+) without "
             "gradient: the last hidden state, the scored positions' copy and the tile buffer",
         ),
         inside_kernel=0,
@@ -567,8 +568,8 @@ def estimate_grpo_budget(
     grpo: GrpoSetup,
     gpu: GpuTarget | None = None,
 ) -> Budget:
-    """One optimizer step of TRL 0.29.1's GRPOTrainer (1.x's where `grpo.trl_release` says
-    so: the fused LM head): generation, the log-probabilities
+    """One optimizer step of TRL 0.29.1's GRPOTrainer (1.15's and later where
+    `grpo.trl_release` says so: the fused LM head): generation, the log-probabilities
     without gradient, the policy's forward and backward over the completions, the step.
     `setup.batch` is `per_device_train_batch_size` (completions); its `seq` is replaced by
     prompt + completion."""
