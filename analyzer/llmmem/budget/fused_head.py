@@ -1,7 +1,7 @@
 """TRL 1.x's fused LM head: the log-probabilities without the `(rows, seq, vocab)` logits.
 
-From TRL 1.0 on, DPOTrainer and KTOTrainer patch the policy (and the reference copy) with
-`add_fused_lm_head` (trl 1.16.0, trl/trainer/utils.py) and call it with
+From TRL 1.15 on, DPOTrainer, KTOTrainer and GRPOTrainer patch the policy (and the reference
+copy) with `add_fused_lm_head` (trl 1.16.0, trl/trainer/utils.py) and call it with
 `fused_lm_head=True`: the backbone runs as before, and its last hidden state goes through
 `ChunkedLogProbFunction` (trl/kernels/chunked_logprob.py), a custom autograd Function that
 projects it through the head one tile at a time, folds each tile into online-logsumexp
@@ -74,7 +74,7 @@ FUSED_OBJECTIVES = frozenset({Objective.DPO, Objective.KTO})
 
 def uses_fused_head(pref: PreferenceSetup) -> bool:
     """Whether the run's trainer takes its log-probabilities through the fused LM head: DPO
-    and KTO from TRL 1.0 on."""
+    and KTO from TRL 1.15 on (GRPO: llmmem.budget.grpo.uses_fused_head)."""
     return (
         pref.objective in FUSED_OBJECTIVES
         # LLaMA-Factory's own DPO trainer computes its log-probabilities itself
