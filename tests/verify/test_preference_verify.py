@@ -53,9 +53,9 @@ def _project(tmp_path: Path, script: str) -> Path:
     return tmp_path
 
 
-def _verify(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _verify(project: Path, *args: str, file: str = "train.py") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "llmmem", "verify", "train.py", "--format", "json", *args],
+        [sys.executable, "-m", "llmmem", "verify", file, "--format", "json", *args],
         cwd=project,
         capture_output=True,
         text=True,
@@ -183,15 +183,7 @@ bf16: true
 def test_a_llamafactory_yaml_is_verified_with_its_own_trainer(tmp_path: Path, stage: str) -> None:
     project = _project(tmp_path, "")
     (project / "dpo.yaml").write_text(LLAMAFACTORY_DPO.replace("stage: dpo", f"stage: {stage}"))
-    done = subprocess.run(
-        [sys.executable, "-m", "llmmem", "verify", "dpo.yaml", "--format", "json", "--device=cpu"],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=ENV,
-        stdin=subprocess.DEVNULL,
-    )
+    done = _verify(project, "--device=cpu", file="dpo.yaml")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     rows = {row["what"]: row for row in report["comparison"]}

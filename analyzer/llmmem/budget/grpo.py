@@ -94,7 +94,15 @@ from llmmem.budget.preference import (
     reference_copy_term,
 )
 from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
-from llmmem.budget.setup import Method, Mode, Packing, SetupError, TrainingSetup, release
+from llmmem.budget.setup import (
+    Method,
+    Mode,
+    Packing,
+    SetupError,
+    TrainingSetup,
+    check_release,
+    release,
+)
 from llmmem.models.spec import ModelSpec
 from llmmem.units import format_bytes, format_count
 
@@ -143,12 +151,7 @@ class GrpoSetup:
 
     def __post_init__(self) -> None:
         if self.trl_release is not None:
-            try:
-                release(self.trl_release)
-            except ValueError:
-                raise SetupError(
-                    f"trl_release must look like '0.29.1', got '{self.trl_release}'"
-                ) from None
+            check_release(self.trl_release, "trl_release", "0.29.1")
         for name in ("num_generations", "max_prompt_length", "max_completion_length"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -71,7 +71,14 @@ from llmmem.budget.activations import (
 from llmmem.budget.overheads import overhead_terms, reserved_and_device_total
 from llmmem.budget.phases import estimate_budget
 from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
-from llmmem.budget.setup import Method, Precision, SetupError, TrainingSetup, release
+from llmmem.budget.setup import (
+    Method,
+    Precision,
+    SetupError,
+    TrainingSetup,
+    check_release,
+    release,
+)
 from llmmem.budget.weights import build_inventory
 from llmmem.models.spec import ModelSpec
 from llmmem.units import format_bytes, format_count
@@ -157,12 +164,7 @@ class PreferenceSetup:
         if self.trainer not in TRAINERS:
             raise SetupError(f"trainer is one of {', '.join(TRAINERS)}, got '{self.trainer}'")
         if self.trl_release is not None:
-            try:
-                release(self.trl_release)
-            except ValueError:
-                raise SetupError(
-                    f"trl_release must look like '0.29.1', got '{self.trl_release}'"
-                ) from None
+            check_release(self.trl_release, "trl_release", "0.29.1")
 
     @property
     def follows_trl_release(self) -> bool:

@@ -185,7 +185,8 @@ def release(version: str) -> tuple[int, int]:
     return int(major), int(minor.split(".")[0] or 0)
 
 
-def _check_release(version: str, name: str, example: str) -> None:
+def check_release(version: str, name: str, example: str) -> None:
+    """A clear SetupError where `version` is not a release like `example`."""
     try:
         release(version)
     except ValueError:
@@ -225,7 +226,7 @@ class QuantSetup:
 
     def __post_init__(self) -> None:
         _set(self, "quant_type", _as_enum(QuantType, self.quant_type, "quant_type"))
-        _check_release(self.bitsandbytes_version, "bitsandbytes_version", "0.45")
+        check_release(self.bitsandbytes_version, "bitsandbytes_version", "0.45")
         storage = QUANT_STORAGE_NAMES.get(str(self.quant_storage).lower().removeprefix("torch."))
         if storage is None:
             choices = ", ".join(sorted(set(QUANT_STORAGE_NAMES.values())))
@@ -378,10 +379,10 @@ class TrainingSetup:
         _set(self, "seq", _whole(self.seq, "seq", at_least=1))
         _set(self, "grad_accum", _whole(self.grad_accum, "grad_accum", at_least=1))
         _set(self, "new_tokens", _whole(self.new_tokens, "new_tokens", at_least=0))
-        _check_release(self.torch_version, "torch_version", "2.4")
-        _check_release(self.transformers_version, "transformers_version", "4.48")
+        check_release(self.torch_version, "torch_version", "2.4")
+        check_release(self.transformers_version, "transformers_version", "4.48")
         if self.trl_version is not None:
-            _check_release(self.trl_version, "trl_version", "0.29")
+            check_release(self.trl_version, "trl_version", "0.29")
         if self.method is Method.FULL and self.quant is not None and self.mode is Mode.TRAIN:
             raise SetupError(
                 "full fine-tuning of a quantized model is not possible: use --method qlora "
