@@ -54,11 +54,14 @@ GRPO_FLAGS = {
 # row id; the bench prints it beside the row and the test checks every such row has one.
 REASONS: dict[str, str] = {
     "trl-pr5926-dpo-qwen2.5-0.5b-after": (
-        "the run is TRL main after PR 5926, whose DPOTrainer._compute_loss no longer makes "
-        ".contiguous() copies of the policy's and the reference's shifted logits; the estimate "
-        "follows trl 0.29.1's, which makes both (4 B × 8×511×151936 each, 2.31 GiB in fp32), "
-        "and reads the -before row, the same setup measured before the PR, within 10% (the "
-        "measured drop between the two runs: 2.69 GiB)"
+        "the run is TRL main after PR 5926, whose DPOTrainer._compute_loss takes the "
+        "log-probabilities on views of the logits, as TRL 1.6 does; estimated as 1.6 the "
+        "shifted copies are gone (the -before row reads +3.4% with them), and the peak moves to "
+        "the log-probabilities' backward: the logits, kept by the per-row logsumexp's saved "
+        "rows, and three gradients of 4 B × 8×511×151936 (2.31 GiB each), as the same call "
+        "measures on the CPU (the grid's trl-views and simpo steps); the run peaks 2.1 GiB "
+        "lower, about one of those gradients, which this CPU-measured count does not explain "
+        "(whether CUDA's autograd accumulates one in place is not checked)"
     ),
     "trl-notebook-grpo-qwen2-7b-qlora-t4": (
         "the run sets use_liger_kernel=True, and TRL 0.26's GRPOTrainer.compute_loss then goes "

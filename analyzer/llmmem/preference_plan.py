@@ -491,7 +491,7 @@ def _note_of(plan: TrainingPlan, key: str) -> str:
 
 def trl_release_note(versions: dict[str, Any]) -> str | None:
     """A note where the run's TRL computes the log-probabilities otherwise than TRL 0.29: 1.6 to
-    1.14 DPOTrainer on views of the logits, without 0.29's shifted copies; from 1.15
+    1.14 DPOTrainer on views of the logits, without 0.29's shifted copies (sized so); from 1.15
     DPOTrainer, KTOTrainer and GRPOTrainer through a fused, tiled LM head (trl/trainer/utils.py
     `add_fused_lm_head`), which the budget sizes (llmmem.budget.fused_head), for DPO and KTO
     over every position, where a GPU scores only the labelled ones. 1.0 to 1.5 run 0.29's
@@ -511,8 +511,8 @@ def trl_release_note(versions: dict[str, Any]) -> str | None:
     if found_release < FIRST_RELEASE:
         return (
             f"trl {text}: DPOTrainer takes its log-probabilities on views of the logits (no "
-            "shifted copies since 1.6); the budget counts TRL 0.29's copies, an upper bound "
-            "on that part"
+            "shifted copies since 1.6), and the budget sizes them so; KTO and GRPO are sized "
+            "as TRL 0.29's"
         )
     return (
         f"trl {text}: DPO, KTO and GRPO take their log-probabilities from a fused, tiled LM "

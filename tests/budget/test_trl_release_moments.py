@@ -32,7 +32,7 @@ from llmmem.budget.result import Phase
 from llmmem.budget.setup import Method, Precision, SetupError, TrainingSetup
 from llmmem.models.architectures import spec_from_config
 from llmmem.models.spec import ModelSource
-from llmmem.verify.preference_grid import SMALL
+from llmmem.verify.preference_grid import SMALL, Case, measure, predict
 
 # the preference grid's tiny Llama: hidden 64, MLP 160, 2 layers, 4 heads (2 K/V), vocab 1,000
 TINY = SMALL["llama"]
@@ -173,3 +173,35 @@ def test_orpo_and_cpo_at_trl_1x_keep_the_view_and_the_chosen_cross_entropy(
     assert _phase(objective, "0.24.0", Phase.BACKWARD).allocated_bytes != (
         _phase(objective, "0.29.1", Phase.BACKWARD).allocated_bytes
     )
+
+
+def test_dpo_from_trl_16_takes_the_views_without_the_shifted_copies() -> None:
+    # TRL 1.6 to 1.13: selective_log_softmax of logits[..., :-1, :] (no .contiguous());
+    # 2 pairs → 4 rows × 64 tokens × 1000, fp32: the policy keeps its logits and one row's
+    # logsumexp temporary; at 0.29 the shifted copy is kept beside them
+    whole, shifted, row = 4 * 64 * 1000, 4 * 63 * 1000, 63 * 1000
+    views = _phase(Objective.DPO, "1.6.0", Phase.FORWARD)
+    copies = _phase(Objective.DPO, "0.29.1", Phase.FORWARD)
+    from llmmem.budget.result import Component
+
+    assert views.components[Component.LOGITS].bytes == 4 * whole + 4 * row
+    assert copies.components[Component.LOGITS].bytes == 4 * whole + 4 * shifted
+    # 1.6's metrics still take entropy_from_logits, which copies the view as it reshapes it
+    metrics = _phase(Objective.DPO, "1.6.0", Phase.REFERENCE_FORWARD)
+    assert "metrics" in metrics.moment
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case("llama", "dpo", "full", True, "fp32", trainer="trl-views"),
+        Case("qwen2", "dpo", "lora", False, "bf16", trainer="trl-views"),
+        Case("gemma2", "dpo", "full", True, "bf16-true", mixed=False, trainer="trl-views"),
+    ],
+    ids=lambda c: c.id,
+)
+def test_dpo_on_views_within_five_percent_of_a_cpu_step(case: Case) -> None:
+    measured = measure(case)
+    predicted = predict(case)
+    for phase, got in measured.items():
+        assert abs(predicted[phase] - got) / got <= 0.05, (phase, got, predicted[phase])

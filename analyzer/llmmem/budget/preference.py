@@ -85,7 +85,8 @@ from llmmem.units import format_bytes, format_count
 
 # the TRL release whose trainers these budgets follow
 TRL_RELEASE = "0.29"
-# the first release whose DPOTrainer no longer copies the shifted logits
+# the first release whose DPOTrainer no longer copies the shifted logits: from 1.6 to 1.14 it
+# takes the log-probabilities on views of the logits (then 1.15's fused head)
 SAME_DPO_UNTIL = (1, 6)
 # the trainers whose preference steps are told apart (PreferenceSetup.trainer)
 TRAINERS = ("trl", "llamafactory")
@@ -173,6 +174,19 @@ class PreferenceSetup:
         in each minor release's trl/trainer/dpo_trainer.py); 1.6 takes the log-probabilities on
         views, 1.15 through the fused head."""
         return release(TRL_RELEASE) <= release(self.trl_release or TRL_RELEASE) < SAME_DPO_UNTIL
+
+    @property
+    def dpo_on_views(self) -> bool:
+        """TRL 1.6 to 1.14's DPOTrainer: `selective_log_softmax` of the views
+        `logits[..., :-1, :]` (no `.contiguous()` copies), its metrics still 0.29's."""
+        from llmmem.budget.fused_head import FIRST_RELEASE
+
+        found = release(self.trl_release or TRL_RELEASE)
+        return (
+            self.objective is Objective.DPO
+            and self.trainer == "trl"
+            and SAME_DPO_UNTIL <= found < FIRST_RELEASE
+        )
 
 
 def fp32_outputs(mixed_precision: bool | None, setup: TrainingSetup) -> bool:
@@ -267,6 +281,7 @@ def log_prob_moments(
     chosen_nll: bool = False,
     trainer: str = "trl",
     cross_entropy: bool = True,
+    views: bool = False,
 ) -> LogProbMoments:
     """`selective_log_softmax` over `sequences` rows of `setup.seq` tokens (trl 0.29.1,
     trl/trainer/utils.py), measured on CPU in tests/budget/test_preference.py.
@@ -290,6 +305,8 @@ def log_prob_moments(
         moments = _llamafactory_kto_moments(spec, setup, sequences)
     elif trainer == "llamafactory":
         moments = _llamafactory_moments(spec, setup, sequences, fp32, reference_fp32)
+    elif views:
+        moments = _dpo_view_moments(spec, setup, sequences, fp32, reference_fp32)
     else:
         moments = _log_prob_moments(
             spec, setup, sequences, fp32, reference_fp32, chosen_nll, cross_entropy
@@ -613,6 +630,44 @@ def _view_moments(
     )
 
 
+def _dpo_view_moments(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    sequences: int,
+    fp32: bool,
+    reference_fp32: bool | None,
+) -> LogProbMoments:
+    """TRL 1.6 to 1.14's DPOTrainer (trl/trainer/dpo_trainer.py `_compute_loss`):
+    `selective_log_softmax(outputs.logits[..., :-1, :], ...)` for the policy and under
+    `no_grad` for the reference, on views, no shifted copies. The policy's moments are CPO's
+    without its cross-entropy (`_view_moments`: the same call on the same view, measured on the
+    CPU as the grid's "simpo" step); the reference adds its logits and one row's temporary."""
+    compute = dtypes_for(setup).compute
+    e = 4 if fp32 else compute
+    r = 4 if (fp32 if reference_fp32 is None else reference_fp32) else compute
+    vocab = spec.vocab_size
+    whole = sequences * setup.seq * vocab
+    shifted = sequences * max(setup.seq - 1, 0) * vocab
+    row = max(setup.seq - 1, 0) * vocab
+    count = f"L = {sequences}×{setup.seq}×{format_count(vocab)}"
+    policy = _view_moments(e, whole, shifted, row, count, compute if e != compute else 0)
+    reference = r * whole + (4 * row if r == 4 else r * row)
+    # what the policy still holds when the reference runs: its logits (and, in 16 bits, the
+    # per-row log-softmax outputs), not the model's 16-bit logits accelerate converted from
+    kept = e * whole + (e * shifted if e != 4 else 0)
+    return replace(
+        policy,
+        reference=reference,
+        inside_kernel=4 * row if r == 4 else 0,
+        inside_forward=policy.inside_kernel,
+        kept_for_reference=kept,
+        formula_kept=f"{e} B × {count} (the policy's logits)"
+        + (f" + {e} B × L' (its per-row log-softmax, kept)" if e != 4 else ""),
+        formula_reference=f"{r} B × L (the reference's logits) + "
+        + ("one row's logsumexp temporary" if r == 4 else "one row's log-softmax"),
+    )
+
+
 def dpo_metrics_bytes(spec: ModelSpec, setup: TrainingSetup, sequences: int, e: int) -> int:
     """What TRL 0.29.1's `DPOTrainer._compute_loss` allocates for its metrics after the loss,
     with the policy's (and the reference's) logits and shifted copies still alive: the larger
@@ -634,11 +689,18 @@ def _metrics_phase(
     reference_row: int,
     rows: int,
     e: int,
+    views: bool = False,
 ) -> PhaseBudget:
     """DPO's metrics moment (TRL 0.29): `phase` (the reference forward, or the policy's forward
     without a reference in the step) with the reference's one-row temporary (`reference_row`
     bytes) given back and the metrics' tensors made, or `phase` where it is larger."""
     extra = dpo_metrics_bytes(spec, setup, rows, e)
+    if views:
+        # `entropy_from_logits` reshapes the strided view of the logits: a copy of it, beside
+        # its three chunks (the chosen rows' mask copy comes after the copy is freed)
+        positions = rows * max(setup.seq - 1, 0)
+        chunk = min(128, positions)
+        extra = max(e * spec.vocab_size * (positions + 3 * chunk), extra)
     parts = dict(phase.components)
     temporaries = parts.get(Component.TEMPORARIES)
     kept = 0
@@ -891,6 +953,7 @@ def estimate_preference_budget(
             else "trl"
         ),
         cross_entropy=not (pref.objective is Objective.CPO and pref.cpo_alpha == 0),
+        views=pref.dpo_on_views,
     )
     from llmmem.budget.fused_head import fused_head_moments, uses_fused_head
 
@@ -932,13 +995,23 @@ def estimate_preference_budget(
     phases = [policy_forward]
     if reference in (Reference.COPY, Reference.ADAPTER) or pref.objective is Objective.KTO:
         phases.append(_reference_phase(spec, setup, pref, policy_forward, lp, reference, rows))
-    if pref.objective is Objective.DPO and release_029:
+    views_entropy = pref.dpo_on_views and release(pref.trl_release or TRL_RELEASE) < (1, 14)
+    if pref.objective is Objective.DPO and (release_029 or views_entropy):
         # the metrics run after the loss, in the same call: the last phase before backward
+        # (1.6 to 1.13 still take `entropy_from_logits`, of a view; 1.14 folds the entropy
+        # into its log-probabilities' pass)
         compute = dtypes_for(setup).compute
         e = 4 if fp32 else compute
         r = 4 if reference_fp32_outputs(pref.mixed_precision, setup, reference) else compute
         reference_row = r * max(setup.seq - 1, 0) * spec.vocab_size
-        phases[-1] = _metrics_phase(spec, policy_setup, phases[-1], reference_row, rows, e)
+        phases[-1] = _metrics_phase(
+            spec, policy_setup, phases[-1], reference_row, rows, e, views=pref.dpo_on_views
+        )
+    if pref.dpo_on_views:
+        notes.append(
+            f"dpo (TRL {pref.trl_release}): the log-probabilities are taken on views of the "
+            "logits, without 0.29's shifted copies"
+        )
     if reference is Reference.PRECOMPUTED:
         notes.append(
             "precompute_ref_log_probs: the reference log-probabilities are read from the "

@@ -120,7 +120,8 @@ class Case:
     # accelerate's mixed precision (bf16=True); None: on for bf16 and bf16-true, as TRL's
     # configs default
     mixed: bool | None = None
-    # whose trainer runs the step: "trl" (TRL 0.29.1's) or "llamafactory" (LLaMA-Factory
+    # whose trainer runs the step: "trl" (TRL 0.29.1's), "trl-views" (TRL 1.6 to 1.13's DPO,
+    # the log-probabilities on views of the logits) or "llamafactory" (LLaMA-Factory
     # 0.9.5's own CustomDPOTrainer: DPO, and ORPO/SimPO without a reference)
     trainer: str = "trl"
 
@@ -242,7 +243,9 @@ class _Step:
 
     def log_probs(self, model: Any, ids: torch.Tensor, completion: torch.Tensor) -> Any:
         outputs = self.forward(model, ids)
-        shifted = outputs.logits[..., :-1, :].contiguous()
+        shifted = outputs.logits[..., :-1, :]
+        if getattr(self.case, "trainer", "trl") != "trl-views":
+            shifted = shifted.contiguous()  # TRL 0.29 to 1.5
         per_token = selective_log_softmax(shifted, ids[..., 1:].contiguous())
         per_token[completion[..., 1:] == 0] = 0.0
         return outputs, shifted, per_token.sum(dim=1).chunk(2, dim=0)
@@ -691,8 +694,10 @@ def predict(case: Case, size: str = "small") -> dict[str, int]:
         objective=Objective.CPO if simpo else Objective(case.objective),
         reference=reference,
         mixed_precision=case.mixed,
-        trainer=trainer,
+        trainer="trl" if trainer == "trl-views" else trainer,
         cpo_alpha=0.0 if simpo else None,
+        # "trl-views": TRL 1.6 to 1.13's DPOTrainer, on views of the logits
+        trl_release="1.6.0" if trainer == "trl-views" else None,
     )
     budget = estimate_preference_budget(spec, setup, pref)
     # less what the kernels allocate for themselves, which no storage counter sees
@@ -722,6 +727,7 @@ OBJECTIVES = ["dpo", "orpo", "kto", "reward"]
 # trainer runs DPO, and ORPO and SimPO (its `pref_loss`), whose memory is ORPO's
 TRAINER_OBJECTIVES = {
     "trl": [*OBJECTIVES, "simpo"],
+    "trl-views": ["dpo"],
     "llamafactory": ["dpo", "orpo", "kto", "reward"],
 }
 
