@@ -39,6 +39,22 @@ def objective_of(plan: TrainingPlan) -> Objective | None:
     return None if objective is Objective.SFT else objective
 
 
+def unmodelled_objective_problem(plan: TrainingPlan) -> str | None:
+    """A clear word where the plan trains for an objective llmmem does not size (trl's online
+    DPO, an axolotl `rl:` value it does not know): the estimate is then the supervised step of
+    the same model and setup, which leaves out what that objective adds."""
+    if plan.objective is None or objective_of(plan) is not None:
+        return None
+    name = str(plan.objective.value)
+    if name.lower() == "sft":
+        return None
+    return (
+        f"trains for {name}, whose step llmmem does not size yet: the estimate is the "
+        "supervised step of the same model and setup, which leaves out what the objective "
+        "adds (generation in the step, a reference, reward or judge model)"
+    )
+
+
 def reference_of(plan: TrainingPlan) -> tuple[Reference | None, str]:
     """How the plan makes its reference log-probabilities, and why (None: TRL's default)."""
     if _truthy(_kept(plan, "precompute_ref_log_probs")):

@@ -370,9 +370,12 @@ def analyze(
                 else Precision.BF16_TRUE
             )
             analysis.setup = replace(analysis.setup, precision=precision)
-        from llmmem.preference_plan import preference_setup
+        from llmmem.preference_plan import preference_setup, unmodelled_objective_problem
 
         preference = preference_setup(plan)
+        unmodelled = unmodelled_objective_problem(plan)
+        if unmodelled:
+            analysis.problems.append(unmodelled)
         if preference is not None:
             from llmmem.preference_plan import autocast_as_mixed_precision
 

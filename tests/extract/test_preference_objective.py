@@ -406,3 +406,37 @@ def test_a_verl_grpo_reference_is_decided_by_use_kl_loss(tmp_path: Path) -> None
     without = _plan(tmp_path, "verl_grpo.yaml", text)
     row = reference_row(without, analyze(without).setup.method)
     assert row is not None and row.value.startswith("none") and "false" in row.note
+
+
+ONLINE_DPO = """from transformers import AutoModelForCausalLM
+from trl.experimental.online_dpo import OnlineDPOConfig, OnlineDPOTrainer
+
+model = AutoModelForCausalLM.from_pretrained("Qwen/Qwen2.5-0.5B-Instruct")
+args = OnlineDPOConfig(output_dir="out")
+trainer = OnlineDPOTrainer(model=model, judge=None, args=args, train_dataset=None)
+trainer.train()
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "objective"),
+    [
+        ("train.py", ONLINE_DPO, "online_dpo"),
+        (
+            "train.yml",
+            "base_model: Qwen/Qwen2.5-0.5B-Instruct\nrl: nash_md\nsequence_len: 512\n"
+            "micro_batch_size: 1\noutput_dir: out\n",
+            "nash_md",
+        ),
+    ],
+)
+def test_an_objective_llmmem_does_not_size_is_said_not_sized_as_sft(
+    tmp_path: Path, name: str, text: str, objective: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    analysis = analyze(extract_plan(path))
+    assert str(analysis.plan.objective.value) == objective
+    said = [p for p in analysis.problems if "does not size yet" in p]
+    assert said and objective in said[0]
+    assert analysis.budget is not None  # the supervised step, said to be that

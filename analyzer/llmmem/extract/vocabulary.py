@@ -107,6 +107,9 @@ OBJECTIVE_OF_CONFIG: dict[str, str] = {
     "RewardConfig": "reward",
     "GRPOConfig": "grpo",
     "PPOConfig": "ppo",
+    # trl.experimental's online DPO: generation, a judge or reward model and DPO's loss in the
+    # step, whose memory llmmem does not model (it says so rather than sizing SFT)
+    "OnlineDPOConfig": "online_dpo",
 }
 
 # axolotl `rl:` values (IPO is DPO's forward with another loss; SimPO is CPO's)
@@ -171,6 +174,8 @@ TRAINER_CONFIG_CLASSES: dict[str, str] = {
     "GRPOConfig": "GRPOConfig",
     "RewardConfig": "RewardConfig",
     "PPOConfig": "PPOConfig",
+    # BaseConfig's defaults as DPOConfig's (bf16, checkpointing); its own lengths are not read
+    "OnlineDPOConfig": "DPOConfig",
 }
 
 TRL_CONFIG_CLASSES = frozenset(
@@ -190,6 +195,7 @@ TRAINER_CLASSES: dict[str, tuple[str, int | None]] = {
     "GRPOTrainer": ("GRPOConfig", 2),
     "RewardTrainer": ("RewardConfig", None),
     "PPOTrainer": ("PPOConfig", 0),
+    "OnlineDPOTrainer": ("OnlineDPOConfig", None),
 }
 
 TRL_TRAINER_CLASSES = frozenset(

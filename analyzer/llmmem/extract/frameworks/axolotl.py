@@ -83,7 +83,8 @@ AXOLOTL_DEFAULTS: tuple[tuple[str, Any, str], ...] = (
 
 def read_axolotl_objective(reader: DocumentReader) -> None:
     """`rl: dpo|ipo|orpo|kto|simpo|grpo`: axolotl trains with TRL's trainer of that name; an
-    unknown value is kept, and sized as nothing rather than as SFT."""
+    unknown value is kept, and the analysis says its step is not sized (the estimate is the
+    supervised step's)."""
     rl = reader.converted(("rl",), as_text)
     if rl is None or not rl.strip() or rl.strip().lower() in ("false", "none"):
         return
