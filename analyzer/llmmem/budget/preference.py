@@ -331,6 +331,25 @@ def log_prob_moments(
     )
 
 
+def _logit_sizes(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    sequences: int,
+    fp32: bool,
+    reference_fp32: bool | None,
+) -> tuple[int, int, int, int, int, int, str]:
+    """The log-probabilities' sizes: the compute dtype's bytes, the policy's and the
+    reference's bytes per logit, L = rows × s × V and L' = rows × (s − 1) × V elements, one
+    row's (s − 1) × V, and L's text."""
+    compute = dtypes_for(setup).compute
+    e = 4 if fp32 else compute
+    r = 4 if (fp32 if reference_fp32 is None else reference_fp32) else compute
+    vocab = spec.vocab_size
+    row = max(setup.seq - 1, 0) * vocab
+    count = f"L = {sequences}×{setup.seq}×{format_count(vocab)}"
+    return compute, e, r, sequences * setup.seq * vocab, sequences * row, row, count
+
+
 def _log_prob_moments(
     spec: ModelSpec,
     setup: TrainingSetup,
@@ -340,14 +359,9 @@ def _log_prob_moments(
     chosen_nll: bool,
     cross_entropy: bool = True,
 ) -> LogProbMoments:
-    compute = dtypes_for(setup).compute
-    e = 4 if fp32 else compute
-    r = 4 if (fp32 if reference_fp32 is None else reference_fp32) else compute
-    vocab = spec.vocab_size
-    whole = sequences * setup.seq * vocab
-    shifted = sequences * max(setup.seq - 1, 0) * vocab
-    row = max(setup.seq - 1, 0) * vocab
-    count = f"L = {sequences}×{setup.seq}×{format_count(vocab)}"
+    compute, e, r, whole, shifted, row, count = _logit_sizes(
+        spec, setup, sequences, fp32, reference_fp32
+    )
     converted = " (accelerate's fp32 outputs)" if compute != 4 else ""
     if chosen_nll:
         pairs = sequences // 2
@@ -642,14 +656,9 @@ def _dpo_view_moments(
     `no_grad` for the reference, on views, no shifted copies. The policy's moments are CPO's
     without its cross-entropy (`_view_moments`: the same call on the same view, measured on the
     CPU as the grid's "simpo" step); the reference adds its logits and one row's temporary."""
-    compute = dtypes_for(setup).compute
-    e = 4 if fp32 else compute
-    r = 4 if (fp32 if reference_fp32 is None else reference_fp32) else compute
-    vocab = spec.vocab_size
-    whole = sequences * setup.seq * vocab
-    shifted = sequences * max(setup.seq - 1, 0) * vocab
-    row = max(setup.seq - 1, 0) * vocab
-    count = f"L = {sequences}×{setup.seq}×{format_count(vocab)}"
+    compute, e, r, whole, shifted, row, count = _logit_sizes(
+        spec, setup, sequences, fp32, reference_fp32
+    )
     policy = _view_moments(e, whole, shifted, row, count, compute if e != compute else 0)
     reference = r * whole + (4 * row if r == 4 else r * row)
     # what the policy still holds when the reference runs: its logits (and, in 16 bits, the
