@@ -267,9 +267,24 @@ class HubCache:
         endpoint_key = re.sub(r"[^\w.-]+", "_", endpoint.split("://", 1)[-1]).strip("_")
         return self.root / (endpoint_key or "default") / kind / f"{repo_id.replace('/', '--')}.json"
 
+    def _read_text(self, path: Path) -> str | None:
+        """A cache file's text; None when there is none, or (warned once) when the cache
+        cannot be read at all."""
+        from llmmem.files import UnreadableFile, read_file_bytes
+
+        try:
+            return read_file_bytes(path, MAX_JSON_BYTES).decode("utf-8")
+        except (FileNotFoundError, UnreadableFile, UnicodeDecodeError):
+            return None  # not looked up before, or a damaged entry: looked up again
+        except OSError as error:  # EACCES, ENOTDIR: a home the user cannot read
+            from llmmem.models.unreadable_cache import reason_of, unreadable_cache
+
+            unreadable_cache("llmmem's copy of hub lookups", self.root, reason_of(error))
+            return None
+
     def read(self, endpoint: str, repo_id: str) -> HubModelFiles | None:
         """The stored lookup, fresh or not; None when there is none or it cannot be read."""
-        text = _read_small_text(self._path("found", endpoint, repo_id))
+        text = self._read_text(self._path("found", endpoint, repo_id))
         if text is None:
             return None
         files = HubModelFiles.from_json(text)
@@ -281,7 +296,7 @@ class HubCache:
         self, endpoint: str, repo_id: str, now: float | None = None
     ) -> HubLookupFailure | None:
         """A failure recorded less than NEGATIVE_TTL_S ago, else None."""
-        text = _read_small_text(self._path("failed", endpoint, repo_id))
+        text = self._read_text(self._path("failed", endpoint, repo_id))
         if text is None:
             return None
         failure = HubLookupFailure.from_json(text)

@@ -23,6 +23,7 @@ import json
 import math
 import os
 import re
+import stat
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -41,11 +42,17 @@ class ModelResolutionError(ValueError):
     """No config could be found for a model reference; the message is one actionable line."""
 
     def __init__(
-        self, message: str, *, ref: str = "", close_matches: list[str] | None = None
+        self,
+        message: str,
+        *,
+        ref: str = "",
+        close_matches: list[str] | None = None,
+        hub_not_asked: bool = False,
     ) -> None:
         super().__init__(message)
         self.ref = ref
         self.close_matches = close_matches or []
+        self.hub_not_asked = hub_not_asked  # a hub id the hub was not asked about (hub=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -173,14 +180,19 @@ def _resolve_config(
     not_found.append("not a local path")
 
     if is_hub_repo_id(ref):
-        cached = _from_hf_cache(ref)
-        if cached is not None:
-            return cached
-        not_found.append("not in the HF cache")
+        try:
+            cached = _from_hf_cache(ref)
+        except UnreadableHfCache as error:  # warned; the rest of the order may still size it
+            not_found.append(error.note)
+            fallback_notes.append(error.note)
+        else:
+            if cached is not None:
+                return cached
+            not_found.append("not in the HF cache")
 
         # a bundled model is answered without the network: its config is a verified copy of
         # the published one, and an editor or a CLI run should never wait on the hub for it
-        bundled = _from_catalog(ref, [])
+        bundled = _from_catalog(ref, fallback_notes)
         if bundled is not None:
             return bundled
 
@@ -230,6 +242,7 @@ def _resolve_config(
         f"unknown model '{ref}': {', '.join(not_found)}{close_text}; {PRAGMA_HINT}",
         ref=ref,
         close_matches=close,
+        hub_not_asked=not hub and is_hub_repo_id(ref),
     )
 
 
@@ -337,12 +350,25 @@ def _from_local_path(
 # --- 2. the Hugging Face cache ------------------------------------------------------------------
 
 
+class UnreadableHfCache(Exception):
+    """The HF cache exists in the environment's eyes but cannot be read (a HOME the user may
+    not enter, or one that is a file); `note` is the warning already given."""
+
+    def __init__(self, note: str) -> None:
+        super().__init__(note)
+        self.note = note
+
+
 def _hf_cached_config_path(repo_id: str) -> Path | None:
     """config.json of `repo_id` in the HF cache: the snapshot `refs/main` points at, else the
-    newest snapshot that has one."""
+    newest snapshot that has one. An OSError other than "no such file" is the caller's."""
     cache_dir = hf_hub_cache_dir()
     repo_dir = cache_dir / f"models--{repo_id.replace('/', '--')}"
-    if not repo_dir.is_dir():
+    try:
+        repo_is_dir = stat.S_ISDIR(os.stat(repo_dir).st_mode)
+    except FileNotFoundError:
+        repo_is_dir = False  # the cache, or this model in it, is simply not there
+    if not repo_is_dir:
         return None  # not cached: skip importing the hub client (a fifth of a second)
     from huggingface_hub import try_to_load_from_cache
 
@@ -362,14 +388,31 @@ def _hf_cached_config_path(repo_id: str) -> Path | None:
 
 
 def _from_hf_cache(repo_id: str) -> ResolvedConfig | None:
-    config_path = _hf_cached_config_path(repo_id)
-    if config_path is None:
-        return None
+    """The config of `repo_id` in the HF cache, None when it is not cached; raises
+    UnreadableHfCache (after warning) when the cache cannot be read."""
+    try:
+        config_path = _hf_cached_config_path(repo_id)
+        if config_path is None:
+            return None
+        config = read_config_file(config_path)
+    except (OSError, RuntimeError, ModelResolutionError) as error:
+        cause = error.__cause__ if isinstance(error, ModelResolutionError) else error
+        if not isinstance(cause, (OSError, RuntimeError)):
+            raise  # a cached config that is not valid JSON: said as it is
+        from llmmem.models.unreadable_cache import reason_of, unreadable_cache
+
+        try:
+            where: Path | str = hf_hub_cache_dir()
+        except RuntimeError:  # Path.home() with neither HOME nor a passwd entry
+            where = "~/.cache/huggingface/hub"
+        raise UnreadableHfCache(
+            unreadable_cache("the Hugging Face cache", where, reason_of(cause))
+        ) from None
     from llmmem.models.hub import read_local_checkpoint_bytes
 
     return ResolvedConfig(
         model_id=repo_id,
-        config=read_config_file(config_path),
+        config=config,
         source=ModelSource.CACHE,
         source_detail=str(config_path),
         checkpoint_bytes_by_dtype=read_local_checkpoint_bytes(config_path.parent),
@@ -379,7 +422,7 @@ def _from_hf_cache(repo_id: str) -> ResolvedConfig | None:
 def _hf_cached_repo_ids() -> list[str]:
     try:
         names = os.listdir(hf_hub_cache_dir())
-    except OSError:
+    except (OSError, RuntimeError):  # not there, unreadable (warned), or no home at all
         return []
     return [
         name.removeprefix("models--").replace("--", "/")
