@@ -124,7 +124,13 @@ def versions_dict(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def add_plan_flags(parser: argparse.ArgumentParser) -> None:
-    """The estimate flags of the plan's quantized storage and library releases."""
+    """The estimate flags of hub lookups, the plan's quantized storage and library releases."""
+    parser.add_argument(
+        "--hub",
+        action="store_true",
+        help="look a model that is not on this machine or in the bundled catalog up on the "
+        "Hugging Face Hub (without it nothing goes to the network)",
+    )
     parser.add_argument(
         "--quant-storage",
         choices=["uint8", "bfloat16", "float16", "float32"],
@@ -303,7 +309,7 @@ def ppo_from_args(args: argparse.Namespace, objective: str | None) -> Any:
     for dest, name in (("value_model", "value"), ("reward_model", "reward")):
         ref = getattr(args, dest, None)
         if ref is not None:
-            values[dest] = resolve_spec(ref, args.offline)
+            values[dest] = resolve_spec(ref, hub_wanted(args))
             values[f"{name}_name"] = ref
     if getattr(args, "new_tokens", None) is not None:
         values["response_length"] = args.new_tokens
@@ -451,13 +457,21 @@ def resolve_gpu(name: str | None) -> tuple[GpuTarget | None, str]:
     return None, "none"
 
 
-def resolve_spec(ref: str, offline: bool) -> ModelSpec:
+def hub_wanted(args: argparse.Namespace) -> bool:
+    """--hub: the only way estimate reaches the network (--offline, the default, says so)."""
+    if getattr(args, "hub", False) and getattr(args, "offline", False):
+        raise UsageError("--hub and --offline: give one of them")
+    return bool(getattr(args, "hub", False))
+
+
+def resolve_spec(ref: str, hub: bool) -> ModelSpec:
     from llmmem.models.resolve import ModelResolutionError, resolve_model
 
     try:
-        return resolve_model(ref, hub=not offline)
+        return resolve_model(ref, hub=hub)
     except ModelResolutionError as err:
-        raise UsageError(str(err)) from None
+        hint = "; --hub looks it up on the Hugging Face Hub" if err.hub_not_asked else ""
+        raise UsageError(f"{err}{hint}") from None
 
 
 def build_setup(
@@ -846,7 +860,7 @@ def preference_from_args(args: argparse.Namespace) -> Any:
 
 def run_estimate(args: argparse.Namespace) -> int:
     gpu, gpu_prov = resolve_gpu(args.gpu)
-    spec = resolve_spec(args.model, args.offline)
+    spec = resolve_spec(args.model, hub_wanted(args))
     preference = preference_from_args(args)
     grpo = getattr(preference, "grpo", None)
     if grpo is not None:
