@@ -5,7 +5,10 @@ Exit codes: 0 measured (the table says how close), 1 the step ran out of memory 
 where and how much), 2 bad input, 3 the step could not be run here (no CUDA, a missing package,
 a timeout). The step runs in a subprocess (`llmmem.verify.worker`) so that a crash, an OOM or a
 hang never takes this process down; nothing of the user's script is run, only the model its plan
-names, built from its config.
+names, built from its config. That process imports nothing from the user's folder and, without
+`--hub`, reaches no network (`llmmem.isolated_python`). `--output` and `--snapshot` must name a
+file that can be written (not a FIFO, a device or a directory) before the step runs, and the
+report is written without ever waiting on a FIFO (`llmmem.output_files`).
 """
 
 from __future__ import annotations
@@ -68,7 +71,14 @@ def add_verify_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="allow a model that ships its own code (config auto_map) to be built",
     )
-    p.add_argument("--offline", action="store_true", help="never ask the hub for the config")
+    hub = p.add_mutually_exclusive_group()
+    hub.add_argument(
+        "--hub",
+        action="store_true",
+        help="look a model that is not on this machine or in the bundled catalog up on the "
+        "Hugging Face Hub (without it nothing goes to the network, the step's process included)",
+    )
+    hub.add_argument("--offline", action="store_true", help="never ask the hub (the default)")
 
 
 def _device(args: argparse.Namespace) -> str:
@@ -149,11 +159,12 @@ def run_verify(args: argparse.Namespace) -> int:
         from llmmem.files import why_not_a_file
 
         raise UsageError(f"{args.file}: {why_not_a_file(path)}")
-    _check_output_path(args.output)
+    _check_output_path("--output", args.output)
+    _check_output_path("--snapshot", args.snapshot)
     text = read_text(path)
     settings = find_project_settings(path)
     require_known_gpus(args.gpu, settings)
-    checked = check_text(path, text, settings=settings, gpu=args.gpu, hub=not args.offline)
+    checked = check_text(path, text, settings=settings, gpu=args.gpu, hub=args.hub)
     analysis = checked.analysis
     if analysis.spec is None or analysis.setup is None:
         reason = analysis.model_error or "; ".join(analysis.problems) or "no training step found"
@@ -172,7 +183,7 @@ def run_verify(args: argparse.Namespace) -> int:
         str(model.value) if (model := model_reference(analysis.plan)) else spec.model_id,
         path.parent,
         checked.settings.local_model_paths,
-        hub=not args.offline and checked.settings.hub,
+        hub=args.hub and checked.settings.hub,
     )
     if config.get("auto_map") and not args.trust_remote_code:
         raise UsageError(
@@ -217,13 +228,22 @@ def run_verify(args: argparse.Namespace) -> int:
         bitsandbytes = setup.quant is not None or runs_bitsandbytes(setup.optim)
         needed = _cpu_step_bytes(spec, setup, budget.allocated_peak_bytes)
         _check_host_memory(needed * setup.distributed.world_size, simulable=not bitsandbytes)
-    measurement = _run_worker(request.to_json(), args.timeout, show_progress=args.format == "text")
+    measurement = _run_worker(
+        request.to_json(),
+        args.timeout,
+        show_progress=args.format == "text",
+        allow_network=args.hub and checked.settings.hub,
+    )
     report = _report(path, spec, budget, measurement)
     if args.output:
+        from llmmem.output_files import write_output_text
+
         try:
-            Path(args.output).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+            write_output_text(args.output, json.dumps(report, indent=2) + "\n")
         except OSError as err:
-            raise UsageError(f"--output {args.output}: cannot write ({err.strerror})") from None
+            raise UsageError(
+                f"--output {args.output}: cannot write ({err.strerror or err})"
+            ) from None
     if args.format == "json":
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -253,39 +273,45 @@ def _grpo_fields(preference: Any) -> dict[str, Any] | None:
     }
 
 
-def _check_output_path(output: str | None) -> None:
-    """`--output` must be writable before a step that may take minutes is run."""
+def _check_output_path(flag: str, output: str | None) -> None:
+    """An output path must be one a file can be written to before a step that may take
+    minutes is run: not a directory, a FIFO (writing waits for a reader) or a device."""
     if not output:
         return
-    target = Path(output)
-    if target.is_dir():
-        raise UsageError(f"--output {output}: is a directory; give a file name such as report.json")
-    if not target.parent.is_dir():
-        raise UsageError(f"--output {output}: the directory {target.parent} does not exist")
+    from llmmem.output_files import why_not_writable
+
+    why = why_not_writable(output)
+    if why:
+        raise UsageError(f"{flag} {output}: {why}")
 
 
-def _run_worker(request: dict[str, Any], timeout_s: float, *, show_progress: bool) -> Any:
+def _run_worker(
+    request: dict[str, Any], timeout_s: float, *, show_progress: bool, allow_network: bool
+) -> Any:
+    """Run the step in `llmmem.verify.worker`, isolated from the user's folder: `python -I`
+    with llmmem's own import path, started in a temporary directory (every path it is given is
+    absolute), the hub's offline switches set unless `allow_network`."""
     # imported here: every `llmmem` command builds this parser, only verify runs a step
     import subprocess
     import tempfile
     import threading
 
+    from llmmem.isolated_python import child_environment, isolated_python
     from llmmem.verify.request import StepMeasurement, StepRequest
 
     with tempfile.TemporaryDirectory(prefix="llmmem-verify-") as directory:
         request_path = Path(directory) / "request.json"
         out_path = Path(directory) / "measurement.json"
         request_path.write_text(json.dumps(request), encoding="utf-8")
-        worker = ["-m", "llmmem.verify.worker", str(request_path), str(out_path)]
+        worker = isolated_python("llmmem.verify.worker", str(request_path), str(out_path))
         world_size = int(request.get("world_size") or 1)
         launched = StepRequest.from_json(request).launched
-        command = [sys.executable, *worker]
+        command = worker
         if launched:  # one process per rank, as the plan's launcher would start them
-            launcher = ["-m", "torch.distributed.run", "--standalone"]
-            command = [sys.executable, *launcher, f"--nproc_per_node={world_size}", *worker]
+            # torchrun runs the isolated worker command as it is (--no-python), not `python -m`
+            launcher = ["--standalone", f"--nproc_per_node={world_size}", "--no-python"]
+            command = isolated_python("torch.distributed.run", *launcher, *worker)
         started = time.monotonic()
-        # started in the temporary directory: `-m` puts the working directory first on
-        # sys.path, and a `torch.py` beside the user's script must not be imported
         process = subprocess.Popen(
             command,
             cwd=directory,
@@ -293,7 +319,7 @@ def _run_worker(request: dict[str, Any], timeout_s: float, *, show_progress: boo
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env=child_environment(allow_network=allow_network),
         )
         stages: list[str] = []
         tail: list[str] = []
