@@ -161,6 +161,12 @@ class TrainingPlan:
     # set when the file could not be parsed at all (a syntax error mid-typing): the plan holds
     # only pragmas and assumptions, and an editor keeps its last good analysis instead
     unreadable: str | None = None
+    # the file (or part of it) does not parse: the parser's message and where it stopped; a
+    # config read up to the error has a plan and this too
+    parse_error: str | None = None
+    parse_error_range: SourceRange | None = None
+    # `[tool.llmmem]` settings that could not be used (an unreadable pyproject.toml)
+    settings_problems: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)  # framework keys kept for rules
     # numbers past llmmem's bounds (a batch of 10**309): not used, each reported where written
     rejected: list[RejectedValue] = field(default_factory=list)

@@ -40,7 +40,16 @@ READER_GROUPS = ("shell", "python", "notebook")
 
 # inside a reader package, each module imports only those before it; __init__ any of them
 PACKAGE_ORDERS = {
-    "python": ["source", "values", "findings", "libraries", "arguments", "interpreter", "emitter"],
+    "python": [
+        "syntax",
+        "source",
+        "values",
+        "findings",
+        "libraries",
+        "arguments",
+        "interpreter",
+        "emitter",
+    ],
     "shell": ["lexer", "expand", "launchers", "options", "reader"],
 }
 

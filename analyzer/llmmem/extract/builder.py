@@ -426,6 +426,9 @@ class PlanBuilder:
         self.problems: list[str] = []
         self.rejected: list[RejectedValue] = []  # numbers past their bounds, where written
         self.unreadable: str | None = None  # why the file could not be parsed at all
+        self.parse_error: str | None = None  # the parser's message (see TrainingPlan)
+        self.parse_error_range: SourceRange | None = None  # where the parser stopped
+        self.settings_problems: list[str] = []  # [tool.llmmem] that could not be used
 
     def set(
         self,
@@ -597,6 +600,9 @@ class PlanBuilder:
         plan.problems = list(dict.fromkeys(self.problems))
         plan.rejected = list(dict.fromkeys(self.rejected))
         plan.unreadable = self.unreadable
+        plan.parse_error = self.parse_error or self.unreadable
+        plan.parse_error_range = self.parse_error_range
+        plan.settings_problems = list(dict.fromkeys(self.settings_problems))
         return plan
 
     def _objective(self, config_class: str | None) -> Sourced[Any] | None:

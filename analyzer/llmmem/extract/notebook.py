@@ -19,11 +19,9 @@ Problem lines speak of "cell N, line M", both 1-based, as people count them.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import json
 import re
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +55,8 @@ class JoinedCells:
     origins: list[CellLine] = field(default_factory=list)  # joined line -> cell line
     cell_lines: dict[int, list[str]] = field(default_factory=dict)  # cell -> its lines
     problems: list[str] = field(default_factory=list)
+    # the first code cell that does not parse: its message and where, in the cell's lines
+    syntax_error: tuple[int, str, SourceRange | None] | None = None
 
 
 def extract_notebook_plan(
@@ -92,6 +92,11 @@ def _read_notebook(
     plan = extract_python_plan(path, joined.text, settings=settings)
     mapped = map_plan_to_cells(plan, joined, str(path))
     mapped.kind = "notebook"
+    if joined.syntax_error is not None and mapped.parse_error is None:
+        index, message, where = joined.syntax_error
+        mapped.parse_error = message
+        if where is not None:
+            mapped.parse_error_range = dataclasses.replace(where, path=cell_path(str(path), index))
     mapped.problems = problems + [problem for problem in mapped.problems if problem not in problems]
     return mapped
 
@@ -172,7 +177,9 @@ def join_code_cells(cells: list[dict[str, Any]]) -> JoinedCells:
             continue
         problem = _syntax_problem("\n".join(python_lines) + "\n", index)
         if problem is not None:
-            joined.problems.append(problem)
+            joined.problems.append(problem[0])
+            if joined.syntax_error is None:
+                joined.syntax_error = (index, problem[0], problem[1])
             continue
         for line_number, line in enumerate(python_lines):
             pieces.append(line + "\n")
@@ -208,17 +215,19 @@ def python_lines_of_cell(lines: list[str]) -> list[str] | None:
     return result
 
 
-def _syntax_problem(source: str, index: int) -> str | None:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            ast.parse(source)
-    except SyntaxError as error:
-        line = f", line {error.lineno}" if error.lineno else ""
-        return f"cell {index + 1}{line}: {error.msg}; the cell is left out"
-    except (ValueError, RecursionError, MemoryError) as error:
-        return f"cell {index + 1}: cannot be parsed ({type(error).__name__}); left out"
-    return None
+def _syntax_problem(source: str, index: int) -> tuple[str, SourceRange | None] | None:
+    """Why a cell's Python does not parse (syntax of newer releases is read), and where."""
+    from llmmem.extract.python.source import parse_script
+
+    parsed = parse_script(source)
+    if parsed.module is not None:
+        return None
+    where = parsed.problem_range
+    if parsed.syntax_message is not None and where is not None:
+        problem = f"cell {index + 1}, line {where.start_line + 1}: {parsed.syntax_message}"
+    else:
+        problem = f"cell {index + 1}: {parsed.problem}"
+    return problem + "; the cell is left out", where
 
 
 # -- positions back to cells ------------------------------------------------------------------

@@ -30,6 +30,7 @@ The same comment can silence findings on its line: `# llmmem: ignore[LLM001,LLM0
 
 from __future__ import annotations
 
+import codecs
 import re
 import sys
 from dataclasses import dataclass, field
@@ -61,7 +62,7 @@ _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _PRAGMA = re.compile(r"#\s*llmmem\s*:(?P<body>.*)$")
 _ITEM = re.compile(
     r"""(?P<ignore>ignore(?:\[(?P<codes>[^\]]*)\])?)(?=\s|$)"""
-    r"""|(?P<key>[A-Za-z_][\w-]*)\s*=\s*(?P<value>"[^"]*"|'[^']*'|\S+)"""
+    r"""|(?P<key>[A-Za-z_][\w-]*)\s*=\s*(?P<value>"[^"]*"|'[^']*'|(?![A-Za-z_][\w-]*=)\S+)"""
     r"""|(?P<junk>\S+)"""
 )
 
@@ -76,12 +77,27 @@ class Pragma:
     written: str  # the key as written: "seq"
 
 
+@dataclass(frozen=True)
+class PragmaProblem:
+    """A part of a `# llmmem:` comment that cannot be used, and where it is written."""
+
+    message: str
+    range: SourceRange  # the item (`gpus=A100`, `ignore[LLM001`), not the whole comment
+
+
 @dataclass
 class PragmaReading:
     pragmas: list[Pragma]
     suppressions: dict[int, set[str]]  # 0-based line -> codes ("*" for all)
     problems: list[str]
     rejected: list[RejectedValue] = field(default_factory=list)  # numbers past their bounds
+    located: list[PragmaProblem] = field(default_factory=list)  # each problem, with its place
+    # 0-based line -> (code, range) of each code an `ignore[...]` names
+    ignored_codes: list[tuple[str, SourceRange]] = field(default_factory=list)
+
+    def refuse(self, message: str, where: SourceRange) -> None:
+        self.problems.append(message)
+        self.located.append(PragmaProblem(message, where))
 
 
 def split_lines(text: str) -> list[str]:
@@ -135,35 +151,52 @@ def read_pragmas(text: str) -> PragmaReading:
             end_line=line_number,
             end_col=start + len(comment),
         )
-        _read_comment(match.group("body"), line_number, comment_range, reading)
+        _read_comment(match.group("body"), match.start("body"), line_number, comment_range, reading)
     return reading
 
 
 def _read_comment(
-    body: str, line_number: int, comment_range: SourceRange, reading: PragmaReading
+    body: str,
+    body_col: int,
+    line_number: int,
+    comment_range: SourceRange,
+    reading: PragmaReading,
 ) -> None:
     where = f"line {line_number + 1}"
     for item in _ITEM.finditer(body):
+        item_range = SourceRange(
+            start_line=line_number,
+            start_col=body_col + item.start(),
+            end_line=line_number,
+            end_col=body_col + item.end(),
+        )
         if item.group("ignore"):
             codes = item.group("codes")
             found = reading.suppressions.setdefault(line_number, set())
             if codes is None or not codes.strip():
                 found.add(ALL_CODES)
             else:
-                found.update(code.strip().upper() for code in codes.split(",") if code.strip())
+                named = [code.strip().upper() for code in codes.split(",") if code.strip()]
+                found.update(named)
+                reading.ignored_codes += [(code, item_range) for code in named]
             continue
         if item.group("junk"):
-            reading.problems.append(
-                f"llmmem pragma ({where}): cannot read '{item.group('junk')}'; "
-                "write key=value, e.g. `# llmmem: seq=4096`"
-            )
+            junk = item.group("junk")
+            if junk.endswith("=") and junk[:-1].lower().replace("-", "_") in PRAGMA_KEYS:
+                message = f"{junk[:-1]} has no value"
+            elif junk.lower().startswith("ignore["):
+                message = f"cannot read '{shown(junk)}'; close it: `ignore[LLM001,LLM003]`"
+            else:
+                message = f"cannot read '{shown(junk)}'; write key=value, e.g. `# llmmem: seq=4096`"
+            reading.refuse(f"llmmem pragma ({where}): {message}", item_range)
             continue
         written = item.group("key").lower().replace("-", "_")
         raw = item.group("value").strip("\"'")
         if written not in PRAGMA_KEYS:
             known = ", ".join(PRAGMA_KEYS)
-            reading.problems.append(
-                _pragma_problem(written, raw, where, f"unknown key '{written}' (known: {known})")
+            reading.refuse(
+                _pragma_problem(written, raw, where, f"unknown key '{written}' (known: {known})"),
+                item_range,
             )
             continue
         key, kind = PRAGMA_KEYS[written]
@@ -174,21 +207,24 @@ def _read_comment(
             except NumberOutOfRange as err:
                 reading.problems.append(f"llmmem pragma ({where}): {written}: {err}; not used")
                 reading.rejected.append(
-                    RejectedValue(key=key, message=f"{written}={err}", range=comment_range)
+                    RejectedValue(key=key, message=f"{written}={err}", range=item_range)
                 )
                 continue
             except ValueError:
-                reading.problems.append(
+                reading.refuse(
                     _pragma_problem(
                         written,
                         raw,
                         where,
                         f"{written} must be a positive integer, got '{shown(raw)}'",
-                    )
+                    ),
+                    item_range,
                 )
                 continue
         elif not raw:
-            reading.problems.append(_pragma_problem(written, raw, where, f"{written} has no value"))
+            reading.refuse(
+                _pragma_problem(written, raw, where, f"{written} has no value"), item_range
+            )
             continue
         reading.pragmas.append(Pragma(key=key, value=value, range=comment_range, written=written))
 
@@ -299,10 +335,20 @@ def read_project_settings(pyproject: Path) -> ProjectSettings | None:
     from llmmem.files import read_file_bytes
 
     try:
-        text = read_file_bytes(pyproject, MAX_PYPROJECT_BYTES).decode("utf-8", errors="replace")
-    except OSError as err:
-        return ProjectSettings(path=str(pyproject), problems=[f"cannot read {pyproject}: {err}"])
+        data = read_file_bytes(pyproject, MAX_PYPROJECT_BYTES)
+    except OSError as err:  # it may hold [tool.llmmem]: its settings are not silently dropped
+        reason = err.strerror if err.strerror else str(err)
+        message = f"cannot read {pyproject} ({reason}): its [tool.llmmem], if any, is not used"
+        return ProjectSettings(path=str(pyproject), problems=[message])
+    text = data.decode("utf-8", errors="replace")
     if "llmmem" not in text:
+        wide = _wide_text(data)
+        if wide is not None and "llmmem" in wide:
+            message = (
+                f"{pyproject} is encoded as UTF-16 or UTF-32; TOML files are UTF-8, so its "
+                "[tool.llmmem] cannot be read (save it as UTF-8)"
+            )
+            return ProjectSettings(path=str(pyproject), problems=[message], errors=[message])
         return None
     try:
         document = _load_toml(text)
@@ -316,9 +362,39 @@ def read_project_settings(pyproject: Path) -> ProjectSettings | None:
         return ProjectSettings(path=str(pyproject), problems=[message], errors=[message])
     tool = document.get("tool")
     table = tool.get("llmmem") if isinstance(tool, dict) else None
+    if table is not None and not isinstance(table, dict):
+        written = (
+            "[[tool.llmmem]] (an array of tables)"
+            if isinstance(table, list)
+            else (f"tool.llmmem = {shown(repr(table))}")
+        )
+        message = (
+            f"{pyproject}: {written} cannot be read; llmmem's settings are one table, "
+            "`[tool.llmmem]`"
+        )
+        return ProjectSettings(path=str(pyproject), problems=[message], errors=[message])
     if not isinstance(table, dict):
         return None
     return _settings_from_table(table, str(pyproject), _key_ranges(text, str(pyproject)))
+
+
+def _wide_text(data: bytes) -> str | None:
+    """The text of a UTF-16 or UTF-32 file (a byte-order mark, or NUL bytes between ASCII)."""
+    boms = (
+        (codecs.BOM_UTF32_LE, "utf-32"),
+        (codecs.BOM_UTF32_BE, "utf-32"),
+        (codecs.BOM_UTF16_LE, "utf-16"),
+        (codecs.BOM_UTF16_BE, "utf-16"),
+    )
+    for bom, encoding in boms:
+        if data.startswith(bom):
+            return data.decode(encoding, errors="replace")
+    if b"\x00" in data[:64]:
+        for encoding in ("utf-16-le", "utf-16-be"):
+            text = data.decode(encoding, errors="replace")
+            if "tool" in text:
+                return text
+    return None
 
 
 def _settings_from_table(
@@ -412,3 +488,6 @@ def apply_project_settings(builder: PlanBuilder, settings: ProjectSettings) -> N
             note,
         )
     builder.problems.extend(settings.problems)
+    builder.settings_problems.extend(
+        problem for problem in settings.problems if problem not in settings.errors
+    )

@@ -4,7 +4,7 @@ needs the rules imports this module, lazily where start-up time matters."""
 
 from __future__ import annotations
 
-from llmmem.rules import fit, names, practices, values  # noqa: F401 - registration on import
+from llmmem.rules import fit, names, practices, reading, values  # noqa: F401 - registration
 from llmmem.rules.finding import Finding
 from llmmem.rules.registry import RULES, Rule
 from llmmem.scenario import Analysis

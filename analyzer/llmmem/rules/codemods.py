@@ -26,7 +26,13 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from llmmem.plan import SourceRange, TrainingPlan
-from llmmem.rules.edits import ARGUMENT_CLASSES, QLORA_IMPORTS, diff_edits, python_literal
+from llmmem.rules.edits import (
+    ARGUMENT_CLASSES,
+    QLORA_IMPORTS,
+    diff_edits,
+    python_literal,
+    python_tree,
+)
 from llmmem.rules.finding import TextEdit
 
 NO_SPACE = cst.SimpleWhitespace("")
@@ -326,9 +332,8 @@ def _assigned_name(source: Source, value: cst.BaseExpression) -> str | None:
 
 def _reads(text: str, name: str) -> int:
     """How many times the file reads the variable `name`."""
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError):
+    tree = python_tree(text)
+    if tree is None:
         return 0
     return sum(
         isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)

@@ -220,10 +220,10 @@ def _argument_indent(text: str, arguments: Sequence[ast.AST], starts: list[int])
 
 
 def python_tree(text: str) -> ast.Module | None:
-    try:
-        return ast.parse(text)
-    except (SyntaxError, ValueError):
-        return None
+    """The module as the reader saw it (syntax of newer Python releases included)."""
+    from llmmem.extract.python.source import parse_script
+
+    return parse_script(text).module
 
 
 def _char_col(text: str, starts: list[int], line: int, byte_col: int) -> int:

@@ -122,11 +122,15 @@ def _read_into(
     if settings is not None:
         apply_project_settings(builder, settings)
     apply_pragmas(builder, text)
-    module, problem = parse_script(text)
+    parsed = parse_script(text)
+    module = parsed.module
     if module is None:
-        builder.problems.append(problem or "could not parse the file")
-        builder.unreadable = problem or "could not parse the file"
+        problem = parsed.problem or "could not parse the file"
+        builder.problems.append(problem)
+        builder.unreadable = problem
+        builder.parse_error_range = parsed.problem_range
         return "hf", "none"
+    builder.problems.extend(parsed.notes)
     reader = ScriptReader(SourceMap(text), path)
     oversized: list[str] = []
     token = _OVERSIZED_NOTES.set(oversized)

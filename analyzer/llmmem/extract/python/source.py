@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import warnings
+from dataclasses import dataclass
 
 from llmmem.extract.pragmas import split_lines
 from llmmem.plan import SourceRange
@@ -52,25 +53,85 @@ class SourceMap:
 # -- parsing ---------------------------------------------------------------------------------
 
 
-def parse_script(text: str) -> tuple[ast.Module | None, str | None]:
-    """The module, or None and a line for `problems` saying why it cannot be read."""
+@dataclass(frozen=True)
+class ParsedScript:
+    """A script as `ast` reads it: the module, or why there is none and where (a syntax error's
+    position); `notes` say what was read with a stand-in (syntax newer than this Python)."""
+
+    module: ast.Module | None
+    problem: str | None = None
+    problem_range: SourceRange | None = None
+    notes: tuple[str, ...] = ()
+    syntax_message: str | None = None  # a syntax error's own words ("'(' was never closed")
+
+
+def parse_script(text: str) -> ParsedScript:
+    """The module, or None and a line for `problems` saying why it cannot be read. Syntax of
+    Python releases newer than the running one is read (`syntax.downlevel`)."""
     if len(text) > MAX_SOURCE_CHARS:
         size = len(text.encode("utf-8", errors="replace")) / 1e6
-        return None, (
+        return ParsedScript(
+            None,
             f"file is {size:.1f} MB; llmmem reads Python files up to "
-            f"{MAX_SOURCE_CHARS / 1e6:.0f} MB (only `# llmmem:` comments were read)"
+            f"{MAX_SOURCE_CHARS / 1e6:.0f} MB (only `# llmmem:` comments were read)",
         )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return ast.parse(text), None
-    except SyntaxError as err:
+            return ParsedScript(ast.parse(text))
+    except SyntaxError as first_error:
+        err = first_error
         message = err.msg or "invalid syntax"
         if "null bytes" in message:
-            return None, "not Python source: the file contains NUL bytes"
+            return ParsedScript(None, "not Python source: the file contains NUL bytes")
+        from llmmem.extract.python.syntax import downlevel, newer_syntax_note
+
+        newer = downlevel(text)
+        if newer is not None:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    module = ast.parse(newer.text)
+                return ParsedScript(module, notes=(newer_syntax_note(newer.constructs),))
+            except SyntaxError as real_error:  # at the same place in the original text
+                err, message = real_error, real_error.msg or "invalid syntax"
+            except (RecursionError, MemoryError, ValueError):
+                pass
         line = f"line {err.lineno}" if err.lineno else "an unknown line"
-        return None, f"syntax error at {line}: {message}"
+        return ParsedScript(
+            None,
+            f"syntax error at {line}: {message}",
+            syntax_error_range(text, err),
+            syntax_message=message,
+        )
     except (RecursionError, MemoryError):
-        return None, "the file nests expressions too deeply to read"
+        return ParsedScript(None, "the file nests expressions too deeply to read")
     except ValueError as err:  # NUL bytes or lone surrogates
-        return None, f"not Python source: {err}"
+        return ParsedScript(None, f"not Python source: {err}")
+
+
+def syntax_error_range(text: str, err: SyntaxError) -> SourceRange | None:
+    """Where a SyntaxError points, 0-based (its offsets count characters from 1); the rest of
+    the line when it names no end."""
+    if not err.lineno:
+        return None
+    lines = split_lines(text)
+    line = min(max(err.lineno - 1, 0), max(len(lines) - 1, 0))
+    length = len(lines[line]) if lines else 0
+    start = min(max((err.offset or 1) - 1, 0), length)
+    end_line, end = line, length
+    if (
+        err.end_lineno
+        and err.end_offset
+        and (err.end_lineno, err.end_offset)
+        > (
+            err.lineno,
+            err.offset or 0,
+        )
+    ):
+        end_line = min(err.end_lineno - 1, max(len(lines) - 1, 0))
+        end = min(max(err.end_offset - 1, 0), len(lines[end_line]))
+    if (end_line, end) <= (line, start):  # at the end of a line: cover the character before
+        end_line, end = line, start
+        start = max(start - 1, 0)
+    return SourceRange(start_line=line, start_col=start, end_line=end_line, end_col=end)
