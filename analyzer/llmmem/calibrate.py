@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmmem.errors import UsageError
+from llmmem.errors import UsageError, non_empty
 
 CALIBRATION_DIR = ".llmmem"
 CALIBRATION_NAME = "calibration.jsonl"
@@ -645,6 +645,7 @@ def add_calibrate_arguments(p: Any) -> None:
     )
     add_p.add_argument(
         "--gpu",
+        type=non_empty,
         default=None,
         help="the GPU it ran on (default: the report's, the file's pragma, this machine's)",
     )

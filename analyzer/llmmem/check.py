@@ -35,7 +35,7 @@ def require_known_gpus(gpu: str | None, settings: ProjectSettings) -> None:
     if settings.errors:
         raise UsageError("; ".join(settings.errors))
 
-    if gpu:
+    if gpu is not None:
         gpu_from_flag(gpu)
     elif settings.gpu:
         gpu_from_flag(settings.gpu, where=f"{settings.path or 'pyproject.toml'} [tool.llmmem] gpu")

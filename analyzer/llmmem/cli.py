@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from llmmem.errors import EXIT_USAGE, OneLineParser, UsageError
+from llmmem.errors import EXIT_USAGE, OneLineParser, UsageError, non_empty
 
 EXIT_OK = 0
 
@@ -60,7 +60,9 @@ def _add_estimate_parser(sub: Any) -> None:
         "the current folder (a .venv, requirement and lock files; --versions wins), and runs "
         "recorded with `llmmem calibrate add` under it narrow the band of the same setup.",
     )
-    p.add_argument("--model", required=True, help="hub id, local directory or config.json path")
+    p.add_argument(
+        "--model", required=True, type=non_empty, help="hub id, local directory or config.json path"
+    )
     p.add_argument(
         "--method",
         choices=["full", "lora", "qlora", "dpo", "orpo", "cpo", "simpo", "kto", "reward"],
@@ -199,7 +201,10 @@ def _add_estimate_parser(sub: Any) -> None:
         "under the HF Trainer",
     )
     p.add_argument(
-        "--gpu", default=None, help="A100-80GB, 4090, 24GiB, ... (default: this machine's)"
+        "--gpu",
+        type=non_empty,
+        default=None,
+        help="A100-80GB, 4090, 24GiB, ... (default: this machine's)",
     )
     p.add_argument("--world-size", type=_positive_int, default=None)
     p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=None)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llmmem.errors import UsageError
+from llmmem.errors import UsageError, non_empty
 
 if TYPE_CHECKING:  # the plan's classes are imported only when explain runs
     from llmmem.plan import Sourced, TrainingPlan
@@ -35,7 +35,9 @@ def add_explain_arguments(p: argparse.ArgumentParser) -> None:
         "runs recorded with `llmmem calibrate add` narrow the band of the same setup."
     )
     p.add_argument("file", metavar="FILE", help="a training script or config")
-    p.add_argument("--gpu", default=None, help="target GPU (default: pragma, [tool.llmmem])")
+    p.add_argument(
+        "--gpu", type=non_empty, default=None, help="target GPU (default: pragma, [tool.llmmem])"
+    )
     p.add_argument("--hub", action="store_true", help="allow hub lookups for unknown models")
     p.add_argument("--format", choices=["text", "json"], default="text")
 

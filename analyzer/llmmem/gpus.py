@@ -632,6 +632,10 @@ def gpu_from_flag(name: str, *, where: str = "--gpu") -> GpuSpec:
     usage error (exit 2) whose one line names the close matches."""
     from llmmem.errors import UsageError
 
+    if not name.strip():  # `--gpu "$GPU"` with the variable unset: not "no GPU, no fit check"
+        raise UsageError(
+            f"{where} is empty: name a GPU (A100-80GB, RTX-4090) or a capacity (24GiB)"
+        )
     try:
         return find_gpu(name)
     except UnknownGpuError as err:

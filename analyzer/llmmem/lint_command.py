@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmmem.errors import EXIT_USAGE, OneLineParser, UsageError
+from llmmem.errors import EXIT_USAGE, OneLineParser, UsageError, non_empty
 
 EXIT_CLEAN = 0
 EXIT_FINDINGS = 1
@@ -45,7 +45,12 @@ MAX_FILE_BYTES = 5 * 1024 * 1024
 
 def add_lint_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="*", metavar="PATH", help="files or directories to lint")
-    p.add_argument("--gpu", default=None, help="target GPU (default: [tool.llmmem] gpu, pragma)")
+    p.add_argument(
+        "--gpu",
+        type=non_empty,
+        default=None,
+        help="target GPU (default: [tool.llmmem] gpu, pragma)",
+    )
     p.add_argument(
         "--format", default="concise", choices=["concise", "full", "json", "github", "sarif"]
     )
@@ -59,6 +64,7 @@ def add_lint_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--explain", metavar="CODE", help="print a rule's documentation and exit")
     p.add_argument("--hub", action="store_true", help="allow hub lookups for unknown models")
     p.add_argument("--select", default=None, help="only these codes, e.g. LLM001,LLM002")
+    p.add_argument("--ignore", default=None, help="not these codes, e.g. LLM003,LLM004")
     p.add_argument(
         "--fail-on",
         choices=FAIL_ON_LEVELS,
@@ -198,7 +204,7 @@ def parse_problem(path: Path, text: str) -> str | None:
     """Why `text` is no longer a valid file of its kind, or None."""
     try:
         if path.suffix == ".py":
-            compile(text, str(path), "exec", dont_inherit=True)
+            compile_script(text, path)
         elif path.suffix == ".json":
             json.loads(text)
         elif path.suffix in (".yaml", ".yml"):
@@ -213,6 +219,20 @@ def parse_problem(path: Path, text: str) -> str | None:
     except Exception as err:  # yaml.YAMLError and what a constructor raises
         return f"the result would not parse ({' '.join(str(err).split())})"
     return None
+
+
+def compile_script(text: str, path: Path) -> None:
+    """Compile a script as Python does (stricter than parsing: `return` outside a function),
+    syntax of newer releases than this one included; raises SyntaxError."""
+    try:
+        compile(text, str(path), "exec", dont_inherit=True)
+    except SyntaxError:
+        from llmmem.extract.python.syntax import downlevel
+
+        newer = downlevel(text)
+        if newer is None:
+            raise
+        compile(newer.text, str(path), "exec", dont_inherit=True)
 
 
 def outcome_problem(before: object, after: object) -> str | None:
@@ -338,9 +358,10 @@ def run_lint(args: argparse.Namespace) -> int:
         return EXIT_CLEAN
     if not args.paths:
         raise UsageError("nothing to lint: give one or more files or directories")
+    all_rules()
     if args.fit and not args.fix:
         raise UsageError("--fit goes with --fix")
-    select = {c.strip().upper() for c in args.select.split(",")} if args.select else None
+    select = chosen_codes(args.select, args.ignore, set(RULES))
     from llmmem.check import require_known_gpus
     from llmmem.extract import find_project_settings
     from llmmem.rules.edits import preview_python_edits
@@ -381,6 +402,36 @@ def run_lint(args: argparse.Namespace) -> int:
     if unwritten:
         return EXIT_USAGE  # a file's fixes could not be written
     return EXIT_FINDINGS if failing and not args.exit_zero else EXIT_CLEAN
+
+
+def rule_codes(raw: str, option: str, known: set[str]) -> set[str]:
+    """The codes of a `--select`/`--ignore` value; an empty value or an unknown code is a
+    usage error (a typo must not turn every check off)."""
+    codes = {code.strip().upper() for code in raw.split(",") if code.strip()}
+    if not codes:
+        raise UsageError(f"{option} is empty: give rule codes, e.g. {option} LLM001,LLM003")
+    unknown = sorted(codes - known)
+    if unknown:
+        import difflib
+
+        close = {m for code in unknown for m in difflib.get_close_matches(code, known, 3, 0.6)}
+        hint = f"; did you mean {', '.join(sorted(close))}?" if close else ""
+        raise UsageError(
+            f"{option}: unknown rule code{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(unknown)}{hint} (rules are {min(known)} to {max(known)}; "
+            "`llmmem-lint --explain CODE` describes one)"
+        )
+    return codes
+
+
+def chosen_codes(select: str | None, ignore: str | None, known: set[str]) -> set[str] | None:
+    """The rule codes a lint reports (None: every one), from `--select` and `--ignore`."""
+    chosen = rule_codes(select, "--select", known) if select is not None else None
+    if ignore is not None:
+        chosen = (chosen if chosen is not None else set(known)) - rule_codes(
+            ignore, "--ignore", known
+        )
+    return chosen
 
 
 def hub_run_deadline(hub: bool) -> contextlib.AbstractContextManager[None]:
