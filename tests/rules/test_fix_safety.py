@@ -423,7 +423,7 @@ def test_a_result_that_does_not_compile_is_not_written(
 
 def test_a_fix_that_loses_the_model_or_changes_nothing_is_refused(tmp_path: Path) -> None:
     from llmmem.check import check_text
-    from llmmem.lint_command import outcome_problem
+    from llmmem.fix_writer import outcome_problem
 
     path = tmp_path / "train.py"
     good = check_text(path, CHECKPOINTING_OFF, gpu=GPU, hub=False).analysis

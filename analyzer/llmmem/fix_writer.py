@@ -1,0 +1,255 @@
+"""`llmmem-lint --fix`: safe fixes applied one at a time, and a fixed file written back.
+
+A fix is kept only when the text after it still parses (compiles, for Python) and still gives an
+estimate that moved; the file is written in its own encoding and line endings, all at once, and
+never through a symbolic link or outside the directory being linted. The language server's
+"fix all" runs `fix_file` with its own analysis.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import errno
+import io
+import json
+import os
+import re
+import stat
+import sys
+import tempfile
+import tokenize
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def lint_text(
+    path: Path, text: str, *, gpu: str | None, hub: bool, select: set[str] | None
+) -> tuple[list, str]:
+    """Findings for one file (suppressions applied) and the analysis' GPU name."""
+    from llmmem.check import check_text
+
+    checked = check_text(path, text, gpu=gpu, hub=hub, select=select)
+    gpu_target = checked.analysis.gpu
+    return checked.findings, gpu_target.name if gpu_target else ""
+
+
+MAX_FIX_ROUNDS = 5
+
+
+def best_safe_fix(findings: list, fit: bool = False) -> object | None:
+    """The safe fix to apply next: one that makes the step fit, else the one that saves most;
+    with `fit`, a "make it fit" combination first where a finding has one."""
+    if fit:
+        combined = [fix for finding in findings for fix in finding.fixes if fix.levers]
+        if combined:
+            return min(combined, key=lambda fix: fix.predicted_device_bytes or 0)
+    fixes = [
+        fix
+        for finding in findings
+        for fix in finding.fixes
+        if fix.safe and all(edit.range.path is None for edit in fix.edits)  # not notebook cells
+    ]
+    if not fixes:
+        return None
+    return min(fixes, key=lambda fix: (not fix.fits, fix.predicted_device_bytes or 0))
+
+
+def fix_file(
+    path: Path,
+    text: str,
+    *,
+    gpu: str | None = None,
+    hub: bool = False,
+    select: set[str] | None = None,
+    check: Callable[[str], Any] | None = None,
+    skipped: Callable[[str], None] | None = None,
+    fit: bool = False,
+) -> tuple[str, list]:
+    """Apply safe fixes one at a time (each changes the estimate the others were made on),
+    re-linting after each, until no finding has one; returns the text and what is left.
+
+    A fix is kept only when the text after it still parses and still gives an estimate, and
+    that estimate moved; otherwise it is dropped with a warning and no later fix is tried.
+    `check` analyses a text as the caller does (the language server passes its own settings;
+    default: `check_text` with `gpu`, `hub`, `select`); `skipped` receives each warning
+    (default: printed to stderr); with `fit`, a "make it fit" combination is applied first."""
+    from llmmem.check import check_text
+    from llmmem.rules.edits import apply_edits
+
+    def analyse(candidate: str) -> Any:
+        if check is not None:
+            return check(candidate)
+        return check_text(path, candidate, gpu=gpu, hub=hub, select=select)
+
+    checked = analyse(text)
+    for _ in range(MAX_FIX_ROUNDS):
+        fix = best_safe_fix(checked.findings, fit)
+        if fix is None:
+            break
+        fixed = apply_edits(text, fix.edits)  # type: ignore[attr-defined]
+        if fixed == text:
+            break
+        problem = parse_problem(path, fixed)
+        if problem is None:
+            again = analyse(fixed)
+            problem = outcome_problem(checked.analysis, again.analysis)
+        if problem is not None:
+            message = f"{fix.title}: not applied, {problem}"  # type: ignore[attr-defined]
+            if skipped is not None:
+                skipped(message)
+            else:
+                warn(path, message)
+            break
+        text, checked = fixed, again
+    return text, checked.findings
+
+
+def warn(path: Path, message: str) -> None:
+    print(f"llmmem-lint: warning: {path}: {message}", file=sys.stderr)
+
+
+def parse_problem(path: Path, text: str) -> str | None:
+    """Why `text` is no longer a valid file of its kind, or None."""
+    try:
+        if path.suffix == ".py":
+            compile_script(text, path)
+        elif path.suffix == ".json":
+            json.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            for _ in yaml.safe_load_all(text):
+                pass
+    except SyntaxError as err:
+        return f"the result would not parse ({err.msg}, line {err.lineno})"
+    except ValueError as err:  # json.JSONDecodeError
+        return f"the result would not parse ({err})"
+    except Exception as err:  # yaml.YAMLError and what a constructor raises
+        return f"the result would not parse ({' '.join(str(err).split())})"
+    return None
+
+
+def compile_script(text: str, path: Path) -> None:
+    """Compile a script as Python does (stricter than parsing: `return` outside a function),
+    syntax of newer releases than this one included; raises SyntaxError."""
+    try:
+        compile(text, str(path), "exec", dont_inherit=True)
+    except SyntaxError:
+        from llmmem.extract.python.syntax import downlevel
+
+        newer = downlevel(text)
+        if newer is None:
+            raise
+        compile(newer.text, str(path), "exec", dont_inherit=True)
+
+
+def outcome_problem(before: object, after: object) -> str | None:
+    """Why an analysis after a fix does not show the fix working, or None."""
+    old, new = getattr(before, "budget", None), getattr(after, "budget", None)
+    if old is not None and new is None:
+        return "the file would no longer give an estimate (is the model still found?)"
+    if old is not None and new is not None:
+        if new.device_total_bytes == old.device_total_bytes:
+            return "the estimate would not change (the setting is not read where it was written)"
+    return None
+
+
+@dataclass(frozen=True)
+class FixableText:
+    """A file's text as the fixes see it (every line break a `\\n`), and how to write it
+    back byte for byte: its encoding (a UTF-8 byte-order mark kept) and its line breaks."""
+
+    text: str
+    encoding: str
+    newline: str
+
+    def encode(self, text: str) -> bytes:
+        if self.newline != "\n":
+            text = text.replace("\n", self.newline)
+        return text.encode(self.encoding)
+
+
+def fixable_text(path: Path, data: bytes) -> FixableText | str:
+    """The text to fix, or why the file is not fixed (it is still linted)."""
+    if path.suffix == ".py":
+        try:
+            encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        except SyntaxError as err:
+            return f"it does not decode with its declared or the default encoding ({err})"
+    else:
+        encoding = "utf-8-sig" if data.startswith(codecs.BOM_UTF8) else "utf-8"
+    try:
+        text = data.decode(encoding)
+    except (UnicodeDecodeError, LookupError):
+        return f"it does not decode as {encoding}"
+    endings = set(re.findall(r"\r\n|\r|\n", text))
+    if len(endings) > 1:
+        return "it mixes line endings"
+    newline = endings.pop() if endings else "\n"
+    if newline != "\n":
+        text = text.replace(newline, "\n")
+    return FixableText(text, encoding, newline)
+
+
+def write_refusal(path: Path, roots: list[Path]) -> str | None:
+    """Why `path` must not be rewritten: a symbolic link, or a file found under a directory
+    being linted that resolves outside it."""
+    if path.is_symlink():
+        return "it is a symbolic link (fix the file it points to)"
+    resolved = path.resolve()
+    for root in roots:
+        if path.is_relative_to(root) and not resolved.is_relative_to(root.resolve()):
+            return f"it resolves to {resolved}, outside {root}"
+    return None
+
+
+def write_in_place(path: Path, data: bytes) -> None:
+    """Replace the file's bytes all at once (a temporary file beside it, then a rename),
+    keeping its permissions; a read-only file is refused."""
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if not mode & 0o222 or not os.access(path, os.W_OK):
+        raise PermissionError(errno.EACCES, "the file is read-only")
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".fix")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(temporary, mode)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def fix_in_place(
+    path: Path,
+    text: str,
+    roots: list[Path],
+    *,
+    gpu: str | None,
+    hub: bool,
+    select: set[str] | None,
+    fit: bool = False,
+) -> tuple[list, bool]:
+    """`--fix` for one file: the findings left, and False when the fixed file could not be
+    written (then the findings are the unfixed file's)."""
+    refusal = write_refusal(path, roots)
+    source = fixable_text(path, path.read_bytes()) if refusal is None else refusal
+    if isinstance(source, str):
+        warn(path, f"not fixed: {source}")
+        return lint_text(path, text, gpu=gpu, hub=hub, select=select)[0], True
+    fixed, findings = fix_file(path, source.text, gpu=gpu, hub=hub, select=select, fit=fit)
+    if fixed == source.text:
+        return findings, True
+    try:
+        write_in_place(path, source.encode(fixed))
+    except (OSError, UnicodeEncodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        print(f"llmmem-lint: error: {path}: cannot write the fixes ({reason})", file=sys.stderr)
+        return lint_text(path, text, gpu=gpu, hub=hub, select=select)[0], False
+    return findings, True
