@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from llmmem.errors import EXIT_USAGE, OneLineParser, UsageError, non_empty
+from llmmem.errors import EXIT_USAGE, OneLineParser, non_empty, run_entry_point
 
 EXIT_OK = 0
 
@@ -313,43 +313,41 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    return run_entry_point("llmmem", lambda: _run(argv))
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        if args.command == "estimate":
-            from llmmem.estimate_command import run_estimate
+    if args.command == "estimate":
+        from llmmem.estimate_command import run_estimate
 
-            return run_estimate(args)
-        if args.command == "lint":
-            from llmmem.lint_command import run_lint
+        return run_estimate(args)
+    if args.command == "lint":
+        from llmmem.lint_command import run_lint
 
-            return run_lint(args)
-        if args.command == "explain":
-            from llmmem.explain_command import run_explain
+        return run_lint(args)
+    if args.command == "explain":
+        from llmmem.explain_command import run_explain
 
-            return run_explain(args)
-        if args.command == "verify":
-            from llmmem.verify_command import run_verify
+        return run_explain(args)
+    if args.command == "verify":
+        from llmmem.verify_command import run_verify
 
-            return run_verify(args)
-        if args.command == "calibrate":
-            from llmmem.calibrate import run_calibrate
+        return run_verify(args)
+    if args.command == "calibrate":
+        from llmmem.calibrate import run_calibrate
 
-            return run_calibrate(args)
-        if args.command == "gpus":
-            return _run_gpus(args)
-        if args.command == "schema":
-            from llmmem.schema import report_schema_text
+        return run_calibrate(args)
+    if args.command == "gpus":
+        return _run_gpus(args)
+    if args.command == "schema":
+        from llmmem.schema import report_schema_text
 
-            sys.stdout.write(report_schema_text(args.report))
-            return EXIT_OK
-        parser.print_help()
-        return EXIT_USAGE
-    except UsageError as err:
-        print(f"llmmem: error: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        return 130
+        sys.stdout.write(report_schema_text(args.report))
+        return EXIT_OK
+    parser.print_help()
+    return EXIT_USAGE
 
 
 def _run_gpus(args: argparse.Namespace) -> int:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import stat
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from llmmem.errors import EXIT_USAGE, OneLineParser, UsageError, non_empty
+from llmmem.errors import EXIT_USAGE, OneLineParser, UsageError, non_empty, run_entry_point
 from llmmem.fix_writer import fix_file, fix_in_place, lint_text
 
 __all__ = ["fix_file", "lint_main", "run_lint"]
@@ -71,38 +73,80 @@ def add_lint_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def iter_files(paths: list[str]) -> list[Path]:
+    """The files to lint: each file named, and the linted files under each directory named
+    (hidden folders, node_modules and __pycache__ left out; links to folders not followed). A
+    folder that changes while it is walked (checkpoints rotated, /proc) is read as it stands;
+    one that cannot be listed is a usage error, not a silent pass."""
     files: list[Path] = []
     for raw in paths:
         path = Path(raw)
-        if path.is_dir():
-            files += sorted(
-                p
-                for p in path.rglob("*")
-                if p.suffix in LINTED_SUFFIXES
-                and p.is_file()
-                and not any(
-                    part.startswith(".") or part in ("node_modules", "__pycache__")
-                    for part in p.parts
-                )
-            )
-        elif path.is_file():
+        try:
+            info = path.stat()
+        except FileNotFoundError:
+            raise UsageError(f"{shown_path(raw)}: no such file or directory") from None
+        except OSError as err:
+            raise UsageError(f"{shown_path(raw)}: cannot read ({describe(err)})") from None
+        if stat.S_ISDIR(info.st_mode):
+            files += walk(path)
+        elif stat.S_ISREG(info.st_mode):
             files.append(path)
-        elif path.exists():
+        else:
             from llmmem.files import why_not_a_file
 
-            raise UsageError(f"{raw}: {why_not_a_file(path)}")
-        else:
-            raise UsageError(f"{raw}: no such file or directory")
+            raise UsageError(f"{shown_path(raw)}: {why_not_a_file(path)}")
     return files
 
 
+def walk(root: Path) -> list[Path]:
+    found: list[Path] = []
+
+    def unlistable(err: OSError) -> None:
+        if isinstance(err, FileNotFoundError | NotADirectoryError):
+            return  # it went away while the walk ran
+        where = shown_path(err.filename or str(root))
+        raise UsageError(f"{where}: cannot list the folder ({describe(err)})")
+
+    for folder, subfolders, names in os.walk(root, onerror=unlistable):
+        subfolders[:] = sorted(
+            name
+            for name in subfolders
+            if not name.startswith(".") and name not in ("node_modules", "__pycache__")
+        )
+        for name in sorted(names):
+            if name.startswith(".") or os.path.splitext(name)[1] not in LINTED_SUFFIXES:
+                continue
+            candidate = Path(folder, name)
+            try:
+                if stat.S_ISREG(candidate.stat().st_mode):
+                    found.append(candidate)
+            except OSError:
+                continue  # gone, or a link to nothing
+    return sorted(found)
+
+
+def shown_path(raw: str | bytes, limit: int = 120) -> str:
+    """A path as a one-line message quotes it: a 4,000-character name is cut."""
+    text = os.fsdecode(raw)
+    return text if len(text) <= limit else f"{text[: limit // 2]}…{text[-limit // 2 :]}"
+
+
+def describe(err: OSError) -> str:
+    return err.strerror or type(err).__name__
+
+
 def read_text(path: Path) -> str:
+    from llmmem.files import UnreadableFile, read_file_bytes
+
     try:
-        data = path.read_bytes()
+        data = read_file_bytes(path, MAX_FILE_BYTES)
+    except UnreadableFile as err:
+        if "larger than" in str(err):
+            raise UsageError(
+                f"{shown_path(str(path))}: larger than 5 MiB, not a training script or config"
+            ) from None
+        raise UsageError(f"{shown_path(str(path))}: {err}") from None
     except OSError as err:
-        raise UsageError(f"{path}: cannot read ({err.strerror})") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise UsageError(f"{path}: larger than 5 MiB, not a training script or config")
+        raise UsageError(f"{shown_path(str(path))}: cannot read ({describe(err)})") from None
     return data.decode("utf-8", errors="replace")
 
 
@@ -130,12 +174,16 @@ def run_lint(args: argparse.Namespace) -> int:
 
     all_findings = []
     failing = False
-    roots = [Path(raw) for raw in args.paths if Path(raw).is_dir()]
+    files = iter_files(args.paths)
+    roots = [Path(raw) for raw in args.paths if os.path.isdir(raw)]
+    named = {Path(raw) for raw in args.paths}
     unwritten = 0
     with hub_run_deadline(args.hub):
-        for path in iter_files(args.paths):
+        for path in files:
             settings = find_project_settings(path)
             require_known_gpus(args.gpu, settings)
+            if path not in named and not path.exists():
+                continue  # found by walking a folder, and gone since (a rotated checkpoint)
             text = read_text(path)
             if args.fix:
                 findings, written = fix_in_place(
@@ -218,9 +266,4 @@ def lint_main(argv: Sequence[str] | None = None) -> int:
         prog="llmmem-lint", description="Lint training scripts and configs for GPU memory."
     )
     add_lint_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run_lint(args)
-    except UsageError as err:
-        print(f"llmmem-lint: error: {err}", file=sys.stderr)
-        return EXIT_USAGE
+    return run_entry_point("llmmem-lint", lambda: run_lint(parser.parse_args(argv)))
