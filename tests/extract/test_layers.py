@@ -44,6 +44,7 @@ PACKAGE_ORDERS = {
         "syntax",
         "source",
         "values",
+        "loops",
         "findings",
         "libraries",
         "arguments",

@@ -35,6 +35,7 @@ from llmmem.extract.python.libraries import (
     read_tokenizer_call,
     tokenizer_method,
 )
+from llmmem.extract.python.loops import counted_range, forget_fields, run_for, run_while
 from llmmem.extract.python.source import SourceMap
 from llmmem.extract.python.values import (
     _EXIT_CALLS,
@@ -176,10 +177,9 @@ class ScriptReader(Findings):
         elif isinstance(node, ast.If):
             return self.exec_if(node, scope)
         elif isinstance(node, (ast.For, ast.AsyncFor)):
-            return self.exec_for(node, scope)
+            return run_for(self, node, scope)
         elif isinstance(node, ast.While):
-            if _truth(self.eval(node.test, scope)) is not False:
-                self.exec_block(node.body, scope)
+            return run_while(self, node, scope)
         elif isinstance(node, (ast.With, ast.AsyncWith)):
             for item in node.items:
                 value = self.eval(item.context_expr, scope)
@@ -191,7 +191,7 @@ class ScriptReader(Findings):
             if flow is Flow.NORMAL:
                 flow = self.exec_block(getattr(node, "orelse", []), scope)
             self.exec_block(getattr(node, "finalbody", []), scope)
-            return flow if flow is Flow.RETURN else Flow.NORMAL
+            return flow if flow in (Flow.RETURN, Flow.BREAK, Flow.CONTINUE) else Flow.NORMAL
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             self.define_function(node, scope)
         elif isinstance(node, ast.ClassDef):
@@ -201,8 +201,12 @@ class ScriptReader(Findings):
             if self.return_values:
                 self.return_values[-1] = value
             return Flow.RETURN
-        elif isinstance(node, (ast.Raise, ast.Break, ast.Continue)):
+        elif isinstance(node, ast.Raise):
             return Flow.STOP
+        elif isinstance(node, ast.Break):
+            return Flow.BREAK
+        elif isinstance(node, ast.Continue):
+            return Flow.CONTINUE
         return Flow.NORMAL
 
     def exec_import(self, node: ast.Import | ast.ImportFrom, scope: Scope) -> None:
@@ -238,22 +242,6 @@ class ScriptReader(Findings):
         finally:
             self.branch_notes.pop()
 
-    def exec_for(self, node: ast.For | ast.AsyncFor, scope: Scope) -> Flow:
-        iterable = self.eval(node.iter, scope)
-        if isinstance(iterable, ListValue) and not iterable.items:
-            return self.exec_block(node.orelse, scope)
-        first: Value = Unknown("a loop variable")
-        if isinstance(iterable, ListValue):
-            first = iterable.items[0]
-            if isinstance(first, Known) and len(iterable.items) > 1:
-                note = f"first of {len(iterable.items)} values the loop runs over"
-                first = replace(first, note=_combine_notes(first.note, note))
-        self.assign(node.target, first, scope)
-        flow = self.exec_block(node.body, scope)
-        if flow is Flow.RETURN:
-            return flow
-        return self.exec_block(node.orelse, scope)
-
     def assign(self, target: ast.expr, value: Value, scope: Scope) -> None:
         if isinstance(target, ast.Name):
             scope.bind(target.id, value)
@@ -280,6 +268,10 @@ class ScriptReader(Findings):
             key = settle(self.eval(target.slice, scope))
             if isinstance(owner, DictValue) and key is not None and isinstance(key.value, str):
                 owner.entries[key.value] = value
+            elif isinstance(owner, DictValue) and key is None:  # any entry may be this one
+                why = f"may be replaced at{self._at(target)} by a key not known before run time"
+                for name in owner.entries:
+                    owner.entries[name] = Unknown(why, target)
         elif isinstance(target, ast.Starred):
             self.assign(target.value, Unknown("starred assignment"), scope)
 
@@ -859,6 +851,20 @@ class ScriptReader(Findings):
             return DictValue(dict(first.attributes), args.node)
         if name == "len" and isinstance(first, ListValue):
             return Known(len(first.items), args.node)
+        if name == "range":
+            return counted_range(args)
+        if name == "setattr" and len(args.positional) == 3:
+            owner, attribute, value = args.positional
+            known = settle(attribute)
+            if known is not None and isinstance(known.value, str):
+                self.set_attribute(owner, known.value, value)
+            else:  # any field may be this one
+                forget_fields(
+                    owner,
+                    f"may be set by `setattr`{self._at(args.node)} by a name "
+                    "not known before run time",
+                )
+            return Known(None, args.node)
         return None
 
     def _attribute_of(self, owner: Value, name: str) -> Value:
@@ -914,6 +920,16 @@ class ScriptReader(Findings):
                 return owner.entries.setdefault(key.value, default)
         if method == "copy":
             return DictValue(dict(owner.entries), args.node, list(owner.unread))
+        if method in ("items", "keys", "values") and not owner.unread:
+            keys = [Known(key, owner.node) for key in owner.entries]
+            values = list(owner.entries.values())
+            if method == "items":
+                pairs: list[Value] = [
+                    ListValue([key, value], owner.node)
+                    for key, value in zip(keys, values, strict=True)
+                ]
+                return ListValue(pairs, args.node)
+            return ListValue(keys if method == "keys" else values, args.node)
         return Unknown(f"dict.{method}()")
 
 

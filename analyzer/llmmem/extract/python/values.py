@@ -273,7 +273,9 @@ class Scope:
 class Flow(Enum):
     NORMAL = "normal"
     RETURN = "return"
-    STOP = "stop"  # raise, exit, break, continue: the rest of the block does not run
+    STOP = "stop"  # raise, exit: the rest of the block does not run
+    BREAK = "break"  # the rest of the loop does not run
+    CONTINUE = "continue"  # the rest of this run of the loop does not run
 
 
 # -- the interpreter -------------------------------------------------------------------------
