@@ -175,10 +175,8 @@ class Override:
 def overlay_document(document: PositionedYaml, overrides: list[Override]) -> PositionedYaml:
     """The document with `overrides` laid over it: their values win and bring their ranges."""
     value = copy.deepcopy(document.value) if isinstance(document.value, dict) else {}
-    ranges = dict(document.ranges)
-    for override in overrides:
-        if not override.path:
-            continue
+    laid = [override for override in overrides if override.path]
+    for override in laid:
         current = value
         for step in override.path[:-1]:
             child = current.get(step) if isinstance(step, str) else None
@@ -187,13 +185,29 @@ def overlay_document(document: PositionedYaml, overrides: list[Override]) -> Pos
                 current[step] = child
             current = child
         current[override.path[-1]] = override.value
-        prefix_length = len(override.path)
-        for existing in [p for p in ranges if p[:prefix_length] == override.path]:
-            del ranges[existing]
-        ranges[override.path] = override.range
+    # a range stays unless a later override replaces its path or a path above it: one pass
+    # over the document's ranges and one over the overrides, from the last one back
+    overridden = {override.path for override in laid}
+    ranges = {
+        path: located
+        for path, located in document.ranges.items()
+        if not _under_any(path, overridden)
+    }
+    later: set[KeyPath] = set()
+    kept: list[Override] = []
+    for override in reversed(laid):
+        if not _under_any(override.path, later):
+            kept.append(override)
+        later.add(override.path)
+    ranges.update((override.path, override.range) for override in reversed(kept))
     return PositionedYaml(
         value=value, ranges=ranges, key_ranges=document.key_ranges, problems=document.problems
     )
+
+
+def _under_any(path: KeyPath, prefixes: set[KeyPath]) -> bool:
+    """Whether `path` is one of `prefixes` or lies below one of them."""
+    return any(path[:length] in prefixes for length in range(1, len(path) + 1))
 
 
 # the builder's table of defaults for what a framework leaves unsaid: the HF Trainer's where

@@ -12,9 +12,11 @@ import operator
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from llmmem.extract.shell.lexer import (
     ArithmeticPart,
+    LineIndex,
     LiteralPart,
     ParameterPart,
     RawCommand,
@@ -88,6 +90,16 @@ class ExpandedCommand:
 ASSIGNMENT_PATTERN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?)=")
 DECLARATION_COMMANDS = frozenset({"export", "declare", "local", "readonly", "typeset"})
 
+# `A="$A$A"` doubles a value a line: forty lines would be a terabyte. A value past these sizes
+# is unknown, and the pieces copied out of variables in one file are counted, so reading stays
+# in proportion to the file.
+MAX_VALUE_CHARS = 100_000
+MAX_VALUE_PIECES = 10_000
+MAX_COPIED_PIECES = 1_000_000
+MAX_UNKNOWN_KEPT = 4  # expansions known only at run time a word remembers
+# `$((...))` is 64-bit signed arithmetic in the shell; a result past it is not read
+SHELL_INTEGER_BOUND = 2**63
+
 
 class ShellExpander:
     """Runs the assignments of a script in order and expands each command's words."""
@@ -96,6 +108,12 @@ class ShellExpander:
         self.text = text
         self.variables: Variables = {}
         self.working_directory = "."
+        self.problems: list[str] = []
+        self.copied_pieces = 0  # pieces copied out of variables so far (MAX_COPIED_PIECES)
+
+    @cached_property
+    def lines(self) -> LineIndex:
+        return LineIndex(self.text)
 
     def expanded_commands(self, commands: list[RawCommand]) -> Iterator[ExpandedCommand]:
         for command in commands:
@@ -145,11 +163,23 @@ class ShellExpander:
         pieces, unknown = self.expand_parts(value_parts, quoted_context=True)
         if append and name in self.variables:
             pieces = (*self.variables[name].pieces, *pieces)
-            unknown = (*self.variables[name].unknown, *unknown)
+            unknown = kept_unknown([*self.variables[name].unknown, *unknown])
         value = ShellWord(
             "".join(piece.text for piece in pieces), pieces, value_start, raw.end, unknown
         )
-        return name, value
+        return name, self.bounded(name, value)
+
+    def bounded(self, name: str, value: ShellWord) -> ShellWord:
+        """`value`, or an unknown value with a problem line where it is past the sizes a
+        variable may have."""
+        if len(value.text) <= MAX_VALUE_CHARS and len(value.pieces) <= MAX_VALUE_PIECES:
+            return value
+        self.problems.append(
+            f"{self.lines.describe(value.start)}: ${name} grows past {MAX_VALUE_CHARS} "
+            f"characters or {MAX_VALUE_PIECES} joined parts; read as known only when the "
+            "script runs"
+        )
+        return ShellWord("", (), value.start, value.end, (f"${name}",))
 
     def expand_word(self, raw: RawWord) -> list[ShellWord]:
         pieces, unknown = self.expand_parts(raw.parts, quoted_context=False)
@@ -174,12 +204,15 @@ class ShellExpander:
                     pieces.append(Piece(str(result), part.start, part.end, False, splittable))
             else:
                 unknown.append(part.text)
-        return tuple(pieces), tuple(unknown)
+        return tuple(pieces), kept_unknown(unknown)
 
     def parameter(self, part: ParameterPart, unknown: list[str], quoted: bool) -> tuple[Piece, ...]:
         """The pieces `part` expands to: the variable's value (split like any unquoted
         expansion) or the operator's argument (split as it is quoted inside the braces)."""
         variable = self.variables.get(part.name)
+        if variable is not None and not self.may_copy(variable, part):
+            unknown.append(self.text[part.start : part.end])
+            return ()
         value = tuple(_respan(variable.pieces, not quoted)) if variable is not None else None
         is_set = variable is not None
         is_non_empty = variable is not None and (bool(variable.text) or bool(variable.unknown))
@@ -200,8 +233,11 @@ class ShellExpander:
             unknown.extend(argument_unknown)
             if kind == "=":
                 argument_text = "".join(piece.text for piece in argument)
-                self.variables[part.name] = ShellWord(
-                    argument_text, argument, part.start, part.end, tuple(argument_unknown)
+                self.variables[part.name] = self.bounded(
+                    part.name,
+                    ShellWord(
+                        argument_text, argument, part.start, part.end, tuple(argument_unknown)
+                    ),
                 )
             return argument
         if kind == "+":
@@ -214,6 +250,21 @@ class ShellExpander:
             return value
         unknown.append(self.text[part.start : part.end])
         return ()
+
+    def may_copy(self, variable: ShellWord, part: ParameterPart) -> bool:
+        """Whether the file's budget of copied pieces still holds `variable`'s; the first time
+        it does not, a problem line says so."""
+        if self.copied_pieces > MAX_COPIED_PIECES:
+            return False
+        self.copied_pieces += len(variable.pieces)
+        if self.copied_pieces <= MAX_COPIED_PIECES:
+            return True
+        self.problems.append(
+            f"{self.lines.describe(part.start)}: the script expands its variables past "
+            f"{MAX_COPIED_PIECES} pieces; this expansion and the later ones are read as known "
+            "only when the script runs"
+        )
+        return False
 
     def arithmetic(self, expression: str) -> int | None:
         missing: list[str] = []
@@ -234,6 +285,12 @@ class ShellExpander:
         if missing:
             return None
         return evaluate_integer_expression(python_text)
+
+
+def kept_unknown(expansions: list[str]) -> tuple[str, ...]:
+    """The first few distinct expansions known only at run time (the first is the one a
+    problem line names): `A="$A$A"` on an unknown `$A` must not double a list a line."""
+    return tuple(dict.fromkeys(expansions))[:MAX_UNKNOWN_KEPT]
 
 
 def _assignment_name(raw: RawWord) -> str | None:
@@ -318,10 +375,14 @@ def evaluate_integer_expression(expression: str) -> int | None:
             left, right = value(node.left), value(node.right)
             if isinstance(node.op, ast.Pow) and not 0 <= right <= 64:
                 raise ValueError("exponent out of range")
-            return ARITHMETIC_OPERATORS[type(node.op)](left, right)
+            result = ARITHMETIC_OPERATORS[type(node.op)](left, right)
+            if not -SHELL_INTEGER_BOUND <= result < SHELL_INTEGER_BOUND:
+                raise ValueError("past the shell's 64-bit integers")
+            return result
         raise ValueError("not integer arithmetic")
 
     try:
-        return value(tree.body)
+        result = value(tree.body)
     except (ValueError, ZeroDivisionError, RecursionError, OverflowError):
         return None
+    return result if -SHELL_INTEGER_BOUND <= result < SHELL_INTEGER_BOUND else None

@@ -11,7 +11,10 @@ where it was written.
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
+from collections import deque
 from dataclasses import dataclass, field
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ DOUBLE_QUOTE_ESCAPES = frozenset('$`"\\\n')
 PARAMETER_OPERATORS = (":-", ":=", ":+", ":?", "-", "=", "+", "?")
 SPECIAL_PARAMETERS = frozenset("@*#?$!-0123456789")
 NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# `${A:-${B:-...}}`: each level is scanned to its closing brace, so the depth read is bounded
+MAX_PARAMETER_NESTING = 8
 
 
 class ShellScanner:
@@ -92,7 +97,12 @@ class ShellScanner:
     def __init__(self, text: str) -> None:
         self.text = text
         self.problems: list[str] = []
-        self.pending_here_documents: list[tuple[str, bool, RawCommand]] = []
+        self.pending_here_documents: deque[tuple[str, bool, RawCommand]] = deque()
+        self.parameter_depth = 0  # `${NAME<operator>...}` arguments being read
+
+    @cached_property
+    def lines(self) -> LineIndex:
+        return LineIndex(self.text)
 
     def commands(self) -> list[RawCommand]:
         text = self.text
@@ -155,7 +165,7 @@ class ShellScanner:
     def skip_here_documents(self, position: int) -> int:
         text = self.text
         while self.pending_here_documents:
-            delimiter, strip_tabs, command = self.pending_here_documents.pop(0)
+            delimiter, strip_tabs, command = self.pending_here_documents.popleft()
             body_start = position
             while position < len(text):
                 newline = text.find("\n", position)
@@ -168,7 +178,7 @@ class ShellScanner:
                 position = line_end + 1
             else:
                 self.problems.append(
-                    f"{describe_offset(text, body_start)}: here-document '{delimiter}' "
+                    f"{self.lines.describe(body_start)}: here-document '{delimiter}' "
                     "has no closing line"
                 )
                 command.here_documents.append(HereDocument(delimiter, body_start, len(text)))
@@ -325,8 +335,18 @@ class ShellScanner:
             return ParameterPart(name_match.group(), "", (), position, after, quoted), after
         for operator_text in PARAMETER_OPERATORS:
             if text.startswith(operator_text, rest):
+                if self.parameter_depth >= MAX_PARAMETER_NESTING:
+                    self.problems.append(
+                        f"{self.lines.describe(position)}: ${{...}} nests more than "
+                        f"{MAX_PARAMETER_NESTING} deep; read as known only when the script runs"
+                    )
+                    return SubstitutionPart(text[position:after], position, after, quoted), after
                 argument_start = rest + len(operator_text)
-                argument = self.word(argument_start, stop=close, blanks_break=False)
+                self.parameter_depth += 1
+                try:
+                    argument = self.word(argument_start, stop=close, blanks_break=False)
+                finally:
+                    self.parameter_depth -= 1
                 part = ParameterPart(
                     name_match.group(), operator_text, argument.parts, position, after, quoted
                 )
@@ -359,7 +379,7 @@ class ShellScanner:
 
     def unterminated(self, position: int, opening: str) -> None:
         self.problems.append(
-            f"{describe_offset(self.text, position)}: {opening} is never closed; "
+            f"{self.lines.describe(position)}: {opening} is never closed; "
             "read to the end of the file"
         )
 
@@ -374,12 +394,32 @@ def _is_file_descriptor(word: RawWord) -> bool:
     )
 
 
+class LineIndex:
+    """Lines and columns of one text's offsets: the line starts are found once, then each
+    offset is a bisection (a launcher with thousands of flags asks for thousands of ranges)."""
+
+    def __init__(self, text: str) -> None:
+        self.length = len(text)
+        self.line_starts = [0, *(match.end() for match in re.finditer("\n", text))]
+
+    def position(self, offset: int) -> tuple[int, int]:
+        """0-based line and column of `offset` (clamped to the text)."""
+        offset = max(0, min(offset, self.length))
+        line = bisect_right(self.line_starts, offset) - 1
+        return line, offset - self.line_starts[line]
+
+    def describe(self, offset: int) -> str:
+        line, column = self.position(offset)
+        return f"line {line + 1}, column {column + 1}"
+
+
 def describe_offset(text: str, offset: int) -> str:
     line, column = offset_to_position(text, offset)
     return f"line {line + 1}, column {column + 1}"
 
 
 def offset_to_position(text: str, offset: int) -> tuple[int, int]:
+    """One offset's line and column (for many offsets of one text, use a LineIndex)."""
     offset = max(0, min(offset, len(text)))
     line = text.count("\n", 0, offset)
     line_start = text.rfind("\n", 0, offset) + 1

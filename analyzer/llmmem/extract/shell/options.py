@@ -10,14 +10,16 @@ only when the script runs is a problem that says so.
 from __future__ import annotations
 
 import re
+from functools import cached_property
 from pathlib import Path
 
 from llmmem.extract.configs import ConfigReading, read_config
 from llmmem.extract.frameworks.accelerate import FSDP_STRATEGY_NAMES
 from llmmem.extract.frameworks.common import Setting
+from llmmem.extract.numbers import shown
 from llmmem.extract.shell.expand import ShellWord
 from llmmem.extract.shell.launchers import CommandOption, Launch, WordSlice, program_options
-from llmmem.extract.shell.lexer import describe_offset, offset_to_position
+from llmmem.extract.shell.lexer import LineIndex
 from llmmem.extract.text import display_path, resolve_reference
 from llmmem.plan import Provenance, SourceRange
 
@@ -32,6 +34,10 @@ class LaunchOptionReader:
         self.settings: list[Setting] = []
         self.readings: list[ConfigReading] = []
         self.problems: list[str] = []
+
+    @cached_property
+    def lines(self) -> LineIndex:
+        return LineIndex(self.text)
 
     # -- launcher options
 
@@ -343,23 +349,23 @@ class LaunchOptionReader:
         if expansion in ("$@", "$*"):
             return
         self.problems.append(
-            f"{describe_offset(self.text, word.start)}: {what} comes from {expansion}, known "
+            f"{self.lines.describe(word.start)}: {what} comes from {shown(expansion, 60)}, known "
             "only when the script runs; add a `# llmmem:` pragma to say what it is"
         )
 
     def problem_at(self, word: ShellWord, message: str) -> None:
-        self.problems.append(f"{describe_offset(self.text, word.start)}: {message}")
+        self.problems.append(f"{self.lines.describe(word.start)}: {message}")
 
     def problem_at_slice(self, value: WordSlice, message: str) -> None:
         start, _ = value.offsets()
-        self.problems.append(f"{describe_offset(self.text, start)}: {message}")
+        self.problems.append(f"{self.lines.describe(start)}: {message}")
 
     def line_of(self, offset: int) -> int:
-        return offset_to_position(self.text, offset)[0]
+        return self.lines.position(offset)[0]
 
     def offsets_range(self, start: int, end: int) -> SourceRange:
-        start_line, start_col = offset_to_position(self.text, start)
-        end_line, end_col = offset_to_position(self.text, end)
+        start_line, start_col = self.lines.position(start)
+        end_line, end_col = self.lines.position(end)
         return SourceRange(
             start_line=start_line, start_col=start_col, end_line=end_line, end_col=end_col
         )

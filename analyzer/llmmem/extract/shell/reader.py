@@ -44,7 +44,6 @@ from llmmem.extract.shell.lexer import (
     HereDocument,
     LiteralPart,
     ShellScanner,
-    describe_offset,
 )
 from llmmem.extract.shell.options import LaunchOptionReader
 from llmmem.extract.text import (
@@ -67,6 +66,8 @@ def extract_shell_plan(
         text = read_text_file(path, problems)
     if text is None:
         return plan_from_problems(path, "shell", settings, problems)
+    if len(text) > MAX_SHELL_CHARS:
+        return oversized_plan(path, text, settings)
     try:
         return ShellPlanReader(path, text).plan(settings)
     except RecursionError:
@@ -74,6 +75,26 @@ def extract_shell_plan(
     except Exception as error:  # a gap in the reader must not take the editor down
         problem = f"internal error while reading the script: {error!r}"
         return plan_from_problems(path, "shell", settings, [problem])
+
+
+MAX_SHELL_CHARS = 1_000_000  # larger launchers are not read (pragmas are still read)
+
+
+def oversized_plan(path: Path, text: str, settings: ProjectSettings | None) -> TrainingPlan:
+    """The plan of a launcher past MAX_SHELL_CHARS: its `# llmmem:` comments and why the rest
+    is not read, as for a Python file past its bound."""
+    size = len(text.encode("utf-8", errors="replace")) / 1e6
+    problem = (
+        f"file is {size:.1f} MB; llmmem reads shell scripts up to "
+        f"{MAX_SHELL_CHARS / 1e6:.0f} MB (only `# llmmem:` comments were read)"
+    )
+    builder = PlanBuilder()
+    if settings is not None:
+        apply_project_settings(builder, settings)
+    apply_file_pragmas(builder, text, None)
+    builder.problems.append(problem)
+    builder.unreadable = problem
+    return builder.build(str(path), "shell", "hf", config_class="none")
 
 
 class ShellPlanReader(LaunchOptionReader):
@@ -125,11 +146,16 @@ class ShellPlanReader(LaunchOptionReader):
         return plan
 
     def choose_launch(self) -> Launch | None:
+        """The file's training launch; None where there is none, or where the file is past
+        MAX_SHELL_CHARS (not read: the fixes that ask for the launch get none)."""
+        if len(self.text) > MAX_SHELL_CHARS:
+            return None
         scanner = ShellScanner(self.text)
         commands = scanner.commands()
         self.problems.extend(scanner.problems)
         launches: list[Launch] = []
-        for command in ShellExpander(self.text).expanded_commands(commands):
+        expander = ShellExpander(self.text)
+        for command in expander.expanded_commands(commands):
             for target in command.raw.output_targets:
                 for document in command.raw.here_documents:
                     name = "".join(
@@ -139,6 +165,7 @@ class ShellPlanReader(LaunchOptionReader):
             launch = interpret_command(command)
             if launch is not None:
                 launches.append(launch)
+        self.problems.extend(expander.problems)
         if not launches:
             return None
         best = max(launch.priority for launch in launches)
@@ -571,7 +598,7 @@ class ShellPlanReader(LaunchOptionReader):
         for key, value, shared_note in TORCHTUNE_BUILTIN_COMMON:
             self.settings.append(Setting(key, value, Provenance.DEFAULT, located, shared_note))
         self.problems.append(
-            f"{describe_offset(self.text, name_word.start)}: torchtune's built-in config "
+            f"{self.lines.describe(name_word.start)}: torchtune's built-in config "
             f"'{name}' is not read; copy it (`tune cp {name} .`) to have its values read"
         )
 

@@ -1,0 +1,96 @@
+"""The installed commands on launchers that used to hang: a launcher of megabytes comes back in
+seconds with the line saying what was not read.
+
+Every test runs the real command in a subprocess, with a timeout, on files written to tmp_path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
+LINT = str(Path(sys.executable).parent / "llmmem-lint")  # the installed command
+
+
+def run(
+    args: list[str], cwd: Path, *, timeout: float = 60, memory_limit: int | None = None
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    """The command's process and its wall time; `memory_limit`: bytes of address space."""
+
+    def limit() -> None:
+        import resource
+
+        if memory_limit is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
+
+    started = time.monotonic()
+    proc = subprocess.run(
+        args,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+        cwd=cwd,
+        preexec_fn=limit if memory_limit is not None else None,
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc, time.monotonic() - started
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    (tmp_path / ".git").mkdir()  # its own project: no pyproject.toml above it is read
+    return tmp_path
+
+
+# -- launchers of megabytes -------------------------------------------------------------------
+
+
+def launcher(size: int) -> str:
+    """A torchrun launcher of about `size` characters, one flag a continuation line."""
+    lines = ["#!/bin/bash", "torchrun --nproc_per_node 4 train.py \\"]
+    written = sum(len(line) + 1 for line in lines)
+    while written < size:
+        lines.append(f"    --option_{len(lines)} value_{len(lines)} \\")
+        written += len(lines[-1]) + 1
+    lines.append("    --bf16")
+    return "\n".join(lines) + "\n"
+
+
+def test_a_launcher_of_megabytes_is_refused_in_seconds(project: Path) -> None:
+    script = project / "launch.sh"
+    script.write_text(launcher(2_400_000))
+    size = script.stat().st_size / 1e6
+    assert 2.0 < size < 4.0
+    proc, seconds = run([LINT, str(script)], project)
+    assert seconds < 10, seconds  # it ran past five minutes
+    assert (
+        f"file is {size:.1f} MB; llmmem reads shell scripts up to 1 MB "
+        "(only `# llmmem:` comments were read)"
+    ) in proc.stdout, proc.stdout
+    assert proc.returncode == 1
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS is enforced on Linux")
+def test_a_variable_doubled_forty_times_is_given_up_on(project: Path) -> None:
+    script = project / "launch.sh"
+    script.write_text("A=ab\n" + 'A="$A$A"\n' * 40 + 'torchrun train.py --run_name "$A" --bf16\n')
+    proc, seconds = run(
+        [sys.executable, "-m", "llmmem", "explain", str(script), "--format", "json"],
+        project,
+        memory_limit=1 << 30,
+    )
+    assert seconds < 5, seconds
+    out = json.loads(proc.stdout)
+    assert (
+        "line 15, column 3: $A grows past 100000 characters or 10000 joined parts; read as "
+        "known only when the script runs" in out["problems"]
+    ), out["problems"]
+    assert out["plan"]["precision"]["value"] == "bf16"  # the rest of the command is read
