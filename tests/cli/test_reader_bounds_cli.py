@@ -1,5 +1,5 @@
-"""The installed commands on launchers that used to hang: a launcher of megabytes comes back in
-seconds with the line saying what was not read.
+"""The installed commands on configs and launchers that used to hang: a "billion laughs" YAML
+and a launcher of megabytes come back in seconds with the line saying what was not read.
 
 Every test runs the real command in a subprocess, with a timeout, on files written to tmp_path.
 """
@@ -48,6 +48,49 @@ def run(
 def project(tmp_path: Path) -> Path:
     (tmp_path / ".git").mkdir()  # its own project: no pyproject.toml above it is read
     return tmp_path
+
+
+# -- aliases that expand without end ----------------------------------------------------------
+
+BOMB = (
+    "base_model: meta-llama/Llama-3.1-8B\n"
+    "micro_batch_size: 16\n"
+    "sequence_len: 4096\n"
+    'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
+    + "".join(
+        f"{name}: &{name} [{','.join([f'*{previous}'] * 9)}]\n"
+        for previous, name in zip("abcdefgh", "bcdefghi", strict=True)
+    )
+)
+BOMB_LINE = "the YAML expands its aliases past 10000 nodes; not read"
+
+
+def test_a_billion_laughs_yaml_is_refused_in_seconds_with_no_estimate(project: Path) -> None:
+    assert len(BOMB) < 600
+    config = project / "axolotl.yaml"
+    config.write_text(BOMB)
+    proc, seconds = run(
+        [
+            sys.executable,
+            "-m",
+            "llmmem",
+            "explain",
+            str(config),
+            "--gpu",
+            "A100-80GB",
+            "--format",
+            "json",
+        ],
+        project,
+    )
+    assert seconds < 5, seconds
+    out = json.loads(proc.stdout)
+    assert BOMB_LINE in out["problems"], out["problems"]
+    assert out["budget"] is None
+    proc, seconds = run([LINT, str(config), "--gpu", "A100-80GB"], project)
+    assert seconds < 5, seconds
+    assert proc.returncode == 1
+    assert BOMB_LINE in proc.stdout, proc.stdout
 
 
 # -- launchers of megabytes -------------------------------------------------------------------

@@ -3,7 +3,9 @@
 - a launcher of many backslash-continued flags is read in time linear in its length; past
   MAX_SHELL_CHARS it is refused with a line that says so (its pragmas are still read);
 - shell variables that double, arithmetic past 64 bits and `${A:-${B:-...}}` nested without end
-  give a problem line, not a hang or an internal error.
+  give a problem line, not a hang or an internal error;
+- a YAML whose aliases expand past MAX_ALIAS_NODES nodes is not read at all; a config reusing an
+  anchor or two is read as before.
 """
 
 from __future__ import annotations
@@ -15,10 +17,16 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from llmmem.extract import extract_plan
 from llmmem.extract.configs import Override, overlay_document
 from llmmem.extract.shell import extract_shell_plan
 from llmmem.extract.shell.reader import MAX_SHELL_CHARS
-from llmmem.extract.yaml_positions import KeyPath, PositionedYaml
+from llmmem.extract.yaml_positions import (
+    MAX_ALIAS_NODES,
+    KeyPath,
+    PositionedYaml,
+    read_positioned_yaml,
+)
 from llmmem.plan import Provenance, SourceRange, TrainingPlan
 
 
@@ -107,6 +115,86 @@ def test_a_variable_appended_to_without_end_stays_within_the_budget(tmp_path: Pa
         for problem in plan.problems
     ), plan.problems
     assert plan.precision.value == "bf16"
+
+
+# -- YAML aliases ---------------------------------------------------------------------------
+
+BOMB = (
+    "base_model: Qwen/Qwen2.5-0.5B\n"
+    'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
+    + "".join(
+        f"{name}: &{name} [{','.join([f'*{previous}'] * 9)}]\n"
+        for previous, name in zip("abcdefgh", "bcdefghi", strict=True)
+    )
+)
+
+
+def test_a_yaml_whose_aliases_expand_without_end_is_not_read() -> None:
+    assert len(BOMB) < 500
+    started = time.monotonic()
+    document = read_positioned_yaml(BOMB)
+    assert time.monotonic() - started < 1
+    message = f"the YAML expands its aliases past {MAX_ALIAS_NODES} nodes; not read"
+    assert document.value is None
+    assert document.refused == message
+    assert document.problems == (message,)
+
+
+def test_the_bomb_as_a_config_gives_the_line_and_no_settings(tmp_path: Path) -> None:
+    config = tmp_path / "axolotl.yaml"
+    config.write_text(BOMB)
+    started = time.monotonic()
+    plan = extract_plan(config)
+    assert time.monotonic() - started < 2
+    message = f"the YAML expands its aliases past {MAX_ALIAS_NODES} nodes; not read"
+    assert plan.problems == [message]
+    assert plan.unreadable == message
+    assert plan.model_id is None or plan.model_id.source is not Provenance.EXPLICIT
+
+
+def test_merges_of_a_large_mapping_count_against_the_bound() -> None:
+    keys = "".join(f"  key_{index}: {index}\n" for index in range(2_000))
+    text = "base: &base\n" + keys + "merged:\n  <<: [" + ", ".join(["*base"] * 20) + "]\n"
+    document = read_positioned_yaml(text)
+    assert document.refused is not None
+
+
+ANCHORED = """\
+base_model: meta-llama/Llama-3.1-8B
+lora_target_modules: &targets
+  - q_proj
+  - v_proj
+defaults: &training
+  micro_batch_size: 2
+  sequence_len: 2048
+<<: *training
+adapter: lora
+lora_r: 16
+peft_layers_to_transform: *targets
+"""
+
+
+def test_a_config_reusing_an_anchor_or_two_is_read(tmp_path: Path) -> None:
+    document = read_positioned_yaml(ANCHORED)
+    assert document.refused is None and document.problems == ()
+    assert document.value["micro_batch_size"] == 2
+    assert document.value["peft_layers_to_transform"] == ["q_proj", "v_proj"]
+    config = tmp_path / "axolotl.yaml"
+    config.write_text(ANCHORED)
+    plan = extract_plan(config)
+    assert plan.per_device_train_batch_size.value == 2
+    assert plan.max_seq_length.value == 2048
+    assert plan.lora is not None and plan.lora.target_modules.value == ["q_proj", "v_proj"]
+    assert plan.unreadable is None
+
+
+def test_aliases_up_to_the_bound_are_read() -> None:
+    items = ", ".join(str(index) for index in range(99))
+    uses = MAX_ALIAS_NODES // 100  # each alias visits the list and its 99 items again
+    text = f"block: &block [{items}]\n" + "".join(f"use_{i}: *block\n" for i in range(uses))
+    document = read_positioned_yaml(text)
+    assert document.refused is None
+    assert document.value[f"use_{uses - 1}"][-1] == 98
 
 
 # -- overrides laid over a document ---------------------------------------------------------

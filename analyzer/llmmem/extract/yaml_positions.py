@@ -15,7 +15,8 @@ Nothing raises. What cannot be read becomes a problem line and the rest is kept:
 - a syntax error (a tab used for indentation, an unclosed bracket) keeps the lines before it;
 - a duplicate key keeps the last one, as `yaml.safe_load` does, and says so;
 - anchors and aliases resolve like `yaml.safe_load`; an alias's range is the anchored text;
-  `<<: *base` merges the base's keys under the explicit ones;
+  `<<: *base` merges the base's keys under the explicit ones; a document whose aliases expand
+  past MAX_ALIAS_NODES nodes (a "billion laughs") is not read, and `refused` says why;
 - a tag with no safe meaning (`!include x.yaml`) keeps the scalar's text;
 - a second document (`---`) is ignored, with a problem line.
 JSON is YAML's flow style, so DeepSpeed JSON files go through the same reader; tabs between JSON
@@ -34,9 +35,10 @@ from llmmem.plan import SourceRange
 
 KeyPath = tuple[str | int, ...]
 
-# Aliases can nest so that a small file expands to an enormous value ("billion laughs"); the
-# walk stops after this many nodes.
-MAX_NODES = 200_000
+# Aliases can nest so that a small file expands to an enormous value ("billion laughs"): the walk
+# counts the nodes it visits again through an alias (or a `<<` merge), and past this many the
+# document is not read at all. Configs that reuse a block or two stay far below it.
+MAX_ALIAS_NODES = 10_000
 
 MERGE_TAG = "tag:yaml.org,2002:merge"
 
@@ -49,6 +51,7 @@ class PositionedYaml:
     ranges: dict[KeyPath, SourceRange] = field(default_factory=dict)
     key_ranges: dict[KeyPath, SourceRange] = field(default_factory=dict)  # the key's own text
     problems: tuple[str, ...] = ()
+    refused: str | None = None  # why the document was not read at all (its aliases expand)
 
     def lookup(self, path: KeyPath) -> tuple[bool, Any]:
         """(True, value) where the path exists, (False, None) where it does not."""
@@ -93,6 +96,10 @@ def read_positioned_yaml(
     except RecursionError:
         problems.append(f"{source_path or 'this file'}: nests too deeply to read")
         return PositionedYaml(value=None, problems=tuple(problems))
+    except _AliasesExpandTooFar:
+        refused = f"the YAML expands its aliases past {MAX_ALIAS_NODES} nodes; not read"
+        problems.append(f"{source_path}: {refused}" if source_path else refused)
+        return PositionedYaml(value=None, problems=tuple(problems), refused=refused)
     problems.extend(walk.problems)
     return PositionedYaml(
         value=value, ranges=walk.ranges, key_ranges=walk.key_ranges, problems=tuple(problems)
@@ -184,6 +191,10 @@ def _line_and_column(text: str, position: int) -> tuple[int, int]:
     return line, position - (before.rfind("\n") + 1)
 
 
+class _AliasesExpandTooFar(Exception):
+    """The walk has visited more than MAX_ALIAS_NODES nodes again through aliases."""
+
+
 class _NodeWalk:
     """Builds plain values from composed nodes, recording ranges and problems on the way."""
 
@@ -192,21 +203,16 @@ class _NodeWalk:
         self.ranges: dict[KeyPath, SourceRange] = {}
         self.key_ranges: dict[KeyPath, SourceRange] = {}
         self.problems: list[str] = []
-        self.nodes_seen = 0
-        self.stopped = False
+        self.visited: set[int] = set()  # ids of the nodes built once already
+        self.alias_nodes = 0  # nodes built again, through an alias or a merge
         self.open_collections: set[int] = set()
         self.scalar_constructor = yaml.constructor.SafeConstructor()
 
     def build(self, node: yaml.Node, path: KeyPath) -> Any:
-        self.nodes_seen += 1
-        if self.nodes_seen > MAX_NODES:
-            if not self.stopped:
-                self.stopped = True
-                self.problems.append(
-                    f"{self.source_path or 'this file'}: aliases expand to more than "
-                    f"{MAX_NODES} values; the rest is not read"
-                )
-            return None
+        if id(node) in self.visited:
+            self.count_again()
+        else:
+            self.visited.add(id(node))
         self.ranges[path] = self.node_range(node)
         if isinstance(node, yaml.ScalarNode):
             return self.scalar(node)
@@ -222,6 +228,13 @@ class _NodeWalk:
         finally:
             self.open_collections.discard(id(node))
         return None
+
+    def count_again(self) -> None:
+        """One more node read again through an alias or a merge; past MAX_ALIAS_NODES the
+        document is given up."""
+        self.alias_nodes += 1
+        if self.alias_nodes > MAX_ALIAS_NODES:
+            raise _AliasesExpandTooFar
 
     def mapping(self, node: yaml.MappingNode, path: KeyPath) -> dict[str, Any]:
         result: dict[str, Any] = {}
@@ -245,6 +258,7 @@ class _NodeWalk:
             result[key] = self.build(value_node, (*path, key))
         for source in merged:
             for key_node, value_node in source.value:
+                self.count_again()
                 key = self.key_text(key_node) if key_node.tag != MERGE_TAG else None
                 if key is None or key in result:
                     continue

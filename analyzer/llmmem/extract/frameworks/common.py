@@ -58,6 +58,7 @@ class ConfigReading:
     range_path: str | None = None  # the file in every range; None: the plan's own file
     # plan keys a DeepSpeed file leaves "auto", with where each "auto" is written
     deepspeed_auto_keys: dict[str, KeyPath] = field(default_factory=dict)
+    refused: str | None = None  # why the document was not read at all (see PositionedYaml)
 
     def value_of(self, key: str) -> Any:
         """The last value set for `key`, or None."""
@@ -338,6 +339,7 @@ def parse_config_text(reading: ConfigReading, text: str | None) -> PositionedYam
         reading.text = text
         document = read_positioned_yaml(text, reading.range_path, is_json=reading.kind == "json")
         reading.problems.extend(document.problems)
+        reading.refused = document.refused
     return document
 
 
