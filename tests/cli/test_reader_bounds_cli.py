@@ -1,5 +1,6 @@
-"""The installed commands on configs and launchers that used to hang: a "billion laughs" YAML
-and a launcher of megabytes come back in seconds with the line saying what was not read.
+"""The installed commands on configs and launchers that used to hang or pass silently: a number
+a YAML writes that is not one is LLM011 on its line, as in a Python script; a "billion laughs"
+YAML and a launcher of megabytes come back in seconds with the line saying what was not read.
 
 Every test runs the real command in a subprocess, with a timeout, on files written to tmp_path.
 """
@@ -48,6 +49,80 @@ def run(
 def project(tmp_path: Path) -> Path:
     (tmp_path / ".git").mkdir()  # its own project: no pyproject.toml above it is read
     return tmp_path
+
+
+# -- a number that is not one: LLM011 on its line, exit 1 --------------------------------------
+
+CONFIGS = {
+    "axolotl": (
+        "base_model: Qwen/Qwen2.5-0.5B\n"
+        "adapter: lora\n"
+        "lora_r: 16\n"
+        "micro_batch_size: {batch}\n"
+        "gradient_accumulation_steps: 4\n"
+        "sequence_len: {sequence}\n"
+    ),
+    "llamafactory": (
+        "model_name_or_path: Qwen/Qwen2.5-0.5B\n"
+        "stage: sft\n"
+        "finetuning_type: lora\n"
+        "per_device_train_batch_size: {batch}\n"
+        "gradient_accumulation_steps: 4\n"
+        "cutoff_len: {sequence}\n"
+    ),
+}
+BATCH_LINE = {"axolotl": 3, "llamafactory": 3}  # 0-based
+SEQUENCE_LINE = {"axolotl": 5, "llamafactory": 5}
+
+
+def value_findings(proc: subprocess.CompletedProcess[str]) -> list[dict[str, object]]:
+    return [finding for finding in json.loads(proc.stdout) if finding["code"] == "LLM011"]
+
+
+@pytest.mark.parametrize("framework", sorted(CONFIGS))
+def test_a_batch_written_as_a_word_is_llm011_on_its_line(project: Path, framework: str) -> None:
+    config = project / f"{framework}.yaml"
+    config.write_text(CONFIGS[framework].format(batch="four", sequence=512))
+    proc, _ = run([LINT, str(config), "--gpu", "A100-80GB", "--format", "json"], project)
+    (finding,) = value_findings(proc)
+    assert finding["range"]["start_line"] == BATCH_LINE[framework]  # type: ignore[index]
+    assert str(finding["message"]).startswith("per_device_train_batch_size: ")
+    assert "must be a whole number, got 'four'" in str(finding["message"])
+    assert proc.returncode == 1  # a warning fails the default --fail-on warning
+
+
+@pytest.mark.parametrize("batch", ["four", "-2", "0"])
+def test_axolotls_default_stands_in_for_any_batch_it_cannot_use(project: Path, batch: str) -> None:
+    config = project / "axolotl.yaml"
+    config.write_text(CONFIGS["axolotl"].format(batch=batch, sequence=512))
+    proc, _ = run(
+        [sys.executable, "-m", "llmmem", "explain", str(config), "--format", "json"], project
+    )
+    batch_used = json.loads(proc.stdout)["plan"]["per_device_train_batch_size"]
+    assert (batch_used["value"], batch_used["note"]) == (1, "axolotl micro_batch_size default")
+    proc, _ = run([LINT, str(config), "--gpu", "A100-80GB", "--format", "json"], project)
+    (finding,) = value_findings(proc)
+    assert finding["range"]["start_line"] == BATCH_LINE["axolotl"]  # type: ignore[index]
+    assert proc.returncode == 1
+
+
+@pytest.mark.parametrize("framework", sorted(CONFIGS))
+def test_a_written_batch_and_sequence_both_rejected_print_two_lines(
+    project: Path, framework: str
+) -> None:
+    config = project / f"{framework}.yaml"
+    config.write_text(CONFIGS[framework].format(batch="four", sequence=0))
+    proc, _ = run([LINT, str(config), "--gpu", "A100-80GB"], project)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if " LLM011 " in line]
+    batch_col = CONFIGS[framework].splitlines()[BATCH_LINE[framework]].index(":") + 3
+    sequence_col = CONFIGS[framework].splitlines()[SEQUENCE_LINE[framework]].index(":") + 3
+    assert sorted(line.split(" LLM011 ")[0] for line in lines) == sorted(
+        [
+            f"{config}:{BATCH_LINE[framework] + 1}:{batch_col}:",
+            f"{config}:{SEQUENCE_LINE[framework] + 1}:{sequence_col}:",
+        ]
+    ), proc.stdout
 
 
 # -- aliases that expand without end ----------------------------------------------------------

@@ -1,11 +1,14 @@
-"""The shell and YAML readers stay in proportion to what they read.
+"""The shell and YAML readers stay in proportion to what they read, and a config's number that
+is not one is rejected where it is written, as the Python reader rejects it.
 
 - a launcher of many backslash-continued flags is read in time linear in its length; past
   MAX_SHELL_CHARS it is refused with a line that says so (its pragmas are still read);
 - shell variables that double, arithmetic past 64 bits and `${A:-${B:-...}}` nested without end
   give a problem line, not a hang or an internal error;
 - a YAML whose aliases expand past MAX_ALIAS_NODES nodes is not read at all; a config reusing an
-  anchor or two is read as before.
+  anchor or two is read as before;
+- `micro_batch_size: four`, `per_device_train_batch_size: -2` and `sequence_len: 0` each become a
+  RejectedValue with the value's range, and the framework's default stands in for all three.
 """
 
 from __future__ import annotations
@@ -195,6 +198,126 @@ def test_aliases_up_to_the_bound_are_read() -> None:
     document = read_positioned_yaml(text)
     assert document.refused is None
     assert document.value[f"use_{uses - 1}"][-1] == 98
+
+
+# -- numbers that are not numbers -----------------------------------------------------------
+
+AXOLOTL = """\
+base_model: Qwen/Qwen2.5-0.5B
+adapter: lora
+lora_r: 16
+micro_batch_size: {batch}
+gradient_accumulation_steps: 4
+sequence_len: 512
+"""
+
+
+def rejected_of(plan: TrainingPlan) -> dict[str, tuple[str, SourceRange | None]]:
+    return {rejected.key: (rejected.message, rejected.range) for rejected in plan.rejected}
+
+
+def test_axolotl_batches_that_are_not_counts_are_rejected_alike(tmp_path: Path) -> None:
+    config = tmp_path / "axolotl.yaml"
+    for written in ("four", "-2", "0"):
+        config.write_text(AXOLOTL.format(batch=written))
+        plan = extract_plan(config)
+        message, located = rejected_of(plan)["per_device_train_batch_size"]
+        assert written in message
+        assert located == SourceRange(
+            start_line=3, start_col=18, end_line=3, end_col=18 + len(written)
+        )
+        # axolotl's own default stands in, whatever the value written
+        assert plan.per_device_train_batch_size.value == 1, written
+        assert plan.per_device_train_batch_size.source is Provenance.DEFAULT
+
+
+LLAMAFACTORY = """\
+model_name_or_path: Qwen/Qwen2.5-0.5B
+stage: sft
+finetuning_type: lora
+lora_rank: eight
+per_device_train_batch_size: four
+gradient_accumulation_steps: -2
+cutoff_len: 0
+flash_attn: maybe
+"""
+
+
+def test_llamafactory_numbers_that_are_not_numbers_are_rejected_where_written(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "sft.yaml"
+    config.write_text(LLAMAFACTORY)
+    plan = extract_plan(config)
+    rejected = rejected_of(plan)
+    # a value that is not a number the key could take: a problem line, not a rejected number
+    assert "line 8, column 13: unknown flash_attn 'maybe'" in plan.problems
+    assert set(rejected) == {
+        "lora.r",
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "max_seq_length",
+    }
+    lines = {key: located.start_line for key, (_, located) in rejected.items() if located}
+    assert lines == {
+        "lora.r": 3,
+        "per_device_train_batch_size": 4,
+        "gradient_accumulation_steps": 5,
+        "max_seq_length": 6,
+    }
+    assert rejected["lora.r"][0] == "lora_rank must be a whole number, got 'eight'"
+    assert rejected["per_device_train_batch_size"][0] == "must be a whole number, got 'four'"
+
+
+def test_a_deepspeed_json_rejects_its_numbers_in_that_file(tmp_path: Path) -> None:
+    (tmp_path / "ds.json").write_text(
+        '{\n  "train_micro_batch_size_per_gpu": "auto",\n'
+        '  "zero_optimization": {"stage": "three", "reduce_bucket_size": -5}\n}\n'
+    )
+    config = tmp_path / "axolotl.yaml"
+    config.write_text(AXOLOTL.format(batch=2) + "deepspeed: ds.json\n")
+    rejected = rejected_of(extract_plan(config))
+    stage_message, stage_range = rejected["distributed.zero_stage"]
+    assert stage_message == "zero_optimization.stage must be a whole number, got 'three'"
+    assert stage_range is not None and stage_range.path is not None
+    assert Path(stage_range.path).name == "ds.json" and stage_range.start_line == 2
+    assert "distributed.reduce_bucket_size" in rejected
+
+
+def test_a_json_hf_config_rejects_a_batch_that_is_not_a_number(tmp_path: Path) -> None:
+    config = tmp_path / "args.json"
+    config.write_text(
+        '{\n  "model_name_or_path": "Qwen/Qwen2.5-0.5B",\n'
+        '  "per_device_train_batch_size": "four"\n}\n'
+    )
+    message, located = rejected_of(extract_plan(config))["per_device_train_batch_size"]
+    assert message == "must be a whole number, got 'four'"
+    assert located is not None and located.start_line == 2
+
+
+def test_a_launcher_carries_the_rejections_of_the_config_it_starts(tmp_path: Path) -> None:
+    (tmp_path / "sft.yaml").write_text(LLAMAFACTORY)
+    launch = tmp_path / "train.sh"
+    launch.write_text("llamafactory-cli train sft.yaml \\\n    cutoff_len=nine\n")
+    rejected = rejected_of(extract_plan(launch))
+    message, located = rejected["max_seq_length"]
+    assert message == "cutoff_len must be a whole number, got 'nine'"
+    assert located is not None and located.path is None and located.start_line == 1
+    assert rejected["lora.r"][1] is not None
+    assert Path(rejected["lora.r"][1].path or "").name == "sft.yaml"
+
+
+def test_a_here_document_deepspeed_config_rejects_in_the_launcher(tmp_path: Path) -> None:
+    launch = tmp_path / "run.sh"
+    launch.write_text(
+        "cat > ds.json <<JSON\n"
+        '{"train_micro_batch_size_per_gpu": "four", "zero_optimization": {"stage": 2}}\n'
+        "JSON\n"
+        "torchrun train.py --deepspeed ds.json\n"
+    )
+    message, located = rejected_of(extract_plan(launch))["per_device_train_batch_size"]
+    assert message == "train_micro_batch_size_per_gpu must be a whole number, got 'four'"
+    assert located is not None and located.path is None and located.start_line == 1
 
 
 # -- overrides laid over a document ---------------------------------------------------------

@@ -241,6 +241,7 @@ def build_plan(
         apply_project_settings(builder, settings)
     for setting in reading.settings:
         builder.set(setting.key, setting.value, setting.source, setting.range, setting.note)
+    builder.rejected.extend(reading.rejected)
     if reading.refused is not None:
         builder.unreadable = reading.refused
     apply_file_pragmas(builder, reading.text, reading.range_path)

@@ -27,7 +27,7 @@ from llmmem.extract.yaml_positions import (
     describe_location,
     read_positioned_yaml,
 )
-from llmmem.plan import Provenance, SourceRange
+from llmmem.plan import Provenance, RejectedValue, SourceRange
 
 # --------------------------------------------------------------------------------------------
 # settings
@@ -58,6 +58,8 @@ class ConfigReading:
     range_path: str | None = None  # the file in every range; None: the plan's own file
     # plan keys a DeepSpeed file leaves "auto", with where each "auto" is written
     deepspeed_auto_keys: dict[str, KeyPath] = field(default_factory=dict)
+    # numbers written that are not numbers the key can take (LLM011), where they are written
+    rejected: list[RejectedValue] = field(default_factory=list)
     refused: str | None = None  # why the document was not read at all (see PositionedYaml)
 
     def value_of(self, key: str) -> Any:
@@ -85,9 +87,15 @@ class ValueProblem(ValueError):
     """A value of the wrong type; the message completes 'KEY ...'."""
 
 
+class NumberProblem(ValueProblem):
+    """A key that takes a number written with something that is not one it can take (`four`,
+    `-2` for a count): besides the problem line, the plan rejects it where it is written, as
+    the builder rejects a Python script's `per_device_train_batch_size="four"` (LLM011)."""
+
+
 def as_int(value: Any) -> int:
     if isinstance(value, bool):
-        raise ValueProblem(f"must be a whole number, got {value!r}")
+        raise NumberProblem(f"must be a whole number, got {value!r}")
     if isinstance(value, int):
         return value
     if isinstance(value, float) and value.is_integer():
@@ -107,19 +115,19 @@ def as_int(value: Any) -> int:
                 number = float("nan")
             if number.is_integer():
                 return int(number)
-    raise ValueProblem(f"must be a whole number, got {shown(repr(value), 40)}")
+    raise NumberProblem(f"must be a whole number, got {shown(repr(value), 40)}")
 
 
 def as_count(value: Any) -> int:
     number = as_int(value)
     if number < 0:
-        raise ValueProblem(f"must be 0 or more, got {value!r}")
+        raise NumberProblem(f"must be 0 or more, got {value!r}")
     return number
 
 
 def as_float(value: Any) -> float:
     if isinstance(value, bool):
-        raise ValueProblem(f"must be a number, got {value!r}")
+        raise NumberProblem(f"must be a number, got {value!r}")
     if isinstance(value, int | float):
         return float(value)
     if isinstance(value, str):
@@ -127,7 +135,7 @@ def as_float(value: Any) -> float:
             return float(value.strip())
         except ValueError:
             pass
-    raise ValueProblem(f"must be a number, got {value!r}")
+    raise NumberProblem(f"must be a number, got {shown(repr(value), 40)}")
 
 
 TRUE_WORDS = frozenset({"true", "yes", "on", "1", "y"})
@@ -255,6 +263,18 @@ class DocumentReader:
     def problem(self, path: KeyPath, message: str) -> None:
         self.reading.problems.append(f"{self.where(path)}: {message}")
 
+    def reject(self, path: KeyPath, key: str | None, problem: ValueProblem) -> None:
+        """The problem line for a value `path` holds that cannot be converted; a number that
+        is not one (NumberProblem) is also rejected where it is written, under the plan's
+        `key` (the written name where the value feeds no one key)."""
+        written = ".".join(str(step) for step in path)
+        self.problem(path, f"{written} {problem}")
+        if isinstance(problem, NumberProblem):
+            message = f"{written} {problem}" if key not in (None, written) else str(problem)
+            self.reading.rejected.append(
+                RejectedValue(key=key or written, message=message, range=self.range(path))
+            )
+
     def source_of(self, located: SourceRange | None) -> Provenance:
         """`explicit` for what the plan's own file says, `config` for what a file it refers to
         (or that launches it) says: a document can mix both (a YAML with command-line
@@ -280,7 +300,7 @@ class DocumentReader:
         try:
             value = convert(raw)
         except ValueProblem as problem:
-            self.problem(path, f"{'.'.join(str(step) for step in path)} {problem}")
+            self.reject(path, key, problem)
             return None
         self.put(key, value, path, note)
         return value
@@ -292,13 +312,20 @@ class DocumentReader:
         try:
             return convert(self.get(path))
         except ValueProblem as problem:
-            self.problem(path, f"{'.'.join(str(step) for step in path)} {problem}")
+            self.reject(path, None, problem)
             return None
 
     def default(self, key: str, value: Any, note: str) -> None:
-        """A framework default for a key the file leaves unsaid."""
-        if not self.reading.has(key):
-            self.reading.settings.append(Setting(key, value, Provenance.DEFAULT, None, note))
+        """A framework default for `key`. Where the file says nothing, it is the value; where
+        the file writes one, the default goes first (the file's value wins, and is the last
+        the reading holds) and stands in if the plan rejects what is written (`micro_batch_size:
+        0` falls back to axolotl's 1, as `four` does)."""
+        default = Setting(key, value, Provenance.DEFAULT, None, note)
+        stated = [setting.source for setting in self.reading.settings if setting.key == key]
+        if not stated:
+            self.reading.settings.append(default)
+        elif Provenance.DEFAULT not in stated and Provenance.ASSUMED not in stated:
+            self.reading.settings.insert(0, default)
 
     def keep(self, name: str, path: KeyPath) -> None:
         """Keep a framework key the plan has no field for (it lands in `plan.extra`)."""

@@ -16,8 +16,8 @@ from typing import Any
 from llmmem.extract.frameworks.common import (
     ConfigReading,
     DocumentReader,
+    NumberProblem,
     Setting,
-    ValueProblem,
     as_bool,
     as_count,
     as_int,
@@ -54,7 +54,7 @@ def as_bucket(value: Any, *, at_least: int = 1) -> int | str:
         return "auto"
     number = as_int(value)
     if number < at_least:
-        raise ValueProblem(f'must be a number of elements or "auto", got {value!r}')
+        raise NumberProblem(f'must be a number of elements or "auto", got {value!r}')
     return number
 
 
@@ -235,6 +235,7 @@ def merge_deepspeed(
     reading: ConfigReading, deepspeed: ConfigReading, auto_keys: dict[str, KeyPath]
 ) -> None:
     """DeepSpeed values fill what the trainer side leaves unsaid; "auto" defers to it."""
+    reading.rejected.extend(deepspeed.rejected)
     for setting in deepspeed.settings:
         existing = reading.setting(setting.key)
         if existing is None or existing.source is Provenance.DEFAULT:

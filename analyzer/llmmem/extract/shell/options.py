@@ -21,7 +21,7 @@ from llmmem.extract.shell.expand import ShellWord
 from llmmem.extract.shell.launchers import CommandOption, Launch, WordSlice, program_options
 from llmmem.extract.shell.lexer import LineIndex
 from llmmem.extract.text import display_path, resolve_reference
-from llmmem.plan import Provenance, SourceRange
+from llmmem.plan import Provenance, RejectedValue, SourceRange
 
 
 class LaunchOptionReader:
@@ -34,6 +34,8 @@ class LaunchOptionReader:
         self.settings: list[Setting] = []
         self.readings: list[ConfigReading] = []
         self.problems: list[str] = []
+        # numbers written that no key can take, where the readings above do not hold them
+        self.rejected: list[RejectedValue] = []
 
     @cached_property
     def lines(self) -> LineIndex:

@@ -130,8 +130,10 @@ class ShellPlanReader(LaunchOptionReader):
         for setting in self.settings:
             builder.set(setting.key, setting.value, setting.source, setting.range, setting.note)
         for reading in self.readings:
+            builder.rejected.extend(reading.rejected)
             if reading.range_path is not None:
                 apply_file_pragmas(builder, reading.text, reading.range_path)
+        builder.rejected.extend(self.rejected)
         apply_file_pragmas(builder, self.text, None)
         plan = builder.build(
             str(self.path),
@@ -540,18 +542,30 @@ class ShellPlanReader(LaunchOptionReader):
         body = self.text[document.start : document.end]
         first_line = self.line_of(document.start)
         reading = read_config(Path(value.text), body, range_path=HERE_DOCUMENT_PATH)
-        for setting in reading.settings:
-            located = setting.range
-            if located is not None and located.path == HERE_DOCUMENT_PATH:
-                located = replace(
-                    located,
-                    path=None,
-                    start_line=located.start_line + first_line,
-                    end_line=located.end_line + first_line,
-                )
-            self.settings.append(
-                Setting(setting.key, setting.value, Provenance.EXPLICIT, located, setting.note)
+
+        def in_this_file(located: SourceRange | None) -> SourceRange | None:
+            if located is None or located.path != HERE_DOCUMENT_PATH:
+                return located
+            return replace(
+                located,
+                path=None,
+                start_line=located.start_line + first_line,
+                end_line=located.end_line + first_line,
             )
+
+        for setting in reading.settings:
+            self.settings.append(
+                Setting(
+                    setting.key,
+                    setting.value,
+                    Provenance.EXPLICIT,
+                    in_this_file(setting.range),
+                    setting.note,
+                )
+            )
+        self.rejected.extend(
+            replace(rejected, range=in_this_file(rejected.range)) for rejected in reading.rejected
+        )
         self.problems.extend(
             problem.replace(HERE_DOCUMENT_PATH, f"here-document for {value.text}")
             for problem in reading.problems
