@@ -4,15 +4,14 @@ pygls drops a request whose params do not match the protocol's types (no positio
 line, no command) after logging a traceback, so the client waits forever; after `shutdown` it
 drops requests silently; an unknown command is answered, but with a traceback at ERROR level.
 This protocol answers each of these with a JSON-RPC error: InvalidParams, InvalidRequest after
-shutdown, and InvalidParams naming the known commands, logged as one line. A body that is not
-JSON gets a ParseError and one that is JSON but no JSON-RPC message an InvalidRequest, both with
-a null id as JSON-RPC says (pygls logs a traceback, shows the user an error and carries on).
+shutdown, and InvalidParams naming the known commands, logged as one line. A frame the transport
+refuses (`framing`), a body that is no JSON (ParseError) and JSON that is no JSON-RPC message
+(InvalidRequest) are answered with the request's id where one can be read, else a null id.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -54,22 +53,6 @@ def _reason(err: Exception) -> str:
         return "; ".join(transform_error(err)) or str(err)
     except Exception:
         return str(err)
-
-
-def unparsable(error: BaseException | None) -> bool:
-    """Whether an error is a message body that is not JSON (or not UTF-8)."""
-    return isinstance(error, (json.JSONDecodeError, UnicodeDecodeError))
-
-
-class _NoTracebackForUnparsable(logging.Filter):
-    """pygls's read loop logs a traceback for a body that does not parse; the server answers
-    it with a ParseError and logs one line instead."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and unparsable(record.exc_info[1]))
-
-
-logging.getLogger("pygls.server").addFilter(_NoTracebackForUnparsable())
 
 
 class LlmmemProtocol(LanguageServerProtocol):
@@ -150,20 +133,21 @@ class LlmmemProtocol(LanguageServerProtocol):
         if "method" in data and not isinstance(data["method"], str):
             return Refused(known, "method must be a string", is_request)
         if "method" not in data and "result" not in data and "error" not in data:
-            return Refused(known, "a response needs a result or an error", False)
+            if "id" in data:  # a response of the client's that says nothing: logged
+                return Refused(known, "a response needs a result or an error", False)
+            return Refused(None, "a message needs a method, or a result or an error", True)
         return None
 
-    def _refuse(self, msg_id: int | str | None, code: types.ErrorCodes, message: str) -> None:
-        if msg_id is None:  # written as a plain object: the converter would leave the id out
-            error = {"code": int(code), "message": message}
-            self._send_data({"jsonrpc": "2.0", "id": None, "error": error})
-            return
-        self._send_response(msg_id, None, types.ResponseError(code=code, message=message))
+    def _refuse(self, msg_id: int | str | None, code: int, message: str) -> None:
+        # written as a plain object: the converter would leave a null id out
+        error = {"code": int(code), "message": message}
+        self._send_data({"jsonrpc": "2.0", "id": msg_id, "error": error})
 
-    def refuse_unparsable(self, error: BaseException) -> None:
-        """A body that is not JSON: ParseError, with a null id (none could be read)."""
-        log.info("a message that is not JSON: %s", error)
-        self._refuse(None, types.ErrorCodes.ParseError, f"the message is not JSON: {error}")
+    def refuse_frame(self, msg_id: int | str | None, code: int, reason: str) -> None:
+        """A frame the transport could not read as a message: its error, with the id of the
+        request where one was read (null where none was)."""
+        log.info("a message refused (%d): %s", code, reason)
+        self._refuse(msg_id, code, reason)
 
     def handle_message(self, message: Any) -> None:
         if isinstance(message, UnreadableRequest):

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
@@ -30,7 +30,7 @@ from llmmem_lsp.completion import TRIGGER_CHARACTERS, completions
 from llmmem_lsp.convert import Lines, code_action, diagnostic, overlaps, workspace_edit
 from llmmem_lsp.documents import Analyzer, DocumentState, Result, document_path
 from llmmem_lsp.links import document_links
-from llmmem_lsp.protocol import LlmmemProtocol, unparsable
+from llmmem_lsp.protocol import LlmmemProtocol
 from llmmem_lsp.settings import ServerSettings, read_settings
 
 if TYPE_CHECKING:  # the analyzer is imported on first use: the server answers `initialize` first
@@ -142,14 +142,16 @@ class LlmmemServer(LanguageServer):
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    def report_server_error(self, error: Exception, source: Any) -> None:
-        """A body that is not JSON is answered (ParseError); pygls's own answer to it, a
-        message to the user and its thread pool stopped, is kept for real faults."""
-        if unparsable(error) or unparsable(error.__cause__):
-            assert isinstance(self.protocol, LlmmemProtocol)
-            self.protocol.refuse_unparsable(error)
-            return
-        super().report_server_error(error, source)
+    def start_io(self, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> None:
+        """Serve over stdio through `transport` (pygls's reader is wedged by one bad frame)."""
+        from llmmem_lsp.transport import serve_stdio
+
+        serve_stdio(self, stdin, stdout)
+
+    def start_tcp(self, host: str, port: int) -> None:
+        from llmmem_lsp.transport import serve_tcp
+
+        serve_tcp(self, host, port)
 
     @property
     def encoding(self) -> str:

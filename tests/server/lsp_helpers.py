@@ -185,27 +185,63 @@ def apply_lsp_edits(text: str, edits: list[types.TextEdit]) -> str:
     return text
 
 
-class RawClient:
-    """`python -m llmmem_lsp` over stdio with Content-Length framed JSON-RPC written by hand,
-    for requests a typed client refuses to send."""
+SERVER_MODULE = [sys.executable, "-m", "llmmem_lsp"]
+SERVER_SCRIPT = [str(Path(sys.executable).with_name("llmmem-lsp"))]  # the installed command
 
-    def __init__(self, cwd: Path | None = None) -> None:
+
+def frame(body: bytes, length: int | None = None) -> bytes:
+    """A well-formed frame around `body` (with `length` as its Content-Length, if given)."""
+    return b"Content-Length: %d\r\n\r\n" % (len(body) if length is None else length) + body
+
+
+class RawClient:
+    """`python -m llmmem_lsp` (or another command) over stdio with Content-Length framed
+    JSON-RPC written by hand, for requests a typed client refuses to send and bytes no client
+    should send."""
+
+    def __init__(
+        self,
+        cwd: Path | None = None,
+        command: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        # the log goes to a file: a pipe no one reads while the server runs would fill up
+        # (INFO logs each message sent) and block it
+        self.log = tempfile.TemporaryFile()
+        self.logged = ""
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "llmmem_lsp", "--log-level", "INFO"],
+            [*(command or SERVER_MODULE), "--log-level", "INFO"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=SERVER_ENV,
+            stderr=self.log,
+            env=SERVER_ENV if env is None else env,
             cwd=cwd,
         )
         self.buffer = b""
         self.seen: list[dict[str, Any]] = []  # every message read, in order
 
-    def send(self, message: dict[str, Any]) -> None:
-        body = json.dumps({"jsonrpc": "2.0", **message}).encode()
+    def write(self, data: bytes) -> None:
+        """Bytes as they are, framed or not."""
         assert self.process.stdin is not None
-        self.process.stdin.write(b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        self.process.stdin.write(data)
         self.process.stdin.flush()
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.write(frame(json.dumps({"jsonrpc": "2.0", **message}).encode()))
+
+    def answer(self, ident: int | str | None, timeout: float = 5.0) -> dict[str, Any] | None:
+        """The response with id `ident` (None: a null id), read now or before (None when none
+        came within `timeout`)."""
+        deadline = time.monotonic() + timeout
+        for message in self.seen:
+            if "method" not in message and message.get("id") == ident:
+                self.seen.remove(message)
+                return message
+        while (message := self._next(deadline)) is not None:
+            if "method" not in message and message.get("id") == ident:
+                self.seen.remove(message)
+                return message
+        return None
 
     def _next(self, deadline: float) -> dict[str, Any] | None:
         assert self.process.stdout is not None
@@ -256,5 +292,9 @@ class RawClient:
         """Ends the process if still running; returns what it logged."""
         if self.process.poll() is None:
             self.process.kill()
-        _, err = self.process.communicate(timeout=10)
-        return err.decode(errors="replace")
+        self.process.communicate(timeout=10)
+        if not self.log.closed:
+            self.log.seek(0)
+            self.logged = self.log.read().decode(errors="replace")
+            self.log.close()
+        return self.logged

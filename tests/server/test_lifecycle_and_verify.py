@@ -119,13 +119,14 @@ def send_body(client: RawClient, body: bytes) -> dict[str, Any] | None:
     return client._next(time.monotonic() + 1.0)
 
 
-def test_a_body_that_is_not_json_gets_a_parse_error_with_a_null_id(raw: RawClient) -> None:
+def test_a_body_that_is_not_json_gets_a_parse_error_with_its_id_or_null(raw: RawClient) -> None:
     raw.initialize()
     cut = b'{"jsonrpc": "2.0", "id": 5, "method": "textDocument/hover", "params": {'
-    for body in (cut, b"\xff\xfe not json"):
+    for body, ident in ((cut, 5), (b"\xff\xfe not json", None)):
         answer = send_body(raw, body)
         assert answer is not None, "no answer within 1 s"
-        assert answer["id"] is None and answer["error"]["code"] == types.ErrorCodes.ParseError
+        # the id where the body shows one (the client's request fails at once), else null
+        assert answer["id"] == ident and answer["error"]["code"] == types.ErrorCodes.ParseError
     # JSON that is no JSON-RPC message: an invalid request (its id where it has one)
     answer = send_body(raw, b"[1, 2]")
     assert answer is not None and answer["id"] is None
