@@ -2,9 +2,11 @@
 
 pygls drops a request whose params do not match the protocol's types (no position, a negative
 line, no command) after logging a traceback, so the client waits forever; after `shutdown` it
-drops requests silently; an unknown command is answered, but with a traceback at ERROR level.
-This protocol answers each of these with a JSON-RPC error: InvalidParams, InvalidRequest after
-shutdown, and InvalidParams naming the known commands, logged as one line. A frame the transport
+drops requests silently; an unknown command is answered, but with a traceback at ERROR level;
+before `initialize` it answers InternalError (its workspace does not exist yet). This protocol
+answers each of these with a JSON-RPC error: InvalidParams, InvalidRequest after shutdown,
+InvalidParams naming the known commands, ServerNotInitialized before `initialize` (where LSP
+says notifications are dropped, `exit` aside), logged as one line. A frame the transport
 refuses (`framing`), a body that is no JSON (ParseError) and JSON that is no JSON-RPC message
 (InvalidRequest) are answered with the request's id where one can be read, else a null id.
 """
@@ -63,6 +65,7 @@ class LlmmemProtocol(LanguageServerProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._stoppable: dict[int | str, asyncio.Task[Any]] = {}
+        self.initialize_received = False
 
     def stop_with_request(self) -> None:
         """Called by a long command (verify) in its coroutine: `$/cancelRequest` for the
@@ -149,7 +152,33 @@ class LlmmemProtocol(LanguageServerProtocol):
         log.info("a message refused (%d): %s", code, reason)
         self._refuse(msg_id, code, reason)
 
+    def _before_initialize(self, message: Any) -> bool:
+        """Whether `message` was dealt with because `initialize` has not come: a request is
+        refused with ServerNotInitialized, a notification (`exit` aside) dropped."""
+        method = getattr(message, "method", None)
+        msg_id = getattr(message, "id", None)
+        if method is None:
+            return False  # a response, or no valid JSON-RPC message: answered as ever
+        if method == types.INITIALIZE and msg_id is not None:
+            if not isinstance(message, UnreadableRequest):
+                self.initialize_received = True
+            return False
+        if msg_id is not None:
+            log.info("%s before initialize: refused", method)
+            self._refuse(
+                msg_id,
+                types.ErrorCodes.ServerNotInitialized,
+                f"the server is not initialized: {method} refused (send initialize first)",
+            )
+            return True
+        if method == types.EXIT:
+            return False
+        log.info("%s before initialize: dropped", method)
+        return True
+
     def handle_message(self, message: Any) -> None:
+        if not self.initialize_received and self._before_initialize(message):
+            return
         if isinstance(message, UnreadableRequest):
             log.info("invalid params for %s: %s", message.method, message.reason)
             self._refuse(

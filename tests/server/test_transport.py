@@ -3,7 +3,8 @@
 Each malformed frame below is written by hand to `python -m llmmem_lsp` (or the installed
 `llmmem-lsp`), followed by a well-formed hover on a real document: the frame gets its error
 (with its request's id where the body shows one) or its answer, and the hover after it is
-answered, so the server reads every later frame.
+answered, so the server reads every later frame. A request before `initialize` is refused with
+ServerNotInitialized.
 """
 
 from __future__ import annotations
@@ -252,3 +253,25 @@ def test_tcp_reads_frames_as_stdio_does() -> None:
     finally:
         process.kill()
         process.wait(timeout=10)
+
+
+# -- before initialize ----------------------------------------------------------------------
+
+
+def test_a_request_before_initialize_gets_server_not_initialized() -> None:
+    client = RawClient()
+    try:
+        answer = client.request(1, "workspace/executeCommand", {"command": "llmmem.gpus"})
+        assert answer is not None, "no answer within 5 s"
+        assert answer["error"]["code"] == types.ErrorCodes.ServerNotInitialized, answer
+        hover = {"textDocument": {"uri": "file:///x.py"}, "position": {"line": 0, "character": 0}}
+        answer = client.request(2, "textDocument/hover", hover)
+        assert answer is not None and answer["error"]["code"] == -32002, answer
+        # a notification is dropped; initialize then works, and so does the request
+        client.send({"method": "initialized", "params": {}})
+        client.initialize()
+        answer = client.request(3, "workspace/executeCommand", {"command": "llmmem.gpus"})
+        assert answer is not None and isinstance(answer.get("result"), list), answer
+    finally:
+        log = client.close()
+    assert "Traceback" not in log, log
