@@ -16,6 +16,8 @@ import os
 import re
 from pathlib import Path
 
+from llmmem_lsp.disk_documents import read_workspace_bytes
+
 CONFIG_NAME = "config.json"
 MAX_DEPTH = 2  # the file's folder, its folders and theirs
 MAX_ENTRIES = 2_000  # directory entries looked at, at most: a request must stay cheap
@@ -31,10 +33,8 @@ _SHEBANG_OR_CODING = re.compile(r"^#!|^[ \t\f]*#.*?coding[:=]")
 def is_model_config(path: Path) -> bool:
     """Whether `path` is a model's `config.json` (what `save_pretrained` writes)."""
     try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            return False
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        config = json.loads(read_workspace_bytes(path, MAX_CONFIG_BYTES))
+    except (OSError, ValueError):  # a FIFO, a device, too large, not JSON or not UTF-8
         return False
     return isinstance(config, dict) and ("model_type" in config or "architectures" in config)
 

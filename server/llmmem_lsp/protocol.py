@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
 from lsprotocol import types
 from pygls.protocol import LanguageServerProtocol
 from pygls.protocol.json_rpc import JsonRPCNotification, JsonRPCRequestMessage
+from pygls.protocol.language_server import lsp_method
+
+from llmmem_lsp.disk_documents import bound_disk_reads
 
 log = logging.getLogger("llmmem_lsp")
 
@@ -66,6 +70,13 @@ class LlmmemProtocol(LanguageServerProtocol):
         super().__init__(*args, **kwargs)
         self._stoppable: dict[int | str, asyncio.Task[Any]] = {}
         self.initialize_received = False
+
+    @lsp_method(types.INITIALIZE)
+    def lsp_initialize(self, params: types.InitializeParams) -> Generator[Any, Any, Any]:
+        """pygls's `initialize`, its workspace reading unopened files within bounds."""
+        result = yield from super().lsp_initialize(params)
+        bound_disk_reads(self._workspace)
+        return result
 
     def stop_with_request(self) -> None:
         """Called by a long command (verify) in its coroutine: `$/cancelRequest` for the

@@ -28,6 +28,7 @@ from pygls.uris import to_fs_path
 from llmmem import __version__
 from llmmem_lsp.completion import TRIGGER_CHARACTERS, completions
 from llmmem_lsp.convert import Lines, code_action, diagnostic, overlaps, workspace_edit
+from llmmem_lsp.disk_documents import read_workspace_text
 from llmmem_lsp.documents import Analyzer, DocumentState, Result, document_path
 from llmmem_lsp.links import document_links
 from llmmem_lsp.protocol import LlmmemProtocol
@@ -360,7 +361,6 @@ class LlmmemServer(LanguageServer):
 
     async def disk_report(self, path: Path) -> DiskReport | None:
         """A closed file's diagnostics, analysed again only when what it read has changed."""
-        from llmmem.lint_command import read_text
         from llmmem_lsp.documents import plan_dependencies
         from llmmem_lsp.workspace import DiskReport, digest, holds_training, state_key
 
@@ -369,8 +369,8 @@ class LlmmemServer(LanguageServer):
         if cached is not None and state_key(path, cached.dependencies, settings) == cached.key:
             return cached
         try:
-            text = read_text(path)
-        except Exception:
+            text = read_workspace_text(path)
+        except OSError:
             self.disk_reports.pop(path, None)
             return None
         if self.analyzer._analysis_slot is None:
@@ -1150,8 +1150,8 @@ def _project_gpu_edit(ls: LlmmemServer, checked: Checked, match: str) -> types.W
     uri = path.as_uri()
     document = ls.workspace.text_documents.get(uri)
     try:
-        text = document.source if document is not None else path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        text = document.source if document is not None else read_workspace_text(path)
+    except OSError:
         return None
     lines = ls.lines(text)
     where = gpu.range
