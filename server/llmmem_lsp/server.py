@@ -11,8 +11,6 @@ import asyncio
 import json
 import logging
 import os
-import signal
-import subprocess
 import sys
 import threading
 import uuid
@@ -44,7 +42,6 @@ log = logging.getLogger("llmmem_lsp")
 PARENT_POLL_S = 1.0  # how often the editor's process (initialize's processId) is looked for
 HOVER_WAIT_S = 1.5  # how long a hover waits for the current version's analysis
 PULL_WAIT_S = 3.0  # how long a pulled diagnostic report waits for it
-VERIFY_TIMEOUT_S = 900
 CONFIG_FILE_GLOB = "**/*.{json,yaml,yml,toml}"
 
 
@@ -118,8 +115,11 @@ class LlmmemServer(LanguageServer):
     def stop_work(self) -> None:
         """Stop what runs in the background: analyses and `llmmem verify` subprocesses."""
         self.analyzer.shutdown()
-        for process in list(self.verifying):
-            kill_process_group(process)
+        if self.verifying:
+            from llmmem_lsp.verify_process import kill_process_group
+
+            for process in list(self.verifying):
+                kill_process_group(process)
 
     def watch_parent(self, pid: int) -> None:
         """Exit (code 1, as without `shutdown`) once the editor's process is gone: an editor
@@ -1642,24 +1642,26 @@ async def verify(ls: LlmmemServer, *arguments: Any) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     cancelled: asyncio.Future[None] = loop.create_future()
     token = await _cancellable_progress(ls, state.path.name, cancelled)
-    copy = _buffer_copy(state.path, text)
+    from llmmem_lsp import verify_process as run
+
+    copy = run.buffer_copy(state.path, text)
     process: asyncio.subprocess.Process | None = None
+    directory: Path | None = None  # the subprocess's working directory
     outcome: dict[str, Any] = {"ok": False, "message": "verify stopped"}
     try:
         if copy is None:
             outcome = {"ok": False, "message": f"could not write {state.path.name} to verify it"}
         else:
-            process = await asyncio.create_subprocess_exec(
-                *_verify_command(ls, copy, options),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                start_new_session=True,  # its own process group: killed with what it starts
+            hub = ls.analyzer.settings.hub
+            gpu = ls.analyzer.settings_for(copy).gpu
+            process, directory = await run.start_verify(
+                copy, options, gpu, hub, ls.workspace_roots()
             )
             ls.verifying.add(process)
-            outcome = await _verify_run(ls, process, cancelled, version)
-            outcome = _named_as_document(outcome, copy, state.path)
+            outcome = await run.verify_run(
+                process, cancelled, version, lambda: ls.shutdown_received
+            )
+            outcome = run.named_as_document(outcome, copy, state.path)
     except OSError as err:
         outcome = {"ok": False, "message": f"could not start verify: {err}"}
     except asyncio.CancelledError:  # $/cancelRequest, or the server stops
@@ -1667,10 +1669,12 @@ async def verify(ls: LlmmemServer, *arguments: Any) -> dict[str, Any]:
         raise
     finally:
         if process is not None:
-            kill_process_group(process)
+            run.kill_process_group(process)
             ls.verifying.discard(process)
+        if directory is not None:
+            run.remove_run_directory(directory)
         if copy is not None:
-            _remove_copy(copy)
+            run.remove_copy(copy)
         if token is not None:
             ls.work_done_progress.tokens.pop(token, None)
             ls.work_done_progress.end(token, types.WorkDoneProgressEnd(message=outcome["message"]))
@@ -1716,157 +1720,3 @@ async def _cancellable_progress(
 def _set_once(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
-
-
-def _named_as_document(outcome: dict[str, Any], copy: Path, path: Path) -> dict[str, Any]:
-    """The outcome's words name the document, not the copy that was measured."""
-    for key in ("message", "markdown"):
-        if isinstance(outcome.get(key), str):
-            outcome[key] = outcome[key].replace(str(copy), str(path)).replace(copy.name, path.name)
-    return outcome
-
-
-COPY_DIRECTORY_PREFIX = "llmmem-verify-"
-
-
-def _buffer_copy(path: Path, text: str) -> Path | None:
-    """The editor's text in a file beside the document (so that the paths it names, relative
-    to it, still hold), or in a temporary directory where the document's is not writable."""
-    import tempfile  # here, not at start: only a verify writes a copy
-
-    name = f".{path.stem}.llmmem-verify-{uuid.uuid4().hex[:8]}{path.suffix}"
-    for directory in (path.parent, None):
-        try:
-            if directory is None:
-                directory = Path(tempfile.mkdtemp(prefix=COPY_DIRECTORY_PREFIX))
-            target = directory / name
-            with open(target, "x", encoding="utf-8", newline="") as handle:
-                handle.write(text)
-        except OSError:
-            continue
-        return target
-    return None
-
-
-def _remove_copy(copy: Path) -> None:
-    """The copy, and the temporary directory it was written to where it was not beside the
-    document."""
-    import tempfile
-
-    copy.unlink(missing_ok=True)
-    if copy.parent.name.startswith(COPY_DIRECTORY_PREFIX) and copy.parent.parent == Path(
-        tempfile.gettempdir()
-    ):
-        try:
-            copy.parent.rmdir()
-        except OSError:
-            pass
-
-
-def _verify_command(ls: LlmmemServer, path: Path, options: dict[str, Any]) -> list[str]:
-    command = [sys.executable, "-m", "llmmem", "verify", str(path), "--format", "json"]
-    if options.get("simulate"):
-        command.append("--simulate")
-    elif options.get("device") in ("cpu", "cuda"):
-        command += ["--device", str(options["device"])]
-    gpu = ls.analyzer.settings_for(path).gpu
-    if gpu:
-        command += ["--gpu", gpu]
-    if not ls.analyzer.settings.hub:
-        command.append("--offline")
-    return command
-
-
-async def _verify_run(
-    ls: LlmmemServer,
-    process: asyncio.subprocess.Process,
-    cancelled: asyncio.Future[None],
-    version: int | None,
-) -> dict[str, Any]:
-    """The outcome of one run: its report, or why it has none (cancelled, too long, stopped
-    by `shutdown`)."""
-    output = asyncio.ensure_future(process.communicate())
-    waited: set[asyncio.Future[Any]] = {output, cancelled}
-    try:
-        await asyncio.wait(waited, timeout=VERIFY_TIMEOUT_S, return_when="FIRST_COMPLETED")
-    finally:
-        if not output.done():
-            kill_process_group(process)
-            output.cancel()
-    if cancelled.done():
-        await process.wait()
-        return {"ok": False, "cancelled": True, "message": "verify cancelled"}
-    if not output.done() or output.cancelled():
-        await process.wait()
-        return {"ok": False, "message": f"verify took longer than {VERIFY_TIMEOUT_S} s"}
-    stdout, stderr = output.result()
-    if ls.shutdown_received:
-        return {"ok": False, "message": "verify stopped: the server is shutting down"}
-    return _verify_outcome(
-        process.returncode or 0,
-        stdout.decode("utf-8", errors="replace"),
-        stderr.decode("utf-8", errors="replace"),
-        version,
-    )
-
-
-def kill_process_group(process: asyncio.subprocess.Process) -> None:
-    """End a verify run and the step it started (the worker, torchrun's ranks): it runs in a
-    session of its own, so its process group is all of them."""
-    if process.returncode is not None:
-        return
-    try:
-        if sys.platform == "win32":
-            process.kill()
-        else:
-            os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _verify_outcome(
-    returncode: int, stdout: str, stderr: str, version: int | None = None
-) -> dict[str, Any]:
-    """`llmmem verify --format json` exits 0 (measured) or 1 (OOM, also a result) with a report;
-    3 (could not run here) with a report saying why; 2 (bad input) with one line on stderr."""
-    report: dict[str, Any] | None = None
-    try:
-        parsed = json.loads(stdout) if stdout.strip() else None
-        report = parsed if isinstance(parsed, dict) else None
-    except ValueError:
-        report = None
-    if report is not None:
-        summary = str(report.get("summary") or "verify finished")
-        ok = returncode in (0, 1)
-        outcome: dict[str, Any] = {"ok": ok, "message": summary, "report": report}
-        if ok:
-            rows = [
-                f"| {row['what']} | {_gib(row['predicted_bytes'])} | "
-                f"{_gib(row['measured_bytes'])} |"
-                for row in report.get("comparison", [])
-            ]
-            outcome["markdown"] = "\n".join(
-                [
-                    f"**Verified** ({report.get('device', 'this machine')}"
-                    f"{'' if version is None else f', version {version}'}): {summary}",
-                    "",
-                    "| | predicted | measured |",
-                    "|---|---:|---:|",
-                    *rows,
-                ]
-            )
-        return outcome
-    last = (stderr or stdout).strip().splitlines()
-    reason = last[-1] if last else f"exit code {returncode}"
-    if "invalid choice" in reason and "verify" in reason:
-        reason = "this llmmem installation has no `verify` command"
-    return {
-        "ok": False,
-        "message": f"llmmem verify failed: {reason.removeprefix('llmmem: error: ')}",
-    }
-
-
-def _gib(value: Any) -> str:
-    from llmmem.units import format_bytes
-
-    return format_bytes(int(value)) if isinstance(value, (int, float)) and value else "—"

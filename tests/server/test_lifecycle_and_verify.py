@@ -1,6 +1,7 @@
 """The server's lifecycle as a client sees it: a parse error for a body that is not JSON, an
 exit when the editor's process is gone, `llmmem.verify` measuring the buffer (not the file on
-disk), cancellable, and a shutdown during a verify that is quick and leaves no process behind."""
+disk), cancellable, importing nothing from the workspace, and a shutdown during a verify that is
+quick and leaves no process behind."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lsp_helpers import RawClient, open_document, published, start, wait_until
+from lsp_helpers import SERVER_ENV, RawClient, open_document, published, start, wait_until
 from lsprotocol import types
 from pytest_lsp import LanguageClient
 
@@ -332,6 +333,74 @@ def test_a_cancelled_verify_request_and_a_shutdown_during_one_leave_no_process(
         log = client.close()
     assert "Traceback" not in log and "ERROR" not in log, log
     assert not [p.name for p in workdir.iterdir() if "llmmem-verify" in p.name]
+
+
+WORKSPACE_MODULES = ("json", "typing", "datasets", "llmmem")
+
+
+def shadowing_modules(workdir: Path) -> list[Path]:
+    """Modules in the workspace named like those llmmem imports (and like llmmem itself), each
+    leaving a marker when it is imported; returns the markers."""
+    markers = []
+    for name in WORKSPACE_MODULES:
+        marker = workdir / f"{name}.imported"
+        (workdir / f"{name}.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+        markers.append(marker)
+    return markers
+
+
+def open_raw(client: RawClient, path: Path, text: str) -> str:
+    path.write_text(text)
+    document = {"uri": path.as_uri(), "languageId": "python", "version": 1, "text": text}
+    client.send({"method": "textDocument/didOpen", "params": {"textDocument": document}})
+    return path.as_uri()
+
+
+def test_verify_imports_nothing_from_the_workspace(workdir: Path) -> None:
+    """The server runs in the workspace, as editors start it: the verify subprocess imports
+    none of the workspace's `json.py`, `typing.py`, `datasets.py` or `llmmem.py`, and still
+    runs llmmem (here it says the file has nothing to verify)."""
+    markers = shadowing_modules(workdir)
+    client = RawClient(cwd=workdir)
+    try:
+        client.initialize()
+        uri = open_raw(client, workdir / "train.py", NOTHING_TO_VERIFY)
+        command = {"command": "llmmem.verify", "arguments": [uri, {"simulate": True}]}
+        answer = client.request(2, "workspace/executeCommand", command, timeout=60)
+    finally:
+        client.close()
+    assert answer is not None, "no answer to verify"
+    outcome = answer["result"]
+    assert outcome["ok"] is False and "nothing to verify" in outcome["message"], outcome
+    assert [m.name for m in markers if m.exists()] == []
+
+
+def test_verify_runs_outside_the_workspace_offline(workdir: Path) -> None:
+    """Its working directory is no folder of the workspace (what it writes relative to it
+    does not land there), and with hub lookups off it runs with HF_HUB_OFFLINE=1, also when
+    the editor's environment does not set it."""
+    tiny_model(workdir)
+    env = {k: v for k, v in SERVER_ENV.items() if k != "HF_HUB_OFFLINE"}
+    client = RawClient(cwd=workdir, env=env)
+    try:
+        client.initialize()
+        uri = open_raw(client, workdir / "train.py", TINY_SCRIPT)
+        command = {"command": "llmmem.verify", "arguments": [uri, {"simulate": True}]}
+        client.send({"id": 5, "method": "workspace/executeCommand", "params": command})
+        pid = wait_for(lambda: verify_process(workdir), timeout=30)
+        assert pid is not None
+        environment = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        directory = Path(os.readlink(f"/proc/{pid}/cwd"))
+        command_line = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        client.send({"method": "$/cancelRequest", "params": {"id": 5}})
+        assert client.answer(5, timeout=10) is not None
+        # a directory of its own, removed once the run has ended
+        assert wait_for(lambda: not directory.exists(), timeout=5), directory
+    finally:
+        client.close()
+    assert b"HF_HUB_OFFLINE=1" in environment
+    assert not directory.is_relative_to(workdir.resolve()), directory
+    assert b"-I" in command_line
 
 
 def test_process_tree_reads_children() -> None:
