@@ -116,6 +116,35 @@ def test_a_real_error_after_newer_syntax_is_reported_where_it_is(project: Path) 
     assert found[0]["range"]["start_line"] == len(QLORA.splitlines()) + 1
 
 
+@pytest.mark.parametrize(
+    ("name", "text", "where", "words"),
+    [
+        (
+            "axolotl.yaml",
+            "base_model: meta-llama/Llama-3.1-8B\nmicro_batch_size: [4\nsequence_len: 2048\n",
+            "3:13",
+            "expected ',' or ']'",
+        ),
+        (
+            "ds_config.json",
+            '{"train_micro_batch_size_per_gpu": 4,\n "zero_optimization": {"stage": 3\n}',
+            "3:1",
+            "expected ',' or '}'",
+        ),
+        ("lf.yaml", "model_name_or_path: Qwen/Qwen2.5-7B\n\tcutoff_len: 1024\n", "2:1", "tab"),
+    ],
+)
+def test_a_config_that_does_not_parse_is_an_error(
+    project: Path, name: str, text: str, where: str, words: str
+) -> None:
+    config = project / name
+    config.write_text(text)
+    proc = lint(str(config), "--gpu", "A100-80GB")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"{config}:{where}: LLM015 [error]" in proc.stdout, proc.stdout
+    assert words in proc.stdout
+
+
 def test_a_notebook_cell_that_does_not_parse_is_an_error(project: Path) -> None:
     cells = [
         {"cell_type": "code", "source": "import torch\n", "metadata": {}, "outputs": []},

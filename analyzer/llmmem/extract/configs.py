@@ -244,6 +244,8 @@ def build_plan(
     builder.rejected.extend(reading.rejected)
     if reading.refused is not None:
         builder.unreadable = reading.refused
+    if reading.syntax_error is not None:
+        builder.parse_error, builder.parse_error_range = reading.syntax_error
     apply_file_pragmas(builder, reading.text, reading.range_path)
     plan = builder.build(
         str(path),

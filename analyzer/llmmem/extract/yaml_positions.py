@@ -52,6 +52,9 @@ class PositionedYaml:
     key_ranges: dict[KeyPath, SourceRange] = field(default_factory=dict)  # the key's own text
     problems: tuple[str, ...] = ()
     refused: str | None = None  # why the document was not read at all (its aliases expand)
+    # the document does not parse: the parser's message and where it stopped (the part
+    # before is read)
+    syntax_error: tuple[str, SourceRange] | None = None
 
     def lookup(self, path: KeyPath) -> tuple[bool, Any]:
         """(True, value) where the path exists, (False, None) where it does not."""
@@ -87,9 +90,11 @@ def read_positioned_yaml(
     if is_json:
         text = text.replace("\t", " ")
     problems: list[str] = []
-    root = _compose_first_document(text, source_path, problems)
+    errors: list[tuple[str, SourceRange]] = []
+    root = _compose_first_document(text, source_path, problems, errors)
+    syntax_error = errors[0] if errors else None
     if root is None:
-        return PositionedYaml(value=None, problems=tuple(problems))
+        return PositionedYaml(value=None, problems=tuple(problems), syntax_error=syntax_error)
     walk = _NodeWalk(source_path)
     try:
         value = walk.build(root, ())
@@ -102,14 +107,22 @@ def read_positioned_yaml(
         return PositionedYaml(value=None, problems=tuple(problems), refused=refused)
     problems.extend(walk.problems)
     return PositionedYaml(
-        value=value, ranges=walk.ranges, key_ranges=walk.key_ranges, problems=tuple(problems)
+        value=value,
+        ranges=walk.ranges,
+        key_ranges=walk.key_ranges,
+        problems=tuple(problems),
+        syntax_error=syntax_error,
     )
 
 
 def _compose_first_document(
-    text: str, source_path: str | None, problems: list[str]
+    text: str,
+    source_path: str | None,
+    problems: list[str],
+    errors: list[tuple[str, SourceRange]] | None = None,
 ) -> yaml.Node | None:
-    """The node tree of the first document; on a syntax error, of the lines before the error."""
+    """The node tree of the first document; on a syntax error, of the lines before the error
+    (the error, with where it is, appended to `errors`)."""
     try:
         return _compose(text, source_path, problems)
     except yaml.MarkedYAMLError as error:
@@ -117,18 +130,22 @@ def _compose_first_document(
         line = mark.line if mark is not None else 0
         column = mark.column if mark is not None else 0
         kept = _text_before_line(text, line)
-        problems.append(
+        problem = (
             f"{describe_location(source_path, line, column)}: {_explain_syntax_error(error)}"
             + (f"; kept the {line} line(s) above it" if kept.strip() else "")
         )
+        problems.append(problem)
+        _note_error(errors, problem, source_path, text, line, column)
     except yaml.reader.ReaderError as error:
         line, column = _line_and_column(text, error.position)
         kept = _text_before_line(text, line)
-        problems.append(
+        problem = (
             f"{describe_location(source_path, line, column)}: "
             f"character {_character_name(error.character)} is not allowed in YAML"
             + (f"; kept the {line} line(s) above it" if kept.strip() else "")
         )
+        problems.append(problem)
+        _note_error(errors, problem, source_path, text, line, column)
     except RecursionError:
         problems.append(f"{source_path or 'this file'}: nests too deeply to read")
         return None
@@ -141,6 +158,33 @@ def _compose_first_document(
         return _compose(kept, source_path, [])
     except (yaml.YAMLError, ValueError, RecursionError):
         return None
+
+
+def _note_error(
+    errors: list[tuple[str, SourceRange]] | None,
+    problem: str,
+    source_path: str | None,
+    text: str,
+    line: int,
+    column: int,
+) -> None:
+    """The error and one character at its mark (the end of the line, if the mark is past it)."""
+    if errors is None:
+        return
+    lines = text.split("\n")
+    row = lines[line] if 0 <= line < len(lines) else ""
+    start = min(column, len(row))
+    end = min(start + 1, len(row)) if start < len(row) else start
+    if end == start and start > 0:
+        start -= 1
+    errors.append(
+        (
+            problem,
+            SourceRange(
+                path=source_path, start_line=line, start_col=start, end_line=line, end_col=end
+            ),
+        )
+    )
 
 
 def _compose(text: str, source_path: str | None, problems: list[str]) -> yaml.Node | None:

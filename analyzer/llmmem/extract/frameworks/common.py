@@ -61,6 +61,8 @@ class ConfigReading:
     # numbers written that are not numbers the key can take (LLM011), where they are written
     rejected: list[RejectedValue] = field(default_factory=list)
     refused: str | None = None  # why the document was not read at all (see PositionedYaml)
+    # the document does not parse (see PositionedYaml.syntax_error)
+    syntax_error: tuple[str, SourceRange] | None = None
 
     def value_of(self, key: str) -> Any:
         """The last value set for `key`, or None."""
@@ -367,6 +369,7 @@ def parse_config_text(reading: ConfigReading, text: str | None) -> PositionedYam
         document = read_positioned_yaml(text, reading.range_path, is_json=reading.kind == "json")
         reading.problems.extend(document.problems)
         reading.refused = document.refused
+        reading.syntax_error = document.syntax_error
     return document
 
 
