@@ -4,6 +4,15 @@ A fix is kept only when the text after it still parses (compiles, for Python) an
 estimate that moved; the file is written in its own encoding and line endings, all at once, and
 never through a symbolic link or outside the directory being linted. The language server's
 "fix all" runs `fix_file` with its own analysis.
+
+A fixed file stays the same file: its owner, group, mode and extended attributes (ACLs among
+them) are kept. It is replaced all at once: a temporary file beside it is given the original's
+owner, group, mode and attributes, then renamed over it. Where that cannot keep them, the new
+bytes (prepared in full first) are written through the file itself, keeping its inode: a file
+with other names (hard links), so every name shows the fix; a file whose owner this user may not
+give a new file (one owned by someone else that this user may write); a file in a directory that
+takes no new file. Such a write is not atomic: a crash in the middle can leave part of the new
+text.
 """
 
 from __future__ import annotations
@@ -207,23 +216,103 @@ def write_refusal(path: Path, roots: list[Path]) -> str | None:
 
 
 def write_in_place(path: Path, data: bytes) -> None:
-    """Replace the file's bytes all at once (a temporary file beside it, then a rename),
-    keeping its permissions; a read-only file is refused."""
-    mode = stat.S_IMODE(path.stat().st_mode)
+    """Replace the file's bytes keeping the file's identity (see the module's doc): a renamed
+    temporary copy where it can be given the original's owner, group, mode and attributes and
+    the file has one name, else a write through the file itself; a read-only file is refused."""
+    info = path.stat()
+    mode = stat.S_IMODE(info.st_mode)
     if not mode & 0o222 or not os.access(path, os.W_OK):
         raise PermissionError(errno.EACCES, "the file is read-only")
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".fix")
+    if info.st_nlink > 1 or not replaced_by_copy(path, data, info):
+        write_through(path, data)
+
+
+class IdentityNotKept(Exception):
+    """A temporary copy cannot be given the original file's owner, group, mode or attributes."""
+
+
+def replaced_by_copy(path: Path, data: bytes, info: os.stat_result) -> bool:
+    """Write `data` to a temporary file beside `path`, give it `path`'s owner, group, mode and
+    extended attributes and rename it over `path`; False (nothing changed) where the
+    temporary cannot be made or given them."""
+    try:
+        handle, temporary = tempfile.mkstemp(
+            dir=path.parent, prefix=f".{path.name}.", suffix=".fix"
+        )
+    except PermissionError:
+        return False  # the directory takes no new file
     try:
         with os.fdopen(handle, "wb") as out:
             out.write(data)
             out.flush()
+            give_identity(out.fileno(), path, info)
             os.fsync(out.fileno())
-        os.chmod(temporary, mode)
         os.replace(temporary, path)
+    except IdentityNotKept:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        return False
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+    return True
+
+
+def give_identity(handle: int, original: Path, info: os.stat_result) -> None:
+    """The open file gets `original`'s owner and group, then its mode (a change of owner clears
+    set-user-ID bits), then its extended attributes; IdentityNotKept where one is refused."""
+    mine = os.fstat(handle)
+    try:
+        if (mine.st_uid, mine.st_gid) != (info.st_uid, info.st_gid):
+            os.fchown(handle, info.st_uid, info.st_gid)
+        os.fchmod(handle, stat.S_IMODE(info.st_mode))
+    except PermissionError as err:
+        raise IdentityNotKept from err
+    copy_attributes(handle, original)
+
+
+def copy_attributes(handle: int, original: Path) -> None:
+    """The open file's extended attributes made the same as `original`'s (ACLs are stored as
+    such attributes); nothing where the file system has none."""
+    if not hasattr(os, "listxattr"):
+        return
+    try:
+        wanted = {name: os.getxattr(original, name) for name in os.listxattr(original)}
+        present = {name: os.getxattr(handle, name) for name in os.listxattr(handle)}
+    except OSError as err:
+        if err.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+            return
+        raise IdentityNotKept from err
+    try:
+        for name in present.keys() - wanted.keys():
+            os.removexattr(handle, name)
+        for name, value in wanted.items():
+            if present.get(name) != value:
+                os.setxattr(handle, name, value)
+    except OSError as err:
+        raise IdentityNotKept from err
+
+
+def write_through(path: Path, data: bytes) -> None:
+    """`data` written over the file's own bytes (same inode, every name and attribute kept),
+    the rest cut off, and flushed to the disk."""
+    handle = os.open(path, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        if hasattr(os, "posix_fallocate") and data:
+            try:  # the room for the new bytes first: a full disk fails before a byte changes
+                os.posix_fallocate(handle, 0, len(data))
+            except OSError as err:
+                if err.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
+                    raise
+        view = memoryview(data)
+        written = 0
+        while written < len(view):
+            written += os.write(handle, view[written:])
+        os.ftruncate(handle, len(view))
+        os.fsync(handle)
+    finally:
+        os.close(handle)
 
 
 def fix_in_place(
