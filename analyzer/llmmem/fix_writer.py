@@ -2,8 +2,9 @@
 
 A fix is kept only when the text after it still parses (compiles, for Python) and still gives an
 estimate that moved; the file is written in its own encoding and line endings, all at once, and
-never through a symbolic link or outside the directory being linted. The language server's
-"fix all" runs `fix_file` with its own analysis.
+never through a symbolic link or outside the directory being linted. A notebook's fixes edit its
+cells' sources inside the notebook's JSON (`rules/notebook_edits`), every other byte kept. The
+language server's "fix all" runs `fix_file` with its own analysis.
 
 A fixed file stays the same file: its owner, group, mode and extended attributes (ACLs among
 them) are kept. It is replaced all at once: a temporary file beside it is given the original's
@@ -48,9 +49,11 @@ def lint_text(
 MAX_FIX_ROUNDS = 5
 
 
-def best_safe_fix(findings: list, fit: bool = False) -> object | None:
+def best_safe_fix(findings: list, fit: bool = False, notebook: str | None = None) -> object | None:
     """The safe fix to apply next: one that makes the step fit, else the one that saves most;
-    with `fit`, a "make it fit" combination first where a finding has one."""
+    with `fit`, a "make it fit" combination first where a finding has one. Only fixes whose
+    edits are of this file's text count, or, in the notebook `notebook` (its plan's path), of
+    its cells."""
     if fit:
         combined = [fix for finding in findings for fix in finding.fixes if fix.levers]
         if combined:
@@ -59,11 +62,32 @@ def best_safe_fix(findings: list, fit: bool = False) -> object | None:
         fix
         for finding in findings
         for fix in finding.fixes
-        if fix.safe and all(edit.range.path is None for edit in fix.edits)  # not notebook cells
+        if fix.safe and edits_of_this_file(fix.edits, notebook)
     ]
     if not fixes:
         return None
     return min(fixes, key=lambda fix: (not fix.fits, fix.predicted_device_bytes or 0))
+
+
+def edits_of_this_file(edits: list, notebook: str | None) -> bool:
+    """The edits are all of the file's own text, or all of cells of the notebook `notebook`."""
+    if all(edit.range.path is None for edit in edits):
+        return True
+    from llmmem.rules.notebook_edits import is_cell_fix
+
+    return notebook is not None and is_cell_fix(edits, notebook)
+
+
+def applied(text: str, edits: list, notebook: str | None) -> str:
+    """The text with a fix's edits applied (a notebook's cell edits inside its JSON, or
+    NotebookEditError saying why they cannot be)."""
+    from llmmem.rules.edits import apply_edits
+
+    if all(edit.range.path is None for edit in edits) or notebook is None:
+        return apply_edits(text, edits)
+    from llmmem.rules.notebook_edits import apply_cell_edits
+
+    return apply_cell_edits(text, notebook, edits)
 
 
 def fix_file(
@@ -86,7 +110,7 @@ def fix_file(
     default: `check_text` with `gpu`, `hub`, `select`); `skipped` receives each warning
     (default: printed to stderr); with `fit`, a "make it fit" combination is applied first."""
     from llmmem.check import check_text
-    from llmmem.rules.edits import apply_edits
+    from llmmem.rules.notebook_edits import NotebookEditError
 
     def analyse(candidate: str) -> Any:
         if check is not None:
@@ -95,13 +119,20 @@ def fix_file(
 
     checked = analyse(text)
     for _ in range(MAX_FIX_ROUNDS):
-        fix = best_safe_fix(checked.findings, fit)
+        plan = checked.analysis.plan
+        notebook = plan.path if plan.kind == "notebook" else None
+        fix = best_safe_fix(checked.findings, fit, notebook)
         if fix is None:
             break
-        fixed = apply_edits(text, fix.edits)  # type: ignore[attr-defined]
-        if fixed == text:
-            break
-        problem = parse_problem(path, fixed)
+        problem: str | None
+        try:
+            fixed = applied(text, fix.edits, notebook)  # type: ignore[attr-defined]
+        except NotebookEditError as err:
+            fixed, problem = text, f"the notebook's cell cannot take it ({err})"
+        else:
+            if fixed == text:
+                break
+            problem = parse_problem(path, fixed)
         if problem is None:
             again = analyse(fixed)
             problem = outcome_problem(checked.analysis, again.analysis)
@@ -125,7 +156,7 @@ def parse_problem(path: Path, text: str) -> str | None:
     try:
         if path.suffix == ".py":
             compile_script(text, path)
-        elif path.suffix == ".json":
+        elif path.suffix in (".json", ".ipynb"):
             json.loads(text)
         elif path.suffix in (".yaml", ".yml"):
             import yaml

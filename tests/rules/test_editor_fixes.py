@@ -174,7 +174,9 @@ NOTEBOOK_CELLS = [
 ]
 
 
-def test_notebook_fixes_edit_the_cells_and_lint_fix_leaves_the_json_alone(tmp_path: Path) -> None:
+def test_notebook_fixes_edit_the_cells_and_lint_fix_writes_them_into_the_json(
+    tmp_path: Path,
+) -> None:
     import json
 
     from llmmem.lint_command import fix_file
@@ -189,9 +191,11 @@ def test_notebook_fixes_edit_the_cells_and_lint_fix_leaves_the_json_alone(tmp_pa
     assert cell[edit.range.start_line][: edit.range.start_col] == "    bf16=True,"
     with pytest.raises(ValueError, match="notebook cells"):
         apply_edits(text, fix.edits)
-    fixed, left = fix_file(path, text, gpu="A100-80GB", hub=False, select=None)
-    assert fixed == text  # --fix does not rewrite notebooks' JSON
-    assert "LLM001" in [f.code for f in left]
+    fixed, _ = fix_file(path, text, gpu="A100-80GB", hub=False, select=None)
+    cells = json.loads(fixed)["cells"]
+    assert cells[:2] == NOTEBOOK_CELLS[:2]  # --fix writes the cell's fixes into the JSON
+    assert "    gradient_checkpointing=True,\n" in cells[2]["source"]
+    assert fixed.startswith(text[: text.index("    bf16=True")])  # the JSON before it as it was
 
 
 FP32_SCRIPT = """from transformers import AutoModelForCausalLM, TrainingArguments

@@ -640,28 +640,13 @@ def _analyse_again(analysis: Analysis, edited: str) -> Analysis | None:
 
 def edited_text(analysis: Analysis, text: str, edits: list[TextEdit]) -> str | None:
     """The file's text with `edits` applied; in a notebook, edits of a cell (a range naming
-    the cell) are applied to that cell's source inside the notebook's JSON."""
+    the cell) are applied to that cell's source inside the notebook's JSON, as `--fix`
+    writes them (`rules/notebook_edits`). None where they cannot be applied."""
     if all(edit.range.path is None for edit in edits):
         return apply_edits(text, edits)
-    import json
+    from llmmem.rules.notebook_edits import NotebookEditError, apply_cell_edits
 
-    from llmmem.extract.notebook import cell_index, cell_source
-
-    notebook = analysis.plan.path
-    by_cell: dict[int, list[TextEdit]] = {}
-    for edit in edits:
-        index = cell_index(edit.range, notebook)
-        if index is None:
-            return None
-        by_cell.setdefault(index, []).append(replace(edit, range=replace(edit.range, path=None)))
     try:
-        document = json.loads(text)
-        cells = document["cells"]
-        for index, cell_edits in by_cell.items():
-            source = cell_source(cells[index])
-            if source is None:
-                return None
-            cells[index]["source"] = apply_edits(source, cell_edits)
-    except (ValueError, KeyError, IndexError, TypeError):
+        return apply_cell_edits(text, analysis.plan.path, edits)
+    except NotebookEditError:
         return None
-    return json.dumps(document, ensure_ascii=False)
