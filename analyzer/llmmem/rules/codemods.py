@@ -29,7 +29,12 @@ from llmmem.plan import SourceRange, TrainingPlan
 from llmmem.rules.edits import (
     ARGUMENT_CLASSES,
     QLORA_IMPORTS,
+    branch_writes,
+    conditional_around,
     diff_edits,
+    node_at,
+    node_range,
+    plain_value,
     python_literal,
     python_tree,
 )
@@ -355,6 +360,8 @@ def setting_edits(
     - a variable's literal (`bs = 8`): edited there only when nothing else reads the variable,
       else the trainer call's `field_name=bs` gets the literal instead;
     - any other written value: replaced where it stands, in its own quotes;
+    - a value a conditional expression chooses: every branch's literal (`edits.branch_writes`)
+      for a `Rescaled` value, else no edit;
     - from a default: a keyword of the TrainingArguments/SFTConfig call, or for
       `HfArgumentParser((...))` a field of its TrainingArguments dataclass (the parser takes
       no such keyword); never a keyword the call has or may get from a `**mapping`."""
@@ -382,6 +389,24 @@ def _plan_value(
     node = source.at(where)
     if node is None:
         return False
+    tree = python_tree(source.text)
+    whole = (
+        conditional_around(tree, source.text, where, plan.trainer_range, field_name)
+        if tree is not None
+        else None
+    )
+    if tree is not None and whole is not None:
+        # a conditional expression chooses the value: every branch changes, or no edit
+        writes = branch_writes(tree, whole, node_at(tree, source.text, where), value)
+        if writes is None:
+            return False
+        for branch, new_value in writes:
+            branch_node = source.at(node_range(source.text, branch))
+            if branch_node is None:
+                return False
+            change.replace(branch_node, literal(new_value))
+        return True
+    value = plain_value(value)
     if isinstance(node, cst.Call):
         if callee(node) != "add_argument":
             return False
@@ -424,6 +449,7 @@ def _plan_insert(
         return False  # not a call known to take the setting as a keyword
     if has_keyword(call, field_name):
         return False
+    value = plain_value(value)
     change.add_keyword(call, field_name, literal(value, _quote_of(call.args)))
     return True
 
@@ -433,6 +459,7 @@ def _plan_dataclass_field(
 ) -> bool:
     """`field_name: type = value` at the end of the body of the TrainingArguments dataclass
     that `HfArgumentParser((...))` is given."""
+    value = plain_value(value)
     listed = parser.args[0].value if parser.args and parser.args[0].keyword is None else None
     elements = (
         [e.value for e in listed.elements]

@@ -9,6 +9,14 @@ the variable; otherwise the keyword gets the literal. A flag's `add_argument(...
 `default=`. Where no safe place exists (no trainer call, a shell launcher without the flag)
 there is no edit.
 
+A value chosen by a conditional expression (`16 if BIG else 8`, in the keyword itself or in the
+variable it reads) is changed in every branch or not at all: a change relative to the value
+(`Rescaled`: the micro-batch halved, the accumulation doubled) is applied to each branch's
+integer literal (`8 if BIG else 4`), so each branch keeps what the change keeps (its effective
+batch); an absolute value, a branch that is not an integer literal, or one the change does not
+apply to exactly (an odd micro-batch) gives no edit. Editing only the branch the reader took would
+leave the other branch with, say, the doubled accumulation and its old micro-batch.
+
 A Python fix is written by the libcst codemods of `rules/codemods` (imported only when a fix is
 written: libcst's import alone takes longer than a whole lint). A lint that shows no fix still
 needs to know which fixes exist and what they give (LLM003-005 are reported only with a fix that
@@ -23,6 +31,7 @@ import contextlib
 import contextvars
 import re
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from llmmem.plan import Provenance, Sourced, SourceRange, TrainingPlan
@@ -64,6 +73,21 @@ def _codemods(text: str) -> Any:
     from llmmem.rules import codemods
 
     return codemods
+
+
+@dataclass(frozen=True)
+class Rescaled:
+    """A new integer value that is the old one changed by `rule` (halved, doubled). Where the
+    setting is a conditional expression every branch is changed by `rule` (None: a branch it
+    does not apply to, and then there is no edit)."""
+
+    value: int
+    rule: Callable[[int], int | None]
+
+
+def plain_value(value: Any) -> Any:
+    """The value written where the setting is one literal (a `Rescaled`'s new value)."""
+    return value.value if isinstance(value, Rescaled) else value
 
 
 def python_literal(value: Any) -> str:
@@ -116,6 +140,97 @@ def replace_value(
     if where.path is not None and not (notebook and where.path.startswith(f"{notebook}#cell=")):
         return None  # another file (a referenced config): not edited from here
     return TextEdit(range=where, new_text=new_text)
+
+
+def _branch_parents(tree: ast.AST) -> dict[int, ast.IfExp]:
+    """For each branch of a conditional expression (`id` of the node), that expression."""
+    return {
+        id(branch): node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.IfExp)
+        for branch in (node.body, node.orelse)
+    }
+
+
+def _branches(node: ast.expr) -> list[ast.expr]:
+    """The expressions a conditional expression may give (those of nested ones included)."""
+    if isinstance(node, ast.IfExp):
+        return _branches(node.body) + _branches(node.orelse)
+    return [node]
+
+
+def _single_assignment(tree: ast.AST, name: str) -> ast.expr | None:
+    """The value of the one assignment `name = value` in the file (None: none, or several)."""
+    values = [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Assign, ast.AnnAssign))
+        and node.value is not None
+        and any(
+            isinstance(target, ast.Name) and target.id == name
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        )
+    ]
+    return values[0] if len(values) == 1 else None
+
+
+def _reads(tree: ast.AST, name: str) -> int:
+    return sum(
+        isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+        for n in ast.walk(tree)
+    )
+
+
+def conditional_around(
+    tree: ast.AST, text: str, where: SourceRange, trainer: SourceRange | None, field: str
+) -> ast.IfExp | None:
+    """The conditional expression that chooses a setting read from `where`: the one (the
+    outermost) `where` is a branch of, else the one the trainer call's `field=` keyword is
+    written as, directly or in the variable it names. None where none chooses it."""
+    node = node_at(tree, text, where)
+    parents = _branch_parents(tree)
+    if node is not None and id(node) in parents:
+        whole = parents[id(node)]
+        while id(whole) in parents:
+            whole = parents[id(whole)]
+        return whole
+    call = call_at(tree, text, trainer) if trainer is not None else None
+    written = next((kw.value for kw in call.keywords if kw.arg == field), None) if call else None
+    if isinstance(written, ast.Name):
+        written = _single_assignment(tree, written.id)
+    return written if isinstance(written, ast.IfExp) else None
+
+
+def branch_writes(
+    tree: ast.AST, whole: ast.IfExp, chosen: ast.expr | None, value: Any
+) -> list[tuple[ast.expr, int]] | None:
+    """Each branch of `whole` and its new value (`value`'s rule applied to its literal), or
+    None unless every branch can be changed so: `value` is a `Rescaled`, each branch an
+    integer literal the rule applies to, `chosen` (the literal the reader took) one of them,
+    and `whole` not in a variable that something else reads too."""
+    if not isinstance(value, Rescaled):
+        return None
+    branches = _branches(whole)
+    if chosen is None or not any(branch is chosen for branch in branches):
+        return None  # the value read is written elsewhere (a name): not this expression's
+    writes: list[tuple[ast.expr, int]] = []
+    for branch in branches:
+        if not (isinstance(branch, ast.Constant) and type(branch.value) is int):
+            return None
+        new = value.rule(branch.value)
+        if new is None:
+            return None
+        writes.append((branch, new))
+    variable = _assigned_name(tree, whole)
+    if variable is not None and _reads(tree, variable) > 1:
+        return None
+    return writes
+
+
+def node_range(text: str, node: ast.AST) -> SourceRange:
+    """Where a node is written, in the plan's terms (columns in characters)."""
+    starts = line_starts(text)
+    return _range_of_span(text, *node_span(text, node, starts), starts)
 
 
 def insert_keyword(
@@ -293,8 +408,9 @@ def _replace_node(text: str, node: ast.AST, new_text: str) -> TextEdit:
 
 def _python_value_edit(
     plan: TrainingPlan, text: str, field: str, where: SourceRange, value: Any
-) -> TextEdit | None:
-    """The edit writing `value` for a setting read from `where` in a Python file:
+) -> list[TextEdit] | None:
+    """The edits writing `value` for a setting read from `where` in a Python file:
+    - a value chosen by a conditional expression: every branch (`branch_writes`), or none;
     - a flag's `add_argument(...)` call: its `default=` is set there;
     - a variable's literal (`bs = 8`): edited there only when nothing else reads the variable,
       else the trainer call's `field=bs` gets the literal instead;
@@ -305,29 +421,31 @@ def _python_value_edit(
     node = node_at(tree, text, where)
     if node is None:
         return None
+    whole = conditional_around(tree, text, where, plan.trainer_range, field)
+    if whole is not None:
+        writes = branch_writes(tree, whole, node, value)
+        if writes is None:
+            return None
+        return [_replace_node(text, branch, python_literal(new)) for branch, new in writes]
+    value = plain_value(value)
     literal = python_literal(value)
     if isinstance(node, ast.Call):
         if callee_name(node) != "add_argument":
             return None
         default = next((kw for kw in node.keywords if kw.arg == "default"), None)
         if default is not None:
-            return _replace_node(text, default.value, literal)
-        return insert_keyword(text, where, "default", value)
+            return [_replace_node(text, default.value, literal)]
+        edit = insert_keyword(text, where, "default", value)
+        return [edit] if edit is not None else None
     variable = _assigned_name(tree, node)
-    if variable is None:
-        return TextEdit(range=where, new_text=literal)
-    reads = sum(
-        isinstance(n, ast.Name) and n.id == variable and isinstance(n.ctx, ast.Load)
-        for n in ast.walk(tree)
-    )
-    if reads <= 1:
-        return TextEdit(range=where, new_text=literal)
+    if variable is None or _reads(tree, variable) <= 1:
+        return [TextEdit(range=where, new_text=literal)]
     call = call_at(tree, text, plan.trainer_range) if plan.trainer_range else None
     if call is None:
         return None
     for kw in call.keywords:
         if kw.arg == field and isinstance(kw.value, ast.Name) and kw.value.id == variable:
-            return _replace_node(text, kw.value, literal)
+            return [_replace_node(text, kw.value, literal)]
     return None
 
 
@@ -429,7 +547,8 @@ def _sourced_for(plan: TrainingPlan, text: str, field: str) -> Sourced[Any] | No
 
 
 def set_setting(plan: TrainingPlan, text: str, field: str, value: Any) -> list[TextEdit] | None:
-    """Edits that make the file say `field = value`, or None where no safe edit exists."""
+    """Edits that make the file say `field = value`, or None where no safe edit exists.
+    `value` may be `Rescaled` (see the module's doc)."""
     sourced = _sourced_for(plan, text, field)
     where = _written_at(sourced)
     if plan.kind in ("yaml", "json"):
@@ -438,20 +557,21 @@ def set_setting(plan: TrainingPlan, text: str, field: str, value: Any) -> list[T
         if where is not None and where.path is not None:
             return None  # another file (a referenced config): not edited from here
         key = YAML_KEYS.get(field, {}).get(plan.framework, field)
-        edit = set_config_value(text, key, value, where, json_file=plan.kind == "json")
+        edit = set_config_value(text, key, plain_value(value), where, json_file=plan.kind == "json")
     elif plan.kind == "python" and (codemods := _codemods(text)) is not None:
         if where is not None and where.path is not None:
             return None  # another file: not edited from here
         return codemods.setting_edits(plan, text, [(field, value, where)])  # type: ignore[no-any-return]
     elif where is not None and plan.kind == "python":
-        edit = _python_value_edit(plan, text, field, where, value)
+        return _python_value_edit(plan, text, field, where, value)
+    elif where is not None and sourced is not None and plan.kind == "notebook":
+        return _cell_value_edits(plan, text, field, sourced, value)
     elif where is not None and sourced is not None:
-        literal = python_literal(value) if plan.kind == "notebook" else yaml_literal(value)
-        edit = replace_value(sourced, literal, plan.path if plan.kind == "notebook" else None)
+        edit = replace_value(sourced, yaml_literal(plain_value(value)))
     elif plan.kind == "python":
-        edit = _insert_python_setting(plan, text, field, value)
+        edit = _insert_python_setting(plan, text, field, plain_value(value))
     elif plan.kind == "notebook" and plan.trainer_range is not None:
-        return _insert_in_cell(plan, text, field, value)
+        return _insert_in_cell(plan, text, field, plain_value(value))
     else:
         return None
     return [edit] if edit else None
@@ -488,6 +608,42 @@ def _written_at(sourced: Sourced[Any] | None) -> SourceRange | None:
     ):
         return None
     return sourced.range
+
+
+def _cell_value_edits(
+    plan: TrainingPlan, notebook_text: str, field: str, sourced: Sourced[Any], value: Any
+) -> list[TextEdit] | None:
+    """`value` written where a notebook cell says the setting: replaced where it stands, or,
+    for a value a conditional expression chooses, in every branch (`branch_writes`) or none."""
+    from llmmem.extract.notebook import cell_index, code_cell_text, python_lines_of_cell
+
+    where = sourced.range
+    index = cell_index(where, plan.path)
+    cell_text = code_cell_text(notebook_text, index) if index is not None else None
+    lines = python_lines_of_cell(cell_text.split("\n")) if cell_text is not None else None
+    tree = python_tree("\n".join(lines)) if lines is not None else None
+    if where is not None and lines is not None and tree is not None:
+        python_text = "\n".join(lines)  # IPython lines stand in as Python, line for line
+        local = replace(where, path=None)
+        trainer = plan.trainer_range
+        if trainer is not None and cell_index(trainer, plan.path) == index:
+            trainer = replace(trainer, path=None)
+        else:
+            trainer = None
+        whole = conditional_around(tree, python_text, local, trainer, field)
+        if whole is not None:
+            writes = branch_writes(tree, whole, node_at(tree, python_text, local), value)
+            if writes is None:
+                return None
+            return [
+                TextEdit(
+                    range=replace(node_range(python_text, branch), path=where.path),
+                    new_text=python_literal(new),
+                )
+                for branch, new in writes
+            ]
+    edit = replace_value(sourced, python_literal(plain_value(value)), plan.path)
+    return [edit] if edit else None
 
 
 def _insert_in_cell(

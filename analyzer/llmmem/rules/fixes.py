@@ -24,6 +24,7 @@ from llmmem.budget.setup import (
 )
 from llmmem.plan import Provenance, TrainingPlan
 from llmmem.rules.edits import (
+    Rescaled,
     apply_edits,
     qlora_edits,
     set_setting,
@@ -130,7 +131,19 @@ def _qlora_edit(analysis: Analysis, text: str) -> list[TextEdit] | None:
     return qlora_edits(text, plan.model_range, QLORA_CONFIG)
 
 
+def _halved(batch: int) -> int | None:
+    """A branch's micro-batch halved, where that keeps its effective batch exactly."""
+    return batch // 2 if batch >= 2 and batch % 2 == 0 else None
+
+
+def _doubled(steps: int) -> int | None:
+    return steps * 2 if steps >= 1 else None
+
+
 def _halve_batch_edit(analysis: Analysis, text: str) -> list[TextEdit] | None:
+    """The micro-batch halved and the accumulation doubled; a value a conditional expression
+    chooses (`16 if BIG else 8`) is changed in every branch (`8 if BIG else 4`), so each
+    branch keeps its effective batch, or the fix is not offered (`edits.Rescaled`)."""
     setup = analysis.setup
     if setup is None:
         return None
@@ -138,8 +151,8 @@ def _halve_batch_edit(analysis: Analysis, text: str) -> list[TextEdit] | None:
         analysis.plan,
         text,
         {
-            "per_device_train_batch_size": setup.batch // 2,
-            "gradient_accumulation_steps": setup.grad_accum * 2,
+            "per_device_train_batch_size": Rescaled(setup.batch // 2, _halved),
+            "gradient_accumulation_steps": Rescaled(setup.grad_accum * 2, _doubled),
         },
     )
 
@@ -393,9 +406,8 @@ def _plan_setting(
         if codemods is not None:
             return codemods.setting_edits(plan, text, [(field, value, where)])  # type: ignore[no-any-return]
         if where is not None:
-            found = writer._python_value_edit(plan, text, field, where, value)
-        else:
-            found = writer._insert_python_setting(plan, text, field, value)
+            return writer._python_value_edit(plan, text, field, where, value)
+        found = writer._insert_python_setting(plan, text, field, value)
         return [found] if found else None
 
     return edit
