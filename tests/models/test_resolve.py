@@ -667,10 +667,10 @@ def test_guess_8b() -> None:
     assert spec.source is ModelSource.GUESS
     assert spec.is_guess
     assert abs(spec.total_params / 8e9 - 1) < 0.05
-    assert (
-        spec.source_detail == "guessed from '8B' in the name; shapes of a Llama-3.1-8B-sized model"
+    assert spec.source_detail == (
+        "guessed from '8B' in the name; the shapes of meta-llama/Llama-3.1-8B (Llama family)"
     )
-    assert any("only the size '8B' is known" in note for note in spec.notes)
+    assert any("only the family (Llama) and the size '8B' are known" in n for n in spec.notes)
 
 
 @pytest.mark.parametrize(

@@ -2,13 +2,18 @@
 
 `resolve_model(ref)` tries, in this order, and stops at the first that gives a config:
 
-1. a local directory holding `config.json`, or a path to a config file (also through the
-   `local_model_paths` setting, id -> path);
-2. the Hugging Face cache on this machine (no network);
-3. the catalog bundled with llmmem (verified copies of published configs: no network needed);
-4. the hub, under one overall timeout, with an on-disk copy of earlier lookups (`hub.py`);
-5. a guess from a size in the name ("8B", "1.5B", "135M", "8x7B"): the shapes of a real
-   Llama-family model of about that size.
+1. a local directory holding `config.json` (or, for a PEFT adapter folder, `adapter_config.json`
+   naming its base model), or a path to a config file (also through the `local_model_paths`
+   setting, id -> path);
+2. for a path that is not on this machine: the hub id its Hugging Face cache layout names
+   (`.../models--ORG--NAME/snapshots/<hash>`), resolved from here on as that id;
+3. the Hugging Face cache on this machine (no network);
+4. the catalog bundled with llmmem (verified copies of published configs: no network needed);
+5. the hub, under one overall timeout, with an on-disk copy of earlier lookups (`hub.py`);
+6. the bundled model whose name ends the reference (`models/Qwen2.5-7B-Instruct`, a re-upload
+   such as `unsloth/Qwen2.5-7B-Instruct-bnb-4bit`), said in the spec's notes;
+7. a guess from the family and size in the name ("Qwen2.5" and "7B"): the shapes of the
+   family's bundled model of about that size, else of a Llama-family one (`name_guess.py`).
 
 It raises `ModelResolutionError`, and nothing else, with a one-line message that says what was
 tried and what to do, so it is safe to call from an editor on every change.
@@ -20,22 +25,37 @@ so a bundled model resolves without loading it.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import stat
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from llmmem.models.architectures import spec_from_config
 from llmmem.models.hub_names import hf_hub_cache_dir, is_hub_repo_id
+from llmmem.models.model_paths import (
+    BNB_4BIT_QUANTIZATION,
+    bundled_model_named_by,
+    hub_id_of_cache_path,
+)
+from llmmem.models.name_guess import (  # noqa: F401 - the guess's names, as they were here
+    GUESS_SIZE_TOLERANCE,
+    LLAMA_SHAPES,
+    LlamaShape,
+    NameSize,
+    guess_config_from_name,
+    llama_config,
+    nearest_llama_shape,
+    size_from_name,
+)
+from llmmem.models.resolved import PRAGMA_HINT, ResolvedConfig
 from llmmem.models.spec import ModelSource, ModelSpec, ModelSpecError
 
 CONFIG_FILE = "config.json"
+ADAPTER_CONFIG_FILE = "adapter_config.json"
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
-PRAGMA_HINT = "add '# llmmem: model_config=path/to/config.json' or pass a local path"
-GUESS_SIZE_TOLERANCE = 0.10  # a shape within 10% of the size in the name is used as it is
+MAX_REDIRECTS = 3  # an adapter's base, a cache path's hub id: followed this many times at most
 
 
 class ModelResolutionError(ValueError):
@@ -53,18 +73,6 @@ class ModelResolutionError(ValueError):
         self.ref = ref
         self.close_matches = close_matches or []
         self.hub_not_asked = hub_not_asked  # a hub id the hub was not asked about (hub=False)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ResolvedConfig:
-    """A model's config and where it was found, before it is read into a ModelSpec."""
-
-    model_id: str
-    config: dict[str, Any]
-    source: ModelSource
-    source_detail: str
-    checkpoint_bytes_by_dtype: dict[str, int] | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def resolve_model(
@@ -157,12 +165,41 @@ def _resolve_config(
     local_model_paths: dict[str, str],
     cache_dir: Path | None,
     base_dir: Path | None,
+    redirects: int = 0,
 ) -> ResolvedConfig:
     ref = normalize_ref(ref)
     if not ref:
         raise ModelResolutionError(f"empty model reference; {PRAGMA_HINT}", ref=ref)
     not_found: list[str] = []  # why each step gave nothing, for the final message
     fallback_notes: list[str] = []  # what a catalog entry or a guess should say it stands in for
+
+    def resolve_instead(target: str, note: str) -> ResolvedConfig:
+        """`target` resolved in the place of `ref` (an adapter's base, the hub id a cache path
+        names, the bundled model a path's name names), with `note` saying why."""
+        if redirects >= MAX_REDIRECTS:
+            raise ModelResolutionError(
+                f"'{ref}' leads on to '{target}' after {MAX_REDIRECTS} steps already; "
+                f"{PRAGMA_HINT}",
+                ref=ref,
+            )
+        try:
+            resolved = _resolve_config(
+                target,
+                hub=hub,
+                hub_timeout_s=hub_timeout_s,
+                local_model_paths=local_model_paths,
+                cache_dir=cache_dir,
+                base_dir=base_dir,
+                redirects=redirects + 1,
+            )
+        except ModelResolutionError as error:
+            raise ModelResolutionError(
+                f"{error} ('{target}' stands for '{ref}': {note})",
+                ref=ref,
+                close_matches=error.close_matches,
+                hub_not_asked=error.hub_not_asked,
+            ) from error
+        return replace(resolved, notes=[note, *resolved.notes])
 
     if ref in local_model_paths:
         mapped = Path(local_model_paths[ref]).expanduser()
@@ -176,8 +213,29 @@ def _resolve_config(
 
     local_path = _existing_local_path(ref, base_dir)
     if local_path is not None:
+        base = _adapter_base(local_path)
+        if base is not None:
+            return resolve_instead(
+                base,
+                f"'{ref}' is a PEFT adapter folder: sized as its base model '{base}' "
+                f"(base_model_name_or_path in its {ADAPTER_CONFIG_FILE})",
+            )
+        if local_path.is_dir() and not (local_path / CONFIG_FILE).is_file():
+            named = bundled_model_named_by(ref)
+            if named is not None:
+                return _from_named_model(
+                    named, f"'{ref}' has no {CONFIG_FILE} here; {named.how}", fallback_notes
+                )
         return _from_local_path(local_path, model_id=ref)
     not_found.append("not a local path")
+
+    cache_id = hub_id_of_cache_path(ref)
+    if cache_id is not None and cache_id != ref:
+        return resolve_instead(
+            cache_id,
+            f"'{ref}' is not on this machine; it is the Hugging Face cache's folder of "
+            f"{cache_id}, looked up as that hub id",
+        )
 
     if is_hub_repo_id(ref):
         try:
@@ -231,6 +289,11 @@ def _resolve_config(
         return bundled
     not_found.append("not in the bundled catalog")
 
+    named = bundled_model_named_by(ref)
+    if named is not None:
+        where = "not a local path here" if _looks_like_path(ref) else "not a hub id llmmem knows"
+        return _from_named_model(named, f"'{ref}' is {where}; {named.how}", fallback_notes)
+
     guess = guess_config_from_name(ref)
     if guess is not None:
         return replace(guess, notes=[*guess.notes, *fallback_notes])
@@ -259,6 +322,15 @@ def _from_catalog(ref: str, notes: list[str]) -> ResolvedConfig | None:
         source_detail="bundled catalog",
         notes=[*notes, entry.note] if entry.note else list(notes),
     )
+
+
+def _from_named_model(named: Any, note: str, notes: list[str]) -> ResolvedConfig:
+    """The bundled model a path or a re-upload names, quantized as a -bnb-4bit upload is."""
+    resolved = _from_catalog(named.model_id, [note, *notes])
+    assert resolved is not None  # named.model_id is a catalog id
+    if named.bnb_4bit and "quantization_config" not in resolved.config:
+        resolved.config["quantization_config"] = dict(BNB_4BIT_QUANTIZATION)
+    return resolved
 
 
 def normalize_ref(ref: str) -> str:
@@ -295,6 +367,23 @@ def _existing_local_path(ref: str, base_dir: Path | None) -> Path | None:
         except (OSError, ValueError):  # a name too long for a path, or one holding a NUL
             continue
     return None
+
+
+def _adapter_base(path: Path) -> str | None:
+    """The base model a PEFT adapter folder (no config.json, an adapter_config.json) names;
+    None for anything else. An adapter_config.json that does not name one is said as such."""
+    if not path.is_dir() or (path / CONFIG_FILE).is_file():
+        return None
+    adapter_file = path / ADAPTER_CONFIG_FILE
+    if not adapter_file.is_file():
+        return None
+    base = read_config_file(adapter_file).get("base_model_name_or_path")
+    if not isinstance(base, str) or not base.strip():
+        raise ModelResolutionError(
+            f"{adapter_file} names no base model (base_model_name_or_path); {PRAGMA_HINT}",
+            ref=str(path),
+        )
+    return base.strip()
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
@@ -444,194 +533,3 @@ def close_matches(ref: str, n: int = 5) -> list[str]:
         if by_lower[lower] not in matches:
             matches.append(by_lower[lower])
     return matches[:n]
-
-
-# --- 5. a guess from the size in the name ------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LlamaShape:
-    """The shapes of a real Llama-family model, used when only a size is known."""
-
-    name: str
-    params: int  # its published parameter count
-    hidden_size: int
-    num_layers: int
-    intermediate_size: int
-    num_heads: int
-    num_kv_heads: int
-    vocab_size: int
-    tie_word_embeddings: bool
-    max_position_embeddings: int
-    rope_theta: float
-
-
-LLAMA_SHAPES: tuple[LlamaShape, ...] = (
-    LlamaShape("SmolLM-135M", 134_515_008, 576, 30, 1536, 9, 3, 49152, True, 2048, 10_000.0),
-    LlamaShape("SmolLM-360M", 361_821_120, 960, 32, 2560, 15, 5, 49152, True, 2048, 10_000.0),
-    LlamaShape(
-        "TinyLlama-1.1B", 1_100_048_384, 2048, 22, 5632, 32, 4, 32000, False, 2048, 10_000.0
-    ),
-    LlamaShape(
-        "Llama-3.2-1B", 1_235_814_400, 2048, 16, 8192, 32, 8, 128256, True, 131072, 500_000.0
-    ),
-    LlamaShape("SmolLM2-1.7B", 1_711_376_384, 2048, 24, 8192, 32, 32, 49152, True, 8192, 130_000.0),
-    LlamaShape(
-        "Llama-3.2-3B", 3_212_749_824, 3072, 28, 8192, 24, 8, 128256, True, 131072, 500_000.0
-    ),
-    LlamaShape("Llama-2-7B", 6_738_415_616, 4096, 32, 11008, 32, 32, 32000, False, 4096, 10_000.0),
-    LlamaShape(
-        "Mistral-7B", 7_241_732_096, 4096, 32, 14336, 32, 8, 32000, False, 32768, 1_000_000.0
-    ),
-    LlamaShape(
-        "Llama-3.1-8B", 8_030_261_248, 4096, 32, 14336, 32, 8, 128256, False, 131072, 500_000.0
-    ),
-    LlamaShape(
-        "Llama-2-13B", 13_015_864_320, 5120, 40, 13824, 40, 40, 32000, False, 4096, 10_000.0
-    ),
-    LlamaShape(
-        "Codestral-22B", 22_247_282_688, 6144, 56, 16384, 48, 8, 32768, False, 32768, 1_000_000.0
-    ),
-    LlamaShape(
-        "CodeLlama-34B", 33_743_970_304, 8192, 48, 22016, 64, 8, 32000, False, 16384, 1_000_000.0
-    ),
-    LlamaShape(
-        "Llama-3.1-70B", 70_553_706_496, 8192, 80, 28672, 64, 8, 128256, False, 131072, 500_000.0
-    ),
-    LlamaShape(
-        "Llama-3.1-405B",
-        405_853_388_800,
-        16384,
-        126,
-        53248,
-        128,
-        8,
-        128256,
-        False,
-        131072,
-        500_000.0,
-    ),
-)
-
-MIN_GUESS_PARAMS = 10_000_000
-MAX_GUESS_PARAMS = 3_000_000_000_000
-
-# a size not glued to another number: "8B", "7b", "1.5B", "135M", "0.5B"; not "4bit", not "v0.1"
-_DENSE_SIZE = re.compile(r"(?<![0-9.])(\d+(?:\.\d+)?)([BbMm])(?![A-Za-z0-9])")
-_MOE_SIZE = re.compile(r"(?<![0-9.])(\d+)[xX](\d+(?:\.\d+)?)([BbMm])(?![A-Za-z0-9])")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NameSize:
-    """A parameter count read from a model name."""
-
-    text: str  # as written: "8B", "8x7B"
-    params: int  # of one expert-sized model for a MoE name
-    num_experts: int = 0
-
-
-def size_from_name(ref: str) -> NameSize | None:
-    """The parameter count a model name states, the largest when it states several
-    ("Qwen2.5-7B-Instruct-1M" -> 7B); None when it states none."""
-    name = ref.rsplit("/", 1)[-1]
-    moe = _MOE_SIZE.search(name)
-    if moe:
-        params = _params_of(moe.group(2), moe.group(3))
-        if MIN_GUESS_PARAMS <= params <= MAX_GUESS_PARAMS:
-            return NameSize(text=moe.group(0), params=params, num_experts=int(moe.group(1)))
-    sizes = [
-        NameSize(text=match.group(0), params=_params_of(match.group(1), match.group(2)))
-        for match in _DENSE_SIZE.finditer(name)
-    ]
-    sizes = [size for size in sizes if MIN_GUESS_PARAMS <= size.params <= MAX_GUESS_PARAMS]
-    return max(sizes, key=lambda size: size.params) if sizes else None
-
-
-def _params_of(number: str, unit: str) -> int:
-    return round(float(number) * (1e9 if unit.lower() == "b" else 1e6))
-
-
-def nearest_llama_shape(params: int) -> LlamaShape:
-    return min(LLAMA_SHAPES, key=lambda shape: abs(math.log(shape.params / params)))
-
-
-def llama_config(shape: LlamaShape, *, num_layers: int | None = None) -> dict[str, Any]:
-    return {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
-        "hidden_size": shape.hidden_size,
-        "num_hidden_layers": num_layers or shape.num_layers,
-        "intermediate_size": shape.intermediate_size,
-        "num_attention_heads": shape.num_heads,
-        "num_key_value_heads": shape.num_kv_heads,
-        "head_dim": shape.hidden_size // shape.num_heads,
-        "vocab_size": shape.vocab_size,
-        "tie_word_embeddings": shape.tie_word_embeddings,
-        "max_position_embeddings": shape.max_position_embeddings,
-        "rope_theta": shape.rope_theta,
-        "rms_norm_eps": 1e-5,
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
-        "torch_dtype": "bfloat16",
-    }
-
-
-def _layers_for(shape: LlamaShape, target_params: int, model_id: str) -> int:
-    """How many blocks of `shape` make about `target_params` (embeddings and head kept)."""
-    spec = spec_from_config(llama_config(shape), model_id=model_id, source=ModelSource.GUESS)
-    per_block = spec.blocks[0].params_per_block
-    outside_blocks = spec.total_params - per_block * spec.num_layers
-    return max(1, round((target_params - outside_blocks) / per_block))
-
-
-def guess_config_from_name(ref: str) -> ResolvedConfig | None:
-    """A Llama-shaped config of the size the name states, or None when it states none."""
-    size = size_from_name(ref)
-    if size is None:
-        return None
-    shape = nearest_llama_shape(size.params)
-    if size.num_experts:
-        return _guess_moe_config(ref, size, shape)
-    num_layers = shape.num_layers
-    shape_text = f"shapes of a {shape.name}-sized model"
-    if abs(shape.params / size.params - 1) > GUESS_SIZE_TOLERANCE:
-        num_layers = _layers_for(shape, size.params, ref)
-        shape_text = f"shapes of {shape.name} with {num_layers} layers"
-    detail = f"guessed from '{size.text}' in the name; {shape_text}"
-    return ResolvedConfig(
-        model_id=ref,
-        config=llama_config(shape, num_layers=num_layers),
-        source=ModelSource.GUESS,
-        source_detail=detail,
-        notes=[
-            f"only the size '{size.text}' is known: the layer shapes are those of {shape.name} "
-            f"({num_layers} layers); for exact numbers {PRAGMA_HINT}"
-        ],
-    )
-
-
-def _guess_moe_config(ref: str, size: NameSize, shape: LlamaShape) -> ResolvedConfig:
-    config = llama_config(shape)
-    config.update(
-        model_type="mixtral",
-        architectures=["MixtralForCausalLM"],
-        num_local_experts=size.num_experts,
-        num_experts_per_tok=2,
-        router_aux_loss_coef=0.02,
-        sliding_window=None,
-    )
-    detail = (
-        f"guessed from '{size.text}' in the name; {size.num_experts} experts in the shapes of a "
-        f"{shape.name}-sized model, 2 per token"
-    )
-    return ResolvedConfig(
-        model_id=ref,
-        config=config,
-        source=ModelSource.GUESS,
-        source_detail=detail,
-        notes=[
-            f"only the size '{size.text}' is known: a Mixtral-style model with {size.num_experts} "
-            f"experts of {shape.name} shapes, 2 per token; for exact numbers {PRAGMA_HINT}"
-        ],
-    )
