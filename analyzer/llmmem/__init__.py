@@ -4,3 +4,15 @@
 # the user's project, is still first on sys.path (`llmmem/__main__.py` takes it off)
 
 __version__ = "0.1.0"
+
+_IN_THE_RUN = ("preflight", "WillNotFit", "Preflight", "watch", "LlmmemCallback")
+
+
+def __getattr__(name: str) -> object:
+    """`llmmem.preflight`, `llmmem.WillNotFit`, `llmmem.watch`, `llmmem.LlmmemCallback`: loaded
+    on first use (see `llmmem.integrations`), so `import llmmem` stays as cheap as before."""
+    if name in _IN_THE_RUN:
+        from llmmem import integrations
+
+        return getattr(integrations, name)
+    raise AttributeError(f"module 'llmmem' has no attribute {name!r}")

@@ -494,13 +494,39 @@ def add(
         if measured.prediction is not None
         else predicted_metrics(budget)
     )
+    row = calibration_row(analysis, measured, predicted, for_file)
+    target = calibration_target(for_file, calibration or os.environ.get(CALIBRATION_VARIABLE))
+    for earlier in read_rows(target):
+        if (
+            earlier.get("run_output") == row["run_output"]
+            and earlier.get("measured") == row["measured"]
+            and earlier.get("key") == row["key"]
+        ):
+            raise AlreadyRecorded(
+                f"{run_output}: already recorded in {target} for {row['key']} (one run counts once)"
+            )
+    append_row(target, row)
+    return row, target
+
+
+def append_row(target: Path, row: dict[str, Any]) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with target.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps(row, sort_keys=False) + "\n")
+
+
+def calibration_row(
+    analysis: Any, measured: Measured, predicted: dict[str, int], for_file: Path
+) -> dict[str, Any]:
+    """One row: what `measured` read beside the prediction of `analysis` for `for_file`."""
+    budget, spec = analysis.budget, analysis.spec
     ratio, basis = device_ratio(measured.metrics, predicted)
     framework = framework_class(analysis.plan.framework, budget.band_class.split("/")[0])
     from datetime import datetime, timezone
 
     from llmmem import __version__
 
-    row = {
+    return {
         "llmmem_calibration": FORMAT_VERSION,
         "recorded": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "key": setup_key(budget.gpu.name, framework, budget.band_class),
@@ -519,20 +545,6 @@ def add(
         "llmmem": __version__,
         "notes": measured.notes,
     }
-    target = calibration_target(for_file, calibration or os.environ.get(CALIBRATION_VARIABLE))
-    for earlier in read_rows(target):
-        if (
-            earlier.get("run_output") == row["run_output"]
-            and earlier.get("measured") == row["measured"]
-            and earlier.get("key") == row["key"]
-        ):
-            raise AlreadyRecorded(
-                f"{run_output}: already recorded in {target} for {row['key']} (one run counts once)"
-            )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with target.open("a", encoding="utf-8") as handle:
-        handle.write(json.dumps(row, sort_keys=False) + "\n")
-    return row, target
 
 
 def _gpu_of(measured: Measured) -> str | None:

@@ -1,0 +1,194 @@
+"""llmmem inside the run: preflight of the live trainer, the first steps measured against it, and
+the run recorded for later bands. Real HF Trainer steps on CPU with a tiny Llama, each in its own
+process (as a user's script runs); llmmem's CPU meter stands in for CUDA's counters."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+TINY = dict(
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=1000,
+    max_position_embeddings=256,
+)
+
+HEAD = f"""
+import json, sys, torch
+from pathlib import Path
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+torch.manual_seed(0)
+if not Path("tiny-llama/config.json").exists():  # a checkpoint of its own, saved once
+    LlamaForCausalLM(LlamaConfig(**{TINY!r})).save_pretrained("tiny-llama")
+model = LlamaForCausalLM.from_pretrained("tiny-llama")
+
+
+class Rows(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, index):
+        ids = torch.randint(0, 1000, (64,))
+        return {{"input_ids": ids, "labels": ids.clone()}}
+"""
+
+
+def run_script(folder: Path, body: str) -> subprocess.CompletedProcess[str]:
+    (folder / ".git").mkdir(exist_ok=True)  # the project root: the calibration file lands here
+    script = folder / "train.py"
+    script.write_text(HEAD + textwrap.dedent(body))
+    return subprocess.run(
+        [sys.executable, str(script)],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=ENV,
+    )
+
+
+def measured_gap(stderr: str) -> float:
+    found = re.search(r"llmmem: measured .* predicted .* \(([-+]\d+\.\d)%\)", stderr)
+    assert found, stderr[-3000:]
+    return float(found.group(1))
+
+
+def rows(folder: Path) -> list[dict]:
+    path = folder / ".llmmem" / "calibration.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+TRAINER = """
+from llmmem import LlmmemCallback
+{before}
+args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, max_steps=3,
+                         use_cpu=True, report_to=[], save_strategy="no", logging_steps=100,
+                         {arguments})
+callback = LlmmemCallback(gpu="A100-80GB", meter="cpu")
+Trainer(model=model, args=args, train_dataset=Rows(), callbacks=[callback]).train()
+"""
+
+LORA = """
+from peft import LoraConfig, get_peft_model
+model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
+                                         task_type="CAUSAL_LM"))
+"""
+
+
+@pytest.mark.parametrize(
+    ("before", "arguments", "method"),
+    [
+        ("", "", "full"),
+        (LORA, "bf16=True, gradient_checkpointing=True", "lora"),
+    ],
+    ids=["full-fp32", "lora-bf16-checkpointing"],
+)
+def test_the_callback_predicts_measures_and_records(
+    tmp_path: Path, before: str, arguments: str, method: str
+) -> None:
+    proc = run_script(tmp_path, TRAINER.format(before=before, arguments=arguments))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "llmmem preflight: tiny-llama" in proc.stderr  # before the first step
+    assert f", {method}, batch 4 x 64 tokens" in proc.stderr
+    assert abs(measured_gap(proc.stderr)) <= 5.0
+    (row,) = rows(tmp_path)
+    assert row["key"] == f"A100-80GB/hf/{method}/1 GPU"
+    assert row["ratio_from"] == "allocated"
+    assert 0.95 <= row["device_ratio"] <= 1.05
+    assert row["for"] == str(tmp_path / "train.py")
+    # the next explain of the same script and GPU takes its band from the recorded run
+    explained = subprocess.run(
+        [str(BIN / "llmmem"), "explain", "train.py", "--gpu", "A100-80GB", "--format", "json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+    )
+    report = json.loads(explained.stdout)
+    assert "band from 1 local run" in json.dumps(report), explained.stdout[-2000:]
+
+
+def test_preflight_raises_before_any_step_with_what_would_fit(tmp_path: Path) -> None:
+    proc = run_script(
+        tmp_path,
+        """
+        import llmmem
+        steps = []
+        args = TrainingArguments(output_dir="out", per_device_train_batch_size=64, max_steps=2,
+                                 use_cpu=True, report_to=[], save_strategy="no")
+        trainer = Trainer(model=model, args=args, train_dataset=Rows())
+        trainer.add_callback(type("Count", (__import__("transformers").TrainerCallback,),
+                                  {"on_step_begin": lambda self, *a, **k: steps.append(1)})())
+        try:
+            llmmem.preflight(trainer, gpu="0.05GiB", on_oom="raise")
+        except llmmem.WillNotFit as err:
+            print("RAISED", err.gpu, err.predicted_bytes > err.capacity_bytes, err.fixes)
+            print("MESSAGE", err)
+        else:
+            trainer.train()
+        print("STEPS", len(steps))
+        fitting = llmmem.preflight(trainer, gpu="24GiB", on_oom="raise")
+        print("FITS", fitting.fits)
+        """,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "RAISED" in out and "True" in out.split("RAISED")[1].splitlines()[0]
+    assert "STEPS 0" in out  # raised before step one
+    assert "What would fit:" in out
+    assert "FITS True" in out
+
+
+def test_watch_measures_a_plain_loop(tmp_path: Path) -> None:
+    proc = run_script(
+        tmp_path,
+        """
+        import llmmem
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+        loader = torch.utils.data.DataLoader(Rows(), batch_size=2)
+        first = next(iter(loader))
+        with llmmem.watch(model, optimizer, batch=first, gpu="A100-80GB", meter="cpu") as run:
+            for step, batch in enumerate(loader):
+                loss = model(**batch).loss
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                if step == 2:
+                    break
+        print("WATCHED", run.steps, run.row is not None)
+        """,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "llmmem preflight: tiny-llama" in proc.stderr
+    assert ", full, batch 2 x 64 tokens" in proc.stderr
+    assert abs(measured_gap(proc.stderr)) <= 5.0
+    assert "WATCHED 2 True" in proc.stdout
+    (row,) = rows(tmp_path)
+    assert row["key"] == "A100-80GB/hf/full/1 GPU"
+
+
+def test_importing_llmmem_stays_cheap() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import llmmem; llmmem.__version__"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines()}
+    assert "llmmem" in imported
+    assert not imported & {"torch", "transformers", "pydantic", "rich"}, imported
