@@ -123,6 +123,9 @@ def run_explain(args: argparse.Namespace) -> int:
         budget = None
         if analysis.budget is not None and analysis.spec is not None:
             budget = budget_dict(analysis.budget, analysis.spec)
+            if analysis.spec.is_guess:
+                # sized from its name: no verdict (LLM017 among the findings gives the range)
+                budget.update(fits=None, verdict=None)
         json.dump(
             {
                 "plan": plan_dict(plan),
@@ -217,7 +220,25 @@ def render_explanation(analysis: Any, findings: list[Any]) -> None:
         reason = analysis.model_error or "see problems"
         console.print(f"[yellow]no estimate:[/yellow] {escape(reason)}")
     else:
-        render_budget(analysis.budget, analysis.spec, setup_lines=[], console=console)
+        from llmmem.rules.guessed_model import guessed_verdict_text
+
+        guessed = guessed_verdict_text(analysis)
+        if guessed is None or analysis.budget.gpu is None:
+            render_budget(analysis.budget, analysis.spec, setup_lines=[], console=console)
+        else:  # a model sized from its name gets no verdict: the range its name allows instead
+            from dataclasses import replace
+
+            from llmmem.units import format_bytes
+
+            budget = replace(analysis.budget, gpu=None)
+            render_budget(budget, analysis.spec, setup_lines=[], console=console)
+            gpu = analysis.budget.gpu
+            console.print(
+                escape(
+                    f"{format_bytes(gpu.capacity_bytes)} on {gpu.name}: fit {guessed}; for a "
+                    "verdict add `# llmmem: model_config=path/to/config.json`"
+                )
+            )
     for finding in findings:
         line = finding.range.start_line + 1 if finding.range else 1
         console.print(

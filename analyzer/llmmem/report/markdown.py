@@ -47,7 +47,8 @@ def bar(used: int, capacity: int, width: int = BAR_WIDTH) -> str:
 
 def verdict_line(analysis: Analysis) -> str:
     """`**≈ 21.3 GiB of 24.0 GiB on RTX-4090** (band 20.6–22.3 GiB) · fits, 2.7 GiB to spare`;
-    tight where the band crosses the capacity."""
+    tight where the band crosses the capacity; `fit unknown` with the range the name allows
+    for a model sized from its name."""
     budget, gpu = analysis.budget, analysis.gpu
     if budget is None:
         return ""
@@ -57,6 +58,11 @@ def verdict_line(analysis: Analysis) -> str:
     if gpu is None:
         return f"**≈ {total}** {within} peak (no GPU chosen: set one to check the fit)"
     head = f"**≈ {total} of {format_bytes(gpu.capacity_bytes)} on {gpu.name}** {within}"
+    from llmmem.rules.guessed_model import guessed_verdict_text
+
+    guessed = guessed_verdict_text(analysis)
+    if guessed is not None:  # sized from its name: no verdict, the range its name allows
+        return f"{head} · **fit {guessed}**"
     headroom = budget.headroom_bytes or 0
     if budget.verdict == "tight":
         at = (

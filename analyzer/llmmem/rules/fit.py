@@ -1,4 +1,5 @@
-"""Will the step fit the GPU? LLM001 (it will not) and LLM002 (it fits with little room)."""
+"""Will the step fit the GPU? LLM001 (it will not), LLM002 (it fits with little room), and LLM017
+(the model is sized from its name only: no verdict, the range its name allows)."""
 
 from __future__ import annotations
 
@@ -52,9 +53,15 @@ def driving_values(analysis: Analysis) -> list[Related]:
     return related
 
 
+def has_read_shapes(analysis: Analysis) -> bool:
+    """Whether the model's shapes were read (a config, the catalog, the hub), not guessed from
+    its name: only then does the step get a verdict against the GPU."""
+    return analysis.spec is not None and not analysis.spec.is_guess
+
+
 def check_will_not_fit(analysis: Analysis, text: str) -> list[Finding]:
     budget, gpu = analysis.budget, analysis.gpu
-    if budget is None or gpu is None or budget.fits:
+    if budget is None or gpu is None or budget.fits or not has_read_shapes(analysis):
         return []
     over = budget.device_total_bytes - gpu.capacity_bytes
     total = format_with_band(budget.device_total_bytes, budget.band)  # 27.8 GiB (27.0–29.3)
@@ -87,7 +94,7 @@ def check_will_not_fit(analysis: Analysis, text: str) -> list[Finding]:
 
 def check_tight(analysis: Analysis, text: str) -> list[Finding]:
     budget, gpu = analysis.budget, analysis.gpu
-    if budget is None or gpu is None or not budget.fits:
+    if budget is None or gpu is None or not budget.fits or not has_read_shapes(analysis):
         return []
     headroom = budget.headroom_bytes or 0
     if headroom >= TIGHT_HEADROOM * gpu.capacity_bytes:
@@ -106,6 +113,41 @@ def check_tight(analysis: Analysis, text: str) -> list[Finding]:
             path=analysis.plan.path,
             range=anchor(analysis),
             fixes=candidate_fixes(analysis, text),
+            related=driving_values(analysis),
+        )
+    ]
+
+
+def check_guessed_model(analysis: Analysis, text: str) -> list[Finding]:
+    from llmmem.rules.guessed_model import guessed_range
+    from llmmem.scenario import model_reference
+
+    found = guessed_range(analysis)
+    if found is None or analysis.spec is None or analysis.budget is None:
+        return []
+    spec, gpu = analysis.spec, analysis.gpu
+    message = f"{spec.model_id} is sized from its name only: the step needs {found.describe()}"
+    if gpu is not None:
+        capacity = format_bytes(gpu.capacity_bytes)
+        if found.low_bytes > gpu.capacity_bytes:
+            message += f", over the {capacity} of {gpu.name} whichever shape it has"
+        else:
+            message += f"; whether it fits the {capacity} of {gpu.name} is unknown"
+    message += (
+        "; for a verdict add `# llmmem: model_config=path/to/config.json` or name a local "
+        "folder holding its config.json"
+    )
+    model = model_reference(analysis.plan)
+    where = model.range if model is not None else None
+    if where is None or where.path is not None:
+        where = anchor(analysis)
+    return [
+        Finding(
+            code="LLM017",
+            severity=Severity.WARNING,
+            message=message,
+            path=analysis.plan.path,
+            range=where,
             related=driving_values(analysis),
         )
     ]
@@ -144,5 +186,29 @@ register(
         fix="Take one of the listed changes, or set "
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to cut fragmentation.",
         check=check_tight,
+    )
+)
+
+register(
+    Rule(
+        code="LLM017",
+        name="model-sized-from-name",
+        severity=Severity.WARNING,
+        summary="The model's shapes were not read anywhere: it is sized from the family and size "
+        "its name states, and the step gets no verdict.",
+        why="A name says little about memory: the vocabulary, depth and MLP width of models of "
+        "one size differ between families, and with them the logits, activations and weights "
+        "(Qwen2.5-7B has 152,064 vocabulary entries, Mistral-7B 32,000: the logits of one batch "
+        "differ almost fivefold). So a model "
+        "whose config was not found (not a local folder, not in the Hugging Face cache, not "
+        "bundled, the hub not asked) is sized under every bundled shape its name allows, and "
+        "the finding gives the range they span instead of fits or does not fit; LLM001 and "
+        "LLM002 are not given for it.",
+        example='model = AutoModelForCausalLM.from_pretrained("acme/Qwen2.5-Coder-7B-sft")',
+        fix="Point llmmem at the model's config: `# llmmem: model_config=path/to/config.json`, "
+        "a local folder or Hugging Face cache path holding its config.json, the base model's "
+        "hub id (`# llmmem: model=Qwen/Qwen2.5-Coder-7B`), or `--hub` to read its config from "
+        "the hub.",
+        check=check_guessed_model,
     )
 )
