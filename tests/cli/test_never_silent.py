@@ -122,16 +122,17 @@ def test_a_real_error_after_newer_syntax_is_reported_where_it_is(project: Path) 
         (
             "axolotl.yaml",
             "base_model: meta-llama/Llama-3.1-8B\nmicro_batch_size: [4\nsequence_len: 2048\n",
-            "3:13",
-            "expected ',' or ']'",
+            "3:1",
+            "expected ',' or ']', but got ':' (while parsing a flow sequence) (line 3, column 13)",
         ),
         (
             "ds_config.json",
             '{"train_micro_batch_size_per_gpu": 4,\n "zero_optimization": {"stage": 3\n}',
             "3:1",
-            "expected ',' or '}'",
+            "expected ',' or '}', but got '<stream end>' (while parsing a flow mapping) "
+            "(line 3, column 2)",
         ),
-        ("lf.yaml", "model_name_or_path: Qwen/Qwen2.5-7B\n\tcutoff_len: 1024\n", "2:1", "tab"),
+        ("lf.yaml", "model_name_or_path: Qwen/Qwen2.5-7B\n\tcutoff_len: 1024\n", "2:2", "tab"),
     ],
 )
 def test_a_config_that_does_not_parse_is_an_error(

@@ -402,7 +402,9 @@ def test_hf_fsdp_option_no_shard() -> None:
 
 def test_tabs_keep_the_lines_above_and_say_where() -> None:
     plan = plan_of("broken_tabs.yaml")
-    assert any("tab" in problem and "line 4" in problem for problem in plan.problems)
+    assert plan.parse_error is not None  # LLM015 says it, on the line
+    assert "tab" in plan.parse_error and "line 4" in plan.parse_error
+    assert plan.parse_error_range is not None and plan.parse_error_range.start_line == 3
     expect(plan, "model_id", "meta-llama/Llama-3.1-8B", EXPLICIT, "meta-llama/Llama-3.1-8B")
     expect(plan, "lora.r", 16, EXPLICIT, "16")
 

@@ -244,8 +244,9 @@ def build_plan(
     builder.rejected.extend(reading.rejected)
     if reading.refused is not None:
         builder.unreadable = reading.refused
-    if reading.syntax_error is not None:
-        builder.parse_error, builder.parse_error_range = reading.syntax_error
+    if reading.syntax_error is not None:  # LLM015 says it where it is: not a problem line too
+        builder.parse_error = reading.syntax_error.message
+        builder.parse_error_range = reading.syntax_error.range
     apply_file_pragmas(builder, reading.text, reading.range_path)
     plan = builder.build(
         str(path),
@@ -253,5 +254,8 @@ def build_plan(
         framework,
         config_class=config_class or FRAMEWORK_CONFIG_CLASSES.get(framework, "TrainingArguments"),
     )
-    plan.problems.extend(problem for problem in reading.problems if problem not in plan.problems)
+    told = reading.syntax_error.problem if reading.syntax_error is not None else None
+    plan.problems.extend(
+        problem for problem in reading.problems if problem not in plan.problems and problem != told
+    )
     return plan

@@ -54,7 +54,7 @@ class PositionedYaml:
     refused: str | None = None  # why the document was not read at all (its aliases expand)
     # the document does not parse: the parser's message and where it stopped (the part
     # before is read)
-    syntax_error: tuple[str, SourceRange] | None = None
+    syntax_error: SyntaxErrorAt | None = None
 
     def lookup(self, path: KeyPath) -> tuple[bool, Any]:
         """(True, value) where the path exists, (False, None) where it does not."""
@@ -70,6 +70,16 @@ class PositionedYaml:
 
     def range_of(self, path: KeyPath) -> SourceRange | None:
         return self.ranges.get(path)
+
+
+@dataclass(frozen=True)
+class SyntaxErrorAt:
+    """Where a document stops parsing: the problem line (with its place in words), the
+    parser's message with the place after it, and the range of the line's text."""
+
+    problem: str
+    message: str
+    range: SourceRange
 
 
 def describe_location(source_path: str | None, line: int, column: int) -> str:
@@ -90,7 +100,7 @@ def read_positioned_yaml(
     if is_json:
         text = text.replace("\t", " ")
     problems: list[str] = []
-    errors: list[tuple[str, SourceRange]] = []
+    errors: list[SyntaxErrorAt] = []
     root = _compose_first_document(text, source_path, problems, errors)
     syntax_error = errors[0] if errors else None
     if root is None:
@@ -119,7 +129,7 @@ def _compose_first_document(
     text: str,
     source_path: str | None,
     problems: list[str],
-    errors: list[tuple[str, SourceRange]] | None = None,
+    errors: list[SyntaxErrorAt] | None = None,
 ) -> yaml.Node | None:
     """The node tree of the first document; on a syntax error, of the lines before the error
     (the error, with where it is, appended to `errors`)."""
@@ -130,22 +140,17 @@ def _compose_first_document(
         line = mark.line if mark is not None else 0
         column = mark.column if mark is not None else 0
         kept = _text_before_line(text, line)
-        problem = (
-            f"{describe_location(source_path, line, column)}: {_explain_syntax_error(error)}"
-            + (f"; kept the {line} line(s) above it" if kept.strip() else "")
-        )
-        problems.append(problem)
-        _note_error(errors, problem, source_path, text, line, column)
+        what = _explain_syntax_error(error)
+        kept_note = f"; kept the {line} line(s) above it" if kept.strip() else ""
+        problems.append(f"{describe_location(source_path, line, column)}: {what}{kept_note}")
+        _note_error(errors, problems[-1], what, kept_note, source_path, text, line, column)
     except yaml.reader.ReaderError as error:
         line, column = _line_and_column(text, error.position)
         kept = _text_before_line(text, line)
-        problem = (
-            f"{describe_location(source_path, line, column)}: "
-            f"character {_character_name(error.character)} is not allowed in YAML"
-            + (f"; kept the {line} line(s) above it" if kept.strip() else "")
-        )
-        problems.append(problem)
-        _note_error(errors, problem, source_path, text, line, column)
+        what = f"character {_character_name(error.character)} is not allowed in YAML"
+        kept_note = f"; kept the {line} line(s) above it" if kept.strip() else ""
+        problems.append(f"{describe_location(source_path, line, column)}: {what}{kept_note}")
+        _note_error(errors, problems[-1], what, kept_note, source_path, text, line, column)
     except RecursionError:
         problems.append(f"{source_path or 'this file'}: nests too deeply to read")
         return None
@@ -161,30 +166,30 @@ def _compose_first_document(
 
 
 def _note_error(
-    errors: list[tuple[str, SourceRange]] | None,
+    errors: list[SyntaxErrorAt] | None,
     problem: str,
+    what: str,
+    kept_note: str,
     source_path: str | None,
     text: str,
     line: int,
     column: int,
 ) -> None:
-    """The error and one character at its mark (the end of the line, if the mark is past it)."""
+    """The error for a finding: the parser's words, then where (line and column, 1-based), and
+    the range of the line's text (the mark itself where the line is blank)."""
     if errors is None:
         return
     lines = text.split("\n")
-    row = lines[line] if 0 <= line < len(lines) else ""
-    start = min(column, len(row))
-    end = min(start + 1, len(row)) if start < len(row) else start
-    if end == start and start > 0:
-        start -= 1
-    errors.append(
-        (
-            problem,
-            SourceRange(
-                path=source_path, start_line=line, start_col=start, end_line=line, end_col=end
-            ),
-        )
+    row = lines[line].rstrip("\r") if 0 <= line < len(lines) else ""
+    start = len(row) - len(row.lstrip())
+    end = len(row)
+    if start >= end:
+        start, end = max(min(column, len(row)) - 1, 0), min(column, len(row))
+    message = f"{what} (line {line + 1}, column {column + 1}){kept_note}"
+    located = SourceRange(
+        path=source_path, start_line=line, start_col=start, end_line=line, end_col=end
     )
+    errors.append(SyntaxErrorAt(problem, message, located))
 
 
 def _compose(text: str, source_path: str | None, problems: list[str]) -> yaml.Node | None:

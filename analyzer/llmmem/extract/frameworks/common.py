@@ -24,6 +24,7 @@ from llmmem.extract.vocabulary import (
 from llmmem.extract.yaml_positions import (
     KeyPath,
     PositionedYaml,
+    SyntaxErrorAt,
     describe_location,
     read_positioned_yaml,
 )
@@ -62,7 +63,7 @@ class ConfigReading:
     rejected: list[RejectedValue] = field(default_factory=list)
     refused: str | None = None  # why the document was not read at all (see PositionedYaml)
     # the document does not parse (see PositionedYaml.syntax_error)
-    syntax_error: tuple[str, SourceRange] | None = None
+    syntax_error: SyntaxErrorAt | None = None
 
     def value_of(self, key: str) -> Any:
         """The last value set for `key`, or None."""
