@@ -252,7 +252,7 @@ class LlmmemServer(LanguageServer):
         if not notebook.cells:
             return out
         first = notebook.cells[0].document
-        if result.unreadable:
+        if result.unreadable and not result.checked.findings:
             out.setdefault(first, []).append(unreadable_diagnostic("notebook", result.unreadable))
             return out
         for finding in result.checked.findings:
@@ -277,10 +277,14 @@ class LlmmemServer(LanguageServer):
         from llmmem_lsp.placement import narrowed, problem_diagnostics
 
         lines = self.lines(result.text)
-        if result.unreadable:
-            # rules over a plan of nothing would only say "no model found": say why instead
-            return [unreadable_diagnostic("file", result.unreadable)]
         plan = result.checked.analysis.plan
+        if result.unreadable:
+            # no version has parsed yet: the parse error (LLM015, where the parser stopped)
+            # says why there is no estimate; the plan's problems would only repeat it
+            return [
+                diagnostic(narrowed(finding, plan, lines), lines, state.uri, rule_url(finding.code))
+                for finding in result.checked.findings
+            ] or [unreadable_diagnostic("file", result.unreadable)]
         return [
             diagnostic(narrowed(finding, plan, lines), lines, state.uri, rule_url(finding.code))
             for finding in result.checked.findings

@@ -74,8 +74,7 @@ def verify_command(
         arguments += ["--device", str(options["device"])]
     if gpu:
         arguments += ["--gpu", gpu]
-    if not hub:
-        arguments.append("--offline")
+    arguments.append("--hub" if hub else "--offline")  # verify asks the hub only with --hub
     return isolated_command("llmmem", arguments, workspace)
 
 

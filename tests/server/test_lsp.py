@@ -366,9 +366,13 @@ async def test_a_file_that_never_parsed_gets_a_useful_message(
     await start(client, VSCODE)
     uri = open_document(client, workdir / "broken.py", "args = TrainingArguments(\n")
     diagnostics = await diagnostics_for(client, uri, 1)
-    assert len(diagnostics) == 1
-    assert diagnostics[0].severity == types.DiagnosticSeverity.Information
-    assert "cannot estimate this file yet: syntax error at line 1" in diagnostics[0].message
+    assert len(diagnostics) == 1  # the parse error, where the parser stopped, and nothing else
+    (parse_error,) = diagnostics
+    assert parse_error.code == "LLM015"
+    assert parse_error.severity == types.DiagnosticSeverity.Error
+    assert "'(' was never closed" in parse_error.message
+    assert "cannot read the file" in parse_error.message
+    assert (parse_error.range.start.line, parse_error.range.start.character) == (0, 24)
     hover = await client.text_document_hover_async(
         types.HoverParams(
             text_document=types.TextDocumentIdentifier(uri=uri),
