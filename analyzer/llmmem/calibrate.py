@@ -510,6 +510,18 @@ def add(
 
 
 def append_row(target: Path, row: dict[str, Any]) -> None:
+    """Append one row; a calibration path that is not a regular file (a FIFO, a device, a
+    folder) is refused before anything is opened, as input paths are."""
+    try:
+        info = target.stat()
+    except FileNotFoundError:
+        info = None
+    except OSError as err:
+        raise UsageError(f"{target}: cannot be written ({err.strerror or err})") from None
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        from llmmem.files import why_not_a_file
+
+        raise UsageError(f"{target}: {why_not_a_file(target)}; a calibration file must be one")
     target.parent.mkdir(parents=True, exist_ok=True)
     with target.open("a", encoding="utf-8") as handle:
         handle.write(json.dumps(row, sort_keys=False) + "\n")

@@ -30,7 +30,9 @@ import logging  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     from llmmem import __version__
 
-    parser = argparse.ArgumentParser(
+    from llmmem.errors import OneLineParser
+
+    parser: argparse.ArgumentParser = OneLineParser(
         prog="llmmem-lsp",
         description="llmmem's language server: GPU memory of LLM training steps in the editor.",
     )

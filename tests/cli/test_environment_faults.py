@@ -105,3 +105,18 @@ def test_a_folder_that_changes_while_it_is_linted(tmp_path: Path) -> None:
     finally:
         stop.set()
         rotating.join()
+
+
+def test_a_calibration_file_that_is_a_fifo_is_refused_without_waiting(tmp_path: Path) -> None:
+    fifo = tmp_path / "calibration.jsonl"
+    os.mkfifo(fifo)
+    run = tmp_path / "all_results.json"
+    run.write_text(
+        '{"before_init_mem_gpu": 0, "init_mem_gpu_alloc_delta": 16000000000, '
+        '"train_mem_gpu_alloc_delta": 0, "train_mem_gpu_peaked_delta": 4000000000}'
+    )
+    proc = command(
+        "llmmem", "calibrate", "add", str(run), "--for", str(QLORA), "--gpu", "RTX-4090",
+        "--calibration", str(fifo),
+    )  # fmt: skip
+    one_line_exit_2(proc, "named pipe")

@@ -274,6 +274,7 @@ def test_select_and_ignore_take_known_codes_only(project: Path) -> None:
         ("llmmem", ["estimate", "--model", "meta-llama/Llama-3.1-8B", "--cp", "0"], "--cp"),
         ("llmmem-lint", ["train.py", "--sel", "LLM001"], "--sel"),
         ("llmmem-lint", ["train.py", "--fail", "error"], "--fail"),
+        ("llmmem-lsp", ["--std"], "--std"),
     ],
 )
 def test_long_options_are_never_abbreviated(
