@@ -272,10 +272,26 @@ def _meta_param_count(config: dict[str, Any]) -> tuple[str, int]:
     return type(model).__name__, count
 
 
+def _remote_code_model_types() -> set[str]:
+    from llmmem.models.architectures.remote_code import READERS
+
+    return {reader.model_type for reader in READERS}
+
+
 @pytest.mark.parametrize("model_id", ALL_IDS)
 def test_config_builds_with_the_published_parameter_count(model_id: str) -> None:
     entry = catalog_entry(model_id)
     assert entry is not None and entry.model_id == model_id
+    if entry.config["model_type"] in _remote_code_model_types():
+        # transformers cannot build these without their hub repository's code:
+        # test_remote_code.py counts their modules from that code instead
+        from llmmem.models.architectures import spec_from_config
+        from llmmem.models.spec import ModelSource
+
+        spec = spec_from_config(entry.config, model_id=model_id, source=ModelSource.CATALOG)
+        assert spec.architecture == entry.config["architectures"][0]
+        assert spec.total_params == entry.params
+        return
     arch, count = _meta_param_count(entry.config)
     assert arch == entry.config["architectures"][0]
     if entry.params is not None:

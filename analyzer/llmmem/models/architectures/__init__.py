@@ -51,6 +51,7 @@ FAMILY_OF_MODEL_TYPE: dict[str, str] = {
     ),
     **dict.fromkeys(("bert", "roberta"), "masked_lm"),
     **dict.fromkeys(("t5", "mt5"), "t5"),
+    **dict.fromkeys(("qwen", "baichuan", "internlm2"), "remote_code"),
 }
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(FAMILY_OF_MODEL_TYPE))
