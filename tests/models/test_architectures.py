@@ -147,6 +147,25 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
         "sliding_window": 16,
     },
     "qwen2": {"model_type": "qwen2", **SMALL, "intermediate_size": 96, "num_key_value_heads": 2},
+    "glm": {
+        "model_type": "glm",
+        **SMALL,
+        "intermediate_size": 96,
+        "num_key_value_heads": 2,
+        "head_dim": 24,
+        "partial_rotary_factor": 0.5,
+        "pad_token_id": 0,  # GlmConfig's default (151329) lies past a small vocabulary
+    },
+    "glm4-no-bias": {
+        "model_type": "glm4",
+        **SMALL,
+        "intermediate_size": 96,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "attention_bias": False,
+        "partial_rotary_factor": 0.5,
+        "pad_token_id": 0,
+    },
     "qwen2-tied-sliding": {
         "model_type": "qwen2",
         **SMALL,

@@ -62,6 +62,9 @@ def no_cache_no_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         ("baichuan-inc/Baichuan2-7B-Chat", "baichuan-inc/Baichuan2-7B-Base", 7_505_973_248),
         ("internlm/internlm2_5-7b-chat", "internlm/internlm2_5-7b", 7_737_708_544),
         ("unsloth/Qwen2.5-Coder-7B-bnb-4bit", "Qwen/Qwen2.5-Coder-7B", 7_615_616_512),
+        ("THUDM/glm-4-9b-chat", "THUDM/glm-4-9b-chat", 9_399_951_360),
+        ("zai-org/glm-4-9b-chat-hf", "THUDM/glm-4-9b-chat-hf", 9_399_951_360),
+        ("THUDM/GLM-Z1-9B-0414", "THUDM/GLM-4-9B-0414", 9_400_279_040),
     ],
 )
 def test_named_base_resolves_from_the_catalog(ref: str, model_id: str, params: int) -> None:

@@ -1,6 +1,7 @@
 """The readers of models whose modeling code ships in their hub repository (Qwen 1, Baichuan 2,
-InternLM2): transformers cannot build them, so each test counts the tensors the repository's
-modeling code creates, module by module, and the reader must give the same count and names."""
+InternLM2, ChatGLM): transformers cannot build them, so each test counts the tensors the
+repository's modeling code creates, module by module, and the reader must give the same count and
+names."""
 
 from __future__ import annotations
 
@@ -53,6 +54,18 @@ def internlm2_count(
     head_dim = hidden // heads
     qkv = (heads + 2 * kv_heads) * head_dim
     block = qkv * hidden + hidden * hidden + 3 * hidden * inter + 2 * hidden
+    return 2 * vocab * hidden + layers * block + hidden
+
+
+def chatglm_count(hidden: int, layers: int, heads: int, groups: int, ffn: int, vocab: int) -> int:
+    """modeling_chatglm.py: embedding.word_embeddings; per GLMBlock input_layernorm and
+    post_attention_layernorm (RMSNorm), self_attention.query_key_value Linear(hidden, heads *
+    kv_channels + 2 * groups * kv_channels) with a bias (add_qkv_bias), self_attention.dense,
+    mlp.dense_h_to_4h Linear(hidden, 2 * ffn_hidden_size), mlp.dense_4h_to_h; final_layernorm;
+    an untied output_layer. kv_channels = hidden / heads here."""
+    head_dim = hidden // heads
+    qkv = heads * head_dim + 2 * groups * head_dim
+    block = 2 * hidden + linear(qkv, hidden, True) + hidden * hidden + 3 * hidden * ffn
     return 2 * vocab * hidden + layers * block + hidden
 
 
@@ -109,6 +122,28 @@ def test_internlm2_counts_grouped_wqkv() -> None:
     assert {lin.name for lin in spec.blocks[0].linears} == {"wqkv", "wo", "w1", "w2", "w3"}
 
 
+def test_chatglm_counts_query_key_value_and_dense_h_to_4h() -> None:
+    config = {
+        "model_type": "chatglm",
+        "architectures": ["ChatGLMModel"],
+        "hidden_size": 64,
+        "ffn_hidden_size": 176,
+        "num_layers": 2,
+        "num_attention_heads": 8,
+        "kv_channels": 8,
+        "multi_query_attention": True,
+        "multi_query_group_num": 2,
+        "add_qkv_bias": True,
+        "padded_vocab_size": 1000,
+    }
+    spec = read(config)
+    assert spec.total_params == chatglm_count(64, 2, 8, 2, 176, 1000)
+    names = {lin.name: lin for lin in spec.blocks[0].linears}
+    assert set(names) == {"query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"}
+    assert names["dense_h_to_4h"].out_features == 2 * 176
+    assert spec.num_kv_heads == 2
+
+
 @pytest.mark.parametrize(
     ("model_id", "count", "published"),
     [
@@ -122,6 +157,9 @@ def test_internlm2_counts_grouped_wqkv() -> None:
         ("internlm/internlm2_5-7b-chat", internlm2_count(4096, 32, 32, 8, 14336, 92544), 7.74e9),
         ("internlm/internlm2-chat-1_8b", internlm2_count(2048, 24, 16, 8, 8192, 92544), 1.89e9),
         ("internlm/internlm2-20b", internlm2_count(6144, 48, 48, 8, 16384, 92544), 19.9e9),
+        # the GLM-4 report: 9.4B; the ChatGLM3-6B model card: 6.2B
+        ("THUDM/glm-4-9b-chat", chatglm_count(4096, 40, 32, 2, 13696, 151552), 9.4e9),
+        ("THUDM/chatglm3-6b", chatglm_count(4096, 28, 32, 2, 13696, 65024), 6.24e9),
     ],
 )
 def test_bundled_remote_code_models_count_as_their_modeling_code(
@@ -135,5 +173,5 @@ def test_bundled_remote_code_models_count_as_their_modeling_code(
 
 
 def test_every_remote_code_reader_is_counted_here() -> None:
-    tested = {"qwen", "baichuan", "internlm2"}
+    tested = {"qwen", "baichuan", "internlm2", "chatglm"}
     assert {reader.model_type for reader in READERS} == tested

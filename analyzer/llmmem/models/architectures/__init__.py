@@ -51,7 +51,8 @@ FAMILY_OF_MODEL_TYPE: dict[str, str] = {
     ),
     **dict.fromkeys(("bert", "roberta"), "masked_lm"),
     **dict.fromkeys(("t5", "mt5"), "t5"),
-    **dict.fromkeys(("qwen", "baichuan", "internlm2"), "remote_code"),
+    **dict.fromkeys(("qwen", "baichuan", "internlm2", "chatglm"), "remote_code"),
+    **dict.fromkeys(("glm", "glm4"), "glm"),
 }
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(FAMILY_OF_MODEL_TYPE))

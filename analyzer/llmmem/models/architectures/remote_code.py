@@ -13,6 +13,11 @@ targets and quantized modules are counted by them.
 - InternLM2 (`InternLM2ForCausalLM`, model_type "internlm2"): `attention.wqkv` (grouped heads
   fused), `attention.wo`, `feed_forward.w1`/`w3` (gate, up) and `w2` (down), `attention_norm`
   and `ffn_norm` (RMSNorm), `tok_embeddings` and an untied `output` head.
+- ChatGLM (`ChatGLMModel`, model_type "chatglm": ChatGLM3-6B, GLM-4-9B-Chat): Megatron's names,
+  `self_attention.query_key_value` (grouped heads fused, a bias with `add_qkv_bias`),
+  `self_attention.dense`, `mlp.dense_h_to_4h` (gate and up, 2 × `ffn_hidden_size`) and
+  `mlp.dense_4h_to_h`; RMSNorm (LayerNorm without `rmsnorm`), `padded_vocab_size` embeddings and
+  an untied `output_layer`.
 """
 
 from __future__ import annotations
@@ -146,8 +151,75 @@ def read_internlm2(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
     )
 
 
+# --- ChatGLM -----------------------------------------------------------------------------------
+
+CHATGLM_DEFAULTS = {
+    "add_bias_linear": False,
+    "add_qkv_bias": False,
+    "multi_query_attention": False,
+    "rmsnorm": True,
+    "post_layer_norm": True,
+    "tie_word_embeddings": False,
+}
+
+
+def read_chatglm(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
+    hidden = view.required_int("hidden_size")
+    heads = view.required_int("num_attention_heads")
+    head_dim = view.int_or(hidden // heads, "kv_channels")
+    groups = (
+        view.int_or(heads, "multi_query_group_num") if view.flag("multi_query_attention") else heads
+    )
+    ffn = view.required_int("ffn_hidden_size")
+    dims = Dims(
+        hidden=hidden,
+        layers=view.required_int("num_layers"),
+        heads=heads,
+        kv_heads=groups,
+        head_dim=head_dim,
+        intermediate=ffn,
+        vocab=view.required_int("padded_vocab_size", "vocab_size"),
+        tie_embeddings=False,
+        max_positions=view.optional_int("seq_length"),
+    )
+    bias = view.flag("add_bias_linear")
+    qkv_bias = bias or view.flag("add_qkv_bias")
+    projection = heads * head_dim
+    linears = [
+        linear(
+            "self_attention.query_key_value",
+            hidden,
+            projection + 2 * groups * head_dim,
+            bias=qkv_bias,
+            role="attention",
+        ),
+        linear("self_attention.dense", projection, hidden, bias=bias, role="attention"),
+        linear("mlp.dense_h_to_4h", hidden, 2 * ffn, bias=bias, role="mlp"),
+        linear("mlp.dense_4h_to_h", ffn, hidden, bias=bias, role="mlp"),
+    ]
+    rms = view.flag("rmsnorm")
+    norm_width = hidden if rms else 2 * hidden
+    architecture = (view.text_list("architectures") or ["ChatGLMModel"])[0]
+    return decoder_only_spec(
+        view,
+        origin,
+        architecture=architecture,
+        dims=dims,
+        groups=[decoder_group(linears, layers=dims.layers, norm_params=2 * norm_width)],
+        final_norms=norm_width if view.flag("post_layer_norm") else 0,
+        norm="rmsnorm" if rms else "layernorm",
+        mlp="gated",
+        activation="silu",
+        notes=[
+            "ChatGLM runs remote code: grouped query, key and value fused as query_key_value, "
+            "gate and up as dense_h_to_4h"
+        ],
+    )
+
+
 READERS = [
     ArchitectureReader("qwen", "QWenConfig", QWEN_DEFAULTS, read_qwen),
     ArchitectureReader("baichuan", "BaichuanConfig", BAICHUAN_DEFAULTS, read_baichuan),
     ArchitectureReader("internlm2", "InternLM2Config", INTERNLM2_DEFAULTS, read_internlm2),
+    ArchitectureReader("chatglm", "ChatGLMConfig", CHATGLM_DEFAULTS, read_chatglm),
 ]
