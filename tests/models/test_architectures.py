@@ -147,6 +147,13 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
         "sliding_window": 16,
     },
     "qwen2": {"model_type": "qwen2", **SMALL, "intermediate_size": 96, "num_key_value_heads": 2},
+    "internlm3": {
+        "model_type": "internlm3",
+        **SMALL,
+        "intermediate_size": 96,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+    },
     "glm": {
         "model_type": "glm",
         **SMALL,

@@ -27,6 +27,7 @@ FAMILY_OF_MODEL_TYPE: dict[str, str] = {
     **dict.fromkeys(
         (
             "llama",
+            "internlm3",
             "granite",
             "smollm3",
             "mistral",

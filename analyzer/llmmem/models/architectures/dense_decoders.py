@@ -1,5 +1,5 @@
-"""Dense RoPE decoders named the Llama way (self_attn.q_proj ... mlp.down_proj): Llama, Granite,
-SmolLM3, Mistral, Qwen2, Qwen3, OLMo, OLMo 2, Phi-3, StarCoder2 and StableLM.
+"""Dense RoPE decoders named the Llama way (self_attn.q_proj ... mlp.down_proj): Llama, InternLM3,
+Granite, SmolLM3, Mistral, Qwen2, Qwen3, OLMo, OLMo 2, Phi-3, StarCoder2 and StableLM.
 
 The Llama layout around the blocks (`rmsnorm_decoder_spec`), its block (`llama_block_linears`) and
 the Qwen sliding-window rule are shared with the Gemma and mixture-of-experts readers.
@@ -125,6 +125,22 @@ def _llama_shaped(view: ConfigView, origin: SpecOrigin, architecture: str) -> Mo
         dims=dims,
         groups=[decoder_group(linears, layers=dims.layers, norm_params=2 * dims.hidden)],
     )
+
+
+# InternLM3: its hub code keeps Llama's modules, and transformers 5 builds its config as Llama
+INTERNLM3_DEFAULTS = {
+    "num_key_value_heads": 2,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "mlp_bias": False,
+}
+
+
+def read_internlm3(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
+    return _llama_shaped(view, origin, "LlamaForCausalLM")
 
 
 # --- Granite (IBM Granite 3.x, PowerLM) ---------------------------------------------------------
@@ -432,6 +448,7 @@ def read_stablelm(view: ConfigView, origin: SpecOrigin) -> ModelSpec:
 
 READERS = [
     ArchitectureReader("llama", "LlamaConfig", LLAMA_DEFAULTS, read_llama),
+    ArchitectureReader("internlm3", "InternLM3Config", INTERNLM3_DEFAULTS, read_internlm3),
     ArchitectureReader("granite", "GraniteConfig", GRANITE_DEFAULTS, read_granite),
     ArchitectureReader("smollm3", "SmolLM3Config", SMOLLM3_DEFAULTS, read_smollm3),
     ArchitectureReader("mistral", "MistralConfig", MISTRAL_DEFAULTS, read_mistral),
