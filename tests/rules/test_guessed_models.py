@@ -96,7 +96,8 @@ def test_a_guess_that_would_be_tight_is_no_fits_but_a_range(tmp_path: Path) -> N
     assert code == 1  # a warning fails the run by default
     message = guessed["message"]
     assert message.startswith(f"{GUESSED} is sized from its name only")
-    assert "the Qwen2/Qwen2.5 family: Qwen/Qwen2.5-3B" in message
+    # the bundled shape whose name is most like it: Qwen2.5-Coder-3B (Qwen2.5-3B's shapes)
+    assert "the Qwen2/Qwen2.5 family: Qwen/Qwen2.5-Coder-3B" in message
     assert "whether it fits" in message and "is unknown" in message
     assert "model_config=" in message
     # on the model id, where the name is written
@@ -127,7 +128,7 @@ def test_explain_says_fit_unknown_with_the_range(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     text = " ".join(done.stdout.split())
     assert "on A100-80GB: fit unknown: the model is sized from its name only" in text
-    assert "(the Qwen2/Qwen2.5 family: Qwen/Qwen2.5-3B)" in text
+    assert "(the Qwen2/Qwen2.5 family: Qwen/Qwen2.5-Coder-3B)" in text
     assert "A100-80GB: fits" not in text and "headroom" not in text
 
     done = run("explain", "--format", "json", "--gpu", "A100-80GB", str(script))

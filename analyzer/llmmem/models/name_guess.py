@@ -120,7 +120,7 @@ class NameSize:
 def size_from_name(ref: str) -> NameSize | None:
     """The parameter count a model name states, the largest when it states several
     ("Qwen2.5-7B-Instruct-1M" -> 7B); None when it states none."""
-    name = re.split(r"[\\/]", ref.rstrip("/\\"))[-1]
+    name = path_tail(ref)
     moe = _MOE_SIZE.search(name)
     if moe:
         params = _params_of(moe.group(2), moe.group(3))
@@ -305,18 +305,26 @@ def _derived(model_id: str) -> bool:
 
 
 def bundled_shapes(
-    family_keys: tuple[str, ...] | None, *, moe_name: bool | None = None
+    family_keys: tuple[str, ...] | None, *, moe_name: bool | None = None, near: str = ""
 ) -> list[BundledShape]:
-    """The bundled decoders of these families (every family's for None), one per distinct shape
-    (named after the original, not a re-upload or distill of it), without the quantization of a
-    pre-quantized upload (a guess does not know it). With `moe_name` given, those that route
-    experts as the name says (a dense name gets the dense ones) where there are any."""
+    """The bundled decoders of these families (every family's for None), one per distinct shape,
+    without the quantization of a pre-quantized upload (a guess does not know it). A shape is
+    named after an original model, not a re-upload or distill of it, and among originals after
+    the one whose name is most like `near` (Qwen2.5-Coder-7B's shape is Qwen2-7B's too). With
+    `moe_name` given, those that route experts as the name says (a dense name gets the dense
+    ones) where there are any."""
+    from difflib import SequenceMatcher
+
     from llmmem.models.catalog import catalog_entry, catalog_ids
 
+    name = path_tail(near).lower()
+
+    def preference(model_id: str) -> tuple[bool, float, int, str]:
+        likeness = SequenceMatcher(None, name, path_tail(model_id).lower()).ratio() if name else 0
+        return _derived(model_id), -likeness, len(model_id), model_id.lower()
+
     found: dict[str, BundledShape] = {}
-    for model_id in sorted(
-        catalog_ids(), key=lambda item: (_derived(item), len(item), item.lower())
-    ):
+    for model_id in sorted(catalog_ids(), key=preference):
         if family_keys is not None and catalog_family(model_id) not in family_keys:
             continue
         entry = catalog_entry(model_id)
@@ -332,9 +340,14 @@ def bundled_shapes(
     return as_named or shapes
 
 
+def path_tail(ref: str) -> str:
+    """The last part of an id or a path: the model's own name."""
+    return re.split(r"[\\/]", ref.rstrip("/\\"))[-1]
+
+
 def names_experts(ref: str) -> bool:
     """Whether a name says the model routes experts ("30B-A3B", "MoE", "8x7B")."""
-    return bool(_MOE_NAME.search(re.split(r"[\\/]", ref.rstrip("/\\"))[-1]))
+    return bool(_MOE_NAME.search(path_tail(ref)))
 
 
 def _distance(params: int, target: int) -> float:
@@ -378,10 +391,10 @@ def guess_alternatives(ref: str) -> GuessAlternatives | None:
     shapes: list[BundledShape] = []
     moe = names_experts(ref)
     if family is not None:
-        shapes = _allowed(bundled_shapes(family.keys, moe_name=moe), target)
+        shapes = _allowed(bundled_shapes(family.keys, moe_name=moe, near=ref), target)
     within_family = bool(shapes)
     if not shapes:
-        shapes = _allowed(bundled_shapes(None, moe_name=moe), target)
+        shapes = _allowed(bundled_shapes(None, moe_name=moe, near=ref), target)
     return GuessAlternatives(family=family, size=size, shapes=shapes, within_family=within_family)
 
 
@@ -398,7 +411,7 @@ def guess_config_from_name(ref: str) -> ResolvedConfig | None:
         return _guess_moe_config(ref, size, nearest_llama_shape(size.params))
     family = family_of_name(ref)
     if family is not None:
-        members = bundled_shapes(family.keys, moe_name=names_experts(ref))
+        members = bundled_shapes(family.keys, moe_name=names_experts(ref), near=ref)
         guess = _guess_from_family(ref, size, family, members)
         if guess is not None:
             return guess
