@@ -8,6 +8,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +147,7 @@ def test_a_snapshot_path_from_another_machine_reads_as_its_hub_id() -> None:
     assert spec.source is ModelSource.CATALOG
     assert spec.model_id == "Qwen/Qwen2.5-7B-Instruct"
     assert spec.total_params == QWEN25_7B_PARAMS
-    assert "Hugging Face cache's folder of Qwen/Qwen2.5-7B-Instruct" in spec.notes[0]
+    assert any("Hugging Face cache's folder of Qwen/Qwen2.5-7B-Instruct" in n for n in spec.notes)
 
 
 def test_a_snapshot_path_from_another_machine_finds_the_model_in_this_cache(
@@ -181,7 +184,7 @@ def test_an_empty_folder_named_after_a_bundled_model_is_that_model(tmp_path: Pat
     (tmp_path / "Meta-Llama-3.1-8B").mkdir()
     spec = resolve_model(str(tmp_path / "Meta-Llama-3.1-8B"), hub=False)
     assert spec.model_id == "meta-llama/Llama-3.1-8B"
-    assert "has no config.json here" in spec.notes[0]
+    assert any("has no config.json here" in note for note in spec.notes)
 
 
 def test_a_bnb_4bit_reupload_is_its_base_quantized() -> None:
@@ -223,6 +226,63 @@ def test_bundled_model_named_by_wants_the_whole_last_part() -> None:
     assert bundled_model_named_by("") is None
     named = bundled_model_named_by("unsloth/DeepSeek-R1-Distill-Qwen-7B")
     assert named is not None and named.model_id == "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
+
+
+# --- with the hub (a hub on 127.0.0.1) ------------------------------------------------------------
+
+
+@pytest.fixture
+def hub_serving(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[dict[str, bytes], list[str]]]:
+    """A hub on 127.0.0.1 serving `/{repo}/resolve/main/config.json` from the dict it yields,
+    404 for anything else; the second item lists the paths asked for."""
+    files: dict[str, bytes] = {}
+    asked: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
+            asked.append(self.path)
+            body = files.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            if body is None:
+                self.send_header("X-Error-Code", "RepoNotFound")
+            self.send_header("Content-Length", str(len(body or b"")))
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    host, port = server.server_address[:2]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://{host}:{port}")
+    yield files, asked
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_snapshot_path_from_another_machine_is_read_from_the_hub_with_hub_on(
+    hub_serving: tuple[dict[str, bytes], list[str]],
+) -> None:
+    files, asked = hub_serving
+    files["/acme/odd-qwen/resolve/main/config.json"] = json.dumps(ODD_QWEN2).encode()
+    ref = f"/home/alice/.cache/huggingface/hub/models--acme--odd-qwen/snapshots/{COMMIT}"
+    spec = resolve_model(ref, hub=True, hub_timeout_s=5)
+    assert spec.source is ModelSource.HUB
+    assert spec.model_id == "acme/odd-qwen" and spec.num_layers == 6
+    assert "/acme/odd-qwen/resolve/main/config.json" in asked
+    assert any("Hugging Face cache's folder of acme/odd-qwen" in note for note in spec.notes)
+
+
+def test_a_missing_folder_is_asked_of_the_hub_then_named_by_its_last_part(
+    hub_serving: tuple[dict[str, bytes], list[str]],
+) -> None:
+    _, asked = hub_serving
+    spec = resolve_model("models/Qwen2.5-7B-Instruct", hub=True, hub_timeout_s=5)
+    assert asked and asked[0].startswith("/models/Qwen2.5-7B-Instruct/")  # a hub id it could be
+    assert spec.source is ModelSource.CATALOG
+    assert spec.model_id == "Qwen/Qwen2.5-7B-Instruct"
 
 
 # --- what the user runs ---------------------------------------------------------------------------
