@@ -13,9 +13,11 @@ none), so that a verdict can be given as the range they span and never as "fits"
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from llmmem.models.architectures import spec_from_config
@@ -307,6 +309,15 @@ def _derived(model_id: str) -> bool:
 def bundled_shapes(
     family_keys: tuple[str, ...] | None, *, moe_name: bool | None = None, near: str = ""
 ) -> list[BundledShape]:
+    """The bundled shapes of these families, as `_bundled_shapes` finds them (kept per
+    question: the catalog does not change, and an editor asks again on every change)."""
+    return list(_bundled_shapes(family_keys, moe_name, near))
+
+
+@lru_cache(maxsize=64)
+def _bundled_shapes(
+    family_keys: tuple[str, ...] | None, moe_name: bool | None, near: str
+) -> tuple[BundledShape, ...]:
     """The bundled decoders of these families (every family's for None), one per distinct shape,
     without the quantization of a pre-quantized upload (a guess does not know it). A shape is
     named after an original model, not a re-upload or distill of it, and among originals after
@@ -323,20 +334,23 @@ def bundled_shapes(
         likeness = SequenceMatcher(None, name, path_tail(model_id).lower()).ratio() if name else 0
         return _derived(model_id), -likeness, len(model_id), model_id.lower()
 
+    members = [
+        model_id
+        for model_id in catalog_ids()
+        if family_keys is None or catalog_family(model_id) in family_keys
+    ]
     found: dict[str, BundledShape] = {}
-    for model_id in sorted(catalog_ids(), key=preference):
-        if family_keys is not None and catalog_family(model_id) not in family_keys:
-            continue
+    for model_id in sorted(members, key=preference):
         entry = catalog_entry(model_id)
         if entry is None or entry.params is None or not _decoder_config(entry.config):
             continue
         config = dict(entry.config)
         config.pop("quantization_config", None)
         found.setdefault(_shape_key(config), BundledShape(model_id, entry.params, config))
-    shapes = list(found.values())
+    shapes = tuple(found.values())
     if moe_name is None:
         return shapes
-    as_named = [shape for shape in shapes if is_moe_config(shape.config) == moe_name]
+    as_named = tuple(shape for shape in shapes if is_moe_config(shape.config) == moe_name)
     return as_named or shapes
 
 
@@ -425,7 +439,7 @@ def _guess_from_family(
     blocks as make the size (a dense model up to 4 times larger or smaller); None otherwise."""
     by_distance = sorted(members, key=lambda shape: _distance(shape.params, size.params))
     for nearest in by_distance:
-        config = dict(nearest.config)
+        config = copy.deepcopy(nearest.config)  # the bundled shape is kept for the next guess
         shape_text = f"the shapes of {nearest.model_id}"
         if _distance(nearest.params, size.params) <= math.log(1 + GUESS_SIZE_TOLERANCE):
             break
