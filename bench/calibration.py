@@ -42,6 +42,8 @@ from llmmem.models.spec import ModelSource, ModelSpec
 REPO = Path(__file__).resolve().parent.parent
 CALIBRATION_FILE = REPO.parent / "shared" / "calibration" / "measured.jsonl"
 WIDE_CALIBRATION_FILE = REPO.parent / "shared" / "calibration" / "measured-wide.jsonl"
+# published peaks nothing here was fitted to, in measured-wide.jsonl's schema (bench/peers.py)
+HELD_OUT_FILE = Path(__file__).resolve().parent / "held_out_rows.jsonl"
 
 OPTIMIZER_NAMES = {
     "torch adamw": "adamw_torch",  # torch's CUDA default: the foreach implementation
@@ -249,6 +251,14 @@ def _wide_stack(row: dict[str, Any]) -> dict[str, str]:
     return stack
 
 
+def _wide_framework(row: dict[str, Any]) -> Framework:
+    framework = str(row.get("framework", "")).lower()
+    if framework == "litgpt":
+        return Framework.LITGPT
+    # a training loop of its own (fsdp_qlora's train.py) is not the HF Trainer
+    return Framework.PLAIN if "custom" in framework else Framework.HF
+
+
 def wide_case_from_row(row: dict[str, Any]) -> CalibrationCase:
     """A measured-wide.jsonl row as a scenario; RowSkipped where it cannot be expressed."""
     if not row.get("metric"):
@@ -261,6 +271,15 @@ def wide_case_from_row(row: dict[str, Any]) -> CalibrationCase:
     except ValueError as error:
         raise RowSkipped(f"{row['model']}: {error}") from None
     notes = str(row.get("notes", ""))
+    targets = row.get("lora_targets")
+    target_names = [t.strip() for t in targets.split(",")] if targets else None
+    if target_names and "lm_head" in target_names:
+        raise RowSkipped("LoRA on the output head (lm_head) is not modelled")
+    # LitGPT's own model code and training loop (held-out rows; no row of measured-wide.jsonl)
+    is_litgpt = str(row.get("framework", "")).lower() == "litgpt"
+    if is_litgpt and spec.activation in ("gelu_new", "gelu_fast"):
+        # litgpt's model code runs tanh-GELU as one fused op, not written out as HF's gelu_new
+        spec = replace(spec, activation="gelu_pytorch_tanh")
     stack = _wide_stack(row)
     world = int(row.get("world_size") or 1)
     replica = world > 1 and "NO_SHARD" in notes  # FSDP-wrapped, a whole replica per GPU
@@ -280,18 +299,25 @@ def wide_case_from_row(row: dict[str, Any]) -> CalibrationCase:
             double_quant=bool(row.get("double_quant")),
             bitsandbytes_version=stack["bitsandbytes"],
             quant_storage=storage,
-            prepare_for_kbit_training=not sharded_kbit,
+            # LitGPT quantizes through its Fabric plugin and prepares nothing
+            prepare_for_kbit_training=not sharded_kbit and not is_litgpt,
         )
     lora = None
     if method in (Method.LORA, Method.QLORA):
         dropout = re.search(r"[Dd]ropout (0\.\d+)", notes)
-        targets = row.get("lora_targets")
+        if is_litgpt and target_names:
+            names = {lin.name for group in spec.blocks for lin in group.linears}
+            if not set(target_names) <= names:
+                # a fused qkv projection carries the q and v adapters
+                fused = ("query_key_value", "qkv_proj", "Wqkv", "c_attn")
+                target_names = [n for n in fused if n in names]
         lora = LoraSetup(
             r=int(row["lora_r"]),
             alpha=float(row.get("lora_alpha") or 16),
-            targets=[t.strip() for t in targets.split(",")] if targets else None,
+            targets=target_names,
             dropout=float(dropout.group(1)) if dropout else 0.0,
-            adapter_bytes=2 if sharded_kbit else 4,
+            # litgpt: adapters in the bf16-true model dtype
+            adapter_bytes=2 if sharded_kbit or is_litgpt else 4,
         )
     attn = AttnImpl.FLASH_ATTENTION_2 if "FA2" in notes else AttnImpl.SDPA
     setup = TrainingSetup(
@@ -303,6 +329,7 @@ def wide_case_from_row(row: dict[str, Any]) -> CalibrationCase:
         precision=Precision(row.get("precision") or "bf16"),
         optim=str(row.get("optim") or "adamw_torch"),
         attn=attn,
+        loss=LossImpl.CHUNKED if is_litgpt else LossImpl.STANDARD,
         lora=lora,
         quant=quant,
         distributed=DistributedSetup(
@@ -313,10 +340,7 @@ def wide_case_from_row(row: dict[str, Any]) -> CalibrationCase:
         ),
         torch_version=stack["torch"],
         transformers_version=stack["transformers"],
-        # a training loop of its own (fsdp_qlora's train.py) is not the HF Trainer
-        framework=Framework.PLAIN
-        if "custom" in str(row.get("framework", "")).lower()
-        else Framework.HF,
+        framework=_wide_framework(row),
     )
     trl_release = None
     if "trl" in stack and "trl" in str(row.get("framework", "")).lower():

@@ -1,0 +1,66 @@
+"""The held-out rows of bench/peers.py (`bench/held_out_rows.jsonl`): published measurements that
+nothing here is fitted to, read as the stack each ran on."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+
+from calibration import (  # noqa: E402
+    CALIBRATION_FILE,
+    HELD_OUT_FILE,
+    WIDE_CALIBRATION_FILE,
+    RowSkipped,
+    load_rows,
+    wide_case_from_row,
+)
+
+from llmmem.budget.bands import BANDS_FILE  # noqa: E402
+from llmmem.budget.setup import Framework, LossImpl  # noqa: E402
+
+HELD_OUT = {str(row["id"]): row for row in load_rows(HELD_OUT_FILE)}
+
+
+def test_every_row_names_its_source_metric_and_number() -> None:
+    assert len(HELD_OUT) == len(load_rows(HELD_OUT_FILE)), "row ids repeat"
+    for row_id, row in HELD_OUT.items():
+        assert str(row["source"]).startswith("https://"), row_id
+        assert row["metric"] in ("allocated", "reserved", "nvml"), row_id
+        assert int(row["measured_bytes"]) > 0, row_id
+
+
+@pytest.mark.skipif(not WIDE_CALIBRATION_FILE.exists(), reason="../shared/calibration is absent")
+def test_no_held_out_row_is_a_calibration_row_or_band_evidence() -> None:
+    fitted = {
+        str(r["id"]) for path in (CALIBRATION_FILE, WIDE_CALIBRATION_FILE) for r in load_rows(path)
+    }
+    assert not fitted & set(HELD_OUT)
+    evidence = json.loads(BANDS_FILE.read_text())["evidence"]["calibration_files"]
+    assert HELD_OUT_FILE.name not in evidence
+
+
+def test_a_litgpt_row_runs_litgpts_own_stack() -> None:
+    case = wide_case_from_row(HELD_OUT["litgpt-rt-llama2-7b-nf4-mb1"])
+    setup = case.setup
+    assert setup.framework is Framework.LITGPT
+    assert setup.loss is LossImpl.CHUNKED
+    assert setup.lora is not None and setup.lora.adapter_bytes == 2  # bf16-true adapters
+    assert setup.quant is not None and not setup.quant.prepare_for_kbit_training
+    assert setup.quant.bitsandbytes_version == "0.41"  # as its source states
+    assert setup.torch_version == "2.1"
+
+
+def test_a_fused_qkv_carries_litgpts_query_and_value_adapters() -> None:
+    case = wide_case_from_row(HELD_OUT["litgpt-hub-falcon-7b-lora-mb1"])
+    assert case.setup.lora is not None and case.setup.lora.targets == ["query_key_value"]
+
+
+def test_lora_on_the_output_head_is_named_as_not_modelled() -> None:
+    with pytest.raises(RowSkipped, match="lm_head"):
+        wide_case_from_row(HELD_OUT["litgpt-hub-phi-2-lora-mb4"])
