@@ -10,7 +10,7 @@ checked only for cycles, together with the module-level ones. Imports under
 
 Layers, bottom to top:
 
-    numbers < vocabulary < yaml_positions < builder < pragmas < text
+    numbers < vocabulary < yaml_positions < builder < pragmas < text < notebook_shell
       < frameworks/*        (each framework's reader and fix spellings)
       < configs             (detects the framework and calls its reader)
       < shell/*, python/*, notebook   (the readers of launchers, scripts and notebooks)
@@ -31,7 +31,15 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "analyzer" / "llmmem" / "extract"
 ROOT = "llmmem.extract"
 
-BASE = ["numbers", "vocabulary", "yaml_positions", "builder", "pragmas", "text"]
+BASE = [
+    "numbers",
+    "vocabulary",
+    "yaml_positions",
+    "builder",
+    "pragmas",
+    "text",
+    "notebook_shell",
+]
 FRAMEWORKS_LAYER = len(BASE)
 CONFIGS_LAYER = FRAMEWORKS_LAYER + 1
 READERS_LAYER = CONFIGS_LAYER + 1
@@ -46,6 +54,7 @@ PACKAGE_ORDERS = {
         "values",
         "loops",
         "findings",
+        "training_evidence",
         "libraries",
         "arguments",
         "interpreter",

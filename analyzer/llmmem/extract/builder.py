@@ -577,7 +577,7 @@ class PlanBuilder:
             path=str(path),
             kind=kind,
             framework=framework,
-            model_id=self._resolve("model_id"),
+            model_id=self._trained_model(),
             per_device_train_batch_size=batch,
             gradient_accumulation_steps=grad_accum,
             max_seq_length=seq,
@@ -604,6 +604,19 @@ class PlanBuilder:
         plan.parse_error_range = self.parse_error_range
         plan.settings_problems = list(dict.fromkeys(self.settings_problems))
         return plan
+
+    def _trained_model(self) -> Sourced[Any] | None:
+        """The model the file trains; None where its reader found it trains nothing
+        (`not_training`: an evaluation or chat config, a script that only evaluates, a
+        helper module): what it loads is named in a problem line and not sized, unless a
+        pragma names the model to size."""
+        model = self._resolve("model_id")
+        reason = self._resolve("not_training", report=False)
+        if reason is None or (model is not None and model.source is Provenance.PRAGMA):
+            return model
+        loads = f" (it loads {shown(str(model.value), 80)})" if model is not None else ""
+        self.problems.append(f"trains nothing: {reason.value}{loads}; no training step to size")
+        return None
 
     def _objective(self, config_class: str | None) -> Sourced[Any] | None:
         """What the file trains for: a reader's (axolotl `rl:`, LLaMA-Factory `stage:`), else

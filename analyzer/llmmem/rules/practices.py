@@ -104,6 +104,8 @@ def check_optimizer_states(analysis: Analysis, text: str) -> list[Finding]:
 
 def check_bf16_support(analysis: Analysis, text: str) -> list[Finding]:
     gpu, plan = analysis.gpu, analysis.plan
+    if does_not_train(plan) is not None:
+        return []
     bf16 = ("bf16", "bf16-true", "bf16-autocast")
     if gpu is None or gpu.bf16 or plan.precision.value not in bf16:
         return []
@@ -140,6 +142,8 @@ def check_bf16_support(analysis: Analysis, text: str) -> list[Finding]:
 
 def check_checkpointing_with_cache(analysis: Analysis, text: str) -> list[Finding]:
     plan = analysis.plan
+    if does_not_train(plan) is not None:
+        return []
     if not plan.gradient_checkpointing.value or plan.use_cache is None:
         return []
     if not plan.use_cache.value or plan.use_cache.source is not Provenance.EXPLICIT:
@@ -173,18 +177,89 @@ def check_checkpointing_with_cache(analysis: Analysis, text: str) -> list[Findin
     ]
 
 
+# TRL trainers that prepare a k-bit model they are given with a `peft_config` (PEFT's
+# prepare_model_for_kbit_training, or `prepare_peft_model` calling it): the last release seen
+# doing it and the first seen not doing it (None: every release read does), each read in the
+# trainer's module of the wheel (0.19.0, 0.25.0 to 0.29.1, 1.16.0)
+TRL_PREPARES_KBIT: dict[str, tuple[str, str | None]] = {
+    "SFTTrainer": ("0.25", "0.26"),
+    "GRPOTrainer": ("0.25", "0.26"),
+    "RewardTrainer": ("0.25", "0.26"),
+    "RLOOTrainer": ("0.26", "0.27"),
+    "DPOTrainer": ("0.28", "0.29"),
+    "KTOTrainer": ("0.29", "1.16"),
+    "ORPOTrainer": ("1.16", None),
+    "CPOTrainer": ("1.16", None),
+    "OnlineDPOTrainer": ("1.16", None),
+}
+
+# frameworks that load the model themselves and prepare a k-bit one their own way: axolotl's
+# ModelLoader calls prepare_model_for_kbit_training for lora/qlora (axolotl 0.19.0,
+# loaders/model.py `_prepare_model_for_quantization`), LLaMA-Factory its own
+# `prepare_model_for_training` (checkpointing and input gradients; norms upcast only with
+# `upcast_layernorm`, llamafactory 0.9.5), torchtune and LitGPT quantize without PEFT at all
+FRAMEWORK_LOADERS = frozenset(
+    {"axolotl", "llamafactory", "torchtune", "litgpt", "verl", "openrlhf", "swift", "unsloth"}
+)
+
+
+def kbit_prepared_elsewhere(analysis: Analysis) -> bool:
+    """Whether something other than the file's own code prepares its k-bit model, or the file
+    does not show how the model is loaded (a config, a launcher whose script is not read)."""
+    plan = analysis.plan
+    if plan.framework in FRAMEWORK_LOADERS or "unsloth" in plan.extra:
+        # unsloth's get_peft_model calls its own prepare_model_for_kbit_training
+        # (unsloth 2026.10.9, models/llama.py FastLlamaModel.get_peft_model)
+        return True
+    if plan.kind in ("yaml", "json") or (plan.kind == "shell" and plan.model_range is None):
+        return True  # a config, or a launcher whose script was not read
+    trainer = _extra_text(plan, "adapter_applied_by")
+    if trainer not in TRL_PREPARES_KBIT:
+        return False
+    last, _first_not = TRL_PREPARES_KBIT[trainer]
+    found = analysis.versions.get("trl")
+    if found is None or found.kind == "default":
+        return _first_not is None
+    from llmmem.budget.setup import release
+
+    try:
+        return release(str(found.version)) <= release(last)
+    except ValueError:
+        return False
+
+
+def _extra_text(plan: TrainingPlan, key: str) -> str | None:
+    found = plan.extra.get(key)
+    value = found.value if isinstance(found, Sourced) else found
+    return value if isinstance(value, str) else None
+
+
 def check_kbit_preparation(analysis: Analysis, text: str) -> list[Finding]:
     plan = analysis.plan
+    if does_not_train(plan) is not None:
+        return []
     q = plan.quantization
     if q is None or q.prepare_for_kbit_training.value or plan.lora is None:
         return []
+    if kbit_prepared_elsewhere(analysis):
+        return []
+    message = (
+        "k-bit model trained without prepare_model_for_kbit_training: norms and "
+        "embeddings stay in 16 bits (unstable training) and checkpointing is not "
+        "enabled for you"
+    )
+    trainer = _extra_text(plan, "adapter_applied_by")
+    if trainer in TRL_PREPARES_KBIT:
+        last, first_not = TRL_PREPARES_KBIT[trainer]
+        message += (
+            f"; TRL's {trainer} prepared a k-bit model it is given up to {last}, "
+            f"not from {first_not}"
+        )
     return [
         Finding(
             code="LLM008",
             severity=Severity.WARNING,
-            message="k-bit model trained without prepare_model_for_kbit_training: norms and "
-            "embeddings stay in 16 bits (unstable training) and checkpointing is not "
-            "enabled for you",
+            message=message,
             path=plan.path,
             range=q.range or plan.model_range or anchor(analysis),
         )
@@ -216,6 +291,13 @@ def check_effective_batch(analysis: Analysis, text: str) -> list[Finding]:
     ]
 
 
+def does_not_train(plan: TrainingPlan) -> str | None:
+    """Why the file trains nothing, where its reader found so (`not_training` in the plan:
+    LLaMA-Factory's do_train false, a script that only evaluates, a helper module that builds
+    a trainer for another file), else None."""
+    return _extra_text(plan, "not_training")
+
+
 _FILE_SOURCES = (Provenance.EXPLICIT, Provenance.CLI_DEFAULT, Provenance.CONFIG, Provenance.PRAGMA)
 
 
@@ -223,7 +305,18 @@ def has_training_signal(plan: TrainingPlan) -> bool:
     """Whether the file says anything about training: a model, a trainer or training config,
     an adapter or quantization, a `# llmmem:` pragma or a training value written in it (not
     only `[tool.llmmem]` or the framework's defaults). A file without any is not a training
-    file, and gets no finding at all."""
+    file, and gets no finding at all. Neither is a DeepSpeed or accelerate config alone (it
+    names no model by design: the script or launcher that passes it is read with it), nor a
+    file the reader found to train nothing (`does_not_train`: an evaluation, a helper)."""
+    model_by_pragma = plan.model_id is not None and plan.model_id.source is Provenance.PRAGMA
+    if does_not_train(plan) is not None and not model_by_pragma:
+        return False
+    if (
+        plan.kind in ("yaml", "json")
+        and plan.framework in ("deepspeed", "accelerate")
+        and plan.model_id is None
+    ):
+        return False
     if plan.model_id is not None or plan.model_range is not None or plan.trainer_range:
         return True
     if plan.lora is not None or plan.quantization is not None or plan.rejected:
@@ -349,9 +442,14 @@ _rule(
     "LLM008",
     "kbit-without-preparation",
     Severity.WARNING,
-    "A 4- or 8-bit model is trained without prepare_model_for_kbit_training.",
+    "A 4- or 8-bit model the script loads is trained without prepare_model_for_kbit_training, "
+    "and nothing it hands the model to prepares it.",
     "PEFT's preparation casts norms and embeddings to fp32 for stable training and enables "
-    "gradient checkpointing with input gradients; without it QLoRA trains in 16-bit norms.",
+    "gradient checkpointing with input gradients; without it QLoRA trains in 16-bit norms. "
+    "unsloth's get_peft_model, axolotl's and LLaMA-Factory's loaders prepare the model "
+    "themselves, torchtune and LitGPT quantize without PEFT, and TRL's trainers prepare a "
+    "k-bit model given with a peft_config up to a release (SFTTrainer and GRPOTrainer 0.25, "
+    "DPOTrainer 0.28; ORPO and CPO in every release): none of these is reported.",
     "model = AutoModelForCausalLM.from_pretrained(mid, quantization_config=bnb)\n"
     "model = get_peft_model(model, lora)",
     "`model = prepare_model_for_kbit_training(model)` before get_peft_model.",

@@ -81,11 +81,53 @@ def read_llamafactory_objective(reader: DocumentReader) -> None:
     reader.put("objective", objective, ("stage",), f"stage: {stage}")
 
 
+# keys only a training run sets: a config with none of them (and no do_train) is one for
+# `llamafactory-cli chat`, `webchat`, `api` or `export`, which share model_name_or_path,
+# adapter_name_or_path, template and finetuning_type with training
+LLAMAFACTORY_TRAINING_KEYS = frozenset(
+    {
+        "do_train",
+        "stage",
+        "dataset",
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "num_train_epochs",
+        "max_steps",
+        "learning_rate",
+        "cutoff_len",
+        "output_dir",
+    }
+)
+
+
+def read_llamafactory_do_train(reader: DocumentReader) -> None:
+    """LLaMA-Factory trains only under `do_train: true` (0.9.5 train/sft/workflow.py and the
+    other stages: `if training_args.do_train: trainer.train(...)`; HF's default is false): a
+    config that turns it off evaluates or predicts, and one that sets no training key at all
+    is for chat, the API or export. Either trains nothing, and the plan says why."""
+    written = reader.converted(("do_train",), as_bool)
+    if written is False:
+        reader.put(
+            "not_training",
+            "LLaMA-Factory trains only with do_train: true; this config evaluates or predicts",
+            ("do_train",),
+        )
+        return
+    if written is None and not any(reader.is_set((key,)) for key in LLAMAFACTORY_TRAINING_KEYS):
+        reader.put(
+            "not_training",
+            "no training key (do_train, stage, dataset, batch, epochs, learning rate): a "
+            "LLaMA-Factory config for chat, the API or export",
+            ("model_name_or_path",) if reader.is_set(("model_name_or_path",)) else None,
+        )
+
+
 def read_llamafactory(reader: DocumentReader) -> None:
     if isinstance(reader.get(("model",)), str):
         read_llamafactory_v1(reader)
         return
     reader.take(("model_name_or_path",), "model_id", as_text)
+    read_llamafactory_do_train(reader)
     reader.keep("stage", ("stage",))
     read_llamafactory_objective(reader)
     if (reader.converted(("stage",), as_text) or "").strip().lower() == "ppo":

@@ -13,6 +13,7 @@ from llmmem.extract.builder import PlanBuilder
 from llmmem.extract.frameworks import unsloth
 from llmmem.extract.numbers import shown
 from llmmem.extract.python.findings import Findings
+from llmmem.extract.python.training_evidence import why_not_training
 from llmmem.extract.python.values import (
     ConfigObject,
     DictValue,
@@ -211,6 +212,9 @@ class PlanEmitter:
                 Provenance.EXPLICIT,
                 self.source.range_of(trainer.args.node),
             )
+        reason = why_not_training(reader)
+        if reason is not None:
+            self.builder.set("not_training", reason, Provenance.EXPLICIT, None)
         return framework, config_class
 
     # -- TRL's SFTTrainer cuts a tokenized dataset -------------------------------------------
@@ -588,6 +592,14 @@ class PlanEmitter:
             given = trainer.args.get("peft_config")
             if isinstance(given, LoraObject):
                 lora = given
+                # the trainer wraps the model itself (and, in some TRL releases, prepares a
+                # k-bit one first: rules/practices.py)
+                self.builder.set(
+                    "adapter_applied_by",
+                    trainer.class_name,
+                    Provenance.EXPLICIT,
+                    self.source.range_of(trainer.args.node),
+                )
         if lora is None and model is not None and model.lora is not None:
             lora = model.lora
         if lora is None:

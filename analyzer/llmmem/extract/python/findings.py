@@ -42,6 +42,10 @@ class Findings:
         self.kbit_calls: list[ast.Call] = []
         self.command_line_lengths: list[Known] = []  # --block_size and friends
         self.unsloth = False
+        # every `x.name(...)` the module writes, run or not (`trainer.train()` under a
+        # condition not known before run time counts): what the file does with what it builds
+        self.method_names: frozenset[str] = frozenset()
+        self.returned_trainer = False  # a function returns a trainer it built (a helper)
 
     def problem(self, node: ast.AST | None, text: str) -> None:
         where = self.source.range_of(node)

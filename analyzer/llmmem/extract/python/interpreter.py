@@ -110,6 +110,11 @@ class ScriptReader(Findings):
 
     def run_module(self, module: ast.Module) -> None:
         self.module_scope.bind("__name__", Known("__main__", None))
+        self.method_names = frozenset(
+            node.func.attr
+            for node in ast.walk(module)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        )
         try:
             self.exec_block(module.body, self.module_scope)
             # functions nothing in the file calls (entry points for fire/typer/click, callbacks
@@ -198,6 +203,8 @@ class ScriptReader(Findings):
             self.define_class(node, scope)
         elif isinstance(node, ast.Return):
             value = self.eval(node.value, scope) if node.value is not None else Known(None, None)
+            if isinstance(value, TrainerObject):
+                self.returned_trainer = True
             if self.return_values:
                 self.return_values[-1] = value
             return Flow.RETURN

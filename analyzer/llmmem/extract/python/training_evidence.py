@@ -1,0 +1,54 @@
+"""Whether a script trains at all, from what it builds and the methods it calls.
+
+A script that evaluates a trainer without training it, a helper module that builds a trainer
+and returns it to another file, or a script that loads a model to save, merge or generate with
+it describes no training step: its plan says why (`not_training`), and no estimate or finding
+is given for it. Calls are counted as written anywhere in the module (`trainer.train()` under
+a condition not known before run time still counts), so a file that may train is never
+dismissed.
+"""
+
+from __future__ import annotations
+
+from llmmem.extract.python.findings import Findings
+
+# a method call that trains: Trainer.train, a loop's backward (loss.backward(),
+# accelerator.backward(loss)), Lightning's Trainer.fit
+TRAINING_CALLS = frozenset({"train", "backward", "fit"})
+EVALUATION_CALLS = frozenset({"evaluate", "predict"})
+# what a script does with a model it only loads: save it (a quantized or merged copy), merge
+# an adapter into it, generate with it
+LOADING_ONLY_CALLS = frozenset(
+    {"save_pretrained", "push_to_hub", "merge_and_unload", "generate", "save_quantized"}
+)
+
+
+def why_not_training(found: Findings) -> str | None:
+    """The reason the script trains nothing, or None where it may train."""
+    called = found.method_names
+    if called & TRAINING_CALLS:
+        return None
+    if found.trainers:
+        evaluated = sorted(called & EVALUATION_CALLS)
+        if evaluated:
+            return (
+                f"the script only evaluates: trainer.{evaluated[0]}() and no train() or "
+                "backward pass"
+            )
+        if found.returned_trainer:
+            return (
+                "a helper module: it builds a trainer and returns it, and nothing here calls "
+                "train() (the file that does is the one to check)"
+            )
+        return None
+    built = (
+        found.configs
+        or found.optimizers
+        or found.data_loaders
+        or any(not lora.default_note.startswith("a trained adapter") for lora in found.loras)
+    )
+    if found.models and not built:
+        done = sorted(called & LOADING_ONLY_CALLS)
+        if done:
+            return f"the script loads a model to {done[0]}() it, with no trainer or backward pass"
+    return None
