@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmmem.extract.notebook_shell import NotebookShell, launches_training, notebook_shell
 from llmmem.extract.pragmas import ProjectSettings
 from llmmem.extract.text import decode_text, plan_from_problems
-from llmmem.plan import SourceRange, TrainingPlan
+from llmmem.plan import Provenance, Sourced, SourceRange, TrainingPlan
 
 MAX_NOTEBOOK_BYTES = 50_000_000  # outputs with images make notebooks large
 
@@ -84,12 +85,17 @@ def _read_notebook(
         return plan_from_problems(path, "notebook", settings, problems, unreadable=True)
     joined = join_code_cells(cells)
     problems.extend(joined.problems)
+    shell = notebook_shell([cell_source(cell) for cell in cells])
     if not joined.text.strip():
+        if shell.has_commands and launches_training(shell.text):
+            return _launched_plan(path, cells, shell, settings, problems)
         problems.append("the notebook has no Python code cells")
         return plan_from_problems(path, "notebook", settings, problems)
     from llmmem.extract.python import extract_python_plan
 
     plan = extract_python_plan(path, joined.text, settings=settings)
+    if not _trains_in_python(plan) and shell.has_commands and launches_training(shell.text):
+        return _launched_plan(path, cells, shell, settings, problems)
     mapped = map_plan_to_cells(plan, joined, str(path))
     mapped.kind = "notebook"
     if joined.syntax_error is not None and mapped.parse_error is None:
@@ -99,6 +105,68 @@ def _read_notebook(
             mapped.parse_error_range = dataclasses.replace(where, path=cell_path(str(path), index))
     mapped.problems = problems + [problem for problem in mapped.problems if problem not in problems]
     return mapped
+
+
+def _trains_in_python(plan: TrainingPlan) -> bool:
+    """Whether the notebook's Python builds the training step itself (a trainer, a model)
+    rather than loading a model beside a shell line that trains."""
+    if "not_training" in plan.extra:
+        return False
+    return plan.trainer_range is not None or plan.model_id is not None
+
+
+def _launched_plan(
+    path: Path,
+    cells: list[dict[str, Any]],
+    shell: NotebookShell,
+    settings: ProjectSettings | None,
+    problems: list[str],
+) -> TrainingPlan:
+    """The plan of the training command a notebook's shell lines run, read as a launcher
+    script would be, with the files its `%%writefile` cells write found by their names; every
+    range names the cell it is written in."""
+    from llmmem.extract.shell import extract_shell_plan
+    from llmmem.extract.text import WrittenText, written_files
+
+    notebook = str(path)
+    folder = path.parent
+    written = {
+        folder / name: WrittenText(file.text, cell_path(notebook, file.cell))
+        for name, file in shell.written.items()
+    }
+    with written_files(written):
+        plan = extract_shell_plan(path, shell.text, settings=settings)
+    joined = JoinedCells(
+        text=shell.text,
+        origins=[CellLine(cell, line) for cell, line in shell.origins],
+        cell_lines={
+            index: (cell_source(cell) or "").split("\n") for index, cell in enumerate(cells)
+        },
+    )
+    mapped = _written_in_the_notebook(map_plan_to_cells(plan, joined, notebook), notebook)
+    assert isinstance(mapped, TrainingPlan)
+    mapped.kind = "notebook"
+    mapped.problems = problems + [problem for problem in mapped.problems if problem not in problems]
+    return mapped
+
+
+def _written_in_the_notebook(value: Any, notebook: str) -> Any:
+    """A value read from a `%%writefile` cell is written in the notebook: `explicit`, as the
+    values of its Python cells are, not `config` (a file the notebook refers to)."""
+    if isinstance(value, Sourced):
+        if value.source is Provenance.CONFIG and cell_index(value.range, notebook) is not None:
+            return dataclasses.replace(value, source=Provenance.EXPLICIT)
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        updates = {
+            item.name: _written_in_the_notebook(getattr(value, item.name), notebook)
+            for item in dataclasses.fields(value)
+            if item.init
+        }
+        return dataclasses.replace(value, **updates)
+    if isinstance(value, dict):
+        return {key: _written_in_the_notebook(item, notebook) for key, item in value.items()}
+    return value
 
 
 def _read_notebook_text(path: Path, problems: list[str]) -> str | None:

@@ -10,7 +10,10 @@ plan of a file that says nothing readable. Imports nothing of the framework read
 from __future__ import annotations
 
 import os
-from dataclasses import replace
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from llmmem.extract.builder import PlanBuilder
@@ -18,6 +21,38 @@ from llmmem.extract.pragmas import ProjectSettings, apply_project_settings, read
 from llmmem.plan import Provenance, TrainingPlan
 
 MAX_CONFIG_FILE_BYTES = 16 * 1024 * 1024  # a config, a DeepSpeed JSON, a launcher script
+
+
+@dataclass(frozen=True)
+class WrittenText:
+    """A file the analysed file writes before it runs its command (a notebook's `%%writefile`
+    cell): its text, and the name its ranges carry (the cell's path)."""
+
+    text: str
+    range_path: str
+
+
+# files written by the file being read, by absolute path: found and read as if on disk
+_WRITTEN: ContextVar[dict[Path, WrittenText] | None] = ContextVar("written_files", default=None)
+
+
+@contextmanager
+def written_files(files: dict[Path, WrittenText]) -> Iterator[None]:
+    """While reading a file that writes `files` itself, a reference to one of them finds it."""
+    token = _WRITTEN.set({_normal(path): written for path, written in files.items()})
+    try:
+        yield
+    finally:
+        _WRITTEN.reset(token)
+
+
+def _normal(path: Path) -> Path:
+    return Path(os.path.normpath(os.path.abspath(path)))
+
+
+def written_text(path: Path) -> WrittenText | None:
+    written = _WRITTEN.get()
+    return written.get(_normal(path)) if written else None
 
 
 def plan_from_problems(
@@ -44,6 +79,9 @@ def read_text_file(path: Path, problems: list[str], range_path: str | None = Non
     larger than MAX_CONFIG_FILE_BYTES, not UTF-8 text)."""
     from llmmem.files import read_file_bytes
 
+    written = written_text(path)
+    if written is not None:
+        return written.text
     name = range_path or str(path)
     try:
         data = read_file_bytes(path, MAX_CONFIG_FILE_BYTES)
@@ -94,6 +132,8 @@ def resolve_reference(
     folders = [referring_file.parent, *(search_directories or [])]
     candidates = [candidate] if candidate.is_absolute() else [f / candidate for f in folders]
     for option in candidates:
+        if written_text(option) is not None:
+            return option
         try:
             if option.is_file():
                 return option
@@ -103,4 +143,7 @@ def resolve_reference(
 
 
 def display_path(path: Path) -> str:
+    written = written_text(path)
+    if written is not None:
+        return written.range_path
     return os.path.normpath(str(path))
