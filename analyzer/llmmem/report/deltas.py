@@ -10,11 +10,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from llmmem.budget.phases import estimate_budget
-from llmmem.plan import Sourced, SourceRange
+from llmmem.plan import Provenance, Sourced, SourceRange
 from llmmem.scenario import Analysis
 from llmmem.units import format_bytes
 
 EIGHT_BIT = "adamw_bnb_8bit"
+UNWRITTEN = (Provenance.DEFAULT, Provenance.ASSUMED, Provenance.CLI_DEFAULT)
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,9 @@ class SettingDelta:
     label: str  # short: "≈ 1.9 GiB per sample"
     detail: str  # one sentence for the tooltip
     delta_bytes: int  # device total of the alternative minus the current one
+    # False for a default or an assumption: its range is where it would be written (a call's
+    # closing parenthesis), not a value in the text
+    written: bool = True
 
 
 def setting_deltas(
@@ -63,7 +67,8 @@ def setting_deltas(
         if other is None:
             return
         label, detail = render(other - current)
-        out.append(SettingDelta(field, where, label, detail, other - current))
+        written = sourced is not None and sourced.source not in UNWRITTEN
+        out.append(SettingDelta(field, where, label, detail, other - current, written))
 
     add(
         "per_device_train_batch_size",
@@ -99,7 +104,7 @@ def setting_deltas(
             plan.gradient_checkpointing,
             {"grad_ckpt": True},
             lambda d: (
-                f"True would save {format_bytes(-d)}",
+                f"checkpointing would save {format_bytes(-d)}",
                 f"Checkpointing would bring the step down by {format_bytes(-d)}.",
             ),
         )
