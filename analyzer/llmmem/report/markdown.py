@@ -192,12 +192,17 @@ NEARBY = {
 
 
 def setting_hover(
-    analysis: Analysis, field: str, *, in_path: str | None = None, measured: str | None = None
+    analysis: Analysis,
+    field: str,
+    *,
+    in_path: str | None = None,
+    measured: str | None = None,
+    breakdown_link: str | None = None,
 ) -> str:
     """A setting's own hover, short enough for the first screen of a hover box: the headline
     for the whole step, then what this setting costs (per sample, per 1k tokens, what it
     saves), what its nearby values would give and, for the micro-batch, the largest that
-    fits. The full table stays on the trainer call and in Explain."""
+    fits. The full table stays in Explain (`breakdown_link`: a link target that opens it)."""
     from llmmem.report.deltas import setting_deltas
 
     budget, setup = analysis.budget, analysis.setup
@@ -228,7 +233,10 @@ def setting_hover(
             parts.append(line)
     if measured:
         parts.append(measured)
-    parts.append("_The whole breakdown: hover the trainer call, or run llmmem: Explain._")
+    if breakdown_link:
+        parts.append(f"[The whole breakdown]({breakdown_link}): phases, band, formulas")
+    else:
+        parts.append("_The whole breakdown: run llmmem: Explain._")
     return "\n\n".join(part for part in parts if part)
 
 
