@@ -39,7 +39,12 @@ def add_explain_arguments(p: argparse.ArgumentParser) -> None:
         "--gpu", type=non_empty, default=None, help="target GPU (default: pragma, [tool.llmmem])"
     )
     p.add_argument("--hub", action="store_true", help="allow hub lookups for unknown models")
-    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.add_argument(
+        "--format",
+        choices=["text", "json", "html"],
+        default="text",
+        help="html: a self-contained page with the breakdown as a chart (to a file with >)",
+    )
 
 
 def sourced_dict(sourced: Sourced[Any] | None) -> dict[str, Any] | None:
@@ -141,8 +146,30 @@ def run_explain(args: argparse.Namespace) -> int:
         )
         sys.stdout.write("\n")
         return 0
+    if args.format == "html":
+        sys.stdout.write(explanation_html(analysis, findings))
+        return 0
     render_explanation(analysis, findings)
     return 0
+
+
+def explanation_html(analysis: Any, findings: list[Any]) -> str:
+    """The page of `--format html`: the chart, the tables, the local runs of the setup (the
+    newest of this file's as the chart's measured mark)."""
+    from llmmem.report.html_report import Measured, breakdown_html
+    from llmmem.report.local_runs import local_runs
+
+    runs = local_runs(analysis)
+    mark = None
+    if runs and runs[0].same_file and runs[0].metric == "device":
+        mark = Measured(f"measured on {runs[0].gpu} on {runs[0].date}", runs[0].measured_bytes)
+    return breakdown_html(
+        analysis,
+        findings,
+        title=f"llmmem explain {analysis.plan.path}",
+        measured=mark,
+        local_runs=[run.line() for run in runs[:5]],
+    )
 
 
 def _describe(sourced: Sourced[Any] | None) -> tuple[str, str, str]:
