@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from llmmem_lsp.settings import ServerSettings
 
@@ -72,12 +72,17 @@ class DocumentState:
     done: asyncio.Event = field(default_factory=asyncio.Event)  # set: nothing pending
     measured: str | None = None  # the last `llmmem.verify` result, as Markdown
     measured_version: int | None = None  # the version of the text it measured
+    measured_report: dict[str, Any] | None = None  # that run's report (`llmmem verify` JSON)
     abandoned: float | None = None  # seconds, when the last analysis was abandoned
+    debouncing: bool = False  # the pending analysis still waits out the quiet time
     dependencies: set[str] = field(default_factory=set)  # other files the plan read
-    # hover texts of the current result, by (result serial, target, cell path, verify table):
+    # hover texts of the current result, by (result serial, target, cell path, verify table,
+    # staleness line):
     # a hover on the same setting again is not rendered again (a DPO budget with its
     # reference model and the setting's half and double takes ~20 ms to render)
-    hovers: dict[tuple[int, str, str | None, str | None], str] = field(default_factory=dict)
+    hovers: dict[tuple[int, str, str | None, str | None, str | None], str] = field(
+        default_factory=dict
+    )
 
 
 def document_path(uri: str, fs_path: str | None, language_id: str | None) -> Path:
@@ -171,6 +176,7 @@ class Analyzer:
             state.task.cancel()
         state.done.clear()
         wait = self.settings.debounce_ms / 1000 if delay is None else delay
+        state.debouncing = wait > 0
         state.task = asyncio.get_running_loop().create_task(self._run(state, wait))
 
     def reanalyse_all(self) -> None:
@@ -189,6 +195,11 @@ class Analyzer:
                 self.schedule(state, delay=0.0)
                 hit.append(state.uri)
         return hit
+
+    def hurry(self, state: DocumentState) -> None:
+        """Start the pending analysis now: a request (a hover) came, the user stopped typing."""
+        if state.debouncing and state.task is not None and not state.task.done():
+            self.schedule(state, delay=0.0)
 
     async def wait_current(self, state: DocumentState, timeout: float) -> None:
         """Wait (at most `timeout`) for the analysis of the document's current version."""
@@ -235,6 +246,8 @@ class Analyzer:
         try:
             if delay > 0:
                 await asyncio.sleep(delay)
+            if state.task is asyncio.current_task():
+                state.debouncing = False
             snapshot = self.get_text(state.uri)
             if snapshot is None:
                 state.done.set()

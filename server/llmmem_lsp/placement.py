@@ -1,9 +1,13 @@
 """Where a diagnostic points on the text.
 
 A finding about the whole step is anchored by the rules on the whole trainer call, which can
-span a dozen lines; in an editor that underlines everything and buries the hover. Here such a
-finding is narrowed to the setting that drives it (`max_length=` for the logits, `optim=` for
-the optimizer states, ...) when the file writes it, else to the call's name on its first line.
+span a dozen lines, or in a config on the model's value; in an editor that underlines everything,
+stacks several squiggles on one value and buries the hover. Here such a finding is narrowed to
+the setting that drives it (`max_length=` for the logits, `optim=` for the optimizer states,
+...) when the file writes it, else to the call's name on its first line; a finding on a pragma
+comment to the value it is about (`gpu=RTX-9999`: `RTX-9999`). The related information a hover
+lists under the message is cut to the two values a person changes first (the micro-batch and
+the sequence length before the others).
 
 What the analysis could not use (an unknown GPU, a file read only up to a bad line, a model
 sized from its name) is reported by the analyzer as a line of text; here each becomes a
@@ -30,6 +34,20 @@ DRIVING_SETTINGS: dict[str, tuple[str, ...]] = {
 }
 
 _CALLEE = re.compile(r"[A-Za-z_][\w.]*(?=\s*\()")
+_WHOLE_CALL = re.compile(r"[A-Za-z_][\w.]*\s*\(.*\)\s*$")
+_PRAGMA = re.compile(r"#\s*llmmem\s*:")
+_PRAGMA_VALUE = re.compile(r"\w+\s*=\s*([^\s,;]+)")
+_QUOTED = re.compile(r"'([^'\n]+)'|`([^`\n]+)`")
+# related information kept under a diagnostic's message, the values a person changes first
+RELATED_KEPT = 2
+RELATED_ORDER = (
+    "per_device_train_batch_size",
+    "max_seq_length",
+    "gradient_checkpointing",
+    "optim",
+    "precision",
+    "model_id",
+)
 _KEYWORD_BEFORE = re.compile(r"(?:--[\w.-]+[ =]\s*|[A-Za-z_][\w.]*\s*[=:]\s*)[\"']?$")
 _LOCATED = re.compile(r"^(?:llmmem pragma \()?line (\d+)(?:, column \d+)?\)?:\s*")
 _UNKNOWN_GPU = re.compile(r"^unknown GPU '([^']*)'")
@@ -54,16 +72,60 @@ def _setting_span(
     return replace(where, start_col=start_col)
 
 
+def _related_rank(message: str) -> int:
+    name = message.split(" = ", 1)[0]
+    return RELATED_ORDER.index(name) if name in RELATED_ORDER else len(RELATED_ORDER)
+
+
+def trimmed_related(finding: Finding) -> Finding:
+    """The finding with at most `RELATED_KEPT` related values (VS Code lists each under the
+    message in the hover, a line each, above the breakdown)."""
+    if len(finding.related) <= RELATED_KEPT:
+        return finding
+    kept = sorted(finding.related, key=lambda item: _related_rank(item.message))[:RELATED_KEPT]
+    return replace(finding, related=kept)
+
+
+def _in_range_text(where: SourceRange, lines: Lines) -> str | None:
+    if where.start_line != where.end_line or not 0 <= where.start_line < len(lines.lines):
+        return None
+    return lines.lines[where.start_line][where.start_col : where.end_col]
+
+
+def _pragma_value(finding: Finding, where: SourceRange, lines: Lines) -> SourceRange | None:
+    """On a `# llmmem: key=value` comment: the value the message names (quoted in it), else
+    the first value; None for a range that is no pragma."""
+    written = _in_range_text(where, lines)
+    if written is None or _PRAGMA.search(written) is None:
+        return None
+    named = [a or b for a, b in _QUOTED.findall(finding.message)]
+    for match in _PRAGMA_VALUE.finditer(written):
+        value = match.group(1).strip("'\"")
+        if not named or value in named:
+            start = where.start_col + match.start(1)
+            return replace(where, start_col=start, end_col=start + len(match.group(1)))
+    return None
+
+
 def narrowed(finding: Finding, plan: TrainingPlan, lines: Lines) -> Finding:
-    """The finding with the range a diagnostic shows: unchanged on one line; over several
-    lines, the setting that drives it, else the callee's name (or the first line's text)."""
+    """The finding with the range a diagnostic shows: the setting that drives it where the
+    file writes it; a pragma's value; over several lines or over a whole call on one, the
+    callee's name (or the first line's text); with its related values trimmed."""
+    finding = trimmed_related(finding)
     where = finding.range
-    if where is None or where.start_line == where.end_line:
+    if where is None:
         return finding
     for name in DRIVING_SETTINGS.get(finding.code, ()):
         span = _setting_span(getattr(plan, name, None), lines, where.path)
         if span is not None:
             return replace(finding, range=span)
+    value = _pragma_value(finding, where, lines)
+    if value is not None:
+        return replace(finding, range=value)
+    if where.start_line == where.end_line:
+        written = _in_range_text(where, lines)
+        if written is None or _WHOLE_CALL.match(written) is None:
+            return finding
     if where.start_line >= len(lines.lines):
         return finding
     first = lines.lines[where.start_line]
@@ -83,6 +145,40 @@ def _line_range(lines: Lines, line: int) -> types.Range:
     start_col = len(text) - len(text.lstrip())
     end_col = max(len(text.rstrip()), start_col)
     return types.Range(start=lines.position(line, start_col), end=lines.position(line, end_col))
+
+
+def _problem_range(lines: Lines, line: int, message: str) -> types.Range:
+    r"""Where a problem about line `line` is underlined: the expression its message quotes
+    (`could not read \`model_args.dtype\``) or a file it names (`ds_zero3.json`), else the name
+    it is about (`dtype: ...`), else the line's first name; never the whole statement."""
+    text = lines.lines[line] if 0 <= line < len(lines.lines) else ""
+    wanted = [a or b for a, b in _QUOTED.findall(message)]
+    wanted += re.findall(r"[\w./-]+\.[A-Za-z]\w*", message)  # a file it names: its value
+    head = re.match(r"\s*([A-Za-z_][\w.]*)\s*:", message)
+    if head is not None:
+        wanted.append(head.group(1))
+    for word in wanted:
+        at = _find_word(text, word)
+        if at is not None:
+            return types.Range(
+                start=lines.position(line, at), end=lines.position(line, at + len(word))
+            )
+    first = re.search(r"[A-Za-z_][\w.]*", text)
+    if first is None:
+        return _line_range(lines, line)
+    return types.Range(
+        start=lines.position(line, first.start()), end=lines.position(line, first.end())
+    )
+
+
+def _find_word(text: str, word: str) -> int | None:
+    """Where `word` stands on its own in `text` (not inside a longer name), or None."""
+    for match in re.finditer(re.escape(word), text):
+        before = text[match.start() - 1] if match.start() else " "
+        after = text[match.end()] if match.end() < len(text) else " "
+        if not (before.isalnum() or before in "_.") and not (after.isalnum() or after == "_"):
+            return match.start()
+    return None
 
 
 def _top() -> types.Range:
@@ -124,6 +220,11 @@ def _gpu_problem(
     if pragma is not None and str(pragma.value) == name:
         where = pragma.range
         if where is not None and where.path is None:
+            written = _in_range_text(where, lines) or ""
+            at = written.find(name)
+            if _PRAGMA.search(written) is not None and at >= 0:  # the name, not the comment
+                start = where.start_col + at
+                where = replace(where, start_col=start, end_col=start + len(name))
             return _problem(
                 lines.range(where), f"Unknown GPU '{name}' in the pragma: {tail}", warning=True
             )
@@ -160,7 +261,8 @@ def problem_diagnostics(
         line = int(located.group(1)) - 1
         if line in taken:
             continue  # already a finding (LLM011) on that line
-        out.append(_problem(_line_range(lines, line), problem[located.end() :]))
+        message = problem[located.end() :]
+        out.append(_problem(_problem_range(lines, line, message), message))
     guess = guess_diagnostic(checked, lines)
     if guess is not None:
         out.append(guess)

@@ -28,6 +28,8 @@ from llmmem_lsp.disk_documents import bound_disk_reads
 
 log = logging.getLogger("llmmem_lsp")
 
+PROGRESS_COMMANDS = frozenset({"llmmem.verify"})  # commands that report a client's progress
+
 
 @dataclass(frozen=True)
 class UnreadableRequest:
@@ -46,6 +48,16 @@ class Refused:
     id: int | str | None
     reason: str
     answer: bool
+
+
+def _arguments_problem(command: str, arguments: Any) -> str | None:
+    """Why a command's arguments cannot be used (InvalidParams), or None."""
+    if command == "llmmem.verify":
+        from llmmem_lsp.verify_command import uri_argument
+
+        if uri_argument(arguments) is None:
+            return 'takes the document\'s URI first: [uri] or [uri, {"simulate": true}]'
+    return None
 
 
 def _valid_id(ident: Any) -> bool:
@@ -70,6 +82,8 @@ class LlmmemProtocol(LanguageServerProtocol):
         super().__init__(*args, **kwargs)
         self._stoppable: dict[int | str, asyncio.Task[Any]] = {}
         self.initialize_received = False
+        # the `workDoneToken` a client gave with `workspace/executeCommand`, by request id
+        self._work_done_tokens: dict[int | str, int | str] = {}
 
     @lsp_method(types.INITIALIZE)
     def lsp_initialize(self, params: types.InitializeParams) -> Generator[Any, Any, Any]:
@@ -86,6 +100,17 @@ class LlmmemProtocol(LanguageServerProtocol):
             return
         self._stoppable[msg_id] = task
         task.add_done_callback(lambda _: self._stoppable.pop(msg_id, None))
+
+    def client_progress_token(self) -> int | str | None:
+        """The progress token the client created for the request being run (its
+        `workDoneToken`): the command reports on it, and its cancel stops the command."""
+        msg_id = self.msg_id
+        return self._work_done_tokens.get(msg_id) if msg_id is not None else None
+
+    def forget_progress_token(self) -> None:
+        msg_id = self.msg_id
+        if msg_id is not None:
+            self._work_done_tokens.pop(msg_id, None)
 
     def _handle_cancel_notification(self, msg_id: Any) -> None:
         task = self._stoppable.pop(msg_id, None)
@@ -232,4 +257,13 @@ class LlmmemProtocol(LanguageServerProtocol):
                     f"unknown command {command!r} (known: {known})",
                 )
                 return
+            why = _arguments_problem(command, getattr(params, "arguments", None))
+            if why is not None:
+                log.info("%s: %s", command, why)
+                self._refuse(msg_id, types.ErrorCodes.InvalidParams, f"{command}: {why}")
+                return
+            token = getattr(params, "work_done_token", None)
+            reports = command in PROGRESS_COMMANDS  # the commands that report on it
+            if reports and isinstance(token, (int, str)) and not isinstance(token, bool):
+                self._work_done_tokens[msg_id] = token
         super()._handle_request(msg_id, method_name, params)

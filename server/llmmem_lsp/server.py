@@ -34,7 +34,6 @@ from llmmem_lsp.settings import ServerSettings, read_settings
 
 if TYPE_CHECKING:  # the analyzer is imported on first use: the server answers `initialize` first
     from llmmem.check import Checked
-    from llmmem.plan import SourceRange
     from llmmem_lsp.workspace import DiskReport
 
 log = logging.getLogger("llmmem_lsp")
@@ -103,6 +102,9 @@ class LlmmemServer(LanguageServer):
         self.versioned_edits = True
         self.resolve_edits = False  # quick fixes carry no edit until `codeAction/resolve`
         self.hover_markdown = True  # False: the client renders hovers as plain text only
+        # a client command that opens a file's whole breakdown (initializationOptions'
+        # `breakdownCommand`): the step's hover links to it
+        self.breakdown_command: str | None = None
         self.refresh_lenses = False
         self.refresh_hints = False
         self.refresh_diagnostics = False
@@ -267,9 +269,18 @@ class LlmmemServer(LanguageServer):
             out.setdefault(cell_uri, []).append(
                 diagnostic(located, lines, cell_uri, rule_url(finding.code))
             )
-        return out
+        from llmmem_lsp.diagnostic_merge import merged
+
+        return {uri: merged(items) for uri, items in out.items()}
 
     def diagnostics_for(self, state: DocumentState) -> list[types.Diagnostic]:
+        """The document's diagnostics: one per range (`diagnostic_merge`)."""
+        from llmmem_lsp.diagnostic_merge import merged
+
+        return merged(self.finding_diagnostics(state))
+
+    def finding_diagnostics(self, state: DocumentState) -> list[types.Diagnostic]:
+        """One diagnostic per finding and per problem the analysis reported."""
         result = state.result
         if result is None:
             return [abandoned_diagnostic(state.abandoned)] if state.abandoned else []
@@ -443,6 +454,9 @@ def initialize(ls: LlmmemServer, params: types.InitializeParams) -> None:
     formats = hover_caps.content_format if hover_caps else None
     # a client that names its formats and puts no Markdown among them gets plain text
     ls.hover_markdown = not formats or types.MarkupKind.Markdown in formats
+    options = params.initialization_options
+    command = options.get("breakdownCommand") if isinstance(options, dict) else None
+    ls.breakdown_command = command if isinstance(command, str) and command.strip() else None
     ls.apply_settings(params.initialization_options, check_gpu=False)
     if params.process_id is not None:
         ls.watch_parent(params.process_id)
@@ -769,132 +783,11 @@ def _send_partial(
 # -- hover ----------------------------------------------------------------------------------
 
 
-def _hover_target(
-    checked: Checked, lines: Lines, text: str, line: int, col: int, in_path: str | None = None
-) -> tuple[str, SourceRange] | None:
-    """What the cursor is on: ("model" | "budget" | "setting:NAME" | "lora" | "quant", the
-    range), the smallest
-    range that contains it winning; a setting's range covers its keyword too. Reads only the
-    text around each setting (`lines` has the line starts), whatever the file's size."""
-    from llmmem.rules.edits import keyword_span
-
-    plan = checked.analysis.plan
-    candidates: list[tuple[str, SourceRange | None]] = [
-        ("model", plan.model_id.range if plan.model_id else None),
-        ("model", plan.model_range),
-        ("budget", plan.trainer_range),
-        ("lora", plan.lora.range if plan.lora else None),
-        ("quant", plan.quantization.range if plan.quantization else None),
-    ]
-    for name, sourced in plan.sourced_fields().items():
-        if name != "model_id" and sourced.range is not None and sourced.range.path == in_path:
-            candidates.append((f"setting:{name}", keyword_span(text, sourced.range, lines.starts)))
-    if plan.lora is not None:
-        for sourced in (plan.lora.r, plan.lora.alpha, plan.lora.target_modules):
-            if sourced.range is not None and sourced.range.path == in_path:
-                candidates.append(("lora", keyword_span(text, sourced.range, lines.starts)))
-    best: tuple[str, SourceRange] | None = None
-    for kind, where in candidates:
-        if where is None or where.path != in_path:
-            continue
-        inside = where.contains(line, col) or (
-            # a YAML/JSON key and its value share a line: hovering the key counts
-            plan.kind in ("yaml", "json", "shell") and where.start_line == line == where.end_line
-        )
-        if not inside:
-            continue
-        size = (where.end_line - where.start_line, where.end_col - where.start_col)
-        if best is None or size < (
-            best[1].end_line - best[1].start_line,
-            best[1].end_col - best[1].start_col,
-        ):
-            best = (kind, where)
-    return best
-
-
-def _measured(state: DocumentState, result: Result) -> str | None:
-    """The verify table while the text is the one it measured; an edit since drops it."""
-    if state.measured is None or state.measured_version != result.version:
-        return None
-    if state.version != result.version:
-        return None
-    return state.measured
-
-
-async def _render_hover(
-    result: Result, kind: str, in_path: str | None, measured: str | None
-) -> str | None:
-    """The Markdown of a hover on `kind` (as `_hover_target` names it), made off the loop."""
-    from llmmem.report import markdown
-
-    analysis = result.checked.analysis
-    loop = asyncio.get_running_loop()
-    render = {
-        "model": markdown.model_hover,
-        "lora": markdown.lora_hover,
-        "quant": markdown.quantization_hover,
-    }.get(kind)
-    if render is not None:
-        return await loop.run_in_executor(None, render, analysis)
-    if kind.startswith("setting:"):
-        field = kind.split(":", 1)[1]
-        return await loop.run_in_executor(
-            None,
-            lambda: markdown.setting_hover(analysis, field, in_path=in_path, measured=measured),
-        )
-    return await loop.run_in_executor(
-        None, lambda: markdown.budget_hover(analysis, measured=measured)
-    )
-
-
 @server.feature(types.TEXT_DOCUMENT_HOVER)
 async def hover(ls: LlmmemServer, params: types.HoverParams) -> types.Hover | None:
-    uri = params.text_document.uri
-    cell = ls.cell_of(uri)
-    if cell is not None:
-        state, index, text = cell
-        await ls.analyzer.wait_current(state, HOVER_WAIT_S)
-        if state.result is None:
-            return None
-        result = state.result
-        from llmmem.extract.notebook import cell_path
+    from llmmem_lsp.hovers import hover as answer
 
-        in_path: str | None = cell_path(result.checked.analysis.plan.path, index)
-    else:
-        found = await ls.current(uri, HOVER_WAIT_S)
-        if found is None:
-            return None
-        state, result = found
-        text, in_path = result.text, None
-    lines = ls.lines(text)
-    line, col = lines.server_position(params.position)
-    target = _hover_target(result.checked, lines, text, line, col, in_path)
-    if target is None:
-        return None
-    kind, where = target
-    measured = _measured(state, result)
-    key = (result.serial, kind, in_path, measured)
-    if state.hovers and next(iter(state.hovers))[0] != result.serial:
-        state.hovers.clear()  # those of an older analysis
-    shown = state.hovers.get(key)
-    if shown is None:
-        shown = await _render_hover(result, kind, in_path, measured) or ""
-        state.hovers[key] = shown
-    if not shown:
-        return None
-    from llmmem.report import markdown
-
-    if not ls.hover_markdown:
-        return types.Hover(
-            contents=types.MarkupContent(
-                kind=types.MarkupKind.PlainText, value=markdown.plain_text(shown)
-            ),
-            range=lines.range(where),
-        )
-    return types.Hover(
-        contents=types.MarkupContent(kind=types.MarkupKind.Markdown, value=shown),
-        range=lines.range(where),
-    )
+    return await answer(ls, params)
 
 
 # -- code actions ---------------------------------------------------------------------------
@@ -923,10 +816,15 @@ def _asked_diagnostics(
     A client that names none (some send an empty list) gets those overlapping the range."""
     if not asked:
         return [i for i, d in enumerate(ours) if overlaps(d.range, where)]
+    from llmmem_lsp.diagnostic_merge import matches
+
     found: list[int] = []
     for wanted in asked:
         if wanted.source not in (None, "llmmem"):
             continue
+        for i, d in enumerate(ours):  # a merged diagnostic: each finding in it
+            if matches(wanted, d) and i not in found:
+                found.append(i)
         index = next((i for i, d in enumerate(ours) if _same_diagnostic(d, wanted)), None)
         if index is None:
             index = next(
@@ -975,10 +873,12 @@ async def code_actions(
     only = params.context.only
     actions: list[types.CodeAction] = []
     if _kind_wanted(types.CodeActionKind.QuickFix, only):
-        actions += _quick_fixes(ls, state, result, params.context.diagnostics, params.range)
+        fixes, silences = _quick_fixes(ls, state, result, params.context.diagnostics, params.range)
+        actions += fixes
         actions += await _model_config_fixes(
             ls, state, result, params.context.diagnostics, params.range
         )
+        actions += silences  # the last resort, after every fix
     if _kind_wanted(FIX_ALL_KIND, only) and _has_safe_fix(result.checked):
         actions.append(
             types.CodeAction(
@@ -996,10 +896,12 @@ def _quick_fixes(
     result: Result,
     asked: Sequence[types.Diagnostic],
     where: types.Range,
-) -> list[types.CodeAction]:
-    """Each fix once, listing the diagnostics it answers, and a "silence" action per finding.
-    A client that resolves edits gets them without one: `codeAction/resolve` makes it."""
+) -> tuple[list[types.CodeAction], list[types.CodeAction]]:
+    """Each fix once, listing the diagnostics it answers, and a "silence" action per finding
+    (returned apart, to be listed last). A client that resolves edits gets them without one:
+    `codeAction/resolve` makes it."""
     from llmmem.report.findings import rule_url
+    from llmmem_lsp.diagnostic_merge import shown_as
     from llmmem_lsp.placement import narrowed
 
     lines = ls.lines(result.text)
@@ -1008,10 +910,13 @@ def _quick_fixes(
     ours = [
         diagnostic(narrowed(f, plan, lines), lines, state.uri, rule_url(f.code)) for f in findings
     ]
+    published = shown_as(ls.finding_diagnostics(state))
     here = {"uri": state.uri, "version": result.version}
     by_key: dict[tuple[Any, ...], types.CodeAction] = {}
     for index in _asked_diagnostics(ours, asked, where):
-        finding, diag = findings[index], ours[index]
+        finding = findings[index]
+        # the diagnostic the client was sent for it (merged with others of its range)
+        diag = next((p for p in published if _key_of(p) == _key_of(ours[index])), ours[index])
         for fix in finding.fixes:
             key: tuple[Any, ...] = (
                 "fix",
@@ -1062,7 +967,15 @@ def _quick_fixes(
                 by_key[key].edit = workspace_edit(
                     [silence], state.uri, result.version, lines, ls.versioned_edits
                 )
-    return list(by_key.values())
+    actions = list(by_key.items())
+    return (
+        [action for key, action in actions if key[0] != "silence"],
+        [action for key, action in actions if key[0] == "silence"],
+    )
+
+
+def _key_of(d: types.Diagnostic) -> tuple[int, int, int, int]:
+    return (d.range.start.line, d.range.start.character, d.range.end.line, d.range.end.character)
 
 
 async def _model_config_fixes(
@@ -1081,6 +994,12 @@ async def _model_config_fixes(
     spec = result.checked.analysis.spec
     if guess is None or spec is None or not _asked_diagnostics([guess], asked, where):
         return []
+    from llmmem_lsp.diagnostic_merge import shown_as
+
+    guess = next(
+        (d for d in shown_as(ls.finding_diagnostics(state)) if _key_of(d) == _key_of(guess)),
+        guess,
+    )
     loop = asyncio.get_running_loop()  # the folders are read off the protocol's loop
     found = await loop.run_in_executor(None, config_candidates, state.path, spec.model_id)
     actions: list[types.CodeAction] = []
@@ -1405,110 +1324,20 @@ def _cell_edit(
 # -- code lens and inlay hints --------------------------------------------------------------
 
 
-def _lens_anchor(checked: Checked, notebook: bool = False) -> SourceRange | None:
-    """Where the lens stands: the trainer call, else the model's loading, else the model id;
-    in the file itself, or (`notebook`) in any of its cells."""
-    from llmmem.extract.notebook import cell_index
-
-    plan = checked.analysis.plan
-    for where in (
-        plan.trainer_range,
-        plan.model_range,
-        plan.model_id.range if plan.model_id else None,
-    ):
-        if where is None:
-            continue
-        if (where.path is None) if not notebook else cell_index(where, plan.path) is not None:
-            return where
-    return None
-
-
-def _first_code_cell(ls: LlmmemServer, uri: str) -> bool:
-    notebook = ls.workspace.get_notebook_document(cell_uri=uri)
-    if notebook is None:
-        return False
-    code = (cell.document for cell in notebook.cells if cell.kind == types.NotebookCellKind.Code)
-    return next(code, None) == uri
-
-
 @server.feature(types.TEXT_DOCUMENT_CODE_LENS)
 async def code_lens(ls: LlmmemServer, params: types.CodeLensParams) -> list[types.CodeLens] | None:
-    uri = params.text_document.uri
-    found = await ls.current_view(uri, HOVER_WAIT_S)
-    if found is None:
-        return None
-    state, result, text, in_path, index = found
-    anchor = _lens_anchor(result.checked, notebook=index is not None)
-    if index is not None:  # a notebook's lens is in the cell of its anchor, else the first one
-        if anchor is None and not _first_code_cell(ls, uri):
-            return []
-        if anchor is not None and anchor.path != in_path:
-            return []
-    analysis = result.checked.analysis
-    if analysis.budget is None:
-        return None
-    from llmmem.budget.bands import band_range
-    from llmmem.units import format_bytes
+    from llmmem_lsp.lenses import code_lens as answer
 
-    lines = ls.lines(text)
-    start = lines.position(anchor.start_line, 0) if anchor else types.Position(line=0, character=0)
-    where = types.Range(start=start, end=start)
-    budget = analysis.budget
-    total = format_bytes(budget.device_total_bytes)
-    band = "(band {} {})".format(*band_range(budget.device_total_bytes, budget.band))
-    if analysis.gpu is not None:
-        mark = {"tight": "  ⚠ tight: the band crosses the capacity"}.get(str(budget.verdict), "")
-        if not budget.fits:
-            mark = "  ✗ does not fit"
-        capacity = format_bytes(analysis.gpu.capacity_bytes)
-        title = f"≈ {total} of {capacity} on {analysis.gpu.name} {band}{mark}"
-    else:
-        unknown = next((p for p in analysis.problems if p.startswith("unknown GPU ")), None)
-        why = unknown.split(" (", 1)[0] if unknown else "no GPU set"
-        title = f"≈ {total} {band} peak ({why})"
-    if analysis.spec is not None and analysis.spec.is_guess:
-        title += " · model shapes guessed from its name"
-    return [
-        types.CodeLens(
-            range=where,
-            command=types.Command(title=title, command="llmmem.explain", arguments=[uri]),
-        ),
-        types.CodeLens(
-            range=where,
-            command=types.Command(title="Verify", command="llmmem.verify", arguments=[uri]),
-        ),
-    ]
+    return await answer(ls, params)
 
 
 @server.feature(types.TEXT_DOCUMENT_INLAY_HINT, types.InlayHintOptions(resolve_provider=False))
 async def inlay_hints(
     ls: LlmmemServer, params: types.InlayHintParams
 ) -> list[types.InlayHint] | None:
-    found = await ls.current_view(params.text_document.uri, HOVER_WAIT_S)
-    if found is None:
-        return None
-    _, result, text, in_path, _ = found
-    if result.unreadable:
-        return None
-    from llmmem.report.deltas import setting_deltas
+    from llmmem_lsp.lenses import inlay_hints as answer
 
-    lines = ls.lines(text)
-    loop = asyncio.get_running_loop()
-    deltas = await loop.run_in_executor(None, setting_deltas, result.checked.analysis, in_path)
-    hints = []
-    for delta in deltas:
-        end = lines.position(delta.range.end_line, delta.range.end_col)
-        if not overlaps(types.Range(start=end, end=end), params.range):
-            continue
-        hints.append(
-            types.InlayHint(
-                position=end,
-                label=delta.label,
-                padding_left=True,
-                tooltip=delta.detail,
-            )
-        )
-    return hints
+    return await answer(ls, params)
 
 
 # -- completion and document links ---------------------------------------------------------
@@ -1569,20 +1398,12 @@ def document_link(
 # -- commands -------------------------------------------------------------------------------
 
 
-def _uri_argument(arguments: Any) -> str | None:
-    if isinstance(arguments, (list, tuple)) and arguments:
-        first = arguments[0]
-        if isinstance(first, str):
-            return first
-        if isinstance(first, dict) and isinstance(first.get("uri"), str):
-            return first["uri"]
-    return None
-
-
 @server.command("llmmem.explain")
 async def explain(ls: LlmmemServer, *arguments: Any) -> dict[str, Any]:
     """The full report of a document: Markdown for people, the budget and findings as JSON."""
-    given = _uri_argument(list(arguments))
+    from llmmem_lsp.verify_command import uri_argument
+
+    given = uri_argument(list(arguments))
     uri = ls.owner_uri(given) if given else None  # a cell's URI names its notebook
     found = await ls.current(uri, PULL_WAIT_S) if uri else None
     if found is None:
@@ -1615,6 +1436,14 @@ async def explain(ls: LlmmemServer, *arguments: Any) -> dict[str, Any]:
     }
 
 
+@server.command("llmmem.breakdown")
+async def breakdown(ls: LlmmemServer, *arguments: Any) -> dict[str, Any]:
+    """The document's whole breakdown as a self-contained HTML page (`breakdown`)."""
+    from llmmem_lsp.breakdown import breakdown as page
+
+    return await page(ls, list(arguments))
+
+
 @server.command("llmmem.gpus")
 def gpus(ls: LlmmemServer, *arguments: Any) -> list[dict[str, Any]]:
     """The GPU catalog, for an editor's GPU picker."""
@@ -1628,99 +1457,8 @@ def gpus(ls: LlmmemServer, *arguments: Any) -> list[dict[str, Any]]:
 
 @server.command("llmmem.verify")
 async def verify(ls: LlmmemServer, *arguments: Any) -> dict[str, Any]:
-    """Run `llmmem verify` on the document's text as the editor holds it (unsaved edits
-    included), in a subprocess, reporting `$/progress` that the user may cancel; the measured
-    result is kept for the hover while the document stays at the version measured. Arguments:
-    [uri] or [uri, {"simulate": true}] or [uri, {"device": "cpu"}] (default: the CUDA device
-    of the server's machine). Cancelling the progress or the request ends the subprocess."""
-    given = _uri_argument(list(arguments))
-    uri = ls.owner_uri(given) if given else None  # a cell's URI names its notebook
-    state = ls.analyzer.documents.get(uri) if uri else None
-    snapshot = ls._text_of(uri) if uri and state is not None else None
-    if state is None or snapshot is None:
-        return {"ok": False, "message": f"not an open document: {uri}"}
-    text, version = snapshot
-    options = arguments[1] if len(arguments) > 1 and isinstance(arguments[1], dict) else {}
-    assert isinstance(ls.protocol, LlmmemProtocol)
-    ls.protocol.stop_with_request()
-    loop = asyncio.get_running_loop()
-    cancelled: asyncio.Future[None] = loop.create_future()
-    token = await _cancellable_progress(ls, state.path.name, cancelled)
-    from llmmem_lsp import verify_process as run
+    """One real (or simulated) step of the document, measured beside its prediction
+    (`verify_command`); cancelling its progress or the request ends it."""
+    from llmmem_lsp.verify_command import verify as run_verify
 
-    copy = run.buffer_copy(state.path, text)
-    process: asyncio.subprocess.Process | None = None
-    directory: Path | None = None  # the subprocess's working directory
-    outcome: dict[str, Any] = {"ok": False, "message": "verify stopped"}
-    try:
-        if copy is None:
-            outcome = {"ok": False, "message": f"could not write {state.path.name} to verify it"}
-        else:
-            hub = ls.analyzer.settings.hub
-            gpu = ls.analyzer.settings_for(copy).gpu
-            process, directory = await run.start_verify(
-                copy, options, gpu, hub, ls.workspace_roots()
-            )
-            ls.verifying.add(process)
-            outcome = await run.verify_run(
-                process, cancelled, version, lambda: ls.shutdown_received
-            )
-            outcome = run.named_as_document(outcome, copy, state.path)
-    except OSError as err:
-        outcome = {"ok": False, "message": f"could not start verify: {err}"}
-    except asyncio.CancelledError:  # $/cancelRequest, or the server stops
-        outcome = {"ok": False, "cancelled": True, "message": "verify cancelled"}
-        raise
-    finally:
-        if process is not None:
-            run.kill_process_group(process)
-            ls.verifying.discard(process)
-        if directory is not None:
-            run.remove_run_directory(directory)
-        if copy is not None:
-            run.remove_copy(copy)
-        if token is not None:
-            ls.work_done_progress.tokens.pop(token, None)
-            ls.work_done_progress.end(token, types.WorkDoneProgressEnd(message=outcome["message"]))
-    outcome["version"] = version
-    if outcome.get("markdown"):
-        state.measured = outcome["markdown"]
-        state.measured_version = version
-    if not ls.shutdown_received:
-        ls.window_show_message(
-            types.ShowMessageParams(
-                type=types.MessageType.Info if outcome["ok"] else types.MessageType.Warning,
-                message=outcome["message"],
-            )
-        )
-    return outcome
-
-
-async def _cancellable_progress(
-    ls: LlmmemServer, title: str, cancelled: asyncio.Future[None]
-) -> str | None:
-    """A work-done progress the user can cancel (`cancelled` is set when they do), where the
-    client shows server-initiated progress; None where it does not."""
-    window = ls.client_capabilities.window
-    if not (window and window.work_done_progress):
-        return None
-    token = str(uuid.uuid4())
-    try:
-        await asyncio.wait_for(ls.work_done_progress.create_async(token), timeout=5)
-    except Exception:
-        return None
-    ls.work_done_progress.begin(
-        token, types.WorkDoneProgressBegin(title="llmmem verify", message=title, cancellable=True)
-    )
-
-    def on_cancel(_: object) -> None:
-        if not cancelled.done():
-            cancelled.get_loop().call_soon_threadsafe(_set_once, cancelled)
-
-    ls.work_done_progress.tokens[token].add_done_callback(on_cancel)
-    return token
-
-
-def _set_once(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
+    return await run_verify(ls, list(arguments))

@@ -20,7 +20,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -118,39 +117,6 @@ def named_as_document(outcome: dict[str, Any], copy: Path, path: Path) -> dict[s
         if isinstance(outcome.get(key), str):
             outcome[key] = outcome[key].replace(str(copy), str(path)).replace(copy.name, path.name)
     return outcome
-
-
-COPY_DIRECTORY_PREFIX = "llmmem-verify-"
-
-
-def buffer_copy(path: Path, text: str) -> Path | None:
-    """The editor's text in a file beside the document (so that the paths it names, relative
-    to it, still hold), or in a temporary directory where the document's is not writable."""
-    name = f".{path.stem}.llmmem-verify-{uuid.uuid4().hex[:8]}{path.suffix}"
-    for directory in (path.parent, None):
-        try:
-            if directory is None:
-                directory = Path(tempfile.mkdtemp(prefix=COPY_DIRECTORY_PREFIX))
-            target = directory / name
-            with open(target, "x", encoding="utf-8", newline="") as handle:
-                handle.write(text)
-        except OSError:
-            continue
-        return target
-    return None
-
-
-def remove_copy(copy: Path) -> None:
-    """The copy, and the temporary directory it was written to where it was not beside the
-    document."""
-    copy.unlink(missing_ok=True)
-    if copy.parent.name.startswith(COPY_DIRECTORY_PREFIX) and copy.parent.parent == Path(
-        tempfile.gettempdir()
-    ):
-        try:
-            copy.parent.rmdir()
-        except OSError:
-            pass
 
 
 async def verify_run(

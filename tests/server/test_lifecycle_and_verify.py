@@ -335,6 +335,149 @@ def test_a_cancelled_verify_request_and_a_shutdown_during_one_leave_no_process(
     assert not [p.name for p in workdir.iterdir() if "llmmem-verify" in p.name]
 
 
+def open_tiny(client: RawClient, workdir: Path, capabilities: dict[str, Any]) -> str:
+    """An initialized server with the tiny script open (saved as it is in the editor)."""
+    init = {
+        "capabilities": capabilities,
+        "initializationOptions": {"detectGpu": False, "hub": False},
+    }
+    assert client.request(1, "initialize", init, timeout=30) is not None
+    client.send({"method": "initialized", "params": {}})
+    uri = (workdir / "train.py").as_uri()
+    (workdir / "train.py").write_text(TINY_SCRIPT)
+    document = {"uri": uri, "languageId": "python", "version": 1, "text": TINY_SCRIPT}
+    client.send({"method": "textDocument/didOpen", "params": {"textDocument": document}})
+    assert client.notification("textDocument/publishDiagnostics", timeout=60) is not None
+    return uri
+
+
+def test_verify_without_a_document_is_invalid_params(raw: RawClient) -> None:
+    raw.initialize()
+    for params in (
+        {"command": "llmmem.verify"},
+        {"command": "llmmem.verify", "arguments": []},
+        {"command": "llmmem.verify", "arguments": [42]},
+    ):
+        answer = raw.request(3, "workspace/executeCommand", params, timeout=5)
+        assert answer is not None, f"no answer to {params}"
+        assert answer["error"]["code"] == types.ErrorCodes.InvalidParams, answer
+        assert "URI" in answer["error"]["message"]
+    assert "Traceback" not in raw.close()
+
+
+def test_a_verify_reports_on_the_clients_token_and_its_cancel_ends_the_step(
+    workdir: Path,
+) -> None:
+    """A client that creates the progress itself (VS Code's notification with Cancel) passes
+    its `workDoneToken`: the server reports on it, creates none of its own, and a
+    `window/workDoneProgress/cancel` of that token ends the subprocess."""
+    tiny_model(workdir)
+    client = RawClient()
+    try:
+        uri = open_tiny(client, workdir, {"window": {"workDoneProgress": True}})
+        token = "the-client-s-token"
+        command = {
+            "command": "llmmem.verify",
+            "arguments": [uri, {"simulate": True}],
+            "workDoneToken": token,
+        }
+        client.send({"id": 5, "method": "workspace/executeCommand", "params": command})
+        pid = wait_for(lambda: verify_process(workdir), timeout=30)
+        assert pid is not None
+        tree = process_tree(pid)
+        begun = client.notification("$/progress", timeout=10)
+        assert begun is not None and begun["params"]["token"] == token
+        assert begun["params"]["value"]["kind"] == "begin"
+        assert begun["params"]["value"]["cancellable"] is True
+        client.send({"method": "window/workDoneProgress/cancel", "params": {"token": token}})
+        assert wait_for(lambda: not any(running(p) for p in tree), timeout=2)
+        answer = None
+        deadline = time.monotonic() + 10
+        while answer is None and time.monotonic() < deadline:
+            answer = next((m for m in client.seen if m.get("id") == 5 and "method" not in m), None)
+            if answer is None:
+                client._next(time.monotonic() + 0.2)
+        assert answer is not None and answer["result"]["cancelled"] is True
+        methods = [m.get("method") for m in client.seen]
+        assert "window/workDoneProgress/create" not in methods
+        # the client shows the outcome itself: no second message
+        assert "window/showMessage" not in methods
+    finally:
+        log = client.close()
+    assert "Traceback" not in log
+
+
+def test_an_unsaved_text_is_verified_from_a_copy_outside_the_workspace(workdir: Path) -> None:
+    """While the step runs nothing appears in the workspace (an Explorer would show it); the
+    copy's relative paths (`./tiny`) still read the workspace's."""
+    tiny_model(workdir)
+    client = RawClient()
+    try:
+        uri = open_tiny(client, workdir, {})
+        before = sorted(p.name for p in workdir.iterdir())
+        edited = TINY_SCRIPT.replace(
+            "per_device_train_batch_size=2", "per_device_train_batch_size=1"
+        )
+        change = {
+            "textDocument": {"uri": uri, "version": 2},
+            "contentChanges": [{"text": edited}],
+        }
+        client.send({"method": "textDocument/didChange", "params": change})
+        command = {"command": "llmmem.verify", "arguments": [uri, {"simulate": True}]}
+        client.send({"id": 5, "method": "workspace/executeCommand", "params": command})
+        seen: set[str] = set()
+        answer = None
+        deadline = time.monotonic() + 240
+        while answer is None and time.monotonic() < deadline:
+            seen |= {p.name for p in workdir.iterdir()}
+            client._next(time.monotonic() + 0.05)
+            answer = next((m for m in client.seen if m.get("id") == 5 and "method" not in m), None)
+        assert answer is not None, "verify gave no answer"
+        assert answer["result"]["ok"] is True, answer["result"]
+        assert sorted(seen) == before, f"in the workspace while verify ran: {sorted(seen)}"
+        assert (workdir / "train.py").read_text() == TINY_SCRIPT
+        # the breakdown page of that text shows what was measured beside the prediction
+        page = client.request(
+            6, "workspace/executeCommand", {"command": "llmmem.breakdown", "arguments": [uri]}, 30
+        )
+        assert page is not None and page["result"]["version"] == 2
+        assert "Measured beside predicted" in page["result"]["html"]
+        assert "allocated peak" in page["result"]["html"]
+    finally:
+        client.close()
+
+
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("torch") is None, reason="verify needs torch"
+)
+def test_without_cuda_the_answer_says_whether_a_simulated_step_can_run(workdir: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: verify runs the step")
+    tiny_model(workdir)
+    client = RawClient()
+    try:
+        uri = open_tiny(client, workdir, {})
+        answer = client.request(
+            5, "workspace/executeCommand", {"command": "llmmem.verify", "arguments": [uri]}, 240
+        )
+        assert answer is not None and answer["result"]["ok"] is False
+        assert answer["result"]["simulate"] == {"possible": True}
+        qlora = (Path(__file__).resolve().parents[2] / "examples" / "qlora_sft.py").read_text()
+        path = workdir / "qlora.py"
+        path.write_text(qlora)
+        document = {"uri": path.as_uri(), "languageId": "python", "version": 1, "text": qlora}
+        client.send({"method": "textDocument/didOpen", "params": {"textDocument": document}})
+        command = {"command": "llmmem.verify", "arguments": [path.as_uri()]}
+        answer = client.request(6, "workspace/executeCommand", command, 240)
+        assert answer is not None and answer["result"]["ok"] is False
+        simulate = answer["result"]["simulate"]
+        assert simulate["possible"] is False and "bitsandbytes" in simulate["why"], simulate
+    finally:
+        client.close()
+
+
 WORKSPACE_MODULES = ("json", "typing", "datasets", "llmmem")
 
 

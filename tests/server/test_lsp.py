@@ -94,8 +94,9 @@ async def test_open_publishes_will_not_fit_with_rule_link_and_related_values(
     assert will_not_fit.range.start.line == NOT_FITTING.splitlines().index(
         "args = TrainingArguments("
     )
+    # the two values a person changes first (each related value is a line of the hover)
     related = {r.message.split(" = ")[0]: r for r in will_not_fit.related_information or []}
-    assert {"model_id", "per_device_train_batch_size", "optim"} <= set(related)
+    assert set(related) == {"per_device_train_batch_size", "max_seq_length"}
     batch = related["per_device_train_batch_size"].location.range
     assert NOT_FITTING.splitlines()[batch.start.line].strip() == "per_device_train_batch_size=8,"
 
@@ -169,12 +170,14 @@ async def test_hover_on_a_keyword_is_short_and_the_call_has_the_breakdown(
     assert "at micro-batch 4:" in text and "at micro-batch 16:" in text
     assert "Largest micro-batch that fits RTX-4090" in text or "Not even a micro-batch" in text
     assert "| component |" not in text and len(lines) <= 6
+    assert lines[-1] == "_The whole breakdown: run llmmem: Explain._"
     # the hover's range is the keyword's value
     assert (
         hover.range is not None
         and hover.range.start.line == position_of(NOT_FITTING, "per_device_train_batch_size").line
     )
-    # the trainer call keeps the whole table, numbers with their units on one line
+    # the call is short too: the verdict, the three largest terms (units kept on their line),
+    # where the whole table is; the table itself is Explain's
     on_call = await client.text_document_hover_async(
         types.HoverParams(
             text_document=types.TextDocumentIdentifier(uri=uri),
@@ -182,10 +185,21 @@ async def test_hover_on_a_keyword_is_short_and_the_call_has_the_breakdown(
         )
     )
     assert on_call is not None and isinstance(on_call.contents, types.MarkupContent)
-    table = on_call.contents.value
-    for component in ("weights", "gradients", "optimizer states", "activations"):
-        assert f"| {component} |" in table
-    assert re.search(r"\| optimizer states \| [\d.]+\u00a0GiB \| \d+% \| .*×", table)
+    short = [line for line in on_call.contents.value.splitlines() if line]
+    assert short[0] == lines[0] and len(short) == 3
+    peak = budget.peak.components
+    largest = sorted(
+        [(c.value.replace("_", " "), t.bytes) for c, t in peak.items()]
+        + [(o.value.replace("_", " "), t.bytes) for o, t in budget.overheads.items()],
+        key=lambda item: -item[1],
+    )[:3]
+    assert short[1].startswith("Largest at the peak (") and short[1].endswith(
+        " · ".join(
+            f"{name} {format_bytes(size)}".replace(" GiB", "\u00a0GiB") for name, size in largest
+        )
+    )
+    assert "| weights |" not in on_call.contents.value
+    assert short[2] == "_The whole breakdown: run llmmem: Explain (`llmmem explain FILE`)._"
 
 
 @pytest.mark.asyncio
