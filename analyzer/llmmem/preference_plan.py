@@ -39,6 +39,11 @@ def objective_of(plan: TrainingPlan) -> Objective | None:
     return None if objective is Objective.SFT else objective
 
 
+# objectives whose step is the supervised one: next-token loss over every token (pretraining,
+# LLaMA-Factory `stage: pt`, `swift pt`) costs what SFT costs
+SUPERVISED_OBJECTIVES = frozenset({"sft", "pretrain"})
+
+
 def unmodelled_objective_problem(plan: TrainingPlan) -> str | None:
     """A clear word where the plan trains for an objective llmmem does not size (trl's online
     DPO, an axolotl `rl:` value it does not know): the estimate is then the supervised step of
@@ -46,7 +51,7 @@ def unmodelled_objective_problem(plan: TrainingPlan) -> str | None:
     if plan.objective is None or objective_of(plan) is not None:
         return None
     name = str(plan.objective.value)
-    if name.lower() == "sft":
+    if name.lower() in SUPERVISED_OBJECTIVES:
         return None
     return (
         f"trains for {name}, whose step llmmem does not size yet: the estimate is the "

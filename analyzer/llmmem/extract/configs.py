@@ -47,6 +47,7 @@ from llmmem.extract.frameworks.deepspeed import is_deepspeed_config, read_deepsp
 from llmmem.extract.frameworks.hf_yaml import is_trl_config, read_hf
 from llmmem.extract.frameworks.litgpt import is_litgpt_config, read_litgpt
 from llmmem.extract.frameworks.llamafactory import is_llamafactory_config, read_llamafactory
+from llmmem.extract.frameworks.swift import read_swift
 from llmmem.extract.frameworks.torchtune import is_torchtune_config, read_torchtune
 from llmmem.extract.frameworks.verl import is_verl_config, read_verl
 from llmmem.extract.pragmas import ProjectSettings, apply_project_settings
@@ -102,6 +103,7 @@ FRAMEWORK_READERS: dict[str, Callable[[DocumentReader], None]] = {
     "deepspeed": read_deepspeed_file,
     "accelerate": read_accelerate,
     "verl": read_verl,
+    "swift": read_swift,  # named by its launcher (`swift sft`): its keys are not distinctive
 }
 
 
@@ -222,6 +224,7 @@ FRAMEWORK_CONFIG_CLASSES = {
     "deepspeed": "none",
     "accelerate": "none",
     "verl": "none",
+    "swift": "TrainingArguments",
 }
 
 

@@ -124,6 +124,7 @@ AXOLOTL_RL_OBJECTIVES: dict[str, str] = {
 
 # LLaMA-Factory `stage:` values; `pref_loss` picks ORPO or SimPO inside the dpo stage
 LLAMAFACTORY_STAGE_OBJECTIVES: dict[str, str] = {
+    "pt": "pretrain",  # sized as the supervised step it is (next-token loss on every token)
     "dpo": "dpo",
     "kto": "kto",
     "rm": "reward",

@@ -1,7 +1,7 @@
 """Launchers: which program a command runs and how its options are taken apart.
 
 python, torchrun, `python -m torch.distributed.run`, accelerate launch, deepspeed,
-llamafactory-cli, tune run, trl, axolotl, litgpt and the schedulers that start them (srun,
+llamafactory-cli, tune run, trl, axolotl, litgpt, ms-swift (`swift sft|pt|rlhf`) and the schedulers that start them (srun,
 mpirun, `ray job submit`). The tables here say which launcher options are bare flags, which
 program arguments take several values, which framework each launcher implies, and when a
 command line starts a DeepSpeed-Chat training script (what its flags mean:
@@ -31,6 +31,7 @@ from llmmem.extract.frameworks.deepspeed_chat import (
 )
 from llmmem.extract.frameworks.openrlhf import LIST_FLAGS as OPENRLHF_LIST_FLAGS
 from llmmem.extract.frameworks.openrlhf import openrlhf_trainer
+from llmmem.extract.frameworks.swift import SWIFT_COMMANDS
 from llmmem.extract.shell.expand import ExpandedCommand, ShellWord
 
 
@@ -107,6 +108,7 @@ LAUNCH_PROGRAMS = frozenset(
         "trl",
         "axolotl",
         "litgpt",
+        "swift",
     }
 )
 WRAPPERS = frozenset({"nohup", "exec", "time", "command", "builtin", "stdbuf", "nice", "sudo"})
@@ -185,6 +187,8 @@ LIST_FLAGS = frozenset(
         "target_modules",
         "modules_to_save",
         "lora_target",
+        "dataset",  # ms-swift and HF scripts take several datasets after one flag
+        "val_dataset",
     }
     | OPENRLHF_LIST_FLAGS
 )
@@ -297,6 +301,8 @@ def interpret_command(command: ExpandedCommand) -> Launch | None:
         )
     if program == "litgpt" and rest < len(words) and words[rest].text in LITGPT_COMMANDS:
         return interpret_litgpt(command, rest)
+    if program == "swift" and rest < len(words) and words[rest].text in SWIFT_COMMANDS:
+        return interpret_swift(command, rest)
     if program in SCHEDULERS:
         return interpret_scheduler(command, rest)
     if program == "ray" and [word.text for word in words[rest : rest + 2]] == ["job", "submit"]:
@@ -527,6 +533,20 @@ def interpret_llamafactory(command: ExpandedCommand, start: int) -> Launch | Non
     )
 
 
+def interpret_swift(command: ExpandedCommand, start: int) -> Launch:
+    """`swift sft|pt|rlhf [config.yaml] --flag value ...`: a config is swift's first argument
+    only (swift/cli/main.py `parse_yaml_args`); `--dataset train.json` is data."""
+    words = command.words
+    launch = Launch("swift", command, subcommand=words[start].text)
+    rest = words[start + 1 :]
+    if rest and rest[0].text.endswith(CONFIG_SUFFIXES):
+        launch.target = rest[0]
+        launch.target_kind = "config"
+        rest = rest[1:]
+    launch.arguments = rest
+    return launch
+
+
 def interpret_tune(command: ExpandedCommand, start: int) -> Launch | None:
     """`tune run [torchrun options] <recipe> --config <file or built-in name> [key=value]`."""
     options, index = read_options(command.words, start, booleans=TORCHRUN_BOOLEANS)
@@ -566,9 +586,10 @@ LAUNCHER_FRAMEWORKS = {
     "tune": "torchtune",
     "litgpt": "litgpt",
     "trl": "trl",
+    "swift": "swift",
 }
 OVERRIDE_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
-FILE_VALUE_HINTS = ("config", "deepspeed", "file", "path", "dir")
+FILE_VALUE_HINTS = ("config", "deepspeed", "file", "path", "dir", "data")
 
 
 def parse_override_value(text: str) -> Any:

@@ -71,9 +71,12 @@ class LaunchOptionReader:
                     )
                 )
                 return
-        if launch.launcher == "llamafactory" and processes is None:
+        if launch.launcher in ("llamafactory", "swift") and processes is None:
             processes = self.environment_value(environment, "NPROC_PER_NODE")
             nodes = self.environment_value(environment, "NNODES")
+        if launch.launcher == "swift" and processes is None:
+            self.swift_single_process(environment)
+            return
         if launch.launcher == "trl":
             trl_options = program_options(launch.arguments)
             if "num_processes" in trl_options:
@@ -111,6 +114,31 @@ class LaunchOptionReader:
                 self.slice_range(processes),
                 "",
             )
+        )
+
+    def swift_single_process(self, environment: dict[str, ShellWord]) -> None:
+        """ms-swift without NPROC_PER_NODE (or NNODES) runs one process (swift/cli/main.py
+        `use_torchrun`): on one visible GPU that is the world; over several, the model is
+        spread across them by device_map, which llmmem sizes as one GPU and says so."""
+        visible = environment.get("CUDA_VISIBLE_DEVICES")
+        if visible is None or not visible.is_known or not visible.text.strip():
+            return
+        count = len([device for device in visible.text.split(",") if device.strip()])
+        if count == 1:
+            self.settings.append(
+                Setting(
+                    "distributed.world_size",
+                    1,
+                    Provenance.EXPLICIT,
+                    self.word_range(visible),
+                    "ms-swift runs one process without NPROC_PER_NODE; one GPU visible",
+                )
+            )
+            return
+        self.problems.append(
+            f"{self.lines.describe(visible.start)}: without NPROC_PER_NODE ms-swift runs one "
+            f"process and spreads the model over the {count} visible GPUs (device_map); sized "
+            "as one GPU holding all of it"
         )
 
     def read_scheduler_tasks(self, options: dict[str, CommandOption]) -> None:

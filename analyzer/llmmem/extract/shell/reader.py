@@ -18,6 +18,7 @@ from llmmem.extract.configs import FRAMEWORK_CONFIG_CLASSES, ConfigReading, Over
 from llmmem.extract.frameworks.common import Setting
 from llmmem.extract.frameworks.litgpt import LITGPT_LORA_DEFAULTS
 from llmmem.extract.frameworks.openrlhf import openrlhf_meanings
+from llmmem.extract.frameworks.swift import swift_accumulation
 from llmmem.extract.frameworks.torchtune import torchtune_model
 from llmmem.extract.pragmas import ProjectSettings, apply_project_settings
 from llmmem.extract.shell.expand import ShellExpander, ShellWord
@@ -116,7 +117,7 @@ class ShellPlanReader(LaunchOptionReader):
         if launch is None:
             self.problems.append(
                 "no training command found (python, torchrun, accelerate launch, deepspeed, "
-                "llamafactory-cli, tune run, trl, axolotl or litgpt)"
+                "llamafactory-cli, tune run, trl, axolotl, litgpt or swift)"
             )
         else:
             self.read_launch(launch)
@@ -245,6 +246,8 @@ class ShellPlanReader(LaunchOptionReader):
         else:
             return
         self.add_reading(reading)
+        if launch.launcher == "swift":
+            self.swift_launch_defaults(launch, reading)
         if launch.launcher == "litgpt" and launch.subcommand == "finetune_lora":
             self.settings.append(
                 Setting(
@@ -257,6 +260,34 @@ class ShellPlanReader(LaunchOptionReader):
             )
             for key, value, note in LITGPT_LORA_DEFAULTS:
                 self.settings.append(Setting(key, value, Provenance.DEFAULT, None, note))
+
+    def swift_launch_defaults(self, launch: Launch, reading: ConfigReading) -> None:
+        """What ms-swift decides from the command and the world: `swift rlhf` trains DPO
+        unless --rlhf_type says otherwise; the accumulation, when not given, is
+        ceil(16 / batch / world size)."""
+        command = launch.command.words[0] if launch.command.words else None
+        located = self.word_range(command) if command is not None else None
+        if launch.subcommand == "rlhf" and not reading.has("objective"):
+            self.settings.append(
+                Setting("objective", "dpo", Provenance.DEFAULT, located, "swift rlhf: dpo")
+            )
+        if launch.subcommand == "pt" and not reading.has("objective"):
+            self.settings.append(
+                Setting("objective", "pretrain", Provenance.EXPLICIT, located, "swift pt")
+            )
+        if not reading.has("gradient_accumulation_steps"):
+            batch = reading.value_of("per_device_train_batch_size")
+            world = self.known_world_size() or 1
+            steps = swift_accumulation(batch if isinstance(batch, int) and batch > 0 else 1, world)
+            self.settings.append(
+                Setting(
+                    "gradient_accumulation_steps",
+                    steps,
+                    Provenance.DEFAULT,
+                    located,
+                    f"ms-swift: ceil(16 / batch / {world} processes) when not given",
+                )
+            )
 
     def add_reading(self, reading: ConfigReading) -> None:
         self.readings.append(reading)
