@@ -3,13 +3,13 @@ import js from '@eslint/js';
 import tseslint from 'typescript-eslint';
 
 export default tseslint.config(
-  { ignores: ['dist/', 'out/', 'node_modules/', '*.vsix'] },
+  { ignores: ['dist/', 'out/', 'node_modules/', 'bundled/', 'test/e2e/artifacts/', '*.vsix'] },
   js.configs.recommended,
   ...tseslint.configs.recommendedTypeChecked,
   {
     languageOptions: {
       parserOptions: {
-        projectService: { allowDefaultProject: ['*.mjs', 'test/e2e/*.mjs'] },
+        projectService: { allowDefaultProject: ['*.mjs', 'test/e2e/*.mjs', 'scripts/*.mjs'] },
         tsconfigRootDir: import.meta.dirname,
       },
     },

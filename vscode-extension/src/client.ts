@@ -18,13 +18,13 @@ import type { ExplainAnswer } from './status';
 export const CLIENT_ID = 'llmmem';
 export const CLIENT_NAME = 'llmmem';
 export const SERVER_MODULE = 'llmmem_lsp';
-export const PYPI_PACKAGE = 'llmmem';
 
 /** Commands the server registers (vscode-languageclient turns them into VS Code commands). */
 export const SERVER_COMMANDS = {
   explain: 'llmmem.explain',
   verify: 'llmmem.verify',
   gpus: 'llmmem.gpus',
+  breakdown: 'llmmem.breakdown',
 } as const;
 
 /** The extension's own commands (distinct names: the server's are registered already). */
@@ -33,6 +33,7 @@ export const EXTENSION_COMMANDS = {
   explain: 'llmmem.explainActive',
   selectGpu: 'llmmem.selectGpu',
   restart: 'llmmem.restart',
+  showBreakdown: 'llmmem.showBreakdown',
 } as const;
 
 export const LANGUAGES = ['python', 'yaml', 'json', 'shellscript'] as const;
@@ -83,6 +84,12 @@ export function initializationOptions(settings: ServerSettings): ServerSettings 
   return { ...settings, severity: { ...settings.severity } };
 }
 
+/** What `initialize` carries besides the settings: the command the step's hover links to
+ * (the whole breakdown in a panel). */
+export function startOptions(settings: ServerSettings): ServerSettings & { breakdownCommand: string } {
+  return { ...initializationOptions(settings), breakdownCommand: EXTENSION_COMMANDS.showBreakdown };
+}
+
 /** The answers to a `workspace/configuration` request: the server settings for `llmmem`,
  * whatever `others` gives for any other section. */
 export function configurationAnswers(
@@ -101,6 +108,9 @@ export interface CommandGuards {
   refuseUntrusted(action: string): unknown;
   /** Show the report the server answered to `llmmem.explain` (the code lens runs it). */
   showExplanation(answer: ExplainAnswer): unknown;
+  /** Run Verify as the command does (notification progress with Cancel) for the code lens's
+   * `llmmem.verify`; absent, the server's command runs as it is. */
+  verify?(args: unknown[]): Promise<unknown>;
 }
 
 type ConfigurationNext = ConfigurationRequest.HandlerSignature;
@@ -138,6 +148,9 @@ export function createMiddleware(currentSettings: () => ServerSettings, guards?:
         await guards.refuseUntrusted(VERIFY_ACTION);
         return undefined;
       }
+      if (command === SERVER_COMMANDS.verify && guards?.verify) {
+        return guards.verify(args);
+      }
       const answer = await next(command, args);
       if (command === SERVER_COMMANDS.explain && guards && answer && typeof answer === 'object') {
         await guards.showExplanation(answer);
@@ -151,11 +164,16 @@ export type ServerCheck =
   | { ok: true; version: string }
   | { ok: false; reason: 'no-python' | 'not-installed' | 'failed'; detail: string };
 
-/** Does `python -c "import llmmem_lsp"` work? */
-export function checkServerInstalled(python: string, timeoutMs = 30_000): Promise<ServerCheck> {
+/** Does `python -c "import llmmem_lsp"` work (with `env`: the bundled libs on its path)? */
+export function checkServerInstalled(
+  python: string,
+  timeoutMs = 30_000,
+  env?: NodeJS.ProcessEnv,
+): Promise<ServerCheck> {
   const probe = `import ${SERVER_MODULE}, llmmem; print(llmmem.__version__)`;
   return new Promise((resolve) => {
-    execFile(python, ['-c', probe], { timeout: timeoutMs, windowsHide: true }, (error, stdout, stderr) => {
+    const options = { timeout: timeoutMs, windowsHide: true, ...(env ? { env } : {}) };
+    execFile(python, ['-c', probe], options, (error, stdout, stderr) => {
       if (!error) {
         resolve({ ok: true, version: String(stdout).trim() });
         return;
@@ -177,12 +195,18 @@ function quotePosix(word: string): string {
   return /^[\w@%+=:,./-]+$/.test(word) ? word : `'${word.replace(/'/g, `'"'"'`)}'`;
 }
 
-/** The terminal line that installs llmmem into `python`. */
-export function installCommandLine(python: string, platform: NodeJS.Platform = process.platform): string {
-  const rest = `-m pip install ${PYPI_PACKAGE}`;
+/** The terminal line that installs the wheel the extension carries into `python` (pip fetches
+ * its dependencies): never a package name that no index may have. */
+export function installCommandLine(
+  python: string,
+  wheel: string,
+  platform: NodeJS.Platform = process.platform,
+): string {
   if (platform === 'win32') {
     // PowerShell (the default Windows terminal) needs the call operator for a quoted path
-    return /\s/.test(python) ? `& "${python}" ${rest}` : `${python} ${rest}`;
+    const quote = (word: string) => (/\s/.test(word) ? `"${word}"` : word);
+    const call = /\s/.test(python) ? `& "${python}"` : python;
+    return `${call} -m pip install ${quote(wheel)}`;
   }
-  return `${quotePosix(python)} ${rest}`;
+  return `${quotePosix(python)} -m pip install ${quotePosix(wheel)}`;
 }

@@ -14,6 +14,22 @@ import type { ExplainAnswer } from './status';
 export interface ServerRequests {
   /** Runs a server command (`workspace/executeCommand`); undefined when no server runs. */
   executeCommand<T>(command: string, args: unknown[]): Promise<T | undefined>;
+  /** The same, reporting on a progress the client creates; `cancel` stops it. */
+  executeWithProgress?<T>(
+    command: string,
+    args: unknown[],
+    report: (message: string) => void,
+    cancel: vscode.CancellationToken,
+  ): Promise<T | undefined>;
+}
+
+/** `llmmem.verify`'s answer. */
+export interface VerifyOutcome {
+  ok: boolean;
+  message: string;
+  cancelled?: boolean;
+  /** Where no CUDA device was found: whether a simulated step can run this plan, and why not. */
+  simulate?: { possible: boolean; why?: string };
 }
 
 export interface Log {
@@ -94,14 +110,55 @@ export async function refuseUntrusted(action: string): Promise<void> {
   }
 }
 
-/** `llmmem: Verify on GPU`: one real (or simulated) step of the active file, via the server. */
-export async function verifyActive(server: ServerRequests, log: Log): Promise<unknown> {
+function isCancellation(error: unknown): boolean {
+  const code = (error as { code?: unknown } | undefined)?.code;
+  return code === -32800 || (error instanceof Error && /cancel/i.test(error.message));
+}
+
+/** One run of `llmmem.verify` in a notification with Cancel (undefined: no server). */
+async function verifyRun(
+  server: ServerRequests,
+  uri: vscode.Uri,
+  options: Record<string, unknown> | undefined,
+  log: Log,
+): Promise<VerifyOutcome | undefined> {
+  const name = uri.path.slice(uri.path.lastIndexOf('/') + 1) || uri.toString();
+  const args: unknown[] = options ? [uri.toString(), options] : [uri.toString()];
+  const title = options?.simulate ? `llmmem: simulating a step of ${name}` : `llmmem: verifying ${name} on the GPU`;
+  return vscode.window.withProgress(
+    { location: vscode.ProgressLocation.Notification, title, cancellable: true },
+    async (progress, cancel) => {
+      try {
+        if (server.executeWithProgress) {
+          return await server.executeWithProgress<VerifyOutcome>(
+            SERVER_COMMANDS.verify,
+            args,
+            (message) => progress.report({ message }),
+            cancel,
+          );
+        }
+        return await server.executeCommand<VerifyOutcome>(SERVER_COMMANDS.verify, args);
+      } catch (error) {
+        if (cancel.isCancellationRequested || isCancellation(error)) {
+          log.appendLine('verify cancelled');
+          return { ok: false, cancelled: true, message: 'verify cancelled' };
+        }
+        throw error;
+      }
+    },
+  );
+}
+
+/** `llmmem: Verify on GPU` (and the code lens's Verify): one real step of the file, in a
+ * notification with Cancel; where there is no CUDA device, a simulated step is offered only
+ * where one can run this plan. */
+export async function verifyActive(server: ServerRequests, log: Log, target?: unknown): Promise<unknown> {
   if (!vscode.workspace.isTrusted) {
     log.appendLine('verify refused: the workspace is not trusted');
     await refuseUntrusted(VERIFY_ACTION);
     return undefined;
   }
-  const uri = workingDocumentUri();
+  const uri = typeof target === 'string' ? vscode.Uri.parse(target) : workingDocumentUri();
   if (!uri) {
     await vscode.window.showInformationMessage('llmmem: open a training script or config to verify.');
     return undefined;
@@ -122,34 +179,47 @@ export async function verifyActive(server: ServerRequests, log: Log): Promise<un
     }
   }
   log.appendLine(`verify ${uri.toString()}`);
-  // the server shows its progress and its verdict itself
-  const outcome = await server.executeCommand<{ ok: boolean; message: string }>(
-    SERVER_COMMANDS.verify,
-    [uri.toString()],
-  );
+  const outcome = await verifyRun(server, uri, undefined, log);
   if (outcome === undefined) {
     await vscode.window.showWarningMessage('llmmem: the language server is not running.');
     return outcome;
   }
   log.appendLine(`verify: ${outcome.message}`);
-  if (!outcome.ok && outcome.message.includes('--simulate')) {
+  if (outcome.cancelled) {
+    return outcome;
+  }
+  if (outcome.ok) {
+    void vscode.window.showInformationMessage(`llmmem: ${outcome.message}`);
+    return outcome;
+  }
+  const simulate = outcome.simulate;
+  if (simulate?.possible) {
     // no CUDA device where the server runs: the same step can be simulated without one
-    const simulate = 'Simulate instead';
+    const instead = 'Simulate instead';
     const choice = await vscode.window.showInformationMessage(
       'llmmem: no GPU here to verify on. Simulate the step instead (no GPU, no weights)?',
-      simulate,
+      instead,
     );
-    if (choice === simulate) {
-      const simulated = await server.executeCommand<{ ok: boolean; message: string }>(
-        SERVER_COMMANDS.verify,
-        [uri.toString(), { simulate: true }],
-      );
+    if (choice === instead) {
+      const simulated = await verifyRun(server, uri, { simulate: true }, log);
       if (simulated !== undefined) {
         log.appendLine(`verify (simulated): ${simulated.message}`);
+        if (!simulated.cancelled) {
+          const show = simulated.ok ? vscode.window.showInformationMessage : vscode.window.showWarningMessage;
+          void show(`llmmem: ${simulated.message}`);
+        }
       }
       return simulated;
     }
+    return outcome;
   }
+  if (simulate && !simulate.possible) {
+    await vscode.window.showWarningMessage(
+      `llmmem: no GPU here to verify on, and a simulated step cannot run this plan: ${simulate.why ?? 'see the log'}.`,
+    );
+    return outcome;
+  }
+  await vscode.window.showWarningMessage(`llmmem: ${outcome.message}`);
   return outcome;
 }
 

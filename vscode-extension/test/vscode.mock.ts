@@ -35,6 +35,11 @@ export class Uri {
     return new Uri('file', path);
   }
 
+  static parse(value: string): Uri {
+    const match = /^([a-z][\w+.-]*):(?:\/\/[^/]*)?([^#]*)(?:#(.*))?$/i.exec(value);
+    return match ? new Uri(match[1]!, decodeURIComponent(match[2] ?? ''), match[3] ?? '') : new Uri('file', value);
+  }
+
   static from(parts: { scheme: string; path?: string; fragment?: string }): Uri {
     return new Uri(parts.scheme, parts.path ?? '', parts.fragment ?? '');
   }
@@ -192,6 +197,25 @@ export interface FakeTerminal {
 type Message = (message: string, ...items: string[]) => Promise<string | undefined>;
 const noAnswer: Message = async () => undefined;
 
+export const ProgressLocation = { SourceControl: 1, Window: 10, Notification: 15 } as const;
+
+export interface FakeWebviewPanel {
+  viewType: string;
+  title: string;
+  webview: { html: string };
+  revealed: number;
+  disposed: boolean;
+  reveal(): void;
+  onDidDispose(listener: () => void): { dispose(): void };
+  dispose(): void;
+}
+
+/** A cancellation token for `withProgress`; `cancelProgress()` cancels the running one. */
+let progressCancelled: (() => void) | undefined;
+export function cancelProgress(): void {
+  progressCancelled?.();
+}
+
 export const window = {
   activeTextEditor: undefined as { document: FakeDocument } | undefined,
   activeNotebookEditor: undefined as { notebook: { uri: Uri; notebookType: string } } | undefined,
@@ -206,6 +230,9 @@ export const window = {
     lines: [] as string[],
     appendLine(line: string) {
       this.lines.push(line);
+    },
+    append(text: string) {
+      this.lines.push(text);
     },
     show() {},
     dispose() {},
@@ -242,7 +269,62 @@ export const window = {
   ),
   onDidChangeActiveTextEditor: eventNamed('window.onDidChangeActiveTextEditor'),
   onDidChangeActiveNotebookEditor: eventNamed('window.onDidChangeActiveNotebookEditor'),
+  withProgress: spy(
+    async <R>(
+      _options: { location: number; title?: string; cancellable?: boolean },
+      task: (
+        progress: { report(value: { message?: string }): void },
+        token: { isCancellationRequested: boolean; onCancellationRequested(listener: () => void): { dispose(): void } },
+      ) => Promise<R>,
+    ): Promise<R> => {
+      const listeners: (() => void)[] = [];
+      const token = {
+        isCancellationRequested: false,
+        onCancellationRequested(listener: () => void) {
+          listeners.push(listener);
+          return { dispose: () => undefined };
+        },
+      };
+      progressCancelled = () => {
+        token.isCancellationRequested = true;
+        listeners.forEach((listener) => listener());
+      };
+      const reports: string[] = [];
+      progressReports.push(reports);
+      try {
+        return await task({ report: (value) => void (value.message && reports.push(value.message)) }, token);
+      } finally {
+        progressCancelled = undefined;
+      }
+    },
+  ),
+  createWebviewPanel: spy(
+    (viewType: string, title: string, _column: unknown, _options?: unknown): FakeWebviewPanel => {
+      const disposeListeners: (() => void)[] = [];
+      return {
+        viewType,
+        title,
+        webview: { html: '' },
+        revealed: 0,
+        disposed: false,
+        reveal() {
+          this.revealed += 1;
+        },
+        onDidDispose(listener: () => void) {
+          disposeListeners.push(listener);
+          return { dispose: () => undefined };
+        },
+        dispose() {
+          this.disposed = true;
+          disposeListeners.forEach((listener) => listener());
+        },
+      };
+    },
+  ),
 };
+
+/** The messages each `withProgress` task reported, in order. */
+export const progressReports: string[][] = [];
 
 export const commands = {
   executeCommand: spy(async (_command: string, ..._args: unknown[]): Promise<unknown> => undefined),
@@ -284,5 +366,6 @@ export function resetMock(): void {
   window.activeTextEditor = undefined;
   window.activeNotebookEditor = undefined;
   env.remoteName = undefined;
+  progressReports.length = 0;
   resetSpies();
 }

@@ -45,16 +45,18 @@ describe('the server process', () => {
     assert.ok(DOCUMENT_SELECTOR.some((f) => 'scheme' in f && f.scheme === 'file' && 'language' in f && f.language === 'yaml'));
   });
 
-  it('is installed with pip in a terminal line that survives spaces in the path', () => {
-    assert.equal(installCommandLine('/envs/ml/bin/python', 'linux'), '/envs/ml/bin/python -m pip install llmmem');
+  it('installs the wheel the extension carries (no package name an index may lack), spaces and all', () => {
+    const wheel = '/ext/bundled/wheel/llmmem-0.1.0-py3-none-any.whl';
+    assert.equal(installCommandLine('/envs/ml/bin/python', wheel, 'linux'), `/envs/ml/bin/python -m pip install ${wheel}`);
     assert.equal(
-      installCommandLine("/My Envs/it's/python", 'darwin'),
-      `'/My Envs/it'"'"'s/python' -m pip install llmmem`,
+      installCommandLine("/My Envs/it's/python", '/My Ext/llmmem-0.1.0-py3-none-any.whl', 'darwin'),
+      `'/My Envs/it'"'"'s/python' -m pip install '/My Ext/llmmem-0.1.0-py3-none-any.whl'`,
     );
     assert.equal(
-      installCommandLine('C:\\Program Files\\Python312\\python.exe', 'win32'),
-      '& "C:\\Program Files\\Python312\\python.exe" -m pip install llmmem',
+      installCommandLine('C:\\Program Files\\Python312\\python.exe', 'C:\\My Ext\\llmmem.whl', 'win32'),
+      '& "C:\\Program Files\\Python312\\python.exe" -m pip install "C:\\My Ext\\llmmem.whl"',
     );
+    assert.doesNotMatch(installCommandLine('python3', wheel, 'linux'), /pip install llmmem$/);
   });
 });
 
@@ -103,5 +105,17 @@ describe('the middleware', () => {
     await middleware.executeCommand(SERVER_COMMANDS.explain, ['file:///a.py'], next);
     assert.deepEqual(trusted.showExplanation.calls, [[{ markdown: '# x' }]]);
     assert.equal(trusted.refuseUntrusted.calls.length, 0);
+  });
+
+  it("hands the code lens's Verify to the extension's (notification progress with Cancel)", async () => {
+    const verify = spy(async (_args: unknown[]): Promise<unknown> => ({ ok: true, message: 'measured' }));
+    const middleware = createMiddleware(() => serverSettings(readerOf({})), { ...guards(true), verify });
+    const next = spy(async (_command: string, _args: unknown[]): Promise<unknown> => ({ ok: false }));
+    assert.deepEqual(await middleware.executeCommand(SERVER_COMMANDS.verify, ['file:///a.py'], next), {
+      ok: true,
+      message: 'measured',
+    });
+    assert.deepEqual(verify.calls, [[['file:///a.py']]]);
+    assert.equal(next.calls.length, 0);
   });
 });

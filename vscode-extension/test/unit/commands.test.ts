@@ -14,9 +14,11 @@ import { StatusBar } from '../../src/statusBar';
 import { spy } from '../spy';
 import {
   Uri,
+  cancelProgress,
   commands,
   configurationUpdates,
   fakeDocument,
+  progressReports,
   resetMock,
   settingsStore,
   window,
@@ -138,10 +140,68 @@ describe('Verify on GPU', () => {
     assert.ok(log.lines.includes('verify: measured 21.0 GiB'));
   });
 
-  it('offers a simulated step when the server has no CUDA device', async () => {
+  it("runs in a notification with Cancel, reporting the server's progress", async () => {
+    window.activeTextEditor = { document: fakeDocument('/work/train.py') };
+    const executeWithProgress = spy(
+      async (_command: string, _args: unknown[], report: (message: string) => void, _cancel: unknown) => {
+        report('building the model from its config');
+        report('step 1 of 1');
+        return { ok: true, message: 'measured 21.0 GiB' };
+      },
+    );
+    const server = { ...fakeServer(), executeWithProgress } as never;
+    assert.deepEqual(await verifyActive(server, log), { ok: true, message: 'measured 21.0 GiB' });
+    const [options] = window.withProgress.calls[0]!;
+    assert.deepEqual(options, { location: 15, title: 'llmmem: verifying train.py on the GPU', cancellable: true });
+    assert.deepEqual(progressReports, [['building the model from its config', 'step 1 of 1']]);
+    assert.deepEqual(executeWithProgress.calls[0]!.slice(0, 2), ['llmmem.verify', ['file:///work/train.py']]);
+    // the client reported on its own progress: the outcome is the extension's to say
+    assert.equal(window.showInformationMessage.calls[0]![0], 'llmmem: measured 21.0 GiB');
+  });
+
+  it('stops when the notification is cancelled (the request is cancelled)', async () => {
+    window.activeTextEditor = { document: fakeDocument('/work/train.py') };
+    const executeWithProgress = spy(
+      (_command: string, _args: unknown[], _report: unknown, cancel: { onCancellationRequested(l: () => void): unknown }) =>
+        new Promise((_resolve, reject) => {
+          cancel.onCancellationRequested(() => reject(Object.assign(new Error('Request cancelled'), { code: -32800 })));
+        }),
+    );
+    const server = { ...fakeServer(), executeWithProgress } as never;
+    const running = verifyActive(server, log);
+    await new Promise((resolve) => setTimeout(resolve, 10));
+    cancelProgress();
+    assert.deepEqual(await running, { ok: false, cancelled: true, message: 'verify cancelled' });
+    assert.equal(window.showWarningMessage.calls.length, 0);
+  });
+
+  it('does not offer a simulated step where none can run the plan, and says why', async () => {
+    window.activeTextEditor = { document: fakeDocument('/work/qlora.py') };
+    const why = 'its k-bit layers are bitsandbytes kernels, which do not run on fake tensors';
+    const server = fakeServer({
+      'llmmem.verify': {
+        ok: false,
+        message: 'no CUDA device here: run `llmmem verify FILE --simulate` ...',
+        simulate: { possible: false, why },
+      },
+    });
+    await verifyActive(server, log);
+    assert.equal(server.executeCommand.calls.length, 1);
+    assert.ok(!window.showInformationMessage.calls.some((call) => call.includes('Simulate instead')));
+    assert.equal(
+      window.showWarningMessage.calls[0]![0],
+      `llmmem: no GPU here to verify on, and a simulated step cannot run this plan: ${why}.`,
+    );
+  });
+
+  it('offers a simulated step when the server has no CUDA device and the plan can be simulated', async () => {
     window.activeTextEditor = { document: fakeDocument('/work/train.py') };
     const answers: unknown[] = [
-      { ok: false, message: 'no measurement: no CUDA device here: run `llmmem verify FILE --simulate` ...' },
+      {
+        ok: false,
+        message: 'no measurement: no CUDA device here: run `llmmem verify FILE --simulate` ...',
+        simulate: { possible: true },
+      },
       { ok: true, message: 'simulated: 21.0 GiB allocated at its peak' },
     ];
     const executeCommand = spy(async (_command: string, _args: unknown[]) => answers.shift());

@@ -3,10 +3,13 @@
  * library (test/languageclient.fake.ts) and the install probe are stand-ins; the rest is real.
  */
 import { strict as assert } from 'node:assert';
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
 
 import type { ServerCheck } from '../../src/client';
 import { activate, deactivate, probe, LlmmemClient } from '../../src/extension';
-import { clients } from '../languageclient.fake';
+import { clients, starting } from '../languageclient.fake';
 import { spy, waitFor } from '../spy';
 import {
   Uri,
@@ -24,23 +27,42 @@ import {
 } from '../vscode.mock';
 
 const installed: ServerCheck = { ok: true, version: '0.1.0' };
-const realProbe = probe.checkServerInstalled;
-const context = { subscriptions: [] as { dispose(): unknown }[] };
-let check = spy(async (_python: string, _timeoutMs?: number): Promise<ServerCheck> => installed);
+const missing: ServerCheck = { ok: false, reason: 'not-installed', detail: "ModuleNotFoundError: No module named 'llmmem_lsp'" };
+const realProbe = { ...probe };
+const context = { subscriptions: [] as { dispose(): unknown }[], extensionPath: '' };
+type Check = (python: string, timeoutMs?: number, env?: NodeJS.ProcessEnv) => Promise<ServerCheck>;
+let check = spy<Check>(async () => installed);
+const TAG = { cache_tag: 'cpython-311', platform: 'linux-x86_64' };
+
+/** An extension folder; with `bundle`, carrying libs for `TAG` and the llmmem wheel. */
+function extensionFolder(bundle: boolean): string {
+  const root = fs.mkdtempSync(path.join(os.tmpdir(), 'llmmem-extension-'));
+  if (bundle) {
+    fs.mkdirSync(path.join(root, 'bundled', 'libs'), { recursive: true });
+    fs.mkdirSync(path.join(root, 'bundled', 'wheel'), { recursive: true });
+    const wheel = 'llmmem-0.1.0-py3-none-any.whl';
+    fs.writeFileSync(path.join(root, 'bundled', 'libs', 'llmmem-bundle.json'), JSON.stringify({ ...TAG, wheel }));
+    fs.writeFileSync(path.join(root, 'bundled', 'wheel', wheel), '');
+  }
+  return root;
+}
 
 beforeEach(() => {
   resetMock();
   clients.length = 0;
+  starting.with = undefined;
   context.subscriptions = [];
-  check = spy(async (_python: string, _timeoutMs?: number): Promise<ServerCheck> => installed);
+  context.extensionPath = extensionFolder(false);
+  check = spy<Check>(async () => installed);
   probe.checkServerInstalled = check;
+  probe.interpreterTag = async () => TAG;
   settingsStore.defaults.set('llmmem.hub', true);
   settingsStore.defaults.set('llmmem.interpreter', '');
 });
 
 afterEach(async () => {
   await deactivate();
-  probe.checkServerInstalled = realProbe;
+  Object.assign(probe, realProbe);
 });
 
 function activateExtension(): void {
@@ -72,7 +94,14 @@ describe('activate', () => {
       debounceMs: 300,
       analysisTimeoutSeconds: 10,
       detectGpu: true,
+      breakdownCommand: 'llmmem.showBreakdown',
     });
+    // the step's hover links to the breakdown: that command, and no other, runs from a hover
+    assert.deepEqual(client.clientOptions.markdown, {
+      isTrusted: { enabledCommands: ['llmmem.showBreakdown'] },
+      supportHtml: false,
+    });
+    assert.ok(registered.includes('llmmem.showBreakdown'));
     assert.ok(
       client.clientOptions.documentSelector.some(
         (filter) => JSON.stringify(filter) === JSON.stringify({ notebook: 'jupyter-notebook', language: 'python' }),
@@ -108,21 +137,63 @@ describe('activate', () => {
     assert.equal(clients.length, 1);
   });
 
-  it('offers to install llmmem with pip in a terminal when it is missing', async () => {
+  it('runs the server with the llmmem it carries when the interpreter has none', async () => {
+    context.extensionPath = extensionFolder(true);
+    settingsStore.global.set('llmmem.interpreter', '/usr/bin/python3');
+    check.does(async (_python, _timeout, env) => (env?.PYTHONPATH ? installed : missing));
+    activateExtension();
+    await waitFor(() => assert.equal(clients[0]?.start.calls.length, 1));
+    const libs = path.join(context.extensionPath, 'bundled', 'libs');
+    assert.equal(clients[0]!.serverOptions.command, '/usr/bin/python3');
+    assert.equal(clients[0]!.serverOptions.options.env.PYTHONPATH?.split(path.delimiter)[0], libs);
+    assert.equal(window.showWarningMessage.calls.length + window.showErrorMessage.calls.length, 0);
+  });
+
+  it('offers to install the wheel it carries where its libs do not fit the interpreter', async () => {
+    context.extensionPath = extensionFolder(true);
+    probe.interpreterTag = async () => ({ cache_tag: 'cpython-312', platform: 'darwin-arm64' });
     settingsStore.global.set('llmmem.interpreter', '/envs/bare/bin/python');
-    check.doesOnce(async () => ({
-      ok: false,
-      reason: 'not-installed',
-      detail: "ModuleNotFoundError: No module named 'llmmem_lsp'",
-    }));
+    check.does(async () => missing);
     window.showWarningMessage.doesOnce(async () => 'Install llmmem');
     activateExtension();
     await waitFor(() => assert.equal(window.createTerminal.calls.length, 1));
     const terminal = window.createTerminal.results[0] as FakeTerminal;
-    assert.deepEqual(terminal.lines, ['/envs/bare/bin/python -m pip install llmmem']);
+    const wheel = path.join(context.extensionPath, 'bundled', 'wheel', 'llmmem-0.1.0-py3-none-any.whl');
+    assert.deepEqual(terminal.lines, [`/envs/bare/bin/python -m pip install ${wheel}`]);
     assert.equal(terminal.shown, true);
     assert.match(window.showWarningMessage.calls[0]![0], /not installed/);
     assert.equal(clients.length, 0);
+  });
+
+  it('names no package to install where it carries none (a build without bundled/)', async () => {
+    check.does(async () => missing);
+    activateExtension();
+    await waitFor(() => assert.equal(window.showWarningMessage.calls.length, 1));
+    const [message, ...items] = window.showWarningMessage.calls[0]!;
+    assert.match(message, /not installed/);
+    assert.ok(!items.includes('Install llmmem'), items.join(', '));
+  });
+
+  it('says once why a server that stops at start stopped, with Show Log', async () => {
+    window.showErrorMessage.doesOnce(async () => 'Show Log');
+    // the process writes its traceback and ends before it answers initialize
+    starting.with = async (client) => {
+      client.clientOptions.outputChannel!.append('Traceback (most recent call last):\n  File "x.py", line 1\n');
+      client.clientOptions.outputChannel!.append("ModuleNotFoundError: No module named 'pygls'\n");
+      client.clientOptions.outputChannel!.appendLine('[Error - 10:00:00] Server process exited with code 1.');
+      throw new Error('Pending response rejected since connection got disposed');
+    };
+    activateExtension();
+    await waitFor(() => assert.equal(window.showErrorMessage.calls.length, 1), 3_000);
+    const client = clients[0]!;
+    await new Promise((resolve) => setTimeout(resolve, 400));
+    assert.equal(window.showErrorMessage.calls.length + window.showWarningMessage.calls.length, 1);
+    const [message, ...items] = window.showErrorMessage.calls[0]!;
+    assert.equal(message, "llmmem: the language server stopped at start: ModuleNotFoundError: No module named 'pygls'");
+    assert.deepEqual(items, ['Show Log']);
+    // it is not restarted over and over
+    const closed = await client.clientOptions.errorHandler!.closed();
+    assert.deepEqual(closed, { action: 1, handled: true });
   });
 
   it('does not install anything when the user declines', async () => {
@@ -172,9 +243,12 @@ describe('activate', () => {
     assert.ok(client instanceof LlmmemClient);
     client.error('Server process exited with code 0.');
     client.error('Server process exited with code 1.');
+    client.error("llmmem client: couldn't create connection to server.", undefined, 'force');
     assert.deepEqual(client.logged, [
-      { level: 'info', message: 'Server process exited normally (code 0).' },
-      { level: 'error', message: 'Server process exited with code 1.' },
+      { level: 'info', message: 'Server process exited normally (code 0).', notify: false },
+      { level: 'error', message: 'Server process exited with code 1.', notify: true },
+      // a failed start: the controller's message says it, with the cause
+      { level: 'error', message: "llmmem client: couldn't create connection to server.", notify: false },
     ]);
   });
 
