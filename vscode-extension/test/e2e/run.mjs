@@ -6,8 +6,9 @@
 //
 // Environment: LLMMEM_PYTHON (the Python that has llmmem; default ../.venv/bin/python),
 // LLMMEM_E2E_CACHE (installs, default ~/.cache/llmmem-vscode-e2e), LLMMEM_E2E_ARTIFACTS
-// (screenshots and logs, default e2e-artifacts/), LLMMEM_E2E_VSIX (a built .vsix; default: the
-// newest llmmem-*.vsix here, packaged again when the sources are newer), LLMMEM_E2E_CHROMIUM.
+// (screenshots and logs, default test/e2e/artifacts/), LLMMEM_E2E_VSIX (a built .vsix; default:
+// the newest llmmem-*.vsix here, packaged again when the sources are newer; it carries llmmem in
+// bundled/), LLMMEM_E2E_CHROMIUM.
 import { spawn, spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as net from 'node:net';
@@ -35,7 +36,7 @@ const REPO_ROOT = path.resolve(EXTENSION_ROOT, '..');
 const TOTAL_LIMIT_MS = 20 * 60_000;
 
 function artifactsDir() {
-  return path.resolve(process.env.LLMMEM_E2E_ARTIFACTS || path.join(EXTENSION_ROOT, 'e2e-artifacts'));
+  return path.resolve(process.env.LLMMEM_E2E_ARTIFACTS || path.join(HERE, 'artifacts'));
 }
 
 function newestMtime(target) {
@@ -59,6 +60,8 @@ async function vsixPath(env) {
   const sources = Math.max(
     newestMtime(path.join(EXTENSION_ROOT, 'src')),
     newestMtime(path.join(EXTENSION_ROOT, 'package.json')),
+    newestMtime(path.join(REPO_ROOT, 'server', 'llmmem_lsp')),
+    newestMtime(path.join(REPO_ROOT, 'analyzer', 'llmmem')),
   );
   if (built && fs.statSync(built).mtimeMs >= sources) {
     return built;
@@ -85,6 +88,29 @@ function pythonPath() {
     );
   }
   return python;
+}
+
+/** Two interpreters for the start paths: a bare one (a venv of `python`'s base, without
+ * llmmem: the extension runs it with the llmmem it carries) and one that refuses to run the
+ * server (`-m llmmem_lsp` ends at once with a line on stderr: the message must say it). */
+function startInterpreters(python, scratch) {
+  const bare = path.join(scratch, 'bare-python');
+  const made = spawnSync(python, ['-m', 'venv', '--without-pip', bare], { encoding: 'utf8', timeout: 60_000 });
+  if (made.status !== 0) {
+    throw new SetupError(`cannot make a bare venv with ${python}: ${made.stderr}`);
+  }
+  const failing = path.join(scratch, 'failing-python');
+  fs.writeFileSync(
+    failing,
+    '#!/bin/sh\n' +
+      'if [ "$1" = "-m" ] && [ "$2" = "llmmem_lsp" ]; then\n' +
+      '  echo "llmmem-lsp: error: this interpreter refuses to start the server (the end-to-end test)" >&2\n' +
+      '  exit 3\n' +
+      'fi\n' +
+      `exec '${python}' "$@"\n`,
+  );
+  fs.chmodSync(failing, 0o755);
+  return { bare: path.join(bare, 'bin', 'python'), failing };
 }
 
 function freePort() {
@@ -293,6 +319,8 @@ async function main() {
       workspace,
       artifacts,
       userData,
+      python,
+      interpreters: startInterpreters(python, scratch),
     });
     log(`passed in ${Math.round((Date.now() - total) / 1000)} s; screenshots in ${artifacts}`);
   } finally {

@@ -24,7 +24,14 @@ class Check {
   }
 }
 
-export async function scenario({ browser, url, workspace, artifacts, userData }) {
+const HOVER_LIMIT_PX = 250; // VS Code's hover box: what a person sees without scrolling
+
+function writeJson(file, value) {
+  fs.mkdirSync(path.dirname(file), { recursive: true });
+  fs.writeFileSync(file, JSON.stringify(value, null, 2) + '\n');
+}
+
+export async function scenario({ browser, url, workspace, artifacts, userData, interpreters }) {
   const page = await browser.newPage();
   page.setDefaultTimeout(STEP_TIMEOUT_MS);
   const consoleErrors = [];
@@ -177,6 +184,45 @@ export async function scenario({ browser, url, workspace, artifacts, userData })
       }
       return { text: lines.join(' '), box: { x: box.x, y: box.y, width: box.width, height: box.height } };
     });
+  /** The hover box's height and whether the step's verdict line is inside it, unscrolled. */
+  const hoverFit = (verdict) =>
+    page.evaluate((verdict) => {
+      const hover = [...document.querySelectorAll('.part.editor .monaco-hover')].find(
+        (element) => !element.classList.contains('hidden') && element.getBoundingClientRect().height > 0,
+      );
+      if (!hover) {
+        return null;
+      }
+      const box = hover.getBoundingClientRect();
+      const pattern = new RegExp(verdict);
+      let seen = null;
+      const walker = document.createTreeWalker(hover, NodeFilter.SHOW_TEXT);
+      for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+        if (pattern.test(node.textContent)) {
+          const range = document.createRange();
+          range.selectNodeContents(node);
+          const r = range.getBoundingClientRect();
+          seen = { top: r.top - box.top, bottom: r.bottom - box.top, visible: r.height > 0 && r.top >= box.top - 1 && r.bottom <= box.bottom + 1 };
+          break;
+        }
+      }
+      const links = [...hover.querySelectorAll('a')].map((a) => a.textContent);
+      // nothing below the fold: the hover's last line of text is inside the box too
+      let last = null;
+      const all = document.createTreeWalker(hover, NodeFilter.SHOW_TEXT);
+      for (let node = all.nextNode(); node; node = all.nextNode()) {
+        if (node.textContent.trim()) {
+          last = node;
+        }
+      }
+      let whole = false;
+      if (last) {
+        const range = document.createRange();
+        range.selectNodeContents(last);
+        whole = range.getBoundingClientRect().bottom <= box.bottom + 1;
+      }
+      return { height: box.height, width: box.width, verdict: seen, whole, links, text: hover.innerText };
+    }, verdict);
   const hoverAt = async (rect) => {
     await page.mouse.move(10, 10);
     await page.keyboard.press('Escape');
@@ -219,6 +265,36 @@ export async function scenario({ browser, url, workspace, artifacts, userData })
     walk(path.join(userData, 'logs'));
     return found.map((file) => fs.readFileSync(file, 'utf8')).join('\n');
   };
+
+  /** The breakdown panel's chart, as the webview drew it: bars with an area, the capacity line,
+   * the verdict line; null when no frame shows one within `timeout`. */
+  const breakdownChart = async (timeout) => {
+    const started = Date.now();
+    while (Date.now() - started < timeout) {
+      for (const frame of page.frames()) {
+        const drawn = await frame
+          .evaluate(() => {
+            const chart = document.querySelector('svg.chart');
+            if (!chart) {
+              return null;
+            }
+            const bars = [...chart.querySelectorAll('rect.term')].filter((bar) => {
+              const r = bar.getBoundingClientRect();
+              return r.width > 0 && r.height > 0;
+            }).length;
+            const capacity = chart.querySelector('line.capacity')?.getBoundingClientRect().width > 0;
+            return { bars, capacity, verdict: document.querySelector('.verdict')?.textContent ?? '' };
+          })
+          .catch(() => null);
+        if (drawn && drawn.bars > 0) {
+          return drawn;
+        }
+      }
+      await sleep(500);
+    }
+    return null;
+  };
+  let breakdownBefore = '';
 
   await step('open the workbench', async () => {
     await page.goto(url, { waitUntil: 'domcontentloaded', timeout: STEP_TIMEOUT_MS });
@@ -308,16 +384,115 @@ export async function scenario({ browser, url, workspace, artifacts, userData })
     }
   });
 
-  await step('the hover on the squiggle', async () => {
+  const VERDICT = '≈ \\d+(\\.\\d)? GiB of 24\\.0 GiB on RTX-4090';
+  await step('the hover on the squiggle fits the hover box, the verdict visible', async () => {
     const name = await textRect('training_args = SFTConfig(', 'SFTConfig');
     const text = await hoverAt(name);
     log(`  hover: ${text.slice(0, 300).replace(/\n/g, ' / ')}`);
     check.ok(/LLM001/.test(text) || /not fit/i.test(text), 'the hover on the squiggle names the finding');
-    const first = await hoverFirstScreen();
-    check.ok(first && /GiB/.test(first.text) && /RTX-4090/.test(first.text), 'total and GPU on the hover\'s first screen');
-    await screenshot('hover-diagnostic');
+    await sleep(500);
+    const fit = await hoverFit(VERDICT);
+    log(`  hover box: ${fit && `${fit.height.toFixed(0)} x ${fit.width.toFixed(0)} px, verdict at ${JSON.stringify(fit.verdict)}`}`);
+    check.ok(fit && fit.height <= HOVER_LIMIT_PX, `the hover on SFTConfig is at most ${HOVER_LIMIT_PX} px tall (${fit?.height})`);
+    check.ok(fit?.verdict?.visible, 'the verdict "≈ … GiB of 24.0 GiB on RTX-4090" is inside the hover box, unscrolled');
+    check.ok(fit?.whole, 'the whole hover is on its first screen (nothing to scroll to)');
+    await screenshot('hover-on-sftconfig');
     await page.keyboard.press('Escape');
     await page.mouse.move(10, 10);
+  });
+
+  await step('the hover on the trainer call fits too, and its link opens the breakdown', async () => {
+    await goTo(50, 5);
+    await sleep(300);
+    const name = await textRect('trainer = SFTTrainer(', 'SFTTrainer');
+    if (!name) {
+      throw new Error('trainer = SFTTrainer( is not on screen');
+    }
+    await hoverAt(name);
+    await sleep(500);
+    const fit = await hoverFit(VERDICT);
+    log(`  hover box: ${fit && `${fit.height.toFixed(0)} px, links ${JSON.stringify(fit.links)}`}`);
+    check.ok(fit && fit.height <= HOVER_LIMIT_PX, `the hover on SFTTrainer is at most ${HOVER_LIMIT_PX} px tall (${fit?.height})`);
+    check.ok(fit?.verdict?.visible, 'the verdict is inside the hover on SFTTrainer');
+    check.ok(fit?.whole, 'the whole hover on SFTTrainer is on its first screen');
+    check.ok(fit?.links.some((link) => /whole breakdown/.test(link)), 'the hover links to the whole breakdown');
+    await screenshot('hover-on-sfttrainer');
+    // the link: a command link VS Code runs from the hover
+    const link = await page.evaluate(() => {
+      const anchor = [...document.querySelectorAll('.part.editor .monaco-hover a')].find((a) => /whole breakdown/.test(a.textContent));
+      const r = anchor?.getBoundingClientRect();
+      return r && r.width > 0 ? { x: r.x + r.width / 2, y: r.y + r.height / 2 } : null;
+    });
+    if (link) {
+      await page.mouse.move(link.x, link.y, { steps: 6 });
+      await sleep(200);
+      await page.mouse.click(link.x, link.y);
+    }
+    let chart = await breakdownChart(20_000);
+    if (!chart) {
+      log('  no panel after a click on the link: running the command');
+      await focusScript();
+      await runCommand('llmmem: Show Breakdown');
+      chart = await breakdownChart(STEP_TIMEOUT_MS);
+    }
+    check.ok(Boolean(link) && chart !== null, 'the breakdown panel opens from the hover\'s link');
+    log(`  breakdown: ${chart && `${chart.bars} bars drawn, ${chart.verdict}`}`);
+    check.ok(chart && chart.bars >= 9, `the chart is drawn: stacked bars of the step's moments (${chart?.bars})`);
+    check.ok(chart && /on RTX-4090/.test(chart.verdict), 'the panel says the verdict on RTX-4090');
+    check.ok(chart && chart.capacity, "the GPU's capacity is drawn as a line");
+    breakdownBefore = chart?.verdict ?? '';
+    await screenshot('breakdown-panel');
+    await focusScript();
+  });
+
+  await step('Verify runs in a notification with Cancel, its files outside the workspace', async () => {
+    await focusScript();
+    const before = fs.readdirSync(workspace).sort();
+    await runCommand('llmmem: Verify on GPU');
+    const progress = await until('the verify notification', () => {
+      const toast = [...document.querySelectorAll('.notifications-toasts .notification-toast')].find((element) =>
+        /verifying qlora_sft\.py/.test(element.innerText),
+      );
+      if (!toast) {
+        return false;
+      }
+      return {
+        text: toast.innerText,
+        buttons: [...toast.querySelectorAll('.monaco-button')].map((button) => button.textContent),
+      };
+    });
+    log(`  notification: ${progress.text.replace(/\n/g, ' / ')} [${progress.buttons.join(', ')}]`);
+    check.ok(progress.buttons.includes('Cancel'), 'the verify notification has Cancel');
+    await sleep(1_500);
+    const during = fs.readdirSync(workspace).sort();
+    check.ok(JSON.stringify(during) === JSON.stringify(before), `nothing new in the workspace while verify runs (${during.join(', ')})`);
+    await screenshot('verify-notification');
+    await page.evaluate(() => {
+      const toast = [...document.querySelectorAll('.notifications-toasts .notification-toast')].find((element) =>
+        /verifying qlora_sft\.py/.test(element.innerText),
+      );
+      [...(toast?.querySelectorAll('.monaco-button') ?? [])].find((button) => button.textContent === 'Cancel')?.click();
+    });
+    const gone = await until(
+      'the verify notification gone after Cancel',
+      () => ![...document.querySelectorAll('.notifications-toasts .notification-toast')].some((element) => /verifying qlora_sft\.py/.test(element.innerText)),
+      undefined,
+      20_000,
+    ).catch(() => false);
+    check.ok(gone, 'Cancel ends the verify');
+    const cancelled = await (async () => {
+      const started = Date.now();
+      while (Date.now() - started < 10_000) {
+        if (/verify cancelled/.test(outputChannelLog())) {
+          return true;
+        }
+        await sleep(300);
+      }
+      return false;
+    })();
+    check.ok(cancelled, 'the output channel says the verify was cancelled');
+    await runCommand('Notifications: Clear All Notifications');
+    await focusScript();
   });
 
   await step('the quick fixes', async () => {
@@ -399,6 +574,19 @@ export async function scenario({ browser, url, workspace, artifacts, userData })
     }, lens);
     log(`  code lens after the fix: ${after}`);
     await screenshot('after-quick-fix');
+    // the breakdown panel follows the edit
+    const started = Date.now();
+    let chart = null;
+    while (Date.now() - started < STEP_TIMEOUT_MS) {
+      chart = await breakdownChart(2_000);
+      if (chart && chart.verdict !== breakdownBefore) {
+        break;
+      }
+      await sleep(500);
+    }
+    log(`  breakdown after the fix: ${chart?.verdict}`);
+    check.ok(chart && chart.verdict !== breakdownBefore && chart.bars > 0, 'the breakdown panel shows the edited text\'s total, redrawn');
+    await screenshot('breakdown-after-the-edit');
   });
 
   await step('Explain', async () => {
@@ -520,6 +708,77 @@ export async function scenario({ browser, url, workspace, artifacts, userData })
         /on A100-80GB/.test(item.getAttribute('aria-label') || item.textContent || ''),
       ),
     );
+  });
+
+  const setInterpreter = (python) => {
+    for (const file of [path.join(userData, 'Machine', 'settings.json'), path.join(userData, 'User', 'settings.json')]) {
+      const current = fs.existsSync(file) ? JSON.parse(fs.readFileSync(file, 'utf8')) : {};
+      writeJson(file, { ...current, 'llmmem.interpreter': python });
+    }
+  };
+  const toasts = () =>
+    page.evaluate(() =>
+      [...document.querySelectorAll('.notifications-toasts .notification-toast')]
+        .filter((toast) => toast.getBoundingClientRect().height > 0)
+        .map((toast) => ({
+          text: toast.querySelector('.notification-list-item-message')?.textContent ?? toast.innerText,
+          buttons: [...toast.querySelectorAll('.monaco-button')].map((button) => button.textContent),
+        })),
+    );
+
+  await step('a server that stops at start says why, once, with Show Log', async () => {
+    await focusScript();
+    setInterpreter(interpreters.failing);
+    let seen = [];
+    const started = Date.now();
+    let restarted = false;
+    while (Date.now() - started < STEP_TIMEOUT_MS) {
+      seen = (await toasts()).filter((toast) => /llmmem/.test(toast.text));
+      if (seen.some((toast) => /stopped at start/.test(toast.text))) {
+        break;
+      }
+      if (!restarted && Date.now() - started > 15_000) {
+        log('  the setting change did not restart the server: restarting it');
+        restarted = true;
+        await runCommand('llmmem: Restart server');
+      }
+      await sleep(500);
+    }
+    await sleep(1_500); // any second message would be up by now
+    seen = (await toasts()).filter((toast) => /llmmem|server/i.test(toast.text));
+    log(`  messages: ${JSON.stringify(seen)}`);
+    const failure = seen.find((toast) => /stopped at start/.test(toast.text));
+    check.ok(failure !== undefined, 'a message says the language server stopped at start');
+    check.ok(failure && /refuses to start the server/.test(failure.text), 'the message gives the cause the server wrote');
+    check.ok(failure && failure.buttons.includes('Show Log'), 'the message has Show Log');
+    check.ok(seen.length === 1, `one message, not several (${seen.length})`);
+    await screenshot('server-stopped-at-start');
+  });
+
+  await step('an interpreter without llmmem runs the llmmem the extension carries', async () => {
+    await page.keyboard.press('Escape');
+    await runCommand('Notifications: Clear All Notifications');
+    setInterpreter(interpreters.bare);
+    const started = Date.now();
+    let restarted = false;
+    let carried = false;
+    while (Date.now() - started < STEP_TIMEOUT_MS && !carried) {
+      carried = /using the llmmem the extension carries/.test(outputChannelLog());
+      if (!carried && !restarted && Date.now() - started > 15_000) {
+        restarted = true;
+        await runCommand('llmmem: Restart server');
+      }
+      await sleep(500);
+    }
+    check.ok(carried, 'the output channel says the server runs with the llmmem the extension carries');
+    const status = await until('the status bar with a verdict again', () =>
+      [...document.querySelectorAll('.part.statusbar .statusbar-item')]
+        .map((item) => item.getAttribute('aria-label') || item.textContent || '')
+        .find((label) => /GiB of .* on A100-80GB/.test(label)) || false,
+    );
+    log(`  status bar: ${status}`);
+    check.ok(/GiB of 80\.0 GiB on A100-80GB/.test(status), 'the server runs: the status bar has the verdict');
+    await screenshot('server-from-the-extension');
   });
 
   const hostLog = extensionHostLog();
