@@ -192,3 +192,62 @@ def test_importing_llmmem_stays_cheap() -> None:
     imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines()}
     assert "llmmem" in imported
     assert not imported & {"torch", "transformers", "pydantic", "rich"}, imported
+
+
+@pytest.fixture(scope="module")
+def axolotl_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """axolotl's own package (its plugin loader and BasePlugin), without its training stack."""
+    target = tmp_path_factory.mktemp("axolotl")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+         "axolotl==0.19.0", "addict==2.4.0"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        pytest.skip(f"axolotl 0.19.0 could not be installed from the package index: {proc.stderr}")
+    return target
+
+
+def test_the_axolotl_plugin_is_loaded_by_axolotl_and_records_against_its_yaml(
+    tmp_path: Path, axolotl_library: Path
+) -> None:
+    config = tmp_path / "qlora.yml"
+    config.write_text(
+        "base_model: ./tiny-llama\nplugins:\n  - llmmem.integrations.axolotl.LlmmemPlugin\n"
+        "llmmem_gpu: A100-80GB\nllmmem_meter: cpu\nmicro_batch_size: 4\nsequence_len: 64\n"
+    )
+    body = f"""
+    import yaml
+    from axolotl.integrations.base import PluginManager
+    from axolotl.utils.dict import DictDefault
+    cfg = DictDefault(yaml.safe_load(open({str(config)!r})))
+    cfg.axolotl_config_path = {str(config)!r}
+    manager = PluginManager.get_instance()
+    for name in cfg.plugins:
+        manager.register(name)
+    print("ARGS", manager.get_input_args())
+    args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, max_steps=3,
+                             use_cpu=True, report_to=[], save_strategy="no")
+    trainer = Trainer(model=model, args=args, train_dataset=Rows())
+    for callback in manager.add_callbacks_post_trainer(cfg, trainer):
+        trainer.add_callback(callback)
+    trainer.train()
+    """
+    env_path = f"{axolotl_library}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    (tmp_path / ".git").mkdir()
+    script = tmp_path / "train.py"
+    script.write_text(HEAD + textwrap.dedent(body))
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**ENV, "PYTHONPATH": env_path},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "llmmem.integrations.axolotl.LlmmemArgs" in proc.stdout
+    assert "llmmem preflight: tiny-llama" in proc.stderr
+    assert abs(measured_gap(proc.stderr)) <= 5.0
+    (row,) = rows(tmp_path)
+    assert row["for"] == str(config)  # the run is recorded against the YAML axolotl started with
