@@ -55,6 +55,8 @@ PACKAGE_ORDERS = {
         "loops",
         "findings",
         "training_evidence",
+        "local_modules",
+        "imports",
         "libraries",
         "arguments",
         "interpreter",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 from llmmem.extract.python.source import SourceMap
@@ -50,4 +51,15 @@ class Findings:
     def problem(self, node: ast.AST | None, text: str) -> None:
         where = self.source.range_of(node)
         prefix = f"line {where.start_line + 1}: " if where is not None else ""
+        if where is not None and where.path is not None:  # in a module the script imports
+            prefix = f"{_near(where.path, self.path)}:{where.start_line + 1}: "
         self.problems.append(prefix + text)
+
+
+def _near(path: str, script: Path) -> str:
+    """A path as the script's folder names it (`helpers/factory.py`)."""
+    try:
+        relative = os.path.relpath(path, script.absolute().parent)
+    except ValueError:
+        return path
+    return path if relative.startswith("..") else relative

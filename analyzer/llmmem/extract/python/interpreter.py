@@ -35,6 +35,8 @@ from llmmem.extract.python.libraries import (
     read_tokenizer_call,
     tokenizer_method,
 )
+from llmmem.extract.python.imports import exec_import, unbound_name
+from llmmem.extract.python.local_modules import LocalModules
 from llmmem.extract.python.loops import counted_range, forget_fields, run_for, run_while
 from llmmem.extract.python.source import SourceMap
 from llmmem.extract.python.values import (
@@ -68,6 +70,7 @@ from llmmem.extract.python.values import (
     _compare,
     _dotted_name,
     _ReadingStopped,
+    _returns_nothing,
     _safe_binary,
     _terminates,
     _too_large,
@@ -99,6 +102,10 @@ class ScriptReader(Findings):
         self.abandoned = _STOP_WHEN.get()
         self.oversized: list[str] = []  # values given up on, for one note each
         self.functions: list[FunctionValue] = []
+        # the project's modules it imports (shared with the readers of those modules)
+        self.local_modules = LocalModules(path)
+        # `from x import *` of a module not in the project: a name nothing binds may be one
+        self.star_imports: list[str] = []
 
     # -- notes -------------------------------------------------------------------------------
 
@@ -217,20 +224,7 @@ class ScriptReader(Findings):
         return Flow.NORMAL
 
     def exec_import(self, node: ast.Import | ast.ImportFrom, scope: Scope) -> None:
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.asname:
-                    scope.bind(alias.asname, Symbol(alias.name))
-                else:
-                    top = alias.name.split(".")[0]
-                    scope.bind(top, Symbol(top))
-            return
-        module = node.module or ""
-        for alias in node.names:
-            if alias.name == "*":
-                continue
-            dotted = f"{module}.{alias.name}" if module else alias.name
-            scope.bind(alias.asname or alias.name, Symbol(dotted))
+        exec_import(self, node, scope)
 
     def exec_if(self, node: ast.If, scope: Scope) -> Flow:
         test = self.eval(node.test, scope)
@@ -239,8 +233,11 @@ class ScriptReader(Findings):
             return self.exec_block(node.body, scope)
         if truth is False:
             return self.exec_block(node.orelse, scope)
-        # not known before run time: take the first branch, unless it is an error exit
-        if _terminates(node.body):
+        # not known before run time: take the first branch, unless it is an error exit or a
+        # guard that returns nothing (the rest of the function is the run)
+        if _terminates(node.body) or (
+            _returns_nothing(node.body) and not _returns_nothing(node.orelse)
+        ):
             return self.exec_block(node.orelse, scope)
         condition = self.source.text_of(node.test, 50)
         self.branch_notes.append(f"inside `if {condition}`, assumed true")
@@ -410,7 +407,7 @@ class ScriptReader(Findings):
         if isinstance(node, ast.Name):
             found = scope.lookup(node.id)
             if found is None:
-                return Symbol(node.id, node)
+                return unbound_name(self, node)
             if isinstance(found, Symbol):
                 return Symbol(found.name, node)
             return found

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llmmem.extract.pragmas import split_lines
 from llmmem.plan import SourceRange
@@ -12,12 +12,35 @@ from llmmem.plan import SourceRange
 MAX_SOURCE_CHARS = 1_000_000  # larger files are not parsed (pragmas are still read)
 
 
+ORIGIN = "llmmem_origin"  # the attribute a node read from another file carries
+
+
+@dataclass(frozen=True)
+class Origin:
+    """The file a node was read from (a module the script imports): its positions, and the
+    path its ranges name."""
+
+    source: SourceMap
+    path: str
+
+
+def mark_origin(module: ast.Module, origin: Origin) -> None:
+    """Every node of `module` remembers the file it was read from."""
+    for node in ast.walk(module):
+        setattr(node, ORIGIN, origin)
+
+
 class SourceMap:
-    """0-based LSP ranges for ast nodes (ast counts lines from 1 and columns in UTF-8 bytes)."""
+    """0-based LSP ranges for ast nodes (ast counts lines from 1 and columns in UTF-8 bytes).
+    A node of another file (`mark_origin`) gets a range in that file, naming it."""
 
     def __init__(self, text: str) -> None:
         self.text = text
         self.lines = split_lines(text)
+
+    def _foreign(self, node: ast.AST | None) -> Origin | None:
+        origin = getattr(node, ORIGIN, None) if node is not None else None
+        return origin if isinstance(origin, Origin) and origin.source is not self else None
 
     def _column(self, line_index: int, byte_column: int) -> int:
         if line_index >= len(self.lines):
@@ -30,6 +53,10 @@ class SourceMap:
     def range_of(self, node: ast.AST | None) -> SourceRange | None:
         if node is None or not hasattr(node, "lineno"):
             return None
+        origin = self._foreign(node)
+        if origin is not None:
+            found = origin.source.range_of(node)
+            return replace(found, path=origin.path) if found is not None else None
         start_line = int(node.lineno) - 1
         end_line = int(getattr(node, "end_lineno", None) or node.lineno) - 1
         start_col = self._column(start_line, int(getattr(node, "col_offset", 0)))
@@ -39,6 +66,9 @@ class SourceMap:
         )
 
     def text_of(self, node: ast.AST | None, limit: int = 60) -> str:
+        origin = self._foreign(node)
+        if origin is not None:
+            return origin.source.text_of(node, limit)
         found = self.range_of(node)
         if found is None:
             return ""

@@ -519,6 +519,17 @@ def _terminates(body: list[ast.stmt]) -> bool:
     return False
 
 
+def _returns_nothing(body: list[ast.stmt]) -> bool:
+    """Whether a block ends with a `return` of nothing or of a constant: a guard that gives up
+    (`if not torch.cuda.is_available(): print(...); return`), not the run the file describes."""
+    if not body:
+        return False
+    last = body[-1]
+    return isinstance(last, ast.Return) and (
+        last.value is None or isinstance(last.value, ast.Constant)
+    )
+
+
 def _dotted_name(node: ast.expr) -> str:
     """`sys.exit` for the expression `sys.exit`; "" for anything but names and attributes."""
     parts: list[str] = []
