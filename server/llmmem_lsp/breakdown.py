@@ -15,7 +15,7 @@ from llmmem_lsp.freshness import freshness
 
 if TYPE_CHECKING:
     from llmmem_lsp.documents import DocumentState, Result
-    from llmmem_lsp.server import LlmmemServer
+    from llmmem_lsp.language_server import LlmmemServer
 
 DEVICE_ROW = "on the device (nvidia-smi)"  # the verify report's device total row
 BREAKDOWN_WAIT_S = 3.0

@@ -25,7 +25,7 @@ from llmmem_lsp.freshness import Freshness, freshness, same_line, wait_for
 if TYPE_CHECKING:
     from llmmem.check import Checked
     from llmmem.plan import SourceRange
-    from llmmem_lsp.server import LlmmemServer
+    from llmmem_lsp.language_server import LlmmemServer
 
 # a call whose callee's last name ends in Trainer: `SFTTrainer(`, `trl.DPOTrainer(`, `Trainer (`
 TRAINER_CALL = re.compile(r"(?<![\w.])(?:[A-Za-z_]\w*\.)*((?:[A-Za-z_]\w*)?Trainer)\s*\(")

@@ -21,7 +21,7 @@ from llmmem_lsp.freshness import freshness, wait_for
 if TYPE_CHECKING:
     from llmmem.check import Checked
     from llmmem.plan import SourceRange
-    from llmmem_lsp.server import LlmmemServer
+    from llmmem_lsp.language_server import LlmmemServer
 
 
 def lens_anchor(checked: Checked, notebook: bool = False) -> SourceRange | None:

@@ -26,7 +26,7 @@ from lsprotocol import types
 
 if TYPE_CHECKING:
     from llmmem.scenario import Analysis
-    from llmmem_lsp.server import LlmmemServer
+    from llmmem_lsp.language_server import LlmmemServer
 
 COPY_DIRECTORY_PREFIX = "llmmem-verify-"
 MAX_LINKED_ENTRIES = 2_000  # a folder with more: only the copy (relative paths may not hold)
