@@ -574,7 +574,8 @@ def candidate_fixes(
             continue  # it does not move what the finding is about
         total = budget.device_total_bytes
         verdict = ""
-        if analysis.gpu is not None:
+        guessed = analysis.spec.is_guess  # a shape from the name: no verdict (LLM017)
+        if analysis.gpu is not None and not guessed:
             verdict = " (fits " if budget.fits else " (still over "
             verdict += f"{analysis.gpu.name})"
         fixes.append(
@@ -582,7 +583,7 @@ def candidate_fixes(
                 title=f"{title} → {format_bytes(total)}{verdict}",
                 edits=edits,
                 predicted_device_bytes=total,
-                fits=budget.fits,
+                fits=None if guessed else budget.fits,
                 safe=candidate.safe,
             )
         )
