@@ -262,7 +262,7 @@ async def test_findings_underline_the_call_name_or_the_setting_not_the_whole_cal
         )
     )
     assert hover is not None and isinstance(hover.contents, types.MarkupContent)
-    assert "Largest at the peak" in hover.contents.value
+    assert "At the peak (" in hover.contents.value
 
 
 @pytest.mark.asyncio

@@ -141,7 +141,7 @@ async def test_the_trainer_call_has_the_short_hover_with_a_link_to_the_breakdown
     # the verdict first, the three largest terms, the link: four short lines at most
     assert lines[0].startswith(f"**≈ {format_bytes(analysis.budget.device_total_bytes)} of ")
     assert f"on {gpu}**" in lines[0] and "(band " in lines[0]
-    assert lines[1].startswith("Largest at the peak (") and lines[1].count(" · ") == 2
+    assert lines[1].startswith("At the peak (") and lines[1].count(" · ") == 2
     assert len(lines) <= 4 and "|" not in shown
     link = lines[-1]
     assert link.startswith(f"[The whole breakdown](command:{BREAKDOWN}?")

@@ -193,7 +193,7 @@ async def test_hover_on_a_keyword_is_short_and_the_call_has_the_breakdown(
         + [(o.value.replace("_", " "), t.bytes) for o, t in budget.overheads.items()],
         key=lambda item: -item[1],
     )[:3]
-    assert short[1].startswith("Largest at the peak (") and short[1].endswith(
+    assert short[1].startswith("At the peak (") and short[1].endswith(
         " · ".join(
             f"{name} {format_bytes(size)}".replace(" GiB", "\u00a0GiB") for name, size in largest
         )

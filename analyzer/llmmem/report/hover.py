@@ -36,14 +36,15 @@ def largest_terms(analysis: Analysis, count: int = LARGEST_TERMS) -> list[tuple[
 
 
 def peak_line(analysis: Analysis) -> str:
-    """`Largest at the peak (start of backward): logits 11.7 GiB · weights 7.3 GiB · ...`"""
+    """`At the peak (backward): logits 11.7 GiB · weights 7.3 GiB · allocator slack 4.7 GiB`:
+    one line in a hover box (the moment inside the phase is the breakdown's)."""
     budget = analysis.budget
     if budget is None:
         return ""
     terms = " · ".join(
         f"{name} {nowrap(format_bytes(size))}" for name, size in largest_terms(analysis)
     )
-    return f"Largest at the peak ({cell(budget.peak.moment)}): {terms}"
+    return f"At the peak ({cell(budget.peak.phase.value.replace('_', ' '))}): {terms}"
 
 
 def step_hover(
