@@ -11,6 +11,7 @@
 // LLMMEM_BUNDLE_PYTHON=0 leaves bundled/ out (the extension then offers the install only).
 import { spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
+import * as os from 'node:os';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -70,7 +71,22 @@ if (process.env.LLMMEM_BUNDLE_PYTHON === '0') {
 }
 const py = python();
 const env = { ...process.env, PIP_DISABLE_PIP_VERSION_CHECK: '1', PYTHONDONTWRITEBYTECODE: '1' };
-run(py, ['-m', 'pip', 'wheel', '--quiet', '--no-deps', '--no-build-isolation', '--wheel-dir', WHEEL_DIR, REPO_ROOT], { env });
+// built from a copy of the sources: setuptools writes build/ and *.egg-info beside them
+const sources = fs.mkdtempSync(path.join(os.tmpdir(), 'llmmem-wheel-'));
+for (const entry of ['pyproject.toml', 'README.md', 'LICENSE', 'analyzer', 'server']) {
+  const from = path.join(REPO_ROOT, entry);
+  if (fs.existsSync(from)) {
+    fs.cpSync(from, path.join(sources, entry), {
+      recursive: true,
+      filter: (file) => !/(__pycache__|\.egg-info)$/.test(file),
+    });
+  }
+}
+try {
+  run(py, ['-m', 'pip', 'wheel', '--quiet', '--no-deps', '--no-build-isolation', '--wheel-dir', WHEEL_DIR, sources], { env });
+} finally {
+  fs.rmSync(sources, { recursive: true, force: true });
+}
 const wheel = fs.readdirSync(WHEEL_DIR).find((name) => /^llmmem-.*\.whl$/.test(name));
 if (!wheel) {
   console.error('bundle-python: pip wrote no llmmem wheel');
