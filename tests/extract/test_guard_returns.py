@@ -43,3 +43,31 @@ def test_a_branch_returning_a_value_is_still_taken_first(tmp_path: Path) -> None
     )
     plan = extract_plan(path)
     assert plan.per_device_train_batch_size.value == 2  # the first branch, as before
+
+
+FLAGS = '''import argparse
+from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="Qwen/Qwen2.5-0.5B")
+    parser.add_argument("--executor", default="local")
+    parser.add_argument("--allow-local", action="store_true")
+    args = parser.parse_args()
+    if args.executor == "local" and not args.allow_local:
+        raise SystemExit("pass --allow-local to run generated code here")
+    model = AutoModelForCausalLM.from_pretrained(args.model)
+    Trainer(model=model, args=TrainingArguments(output_dir="o", per_device_train_batch_size=3)).train()
+
+
+main()
+'''
+
+
+def test_an_exit_decided_by_command_line_defaults_does_not_end_the_reading(tmp_path: Path) -> None:
+    path = tmp_path / "train.py"
+    path.write_text(FLAGS)
+    plan = extract_plan(path)
+    assert plan.model_id is not None and plan.model_id.value == "Qwen/Qwen2.5-0.5B"
+    assert plan.per_device_train_batch_size.value == 3

@@ -73,7 +73,14 @@ def offered(path: Path, gpu: str) -> list[tuple[str, Fix, int]]:
         (finding.code, fix, budget.device_total_bytes if budget else 0)
         for finding in checked.findings
         for fix in finding.fixes
+        if not asks_for_a_value(fix)
     ]
+
+
+def asks_for_a_value(fix: Fix) -> bool:
+    """A pragma to fill in (`# llmmem: model=org/name`, LLM010): it changes no memory and is
+    never applied by `--fix`, so it has no total to give."""
+    return not fix.safe and fix.predicted_device_bytes is None
 
 
 def test_the_fixtures_offer_fixes_to_check() -> None:
@@ -90,8 +97,12 @@ def test_each_offered_fix_gives_the_total_in_its_title(path: Path, gpu: str) -> 
         fixed = applied(path, text, fix)
         assert fixed != text, fix.title
         parses(path, fixed)
-        after = check_text(path, fixed, gpu=gpu, hub=False).analysis.budget
+        analysis = check_text(path, fixed, gpu=gpu, hub=False).analysis
+        after = analysis.budget
         assert after is not None, f"{code} {fix.title}: no estimate after the fix"
         assert f"→ {format_bytes(after.device_total_bytes)}" in fix.title, (code, fix.title)
         assert after.device_total_bytes < before, (code, fix.title)
-        assert fix.fits == after.fits, (code, fix.title)
+        guessed = analysis.spec is not None and analysis.spec.is_guess
+        # a model sized from its name has no verdict (LLM017): the title says none
+        assert fix.fits == (None if guessed else after.fits), (code, fix.title)
+        assert guessed is not ("fits " in fix.title or "still over" in fix.title), fix.title

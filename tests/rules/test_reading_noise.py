@@ -122,3 +122,82 @@ def test_a_framework_that_loads_the_model_prepares_it(tmp_path: Path, fixture: s
     checked = check_text(target, target.read_text(), gpu="A100-80GB", hub=False)
     assert checked.analysis.plan.quantization is not None
     assert "LLM008" not in [finding.code for finding in checked.findings]
+
+
+# -- every training file is answered: an estimate, or LLM010 where the model goes -------------
+
+
+def llm010(tmp_path: Path, name: str) -> tuple[object, str]:
+    codes, _, analysis = lint(tmp_path, name)
+    assert codes == ["LLM010"], codes
+    target = tmp_path / name
+    checked = check_text(target, target.read_text(), gpu="A100-80GB", hub=False)
+    return checked.findings[0], target.read_text()
+
+
+def test_a_launch_whose_script_is_elsewhere_is_told_where_the_model_goes(tmp_path: Path) -> None:
+    finding, text = llm010(tmp_path, "launch_missing_script.sh")
+    assert finding.range is not None and finding.range.start_line == 3  # the command's line
+    assert "`accelerate train.py` trains, but names no model" in finding.message
+    fix = finding.fixes[0]
+    assert not fix.safe  # a placeholder to fill in: a code action, not `--fix`
+    from llmmem.rules.edits import apply_edits
+
+    fixed = apply_edits(text, fix.edits)
+    assert fixed.splitlines()[3] == "# llmmem: model=org/name"
+    # filled in, the pragma sizes the step
+    target = tmp_path / "launch_missing_script.sh"
+    target.write_text(fixed.replace("org/name", "Qwen/Qwen2.5-0.5B"))
+    checked = check_text(target, target.read_text(), gpu="A100-80GB", hub=False)
+    assert checked.analysis.budget is not None
+
+
+def test_a_model_read_at_run_time_is_named_where_it_is_written(tmp_path: Path) -> None:
+    finding, text = llm010(tmp_path, "model_from_environment.py")
+    assert finding.range is not None and finding.range.start_line == 6
+    assert 'the model is `os.environ["BASE_MODEL"]`' in finding.message
+    from llmmem.rules.edits import apply_edits
+
+    fixed = apply_edits(text, finding.fixes[0].edits)
+    assert fixed.splitlines()[6] == "    # llmmem: model=org/name"  # indented as the line
+
+
+def test_a_plain_script_not_named_like_training_gets_nothing(tmp_path: Path) -> None:
+    codes, _, _ = lint(tmp_path, "run_eval_only.sh")
+    assert codes == []
+
+
+def test_the_fix_is_offered_by_the_installed_linter(tmp_path: Path) -> None:
+    import json
+
+    (tmp_path / ".git").mkdir()
+    shutil.copy(FIXTURES / "launch_missing_script.sh", tmp_path / "launch.sh")
+    proc = subprocess.run(
+        [str(LINT), "--gpu", "A100-80GB", "--format", "json", str(tmp_path / "launch.sh")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    inserted = [
+        edit["new_text"]
+        for edit in _values(json.loads(proc.stdout), "edits")
+        if isinstance(edit, dict) and "new_text" in edit
+    ]
+    assert "# llmmem: model=org/name\n" in inserted, proc.stdout
+
+
+def _values(document: object, key: str) -> list[object]:
+    """Every item of every list under `key`, anywhere in a JSON document."""
+    found: list[object] = []
+    if isinstance(document, dict):
+        for name, value in document.items():
+            if name == key and isinstance(value, list):
+                found.extend(value)
+            else:
+                found.extend(_values(value, key))
+    elif isinstance(document, list):
+        for value in document:
+            found.extend(_values(value, key))
+    return found

@@ -6,10 +6,11 @@ from dataclasses import fields
 
 from llmmem.budget.result import Component
 from llmmem.budget.setup import LossImpl
-from llmmem.plan import Provenance, Sourced, TrainingPlan
+from llmmem.plan import Provenance, Sourced, SourceRange, TrainingPlan
 from llmmem.rules.finding import Finding, Fix, Severity
 from llmmem.rules.fit import anchor
 from llmmem.rules.fixes import candidate_fixes
+from llmmem.rules.pragma_fixes import pragma_fix
 from llmmem.rules.registry import Check, Rule, register
 from llmmem.scenario import Analysis, model_reference
 from llmmem.units import format_bytes
@@ -321,6 +322,8 @@ def has_training_signal(plan: TrainingPlan) -> bool:
         return True
     if plan.lora is not None or plan.quantization is not None or plan.rejected:
         return True
+    if isinstance(plan.extra.get("launch"), Sourced):
+        return True  # a command that starts training (accelerate launch, swift sft, ...)
     values = [value for name, value in plan.sourced_fields().items() if name not in ("path", "gpu")]
     values.extend(getattr(plan.distributed, item.name) for item in fields(plan.distributed))
     return any(
@@ -332,6 +335,8 @@ def has_training_signal(plan: TrainingPlan) -> bool:
 
 
 def check_unresolved_model(analysis: Analysis, text: str) -> list[Finding]:
+    """One finding for a training file that cannot be sized for want of its model: where the
+    model is (or would be) written, what is missing there, and the pragma that gives it."""
     if analysis.model_error is None:
         return []
     plan = analysis.plan
@@ -339,11 +344,12 @@ def check_unresolved_model(analysis: Analysis, text: str) -> list[Finding]:
         return []
     model = model_reference(plan)
     if model is None:
+        where, what = _where_the_model_goes(plan)
         message = (
-            "no model found: add `# llmmem: model=org/name` (or "
+            f"no model found: {what}; add `# llmmem: model=org/name` (or "
             "`model_config=path/to/config.json`) to get a memory estimate"
         )
-        where = plan.trainer_range
+        pragma = "model=org/name"
     else:
         message = (
             f"cannot size model '{model.value}': add "
@@ -351,9 +357,33 @@ def check_unresolved_model(analysis: Analysis, text: str) -> list[Finding]:
             f"({analysis.model_error.split(';')[-1].strip()})"
         )
         where = model.range
+        pragma = "model_config=path/to/config.json"
+    fix = pragma_fix(plan, text, where, pragma)
     return [
-        Finding(code="LLM010", severity=Severity.INFO, message=message, path=plan.path, range=where)
+        Finding(
+            code="LLM010",
+            severity=Severity.INFO,
+            message=message,
+            path=plan.path,
+            range=where,
+            fixes=[fix] if fix is not None else [],
+        )
     ]
+
+
+def _where_the_model_goes(plan: TrainingPlan) -> tuple[SourceRange | None, str]:
+    """Where the plan would read the model from, and what is missing there."""
+    unread = plan.extra.get("model_unread")
+    if isinstance(unread, Sourced):
+        return unread.range, f"the model is {unread.value}"
+    if plan.model_range is not None:
+        return plan.model_range, "the model loaded here is not named where llmmem can read it"
+    launch = plan.extra.get("launch")
+    if isinstance(launch, Sourced):
+        return launch.range, f"`{launch.value}` trains, but names no model llmmem can read"
+    if plan.trainer_range is not None:
+        return plan.trainer_range, "the trainer is given no model llmmem can read"
+    return None, "the file names no model"
 
 
 def _rule(
@@ -470,9 +500,14 @@ _rule(
     "LLM010",
     "model-unresolved",
     Severity.INFO,
-    "The model could not be sized (not local, not cached, not on the hub, not bundled).",
-    "Without its shapes no memory can be predicted; llmmem never guesses silently.",
+    "A file that trains names no model llmmem can read, or one it cannot size (not local, "
+    "not cached, not on the hub, not bundled). The finding stands where the model is written "
+    "(or would be: the from_pretrained call, the launch command) and says what is missing "
+    "there. A DeepSpeed or accelerate config alone, and a file that trains nothing, get none.",
+    "Without its shapes no memory can be predicted; llmmem never guesses silently, and never "
+    "leaves a training file without an answer.",
     'model = AutoModelForCausalLM.from_pretrained(os.environ["MODEL"])',
-    "Add `# llmmem: model=org/name` or `# llmmem: model_config=path/to/config.json`.",
+    "The quick fix writes `# llmmem: model=org/name` (or `model_config=path/to/config.json`) "
+    "on the line above, to fill in.",
     check_unresolved_model,
 )

@@ -338,11 +338,19 @@ class PlanEmitter:
                 if isinstance(model.model_id, Unknown)
                 else "not a string"
             )
-            text = self.source.text_of(model.call.args[0] if model.call.args else model.call)
+            written = model.call.args[0] if model.call.args else model.call
+            text = self.source.text_of(written)
             self.reader.problem(
                 model.call,
                 f"model id: could not read `{text}` ({reason}); "
                 "add `# llmmem: model=<hub id or local path>`",
+            )
+            # where the model is written, and why it is not known (LLM010 says it there)
+            builder.set(
+                "model_unread",
+                reason if reason.startswith(f"`{text}`") else f"`{text}` ({reason})",
+                Provenance.EXPLICIT,
+                self.source.range_of(written),
             )
         self.emit_loading_keywords(model.keywords, model.loader)
         if model.dtype is not None:

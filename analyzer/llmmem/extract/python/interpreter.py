@@ -229,6 +229,12 @@ class ScriptReader(Findings):
     def exec_if(self, node: ast.If, scope: Scope) -> Flow:
         test = self.eval(node.test, scope)
         truth = _truth(test)
+        if truth is not None and isinstance(test, Known) and test.source is Provenance.CLI_DEFAULT:
+            # decided by a command-line default: a branch that gives up (raise, exit, a bare
+            # return) is what some command lines do, not the run the file describes
+            taken, other = (node.body, node.orelse) if truth else (node.orelse, node.body)
+            if _gives_up(taken) and not _gives_up(other):
+                return self.exec_block(other, scope)
         if truth is True:
             return self.exec_block(node.body, scope)
         if truth is False:
@@ -439,7 +445,10 @@ class ScriptReader(Findings):
             operand = self.eval(node.operand, scope)
             if isinstance(node.op, ast.Not):
                 truth = _truth(operand)
-                return Unknown("a negated unknown") if truth is None else Known(not truth, node)
+                if truth is None:
+                    return Unknown("a negated unknown")
+                source = operand.source if isinstance(operand, Known) else Provenance.EXPLICIT
+                return Known(not truth, node, source)
             known = settle(operand)
             if known is not None and isinstance(known.value, (int, float)):
                 if isinstance(node.op, ast.USub):
@@ -608,16 +617,19 @@ class ScriptReader(Findings):
     def eval_compare(self, node: ast.Compare, scope: Scope) -> Value:
         left = settle(self.eval(node.left, scope))
         result = True
+        operands: list[Known] = []
         for op, comparator in zip(node.ops, node.comparators, strict=True):
             right = settle(self.eval(comparator, scope))
             if left is None or right is None:
                 return Unknown("a comparison with a value not known")
+            operands += [left, right]
             try:
                 result = result and _compare(op, left.value, right.value)
             except Exception:
                 return Unknown("a comparison llmmem does not evaluate")
             left = right
-        return Known(result, node)
+        # as sure as what it compares: a command-line default decides it only by default
+        return Known(result, node, _weakest(operands))
 
     def eval_conditional(self, node: ast.IfExp, scope: Scope) -> Value:
         test = self.eval(node.test, scope)
@@ -942,3 +954,8 @@ def _as_load(target: ast.expr) -> ast.expr:
     if isinstance(target, ast.Name):
         return ast.copy_location(ast.Name(id=target.id, ctx=ast.Load()), target)
     return target
+
+
+def _gives_up(body: list[ast.stmt]) -> bool:
+    """A block that ends the run or the function without a result."""
+    return _terminates(body) or _returns_nothing(body)

@@ -120,6 +120,7 @@ class ShellPlanReader(LaunchOptionReader):
                 "llamafactory-cli, tune run, trl, axolotl, litgpt or swift)"
             )
         else:
+            self.record_launch(launch)
             self.read_launch(launch)
         builder = PlanBuilder()
         builder.trainer_range = self.call_ranges.get("trainer")
@@ -182,6 +183,27 @@ class ShellPlanReader(LaunchOptionReader):
         return chosen[0]
 
     # -- one launch
+
+    def record_launch(self, launch: Launch) -> None:
+        """The training command itself, where the plan points what the command line leaves
+        unsaid (a pragma for the model goes on the line above it); a plain `python x.py`
+        whose script is not named like training is not taken for one."""
+        if launch.priority < 1 or not launch.command.raw.words:
+            return
+        first = launch.command.raw.words[0]
+        program = launch.launcher if launch.subcommand is None else (
+            f"{launch.launcher} {launch.subcommand}"
+        )
+        target = f" {launch.target.text.rsplit('/', 1)[-1]}" if launch.target is not None else ""
+        self.settings.append(
+            Setting(
+                "launch",
+                f"{program}{target}",
+                Provenance.EXPLICIT,
+                self.offsets_range(first.start, first.end),
+                "the training command",
+            )
+        )
 
     def read_launch(self, launch: Launch) -> None:
         self.framework = LAUNCHER_FRAMEWORKS.get(launch.launcher, "hf")
