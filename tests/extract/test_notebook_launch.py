@@ -66,3 +66,16 @@ def test_fix_halves_the_batch_on_the_shell_line(tmp_path: Path) -> None:
     assert "--per_device_train_batch_size 2 \\" in cell
     assert "--gradient_accumulation_steps 4 \\" in cell
     assert after["cells"][0] == before["cells"][0] and after["cells"][2] == before["cells"][2]
+
+
+def test_a_pragma_in_a_cell_speaks_for_the_launch(tmp_path: Path) -> None:
+    path = copied(tmp_path, "accelerate_launch_cell.ipynb")
+    notebook = json.loads(path.read_text())
+    source = "".join(notebook["cells"][1]["source"])
+    notebook["cells"][1]["source"] = source.replace(
+        "--model_name_or_path Qwen/Qwen2.5-0.5B-Instruct \\\n  ", ""
+    ).replace("# one GPU", "# llmmem: model=Qwen/Qwen2.5-1.5B-Instruct\n# one GPU")
+    path.write_text(json.dumps(notebook))
+    plan = extract_plan(path)
+    assert plan.model_id is not None and plan.model_id.value == "Qwen/Qwen2.5-1.5B-Instruct"
+    assert plan.model_id.source is Provenance.PRAGMA

@@ -4,9 +4,9 @@ A notebook often trains through a shell line (`!accelerate launch train.py --fla
 train config.yaml`) or a `%%bash` cell, with the config written by a `%%writefile config.yaml` cell
 above it. `NotebookShell` gathers them:
 
-- the shell text: every `!` line of a code cell (with its backslash continuations) and the body
-  of every `%%bash`, `%%sh` or `%%script bash` cell, as one script whose lines remember their cell
-  and line (a `!` becomes a blank, so every column stays);
+- the shell text: every `!` line of a code cell (with its backslash continuations), every
+  `# llmmem:` comment, and the body of every `%%bash`, `%%sh` or `%%script bash` cell, as one
+  script whose lines remember their cell and line (a `!` becomes a blank, so every column stays);
 - the written files: `%%writefile [-a] name` cells by the name they write, each with its cell.
 """
 
@@ -60,6 +60,10 @@ def notebook_shell(sources: list[str | None]) -> NotebookShell:
         continuing = False
         for number, line in enumerate(lines):
             stripped = line.lstrip()
+            if not continuing and stripped.startswith("#") and "llmmem:" in stripped:
+                pieces.append(line + "\n")  # a pragma speaks for the launch too
+                shell.origins.append((index, number))
+                continue
             if continuing or stripped.startswith("!"):
                 indentation = len(line) - len(stripped)
                 shown = line if continuing else line[:indentation] + " " + stripped[1:]
