@@ -155,3 +155,14 @@ def test_a_model_whose_config_is_read_keeps_its_verdict(tmp_path: Path) -> None:
     assert "LLM017" not in [finding["code"] for finding in findings]
     checked = check_text(script, script.read_text(), gpu="A100-80GB", hub=False)
     assert "· fits" in verdict_line(checked.analysis)
+
+
+def test_estimate_of_a_guessed_model_gives_no_verdict() -> None:
+    done = run("estimate", "--model", "acme/mystery-7B", "--gpu", "A100-80GB")
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    assert "on A100-80GB: fit unknown" in text
+    assert "does not fit" not in text and "A100-80GB: fits" not in text
+    known = " ".join(run("estimate", "--model", "meta-llama/Llama-3.1-8B", "--gpu", "A100-80GB")
+                     .stdout.split())  # fmt: skip
+    assert "A100-80GB: does not fit" in known

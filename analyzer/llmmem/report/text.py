@@ -95,7 +95,13 @@ def render_budget(
             f"{format_bytes(budget.first_step_allocated_peak_bytes)} allocated"
         )
 
-    if budget.gpu is not None:
+    if budget.gpu is not None and spec.is_guess:  # no verdict from a guessed shape (LLM017)
+        console.print(
+            f"{format_with_band(budget.device_total_bytes, band)} with the guessed shapes, "
+            f"against {format_bytes(budget.gpu.capacity_bytes)} on {escape(budget.gpu.name)}: "
+            "fit unknown (name the model's config.json for a verdict)"
+        )
+    elif budget.gpu is not None:
         cap = budget.gpu.capacity_bytes
         headroom = budget.headroom_bytes or 0
         verdict = VERDICT_MARKUP[budget.verdict or "fits"]
