@@ -105,13 +105,14 @@ async def code_actions(
         )
         actions += silences  # the last resort, after every fix
     if _kind_wanted(FIX_ALL_KIND, only) and _has_safe_fix(result.checked):
-        actions.append(
-            types.CodeAction(
-                title=FIX_ALL_TITLE,
-                kind=FIX_ALL_KIND,
-                data={"uri": state.uri, "version": result.version, "action": "fixAll"},
-            )
+        fix_all = types.CodeAction(
+            title=FIX_ALL_TITLE,
+            kind=FIX_ALL_KIND,
+            data={"uri": state.uri, "version": result.version, "action": "fixAll"},
         )
+        if not ls.resolve_edits:  # a client that cannot resolve gets the edit now
+            fix_all.edit = await _fix_all_edit(ls, state, result)
+        actions.append(fix_all)
     return actions
 
 
@@ -399,9 +400,17 @@ async def resolve_code_action(ls: LlmmemServer, action: types.CodeAction) -> typ
     if data["action"] != "fixAll":
         action.edit = _resolve_quick_fix(ls, state, result, data)
         return action
+    action.edit = await _fix_all_edit(ls, state, result)
+    return action
+
+
+async def _fix_all_edit(ls: LlmmemServer, state: DocumentState, result: Result) -> Any:
+    """Every safe fix applied one at a time, with a re-analysis after each (as `llmmem-lint
+    --fix` does), as one edit of the document's text."""
     from llmmem.lint_command import fix_file
     from llmmem.rules.edits import whole_change
 
+    uri = state.uri
     skipped: list[str] = []
     loop = asyncio.get_running_loop()
     fixed, _ = await loop.run_in_executor(
@@ -416,10 +425,9 @@ async def resolve_code_action(ls: LlmmemServer, action: types.CodeAction) -> typ
     if skipped:
         log.info("fix all in %s: %s", uri, "; ".join(skipped))
     edits = [] if fixed == result.text else [whole_change(result.text, fixed)]
-    action.edit = workspace_edit(
+    return workspace_edit(
         edits, state.uri, result.version, ls.lines(result.text), ls.versioned_edits
     )
-    return action
 
 
 async def _cell_code_actions(

@@ -258,6 +258,13 @@ async def test_a_client_without_resolve_gets_the_edits_up_front(
     uri, diagnostics = await open_and_wait(client, workdir / "train.py", NOT_FITTING)
     actions = await ask(client, uri, diagnostics, only=[types.CodeActionKind.QuickFix])
     assert actions and all(a.edit is not None for a in actions)
+    # fix-all too: such a client cannot ask for the edit later
+    (fix_all,) = await ask(client, uri, diagnostics, only=["source.fixAll"])
+    assert fix_all.edit is not None
+    fixed = apply_edit(NOT_FITTING, fix_all.edit, uri)
+    after = check_text(workdir / "train.py", fixed, gpu="A100-80GB", hub=False)
+    assert fixed != NOT_FITTING
+    assert after.analysis.budget is not None and after.analysis.budget.fits
 
 
 GUESSED_MODEL = """from transformers import AutoModelForCausalLM, TrainingArguments
