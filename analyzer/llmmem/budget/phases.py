@@ -16,8 +16,7 @@ sum in between never exceeds the larger of its two ends.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from llmmem.budget.activations import (
     ActivationEstimate,
@@ -32,186 +31,30 @@ from llmmem.budget.bands import band_class
 from llmmem.budget.distributed import (
     Sharding,
     gathered_block_params,
-    overlaps_communication,
     persistent_groups,
     prefetch_elements,
-    reduce_bucket_elements,
     sharding_for,
 )
+from llmmem.budget.fsdp_moments import (
+    fsdp1_retained_inputs,
+    fsdp_block_moments,
+    fsdp_last_moments,
+    root_reduce_scatter,
+)
 from llmmem.budget.logits import LogitsMoments, logits_count, logits_hole, logits_moments
-from llmmem.budget.optimizers import OptimizerSpec, find_optimizer
+from llmmem.budget.model_states import (
+    model_state_terms,
+    step_temporaries,
+    stepped_in_backward,
+    zero_buffers,
+)
+from llmmem.budget.optimizers import find_optimizer
 from llmmem.budget.overheads import CachedAtLoss, overhead_terms, reserved_and_device_total
 from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
-from llmmem.budget.setup import Framework, Method, Mode, Precision, TrainingSetup
-from llmmem.budget.weights import Inventory, ParameterGroup, build_inventory
+from llmmem.budget.setup import Method, Mode, Precision, TrainingSetup
+from llmmem.budget.weights import Inventory, build_inventory
 from llmmem.models.spec import ModelSpec
-from llmmem.units import format_bytes, format_count
-
-
-def _bytes_by_storage(groups: list[ParameterGroup]) -> str:
-    """`7.0e9 × 0.516 B (nf4) + 1.05e9 × 4 B` grouped by bytes per parameter."""
-    by_size: dict[tuple[float, str], int] = {}
-    for g in groups:
-        label = "k-bit" if g.quantized else ("LoRA" if g.kind == "adapter" else "")
-        key = (g.bytes_per_param, label)
-        by_size[key] = by_size.get(key, 0) + g.params
-    parts = []
-    for (size, label), params in sorted(by_size.items(), key=lambda kv: -kv[1]):
-        suffix = f" ({label})" if label else ""
-        parts.append(f"{format_count(params)} × {size:.4g} B{suffix}")
-    return " + ".join(parts) if parts else "0"
-
-
-@dataclass
-class StateTerms:
-    weights: Term
-    gradients: Term
-    states: Term
-    step_temporaries: Term
-    head_gradient: int
-    persistent_bytes: int = 0  # ZeRO-3's whole copies of small parameters, in the weights
-
-
-def model_state_terms(
-    spec: ModelSpec, setup: TrainingSetup, inv: Inventory, optim: OptimizerSpec, shard: Sharding
-) -> StateTerms:
-    trainable = inv.trainable
-    if shard.master_weights:
-        # DeepSpeed casts the whole model (adapters too) to 16 bits and keeps the fp32 copy
-        # with the optimizer
-        trainable = [replace(g, bytes_per_param=2.0) for g in trainable]
-        groups = [
-            replace(g, bytes_per_param=2.0) if g.bytes_per_param == 4.0 else g for g in inv.groups
-        ]
-    else:
-        groups = inv.groups
-    weight_bytes = _held_bytes(groups, shard, shard.weights, lambda g: g.bytes)
-    weights_note = ""
-    if shard.offload_params:
-        weight_bytes = 0
-        weights_note = "parameters live on the CPU; gathered blocks are counted as temporaries"
-    weights = Term(
-        bytes=round(weight_bytes),
-        formula=_bytes_by_storage(groups)
-        + _shard_suffix(shard.weights, shard, groups, lambda g: g.bytes),
-        note=weights_note,
-    )
-    persistent = persistent_groups(setup, spec.hidden_size, groups)
-    if persistent:
-        # small parameters stay whole on every rank besides their partition
-        weights.bytes += sum(g.bytes for g in persistent)
-        weights.formula += (
-            f" + {_bytes_by_storage(persistent)} kept whole on every rank (parameters within "
-            "stage3_param_persistence_threshold)"
-        )
-    gradients = Term(
-        bytes=round(_held_bytes(trainable, shard, shard.gradients, lambda g: g.bytes)),
-        formula=f"{format_count(sum(g.params for g in trainable))} trainable × "
-        f"{_bytes_per(trainable)} B"
-        + _shard_suffix(shard.gradients, shard, trainable, lambda g: g.bytes),
-    )
-    # DeepSpeed's optimizer steps the fp32 master partitions: its states follow them
-    stepped = (
-        [replace(g, bytes_per_param=4.0) for g in trainable] if shard.master_weights else trainable
-    )
-    state_bytes = _held_bytes(stepped, shard, shard.states, optim.state_bytes)
-    state_dtype = _state_dtype_text(optim)
-    if shard.master_weights and optim.state_dtype == "param":
-        state_dtype = "4 B (the fp32 master's dtype)"
-    state_formula = (
-        f"{optim.label}: {optim.states} state(s) × {state_dtype} × "
-        f"{format_count(sum(g.params for g in trainable))} params"
-    )
-    if optim.factored:
-        state_formula = f"{optim.label}: row + column statistics per matrix"
-    if shard.master_weights:
-        state_bytes += 4 * sum(g.params for g in trainable) * shard.states
-        state_formula += " + 4 B fp32 master copy"
-    if shard.offload_states:
-        states = Term(bytes=0, formula=state_formula + ", offloaded to the CPU")
-    else:
-        states = Term(
-            bytes=round(state_bytes),
-            formula=state_formula + _shard_suffix(shard.states, shard, stepped, optim.state_bytes),
-        )
-    if optim.paged:
-        states.note = "paged: evicted to CPU memory when the GPU runs short"
-    # the step's buffers are the size of the rank's (padded) shards
-    padding = _held_bytes(stepped, shard, shard.states, lambda g: g.bytes) / max(
-        sum(g.bytes for g in stepped) * shard.states, 1
-    )
-    step_temp = (
-        0
-        if shard.offload_states
-        else round(optim.step_temporary_bytes(stepped) * shard.states * max(padding, 1.0))
-    )
-    step = Term(
-        bytes=step_temp,
-        formula=f"{optim.implementation} step buffers"
-        + (
-            " (one parameter-sized copy of the trainable set)"
-            if optim.implementation == "foreach"
-            else ""
-        ),
-    )
-    # the gradients that exist once the head's backward is done: the head's own (an untied
-    # embedding's comes only at the very end of backward; a tied one is the head's), and the
-    # trainable copies of modules_to_save
-    untied_head = any(g.kind == "head" for g in trainable)
-    head_kinds = ("head", "saved_copy") if untied_head else ("embedding", "saved_copy")
-    head = _held_bytes(
-        [g for g in trainable if g.kind in head_kinds], shard, shard.gradients, lambda g: g.bytes
-    )
-    return StateTerms(
-        weights,
-        gradients,
-        states,
-        step,
-        round(head),
-        sum(g.bytes for g in persistent),
-    )
-
-
-def _state_dtype_text(optim: OptimizerSpec) -> str:
-    return {
-        "param": "the parameter's dtype",
-        "fp32": "4 B",
-        "int8": "1 B (+ fp32 absmax per 256, small tensors 4 B)",
-    }[optim.state_dtype]
-
-
-def _bytes_per(groups: list[ParameterGroup]) -> str:
-    sizes = sorted({g.bytes_per_param for g in groups})
-    return "/".join(f"{s:g}" for s in sizes) if sizes else "0"
-
-
-def _held_bytes(
-    groups: list[ParameterGroup],
-    shard: Sharding,
-    fraction: float,
-    size: Callable[[ParameterGroup], float],
-) -> float:
-    """The bytes of `groups` (each `size(group)` whole) one rank holds."""
-    return sum(size(g) * shard.share(g, fraction) for g in groups)
-
-
-def _shard_suffix(
-    fraction: float,
-    shard: Sharding,
-    groups: list[ParameterGroup],
-    size: Callable[[ParameterGroup], float],
-) -> str:
-    if fraction >= 1:
-        return ""
-    text = f" ÷ {shard.shard_group} ({shard.label})"
-    even = sum(size(g) for g in groups) * fraction
-    padding = _held_bytes(groups, shard, fraction, size) - even
-    if padding > 0.005 * even:
-        text += (
-            f" + {format_bytes(round(padding))} padding (FSDP gives every rank ceil(rows ÷ "
-            "ranks) rows of each parameter)"
-        )
-    return text
+from llmmem.units import format_bytes
 
 
 def _weight_copy_terms(
@@ -335,7 +178,7 @@ def estimate_budget(
     dt = dtypes_for(run)
     notes: list[str] = list(inv.notes) + list(spec.notes)
     if setup.optimizer_in_backward:
-        st = _stepped_in_backward(st, inv, optim)
+        st = stepped_in_backward(st, inv, optim)
         notes.append(
             "optimizer in backward: each parameter is stepped as its gradient is made and the "
             "gradient freed, so at most one gradient exists at a time"
@@ -428,7 +271,7 @@ def estimate_budget(
                     root_head_gradient = spec.vocab_size * spec.hidden_size * dt.compute
     extra_fwd = gathered
     ddp_buckets = st.gradients.bytes if shard.gradient_buckets else 0
-    zero = _zero_buffers(spec, setup, shard, st)
+    zero = zero_buffers(spec, setup, shard, st)
     # ZeRO-3 allocates its bucket with the optimizer and keeps it; ZeRO-1/2 from the first
     # gradient hook to the end of backward
     always = zero.bucket if zero.persistent else 0
@@ -615,7 +458,7 @@ def estimate_budget(
                 },
             )
         )
-    retained, retained_text = _fsdp1_retained_inputs(spec, run)
+    retained, retained_text = fsdp1_retained_inputs(spec, run)
     if setup.grad_ckpt or offloaded:
         backward_moments.append(
             (
@@ -678,7 +521,7 @@ def estimate_budget(
     blocks = sum(g.count for g in spec.blocks)
     in_blocks_saved = max(saved - acts.outside.evaluate(acts.dims), 0)
     if block_gathered and blocks >= 2:
-        backward_moments += _fsdp_block_moments(
+        backward_moments += fsdp_block_moments(
             spec,
             st,
             blocks=blocks,
@@ -694,7 +537,7 @@ def estimate_budget(
             grads_between=Term(bytes=grads_between, formula=grads_text),
         )
     if block_gradients:
-        backward_moments += _fsdp_last_moments(
+        backward_moments += fsdp_last_moments(
             spec,
             st,
             first_block=first_block,
@@ -710,7 +553,7 @@ def estimate_budget(
             tied=2 * spec.vocab_size * spec.hidden_size * dt.compute
             if spec.tie_word_embeddings and spec.is_causal_lm
             else 0,
-            root_reduce=_root_reduce_scatter(root, shard, setup, root_head_gradient),
+            root_reduce=root_reduce_scatter(root, shard, setup, root_head_gradient),
         )
     else:
         backward_moments.append(
@@ -784,7 +627,7 @@ def estimate_budget(
         Component.WEIGHTS: st.weights,
         Component.GRADIENTS: st.gradients,
         Component.OPTIMIZER_STATES: st.states,
-        Component.TEMPORARIES: _step_temporaries(st, ddp_buckets, zero, always),
+        Component.TEMPORARIES: step_temporaries(st, ddp_buckets, zero, always),
     }
     if setup.optimizer_in_backward:
         step_parts = {
@@ -859,46 +702,6 @@ def estimate_budget(
         trainable_params=inv.trainable_params,
         notes=notes,
         band_class=band_class(setup),
-    )
-
-
-FSDP_GRAD_BLOCKS = 2
-
-
-def _fsdp1_retained_inputs(spec: ModelSpec, setup: TrainingSetup) -> tuple[int, str]:
-    """FSDP1 keeps every finished block's checkpoint input, and the gradient checkpointing
-    gives it, until backward ends, when the blocks are FSDP units of frozen parameters only
-    and reentrant checkpointing runs outside them.
-
-    That is the HF Trainer's FSDP with a PEFT LoRA model (transformers 4.x
-    `_fsdp_qlora_plugin_updates` wraps with peft's `fsdp_auto_wrap_policy`: the adapters are
-    their own units) and transformers 4.x's reentrant `gradient_checkpointing_enable`, which
-    checkpoints the wrapped block: its recompute re-runs FSDP's pre-forward on a detached
-    input, and torch >= 2.1 FSDP1 (`_register_post_backward_reshard_only_hook`, frozen flat
-    parameter) hangs a multi-grad hook on that input, whose AccumulateGrad keeps the input and
-    the `.grad` `CheckpointFunction.backward` gives it until `_finalize_params` at the end of
-    backward. Checked on the CPU (gloo, FSDP1, torch 2.13, frozen blocks): all finished blocks'
-    inputs and their gradients alive at the first block's backward, none without FSDP, with
-    the checkpoint inside the unit, or with trainable blocks. FSDP2 (transformers 5's default)
-    is not affected; non-reentrant checkpointing (transformers 5, TRL >= 0.28) neither."""
-    if not (
-        setup.grad_ckpt
-        and setup.distributed.fsdp is not None
-        and setup.distributed.world_size > 1
-        and setup.method is not Method.FULL
-        and setup.framework is Framework.HF
-        and setup.checkpoints_reentrant
-        and setup.transformers_release < (5, 0)
-    ):
-        return 0, ""
-    blocks = sum(g.count for g in spec.blocks)
-    if blocks < 2:
-        return 0, ""
-    d = dtypes_for(setup).residual
-    retained = (blocks - 1) * d * setup.tokens * spec.hidden_size
-    return retained, (
-        f"{blocks - 1} finished blocks' input gradients kept by FSDP1's hooks "
-        f"({blocks - 1} × {d}·N·h, {format_bytes(retained)})"
     )
 
 
@@ -992,190 +795,6 @@ def _cached_at_the_loss(
     return CachedAtLoss(extra, recomputed, spill)
 
 
-def _fsdp_block_moments(
-    spec: ModelSpec,
-    st: StateTerms,
-    *,
-    blocks: int,
-    saved: int,
-    recompute: int,
-    workspace: tuple[int, str],
-    gathered: int,
-    gathered_text: str,
-    block_gathered: int,
-    block_gradients: int,
-    input_gradient: int,
-    head_gradient: int,
-    grads_between: Term,
-) -> list[tuple[str, dict[Component, Term]]]:
-    """FSDP: a block's backward with the block before it prefetched, as it starts and (full
-    fine-tuning) as it ends, for the last block, the one before it and the second block.
-
-    Going down the stack, each block leaves its gradient shard and frees its saved tensors, so
-    the moment that peaks is at one end: the last block (no reduce-scatter input held yet), the
-    one before it (the last block's reduce-scatter input held until the next one, as FSDP2
-    does) or the second (every shard but two made: Mixtral-8x7B over 16 ranks, where padded
-    experts make the shards large)."""
-    per_block = max((g.params_per_block for g in spec.blocks), default=0)
-    shard = st.gradients.bytes * per_block // max(spec.total_params, 1)
-    rs_input = block_gathered if block_gradients else 0  # LoRA's is the adapters': negligible
-    work_bytes, work_text = workspace
-    positions = {0: "the last block", 1: "the last block but one"}
-    positions.setdefault(blocks - 2, "the second block")
-    moments: list[tuple[str, dict[Component, Term]]] = []
-    for done, which in sorted(positions.items()):
-        if done > blocks - 2 or done < 0:
-            continue
-        held = gathered + block_gathered + head_gradient + (rs_input if done else 0)
-        held_text = (
-            gathered_text
-            + " (the block before, prefetched)"
-            + (" + the reduce-scatter input of the block after" if done and rs_input else "")
-            + (" + the head's whole gradient" if head_gradient else "")
-        )
-        gradients = Term(
-            bytes=grads_between.bytes + done * shard,
-            formula=grads_between.formula
-            + (f" + the shards of the {done} block(s) after it" if done else ""),
-        )
-        moments.append(
-            (
-                f"backward of {which}, as it starts",
-                {
-                    Component.GRADIENTS: gradients,
-                    Component.ACTIVATIONS: Term(
-                        bytes=saved * (blocks - done) // blocks + recompute,
-                        formula="the saved tensors of the blocks up to it"
-                        + (", its own recomputed" if recompute else ""),
-                    ),
-                    Component.TEMPORARIES: Term(
-                        bytes=work_bytes + held, formula=f"{work_text} + {held_text}"
-                    ),
-                },
-            )
-        )
-        if block_gradients:
-            moments.append(
-                (
-                    f"backward of {which}, as it ends",
-                    {
-                        Component.GRADIENTS: gradients,
-                        Component.ACTIVATIONS: Term(
-                            bytes=saved * (blocks - 1 - done) // blocks,
-                            formula="the saved tensors of the blocks before it",
-                        ),
-                        Component.TEMPORARIES: Term(
-                            bytes=held + block_gradients + input_gradient,
-                            formula=f"{held_text} + the block's whole gradients + its input's "
-                            "gradient",
-                        ),
-                    },
-                )
-            )
-    return moments
-
-
-def _fsdp_last_moments(
-    spec: ModelSpec,
-    st: StateTerms,
-    *,
-    first_block: int,
-    workspace: tuple[int, str],
-    held: int,
-    held_text: str,
-    block_gradients: int,
-    input_gradient: int,
-    root_backward: int,
-    root_text: str,
-    tied: int,
-    root_reduce: Term,
-) -> list[tuple[str, dict[Component, Term]]]:
-    """FSDP, full fine-tuning: the first block's backward as it starts and as it ends, then the
-    root unit's backward (the embedding's), where backward ends.
-
-    Only the blocks already reduce-scattered have their gradient shards: not the root unit's,
-    reduced at the very end. Beside them stay the root unit gathered, the head's whole gradient
-    and the reduce-scatter input of the block before (FSDP2 keeps it until the next
-    reduce-scatter). As a block's backward starts, its saved tensors are all alive and none of
-    its gradients; as it ends, its whole gradients exist and its saved tensors are gone:
-    counting both at once read 8-19% high at small shapes. With tied embeddings the head's and
-    the embedding's gradients are summed into a third tensor, as without FSDP."""
-    in_blocks = sum(g.params_per_block * g.count for g in spec.blocks)
-    per_block = max((g.params_per_block for g in spec.blocks), default=0)
-
-    def block_shards(params: int, which: str) -> Term:
-        share = params / spec.total_params if spec.total_params else 0.0
-        return Term(
-            bytes=int(st.gradients.bytes * share), formula=f"{st.gradients.formula}, {which}"
-        )
-
-    after_first = block_shards(max(in_blocks - per_block, 0), "the blocks' after the first")
-    work_bytes, work_text = workspace
-    return [
-        (
-            "backward of the first block, as it starts",
-            {
-                Component.GRADIENTS: after_first,
-                Component.ACTIVATIONS: Term(
-                    bytes=first_block, formula="the first block's saved tensors"
-                ),
-                Component.TEMPORARIES: Term(
-                    bytes=work_bytes + held, formula=f"{work_text} + {held_text}"
-                ),
-            },
-        ),
-        (
-            "backward of the first block, as it ends",
-            {
-                Component.GRADIENTS: after_first,
-                Component.TEMPORARIES: Term(
-                    bytes=block_gradients + input_gradient + held,
-                    formula="the block's whole gradients + its input's gradient + " + held_text,
-                ),
-            },
-        ),
-        (
-            "end of backward: the root unit's gradients, before their reduce-scatter",
-            {
-                Component.GRADIENTS: block_shards(in_blocks, "the blocks' (the root's to come)"),
-                Component.TEMPORARIES: Term(
-                    bytes=root_backward + tied,
-                    formula=root_text
-                    + (" + the tied weight's two gradients, summed into a third" if tied else ""),
-                ),
-            },
-        ),
-        (
-            "end of backward: the root unit's reduce-scatter",
-            {
-                Component.GRADIENTS: block_shards(in_blocks, "the blocks' (the root's to come)"),
-                Component.TEMPORARIES: root_reduce,
-            },
-        ),
-    ]
-
-
-def _root_reduce_scatter(
-    root: int, shard: Sharding, setup: TrainingSetup, whole_gradient: int
-) -> Term:
-    """FSDP's last reduce-scatter, the root unit's, after the root is resharded: its gradients
-    copied into one flat input, the rank's reduced part, and under mixed precision that part
-    cast to the parameters' dtype; one whole gradient of the root is still referenced (the
-    head's or the embedding's, measured on a simulated rank)."""
-    ranks = max(shard.shard_group, 1)
-    output = root // ranks
-    cast = 0
-    if setup.precision.is_autocast:
-        # the sharded parameters stay in their own dtype (fp32) under the 16-bit policy
-        cast = output * setup.precision.weight_bytes // 2
-    return Term(
-        bytes=root + output + cast + whole_gradient,
-        formula="the root unit's gradients as one reduce-scatter input + this rank's part"
-        + (" + that part cast to the parameters' dtype" if cast else "")
-        + (" + one whole gradient still referenced" if whole_gradient else ""),
-    )
-
-
 def _sixteen_bit(setup: TrainingSetup) -> TrainingSetup:
     """The same step with its weights, adapters too, in the 16-bit dtype autocast used."""
     if setup.precision.autocasts:
@@ -1237,96 +856,6 @@ def _temp_text(
     if zero_text:
         parts.append(zero_text)
     return " + ".join(parts) if parts else "none"
-
-
-@dataclass(frozen=True)
-class _ZeroBuffers:
-    """DeepSpeed ZeRO's own buffers on the GPU."""
-
-    bucket: int = 0  # the contiguous gradient reduction bucket(s)
-    text: str = ""
-    persistent: bool = False  # ZeRO-3: allocated with the optimizer, kept
-    persistent_gradients: bool = False  # ZeRO-3: one flat gradient partition, kept
-    grad_fp32: int = 0  # ZeRO-1/2 in 16 bits: the step's fp32 copy of the gradient partition
-
-
-def _zero_buffers(
-    spec: ModelSpec, setup: TrainingSetup, shard: Sharding, st: StateTerms
-) -> _ZeroBuffers:
-    d = setup.distributed
-    if not d.zero_stage:
-        return _ZeroBuffers()
-    elements = reduce_bucket_elements(setup, spec.hidden_size)
-    # the bucket holds gradients in the model's dtype: 16 bits beside fp32 master weights
-    size = 2 if shard.master_weights else 4
-    count = 2 if d.zero_stage < 3 and overlaps_communication(setup) else 1
-    bucket = count * elements * size if d.contiguous_gradients else 0
-    auto = " (auto: hidden_size²)" if d.reduce_bucket_size is None else ""
-    text = (
-        f"DeepSpeed gradient bucket{'s' if count > 1 else ''}: "
-        + (f"{count} × " if count > 1 else "")
-        + f"reduce_bucket_size {format_count(elements)}{auto} × {size} B"
-    )
-    stage3 = d.zero_stage == 3
-    grad_fp32 = 2 * st.gradients.bytes if shard.master_weights and not shard.offload_states else 0
-    return _ZeroBuffers(
-        bucket=bucket,
-        text=text,
-        persistent=stage3,
-        persistent_gradients=stage3,
-        grad_fp32=grad_fp32,
-    )
-
-
-def _stepped_in_backward(st: StateTerms, inv: Inventory, optim: OptimizerSpec) -> StateTerms:
-    """The optimizer in backward: each parameter is stepped by its own optimizer as soon as
-    its gradient is complete, and the gradient is freed right after (`zero_grad` sets it to
-    None). At most one gradient exists at a time, the largest parameter's, with its step's
-    buffers; the states of every parameter stay."""
-    largest = max(
-        (replace(g, tensors=1) for g in inv.trainable),
-        key=lambda g: g.bytes,
-        default=None,
-    )
-    if largest is None:
-        return st
-    one = Term(
-        bytes=largest.bytes,
-        formula=f"one parameter's gradient at a time ({largest.name}, "
-        f"{format_count(largest.numel)} × {largest.bytes_per_param:g} B): stepped and freed in "
-        "its hook (optimizer in backward)",
-    )
-    step = Term(
-        bytes=round(optim.step_temporary_bytes([largest])),
-        formula=f"{optim.implementation} step buffers of that one parameter",
-    )
-    return replace(st, gradients=one, step_temporaries=step, head_gradient=0)
-
-
-def _step_temporaries(st: StateTerms, ddp_buckets: int, zero: _ZeroBuffers, always: int) -> Term:
-    step = st.step_temporaries
-    parts = [step.formula] if step.bytes else []
-    total = step.bytes
-    if zero.grad_fp32 and zero.persistent_gradients:
-        # ZeRO-3 copies its (kept) 16-bit gradient partition to fp32 for the optimizer
-        total = zero.grad_fp32 + step.bytes
-        parts = ["DeepSpeed's fp32 copy of the gradient partition"] + parts
-    elif zero.grad_fp32:
-        # DeepSpeed flattens the 16-bit gradient partition, copies it to fp32 for the
-        # optimizer, then frees the 16-bit ones before the optimizer runs
-        total = zero.grad_fp32 + max(step.bytes - st.gradients.bytes, st.gradients.bytes)
-        parts = [
-            "DeepSpeed's fp32 copy of the gradient partition + the larger of the "
-            f"optimizer's step buffers ({format_bytes(step.bytes)}, once the 16-bit gradients "
-            "are freed) and the flattened 16-bit partition"
-        ]
-    if ddp_buckets:
-        total += ddp_buckets
-        parts.append("DDP gradient buckets")
-    if always:
-        total += always
-        parts.append(zero.text)
-    return Term(bytes=total, formula=" + ".join(parts) if parts else "none")
 
 
 def _first_block_gradients_to_come(spec: ModelSpec, inv: Inventory) -> int:
