@@ -1,6 +1,6 @@
 """The model's states on one device: weights, gradients, optimizer states and the optimizer
 step's own buffers, as the setup's sharding, offload and optimizer leave them (DeepSpeed's fp32
-master copy and its buckets, the optimizer in backward).
+master copy and its buckets, a paged optimizer's unified memory, the optimizer in backward).
 Part of the one-step budget (budget.phases), which puts these terms at each moment.
 """
 
@@ -45,6 +45,8 @@ class StateTerms:
     step_temporaries: Term
     head_gradient: int
     persistent_bytes: int = 0  # ZeRO-3's whole copies of small parameters, in the weights
+    # a paged optimizer's states in CUDA unified memory: outside torch's allocator and the states
+    unified_bytes: int = 0
 
 
 def model_state_terms(
@@ -102,15 +104,21 @@ def model_state_terms(
     if shard.master_weights:
         state_bytes += 4 * sum(g.params for g in trainable) * shard.states
         state_formula += " + 4 B fp32 master copy"
+    unified = 0
     if shard.offload_states:
         states = Term(bytes=0, formula=state_formula + ", offloaded to the CPU")
     else:
+        unified = round(held_bytes(stepped, shard, shard.states, optim.unified_bytes))
         states = Term(
-            bytes=round(state_bytes),
+            bytes=round(state_bytes) - unified,
             formula=state_formula + shard_suffix(shard.states, shard, stepped, optim.state_bytes),
         )
-    if optim.paged:
-        states.note = "paged: evicted to CPU memory when the GPU runs short"
+    if unified:
+        states.formula += (
+            f", less {format_bytes(unified)} paged into CUDA unified memory (the states of "
+            "parameters of 1e5 values or more: outside torch's allocator)"
+        )
+        states.note = "paged: the large states live in unified memory, evicted to the host"
     # the step's buffers are the size of the rank's (padded) shards
     padding = held_bytes(stepped, shard, shard.states, lambda g: g.bytes) / max(
         sum(g.bytes for g in stepped) * shard.states, 1
@@ -144,6 +152,7 @@ def model_state_terms(
         step,
         round(head),
         sum(g.bytes for g in persistent),
+        unified,
     )
 
 

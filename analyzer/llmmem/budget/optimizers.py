@@ -4,6 +4,20 @@ State sizes follow how each implementation allocates: torch's AdamW creates `zer
 (states in the parameter's dtype), bitsandbytes 32-bit optimizers keep fp32 states whatever the
 parameter dtype, its 8-bit optimizers keep one byte per state plus an fp32 absmax per 256-value
 block, and leave tensors under 4,096 values in 32-bit.
+
+bitsandbytes' paged optimizers (`PagedAdamW`, `PagedAdamW8bit`, ...; HF `paged_adamw_8bit`,
+`paged_adamw_32bit`) put a parameter's states in CUDA unified memory, not in torch's caching
+allocator (bitsandbytes 0.50.2, optim/optimizer.py:374-390 `get_state_buffer`: on a CUDA device,
+for a parameter of 1e5 values or more, `F.get_paged`, functional.py:91-99, which takes the
+memory from `cget_managed_ptr` — cudaMallocManaged in its C library — and wraps it with
+`torch.frombuffer` as a host tensor marked `is_paged`). Smaller parameters' states, and the
+8-bit states' absmax (`torch.zeros((blocks,), ...)`, optim/optimizer.py:528-529) stay in torch's
+allocator. Before each parameter's update `prefetch_state` (optim/optimizer.py:392-400) asks the
+driver to move its pages to the GPU (`prefetch_tensor` → `cprefetch`, functional.py:102-109,
+cudaMemPrefetchAsync); the driver keeps them there while the GPU has room and moves them back
+to the host when device allocations need it. So `torch.cuda.max_memory_allocated` and
+`max_memory_reserved` never count them; the pages resident on the GPU take device memory beside
+the caching allocator's pool.
 """
 
 from __future__ import annotations
@@ -19,6 +33,9 @@ Implementation = Literal["fused", "foreach", "for-loop", "bnb"]
 
 BNB_MIN_8BIT_SIZE = 4096  # bitsandbytes keeps smaller tensors' states in 32 bits
 BNB_8BIT_BLOCK = 256
+# bitsandbytes pages the states of parameters of this many values or more (optim/optimizer.py:383
+# `p.numel() < 1e5`: smaller ones get `torch.zeros_like` on the device)
+BNB_PAGED_MIN_NUMEL = 100_000
 
 
 @dataclass(frozen=True)
@@ -39,6 +56,18 @@ class OptimizerSpec:
         if self.factored and group.cols > 1:
             # Adafactor keeps a row vector and a column vector of second moments per matrix
             return group.tensors * (group.rows + group.cols) * per_value * self.states
+        return group.params * per_value * self.states
+
+    def unified_bytes(self, group: ParameterGroup) -> float:
+        """Of `state_bytes(group)`, what a paged optimizer holds in CUDA unified memory: the
+        state tensors themselves of parameters of BNB_PAGED_MIN_NUMEL values or more (an 8-bit
+        state's absmax stays in torch's allocator)."""
+        if not self.paged or self.states == 0 or group.numel < BNB_PAGED_MIN_NUMEL:
+            return 0.0
+        if self.state_dtype == "int8" and group.numel >= BNB_MIN_8BIT_SIZE:
+            per_value = 1.0
+        else:
+            per_value = _state_value_bytes(self.state_dtype, group.bytes_per_param, group.numel)
         return group.params * per_value * self.states
 
     def step_temporary_bytes(self, trainable: list[ParameterGroup]) -> int:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmmem.budget.result import Overhead, Term
+from llmmem.budget.result import GpuTarget, Overhead, Term
 from llmmem.budget.setup import TrainingSetup
 from llmmem.units import MIB, format_bytes
 
@@ -139,6 +139,31 @@ def overhead_terms(
     if nccl is not None:
         terms[Overhead.NCCL_BUFFERS] = nccl
     return terms
+
+
+def unified_memory(total_bytes: int, pool_total_bytes: int, gpu: GpuTarget | None) -> Term:
+    """A paged optimizer's states (budget.optimizers): host-backed CUDA unified memory, outside
+    torch's pool. The driver keeps their pages on the GPU while the rest leaves room (bitsandbytes
+    prefetches each parameter's before its update) and moves them to the host when device
+    allocations need it: the device shows the pages that fit beside the pool (all of them
+    without a GPU named), and they never make the step run out of memory."""
+    if gpu is None:
+        resident = total_bytes
+        where = "all on the GPU with room to spare"
+    else:
+        resident = min(total_bytes, max(gpu.capacity_bytes - pool_total_bytes, 0))
+        where = (
+            "all on the GPU beside the rest"
+            if resident == total_bytes
+            else f"{format_bytes(resident)} on the {gpu.name} beside the rest, "
+            f"{format_bytes(total_bytes - resident)} on the host"
+        )
+    return Term(
+        bytes=resident,
+        formula=f"paged optimizer states: {format_bytes(total_bytes)} of CUDA unified memory "
+        f"(cudaMallocManaged by bitsandbytes, outside max_memory_reserved), {where}",
+        note="the driver moves these pages back to the host when allocations need the room",
+    )
 
 
 # what the caching allocator holds: the allocated peak, the workspaces it allocated for cuBLAS,

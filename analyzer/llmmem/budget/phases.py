@@ -49,8 +49,13 @@ from llmmem.budget.model_states import (
     zero_buffers,
 )
 from llmmem.budget.optimizers import find_optimizer
-from llmmem.budget.overheads import CachedAtLoss, overhead_terms, reserved_and_device_total
-from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
+from llmmem.budget.overheads import (
+    CachedAtLoss,
+    overhead_terms,
+    reserved_and_device_total,
+    unified_memory,
+)
+from llmmem.budget.result import Budget, Component, GpuTarget, Overhead, Phase, PhaseBudget, Term
 from llmmem.budget.setup import Method, Mode, Precision, TrainingSetup
 from llmmem.budget.weights import Inventory, build_inventory
 from llmmem.models.spec import ModelSpec
@@ -682,6 +687,10 @@ def estimate_budget(
     cached = _cached_at_the_loss(spec, run, setup, phases, peak, recompute, acts, logits)
     overheads = overhead_terms(setup, transient, live_tensors, logits_hole(spec, setup), cached)
     reserved, device_total = reserved_and_device_total(peak.allocated_bytes, overheads)
+    if st.unified_bytes and not setup.first_step:
+        resident = unified_memory(st.unified_bytes, device_total, gpu)
+        overheads[Overhead.UNIFIED_MEMORY] = resident
+        device_total += resident.bytes
     if shard.shard_group > 1:
         notes.append(f"per device, {shard.label}")
     if not spec.supports_sdpa and setup.attn is not None and setup.attn.value != "eager":
@@ -702,6 +711,7 @@ def estimate_budget(
         trainable_params=inv.trainable_params,
         notes=notes,
         band_class=band_class(setup),
+        unified_memory_bytes=0 if setup.first_step else st.unified_bytes,
     )
 
 

@@ -47,6 +47,9 @@ class Overhead(str, Enum):
     ALLOCATOR_SLACK = "allocator_slack"  # reserved minus allocated (caching allocator)
     CUDA_CONTEXT = "cuda_context"
     NCCL_BUFFERS = "nccl_buffers"
+    # a paged optimizer's states in CUDA unified memory (cudaMallocManaged): outside torch's
+    # pool; the pages the driver keeps on the GPU, up to the room the rest leaves
+    UNIFIED_MEMORY = "unified_memory"
 
 
 @dataclass
@@ -105,6 +108,10 @@ class Budget:
     # a device total the step can reach below this one and why (activation offloading: every
     # saved tensor on the host); the band reaches down to it
     band_floor: tuple[int, str] | None = None
+    # paged optimizer states in CUDA unified memory, in all: host-backed pages the driver moves
+    # to the GPU while it has room (the device total counts those, Overhead.UNIFIED_MEMORY) and
+    # back to the host when allocations need it, so they never decide whether the step fits
+    unified_memory_bytes: int = 0
 
     def phase(self, phase: Phase) -> PhaseBudget:
         for item in self.phases:
@@ -117,30 +124,66 @@ class Budget:
         return self.phase(self.peak_phase)
 
     @property
+    def unified_resident_bytes(self) -> int:
+        """The unified memory's pages the device total counts as on the GPU."""
+        term = self.overheads.get(Overhead.UNIFIED_MEMORY)
+        return term.bytes if term is not None else 0
+
+    @property
+    def pool_total_bytes(self) -> int:
+        """The device total without the unified memory's pages: what must fit, since the
+        driver gives those pages back to the host when the rest needs the room."""
+        return self.device_total_bytes - self.unified_resident_bytes
+
+    def _resident_at(self, pool_bytes: int) -> int:
+        """The unified memory's pages on the GPU beside a pool of `pool_bytes`."""
+        if not self.unified_memory_bytes:
+            return 0
+        if self.gpu is None:
+            return self.unified_memory_bytes
+        return min(self.unified_memory_bytes, max(self.gpu.capacity_bytes - pool_bytes, 0))
+
+    @property
     def fits(self) -> bool | None:
         if self.gpu is None:
             return None
-        return self.device_total_bytes <= self.gpu.capacity_bytes
+        return self.pool_total_bytes <= self.gpu.capacity_bytes
 
-    @property
-    def band(self) -> Band:
-        """Where the device total of this step was measured to fall, for setups of its class."""
+    def _pool_band(self) -> Band:
         from llmmem.budget.bands import Band, band_for
 
-        band = band_for(self.band_class, self.device_total_bytes, self.local_evidence)
+        total = self.pool_total_bytes
+        band = band_for(self.band_class, total, self.local_evidence)
         if self.band_floor is None:
             return band
         floor, why = self.band_floor
-        low_ratio = band.low_bytes / self.device_total_bytes if self.device_total_bytes else 1.0
+        low_ratio = band.low_bytes / total if total else 1.0
         low = min(band.low_bytes, round(floor * low_ratio))
         return Band(low, band.high_bytes, f"{band.basis}; {why}", band.rows)
 
     @property
+    def band(self) -> Band:
+        """Where the device total of this step was measured to fall, for setups of its class
+        (with unified memory: the band of the rest, each end with the pages that fit beside)."""
+        from llmmem.budget.bands import Band
+
+        band = self._pool_band()
+        if not self.unified_memory_bytes:
+            return band
+        return Band(
+            band.low_bytes + self._resident_at(band.low_bytes),
+            band.high_bytes + self._resident_at(band.high_bytes),
+            band.basis,
+            band.rows,
+        )
+
+    @property
     def verdict(self) -> str | None:
-        """fits, tight (the band crosses the capacity) or does not fit; None without a GPU."""
+        """fits, tight (the band crosses the capacity) or does not fit; None without a GPU.
+        Unified memory never decides it: the driver evicts its pages to make room."""
         if self.gpu is None:
             return None
-        band = self.band
+        band = self._pool_band()
         if band.high_bytes <= self.gpu.capacity_bytes:
             return "fits"
         if band.low_bytes > self.gpu.capacity_bytes:
@@ -149,6 +192,7 @@ class Budget:
 
     @property
     def headroom_bytes(self) -> int | None:
+        """What the GPU has left for torch's allocator (unified memory's pages give way)."""
         if self.gpu is None:
             return None
-        return self.gpu.capacity_bytes - self.device_total_bytes
+        return self.gpu.capacity_bytes - self.pool_total_bytes
