@@ -171,12 +171,31 @@ def trainability_for(spec: ModelSpec, setup: TrainingSetup) -> Trainability:
     )
 
 
+@dataclass(frozen=True)
+class BlockRules:
+    """Where a framework's own block code saves other tensors than transformers' modules (a
+    framework's stack, llmmem.budget.stacks, gives them; the defaults are transformers').
+
+    - `norm_output_fp32`: the RMSNorm multiplies its weight into the normalised fp32 tensor
+      (torchtune's `F.rms_norm(x.float(), weight=scale)`), so a trainable weight keeps that fp32
+      tensor, where transformers' keeps it in the input's dtype;
+    - `repeats_kv_heads`: K and V are copied to every query head before attention (torchtune's
+      `expand(...).flatten(1, 2)`), and attention keeps the copies."""
+
+    norm_output_fp32: bool = False
+    repeats_kv_heads: bool = False
+
+
+TRANSFORMERS_RULES = BlockRules()
+
+
 @dataclass
 class BlockContext:
     spec: ModelSpec
     setup: TrainingSetup
     dt: Dtypes
     train: Trainability
+    rules: BlockRules = TRANSFORMERS_RULES
 
     @property
     def quantized(self) -> bool:
@@ -243,7 +262,9 @@ class BlockContext:
         else:
             tally.add(4, width)  # x.to(float32), saved by pow and by the rsqrt product
             if trains:
-                tally.add(d, width)  # normalised tensor in the input dtype, saved by weight * x
+                # the normalised tensor, saved by weight * x: in the input dtype, or in fp32
+                # where the weight multiplies the fp32 tensor
+                tally.add(4 if self.rules.norm_output_fp32 else d, width)
         return d
 
 
@@ -351,7 +372,8 @@ def attention_core(
     # transformers passes SDPA grouped K/V heads (enable_gqa) only without a mask
     # (`use_gqa_in_sdpa`, 4.5x to 5.x): with the packed samples' mask it repeats K and V to
     # every query head first, and SDPA keeps the repeated copies
-    tally.add(2 * e, "N·q" if masked and grouped else "N·kvd")  # k after rotary embedding, v
+    repeated = grouped and (masked or ctx.rules.repeats_kv_heads)
+    tally.add(2 * e, "N·q" if repeated else "N·kvd")  # k after rotary embedding, v
     tally.add(4, "b·a·s")  # log-sum-exp per head and row (fp32)
     if masked:
         # packed samples: transformers passes SDPA a boolean block-diagonal mask, which SDPA
@@ -528,10 +550,12 @@ def head_input_dtype(dt: Dtypes) -> int:
     return 2 if dt.autocast else dt.residual
 
 
-def estimate_activations(spec: ModelSpec, setup: TrainingSetup) -> ActivationEstimate:
+def estimate_activations(
+    spec: ModelSpec, setup: TrainingSetup, rules: BlockRules = TRANSFORMERS_RULES
+) -> ActivationEstimate:
     dt = dtypes_for(setup)
     train = trainability_for(spec, setup)
-    ctx = BlockContext(spec, setup, dt, train)
+    ctx = BlockContext(spec, setup, dt, train, rules)
     per_block = [(group, block_tally(ctx, group)) for group in spec.blocks]
     outside = Tally()
     final = Tally()
@@ -598,7 +622,9 @@ def checkpoint_input_bytes(spec: ModelSpec, setup: TrainingSetup) -> tuple[int, 
     return d * n * blocks, f"{d}·N·h × {blocks} blocks"
 
 
-def backward_workspace(spec: ModelSpec, setup: TrainingSetup) -> tuple[int, str]:
+def backward_workspace(
+    spec: ModelSpec, setup: TrainingSetup, rules: BlockRules = TRANSFORMERS_RULES
+) -> tuple[int, str]:
     """The gradients of one block in flight during its backward: the residual stream's two
     (the block's output gradient and its input gradient), and the MLP's. A gated MLP's
     product `act(gate) * up` has one backward node that makes both its inputs' gradients
@@ -610,7 +636,7 @@ def backward_workspace(spec: ModelSpec, setup: TrainingSetup) -> tuple[int, str]
     n_i = setup.tokens * spec.intermediate_size
     d, e = dt.residual, dt.linear_out_bytes
     best = 2 * d * n_h + 2 * e * n_i, f"2·{d}·N·h + 2·{e}·N·I (gradients of one block in flight)"
-    if spec.mlp == "gated" and spec.blocks and not _keeps_mlp_product(spec, setup, dt):
+    if spec.mlp == "gated" and spec.blocks and not _keeps_mlp_product(spec, setup, dt, rules):
         gated = d * n_h + 3 * e * n_i
         if gated > best[0]:
             best = gated, f"{d}·N·h + 3·{e}·N·I (gradients of one block in flight)"
@@ -629,8 +655,10 @@ def backward_workspace(spec: ModelSpec, setup: TrainingSetup) -> tuple[int, str]
 SANDWICH_NORM_TYPES = {"gemma2", "gemma3_text", "gemma3"}
 
 
-def _keeps_mlp_product(spec: ModelSpec, setup: TrainingSetup, dt: Dtypes) -> bool:
-    ctx = BlockContext(spec, setup, dt, trainability_for(spec, setup))
+def _keeps_mlp_product(
+    spec: ModelSpec, setup: TrainingSetup, dt: Dtypes, rules: BlockRules
+) -> bool:
+    ctx = BlockContext(spec, setup, dt, trainability_for(spec, setup), rules)
     down = _linears(spec.blocks[0], "mlp_out")
     return ctx.consumers_save(Tally(), dt.linear_out_bytes, "N·I", down)
 

@@ -27,7 +27,7 @@ def bytes_by_storage(groups: list[ParameterGroup]) -> str:
     """`7.0e9 × 0.516 B (nf4) + 1.05e9 × 4 B` grouped by bytes per parameter."""
     by_size: dict[tuple[float, str], int] = {}
     for g in groups:
-        label = "k-bit" if g.quantized else ("LoRA" if g.kind == "adapter" else "")
+        label = "k-bit" if g.quantized else {"adapter": "LoRA", "buffer": "buffer"}.get(g.kind, "")
         key = (g.bytes_per_param, label)
         by_size[key] = by_size.get(key, 0) + g.params
     parts = []

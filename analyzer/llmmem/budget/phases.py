@@ -57,6 +57,7 @@ from llmmem.budget.overheads import (
 )
 from llmmem.budget.result import Budget, Component, GpuTarget, Overhead, Phase, PhaseBudget, Term
 from llmmem.budget.setup import Method, Mode, Precision, TrainingSetup
+from llmmem.budget.stacks import stack_for
 from llmmem.budget.weights import Inventory, build_inventory
 from llmmem.models.spec import ModelSpec
 from llmmem.units import format_bytes
@@ -139,15 +140,27 @@ def estimate_budget(
 
     `offloaded`: with activation offloading asked for, None gives the step with the saved
     activations on the device and a band reaching down to the step with all of them on the
-    host (True); how much of them a real run keeps on the device is not predicted."""
+    host (True); how much of them a real run keeps on the device is not predicted, unless the
+    framework's stack says its offloading moves every tensor it may (torchtune's): then the
+    offloaded step is the estimate.
+
+    The setup's framework's stack (llmmem.budget.stacks) is asked where its code differs from
+    the shared rules: what it refuses, what it always does, its blocks, its quantized layout,
+    its buffers, its loss, its weight copies and its offloading."""
     if setup.mode is Mode.GENERATE:
         from llmmem.budget.generation import estimate_generation
 
         return estimate_generation(spec, setup, gpu)
-    if offloaded is None and (setup.activation_offload or setup.compile):
-        kept = estimate_budget(spec, setup, gpu, with_first_step=with_first_step, offloaded=False)
+    stack = stack_for(setup.framework)
+    stack.check(setup)
+    setup = stack.prepare(setup)
+    exact_offload = setup.activation_offload and stack.offload_is_exact
+    if offloaded is None and ((setup.activation_offload and not exact_offload) or setup.compile):
+        kept = estimate_budget(
+            spec, setup, gpu, with_first_step=with_first_step, offloaded=exact_offload
+        )
         floors: list[tuple[int, str]] = []
-        if setup.activation_offload:
+        if setup.activation_offload and not exact_offload:
             gone = estimate_budget(
                 spec, setup, gpu, with_first_step=with_first_step, offloaded=True
             )
@@ -165,7 +178,7 @@ def estimate_budget(
         floor = min(bytes_ for bytes_, _ in floors)
         whys = [why for _, why in floors]
         return replace(kept, band_floor=(floor, "; ".join(whys)), notes=[*kept.notes, *whys])
-    offloaded = bool(offloaded)
+    offloaded = bool(offloaded) or exact_offload
     shard = sharding_for(setup)
     if shard.master_weights:
         # DeepSpeed casts the whole model, adapters too, to 16 bits and runs it without
@@ -175,13 +188,20 @@ def estimate_budget(
     # (accelerate's mixed-precision policy), so forward and backward run as in pure 16 bits
     # while the sharded parameters, gradients and states stay fp32
     run = _sixteen_bit(setup) if _fsdp_mixed_precision(setup) else setup
-    inv = build_inventory(spec, setup)
+    inv = build_inventory(
+        spec,
+        setup,
+        quantized_bytes=stack.quantized_bytes(setup),
+        buffers=stack.buffers(spec, setup),
+    )
     optim = find_optimizer(setup.optim)
     st = model_state_terms(spec, setup, inv, optim, shard)
-    acts = estimate_activations(spec, run)
-    logits = logits_moments(spec, run)
+    rules = stack.block_rules(run)
+    acts = estimate_activations(spec, run, rules)
+    own_loss = stack.loss(spec, run)
+    logits = own_loss.moments if own_loss is not None else logits_moments(spec, run)
     dt = dtypes_for(run)
-    notes: list[str] = list(inv.notes) + list(spec.notes)
+    notes: list[str] = list(inv.notes) + list(spec.notes) + stack.notes(spec, setup)
     if setup.optimizer_in_backward:
         st = stepped_in_backward(st, inv, optim)
         notes.append(
@@ -199,30 +219,42 @@ def estimate_budget(
         recompute = 0
         formulas = "; ".join(f"{g.count} × ({t.formula()})" for g, t in acts.per_block)
         acts_formula = f"{formulas} + ({acts.outside.formula()})"
+    own_offload = stack.offloaded(spec, run, acts) if offloaded else None
     if offloaded:
         saved, acts_formula = _offloaded(spec, run, acts)
         recompute = acts.largest_block_bytes
+        if own_offload is not None:
+            saved, acts_formula = own_offload.after_forward.bytes, own_offload.after_forward.formula
     activations = Term(bytes=saved, formula=acts_formula)
     n_h = setup.tokens * spec.hidden_size
-    workspace, workspace_text = backward_workspace(spec, run)
+    workspace, workspace_text = backward_workspace(spec, run, rules)
     # offloaded, autocast's casts of frozen weights leave with the saved tensors, as the ones
     # outside the running block do under checkpointing (the head's stays: no-op hooks there)
     copies_setup = (
         replace(run, grad_ckpt=True) if offloaded and setup.method is not Method.FULL else run
     )
     copies_fwd, copies_bwd, copies_recompute = _weight_copy_terms(spec, copies_setup, inv)
+    own_copies = stack.weight_copies(spec, copies_setup)
+    copies_block = 0  # inside any block's forward or backward
+    if own_copies is not None:
+        copies_fwd, copies_bwd = own_copies.at_loss, own_copies.backward_start
+        copies_recompute, copies_block = own_copies.recompute, own_copies.in_block
     copies_text = (
-        "one dequantized k-bit weight (the largest Linear)"
-        + (
-            " + autocast's 16-bit cast of the fp32 head, kept for the input gradient"
-            if dt.autocast and _fp32_head(setup) and spec.is_causal_lm
-            else ""
+        own_copies.formula
+        if own_copies is not None
+        else (
+            "one dequantized k-bit weight (the largest Linear)"
+            + (
+                " + autocast's 16-bit cast of the fp32 head, kept for the input gradient"
+                if dt.autocast and _fp32_head(setup) and spec.is_causal_lm
+                else ""
+            )
+            if setup.quant is not None
+            else "bf16/fp16 copy of every Linear weight held by autocast"
+            if setup.method is Method.FULL
+            else "autocast's 16-bit cast of each frozen Linear weight, kept for the input gradient"
+            + (" (one block: checkpointed) + the head's" if setup.grad_ckpt else " + the head's")
         )
-        if setup.quant is not None
-        else "bf16/fp16 copy of every Linear weight held by autocast"
-        if setup.method is Method.FULL
-        else "autocast's 16-bit cast of each frozen Linear weight, kept for the input gradient"
-        + (" (one block: checkpointed) + the head's" if setup.grad_ckpt else " + the head's")
     )
     gathered = 0  # at every moment of forward and backward
     block_gathered = 0  # FSDP: while a block runs, with the next one prefetched
@@ -339,17 +371,52 @@ def estimate_budget(
             Component.TEMPORARIES: forward_temp,
         },
     )
+    dequantized = f" + {copies_text}" if copies_block else ""
+    # a checkpointed block's forward keeps nothing, but holds its own tensors while it runs:
+    # at its MLP (where its largest Linears are) its residual, its MLP's input, one more
+    # N·h-wide tensor and one MLP-wide one (a dequantized NF4 weight's moment, measured on
+    # the CPU within 0.1%)
+    running = 3 * dt.residual * n_h + dt.linear_out_bytes * setup.tokens * spec.intermediate_size
+    running_text = (
+        f"the running block's residual, MLP input and one more tensor (3·{dt.residual}·N·h) "
+        f"and one MLP-wide ({dt.linear_out_bytes}·N·I)"
+    )
     if offloaded:
         # inside a block: its tensors are made on the device and leave as they are saved
+        held, held_text = recompute, f"one block's tensors ({format_bytes(recompute)})"
+        if own_offload is not None and setup.grad_ckpt:
+            held, held_text = running, running_text
         inside = phase(
             Phase.FORWARD,
             "forward of a block, its saved tensors leaving for the host",
             {
                 **in_forward,
-                Component.ACTIVATIONS: activations,
+                Component.ACTIVATIONS: own_offload.in_forward
+                if own_offload is not None
+                else activations,
                 Component.TEMPORARIES: Term(
-                    bytes=forward_temp.bytes + recompute,
-                    formula=f"one block's tensors ({format_bytes(recompute)})",
+                    bytes=forward_temp.bytes + held + copies_block,
+                    formula=held_text + dequantized,
+                ),
+            },
+        )
+        forward = max(forward, inside, key=lambda p: p.allocated_bytes)
+    elif copies_block:
+        # inside the last block's forward, a quantized weight dequantized for its matmul: the
+        # blocks' saved tensors (under checkpointing their inputs, and the running block's)
+        blocks_saved = max(saved - acts.outside.evaluate(acts.dims), 0)
+        inside = phase(
+            Phase.FORWARD,
+            "forward of the last block, a quantized weight dequantized",
+            {
+                **in_forward,
+                Component.ACTIVATIONS: Term(
+                    bytes=blocks_saved + (running if setup.grad_ckpt else 0),
+                    formula="the blocks' saved tensors"
+                    + (f" (their inputs) + {running_text}" if setup.grad_ckpt else ""),
+                ),
+                Component.TEMPORARIES: Term(
+                    bytes=forward_temp.bytes + copies_block, formula=copies_text
                 ),
             },
         )
@@ -464,6 +531,25 @@ def estimate_budget(
             )
         )
     retained, retained_text = fsdp1_retained_inputs(spec, run)
+    if copies_block and not (setup.grad_ckpt or offloaded):
+        # the last block's backward dequantizes its weights with every block's saved tensors
+        # still alive (the final norm's and the head's given back) and its output's gradient
+        backward_moments.append(
+            (
+                "backward of the last block, a quantized weight dequantized",
+                {
+                    Component.GRADIENTS: after_head,
+                    Component.ACTIVATIONS: Term(
+                        bytes=activations.bytes - acts.final_bytes,
+                        formula=activations.formula + " − the final norm's and head's",
+                    ),
+                    Component.TEMPORARIES: Term(
+                        bytes=dt.residual * n_h + copies_block + temp_fwd.bytes,
+                        formula=f"{dt.residual}·N·h (the block's output gradient) + {copies_text}",
+                    ),
+                },
+            )
+        )
     if setup.grad_ckpt or offloaded:
         backward_moments.append(
             (
@@ -477,6 +563,8 @@ def estimate_budget(
                         formula=activations.formula + " − the final norm's and head's (given back)",
                     )
                     if setup.grad_ckpt and not offloaded
+                    else own_offload.in_backward
+                    if own_offload is not None
                     else activations,
                     Component.WEIGHT_COPIES: Term(bytes=copies_recompute, formula=copies_text),
                     Component.TEMPORARIES: Term(
@@ -577,16 +665,28 @@ def estimate_budget(
                     ),
                     Component.ACTIVATIONS: Term(
                         bytes=first_block, formula="the first block's saved tensors"
+                    )
+                    if own_offload is None
+                    else Term(
+                        bytes=first_block + own_offload.in_backward.bytes,
+                        formula="the first block's saved tensors + "
+                        + own_offload.in_backward.formula,
                     ),
                     Component.TEMPORARIES: Term(
-                        bytes=workspace + extra_fwd + block_gathered + ddp_buckets + in_backward,
+                        bytes=workspace
+                        + extra_fwd
+                        + block_gathered
+                        + ddp_buckets
+                        + in_backward
+                        + copies_block,
                         formula=workspace_text
                         + (
                             f" + {_temp_text(gathered, 0, shard, blocks=True)}"
                             if block_gathered
                             else ""
                         )
-                        + (f" + {zero.text}" if in_backward else ""),
+                        + (f" + {zero.text}" if in_backward else "")
+                        + dequantized,
                     ),
                 },
             )
@@ -685,7 +785,8 @@ def estimate_budget(
     # gradients and states, and the per-block activations
     live_tensors = sum(g.tensors for g in inv.groups if g.numel * g.bytes_per_param > 2**20)
     cached = _cached_at_the_loss(spec, run, setup, phases, peak, recompute, acts, logits)
-    overheads = overhead_terms(setup, transient, live_tensors, logits_hole(spec, setup), cached)
+    hole = own_loss.hole_bytes if own_loss is not None else logits_hole(spec, setup)
+    overheads = overhead_terms(setup, transient, live_tensors, hole, cached)
     reserved, device_total = reserved_and_device_total(peak.allocated_bytes, overheads)
     if st.unified_bytes and not setup.first_step:
         resident = unified_memory(st.unified_bytes, device_total, gpu)

@@ -142,6 +142,8 @@ class Framework(str, Enum):
     # accelerate): what the Trainer sets up around the model (its FSDP wrap policy for PEFT,
     # where checkpointing wraps) is not assumed
     PLAIN = "plain"
+    # torchtune's own model code, recipes and stack (llmmem.budget.stacks.torchtune)
+    TORCHTUNE = "torchtune"
 
 
 class Mode(str, Enum):
@@ -361,6 +363,9 @@ class TrainingSetup:
     # release's default (`gradient_checkpointing_enable`: reentrant up to 4.x, non-reentrant
     # from 5.0; TRL's SFTTrainer asks for non-reentrant from 0.28)
     reentrant_checkpointing: bool | None = None
+    # the chunks torchtune's CEWithChunkedOutputLoss splits the sequence into
+    # (`num_output_chunks`, 8 by default); the torchtune stack's chunked loss only
+    loss_chunks: int = 8
     # the model runs under torch.compile: AOTAutograd's partitioner recomputes cheap ops in
     # backward instead of saving their outputs, so the step saves no more than eager's and no
     # less than checkpointing would keep (see budget.phases.compile_floor_text)
@@ -379,6 +384,7 @@ class TrainingSetup:
         _set(self, "seq", _whole(self.seq, "seq", at_least=1))
         _set(self, "grad_accum", _whole(self.grad_accum, "grad_accum", at_least=1))
         _set(self, "new_tokens", _whole(self.new_tokens, "new_tokens", at_least=0))
+        _set(self, "loss_chunks", _whole(self.loss_chunks, "loss_chunks", at_least=1))
         check_release(self.torch_version, "torch_version", "2.4")
         check_release(self.transformers_version, "transformers_version", "4.48")
         if self.trl_version is not None:

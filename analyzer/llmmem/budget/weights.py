@@ -6,13 +6,18 @@ weights, gradients and optimizer states are all read off it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from llmmem.budget.setup import Method, QuantSetup, QuantType, SetupError, TrainingSetup
 from llmmem.models.spec import LinearModule, ModelSpec
 
-GroupKind = Literal["embedding", "head", "linear", "bias", "norm", "other", "adapter", "saved_copy"]
+GroupKind = Literal[
+    "embedding", "head", "linear", "bias", "norm", "other", "adapter", "saved_copy", "buffer"
+]
+# bytes per parameter of one quantized Linear weight (its quantization, in and out features)
+QuantizedBytes = Callable[[QuantSetup, int, int], float]
 
 # bitsandbytes 4-bit storage (blocksize 64): 4 bits per value, an fp32 absmax per block; with double
 # quantization the absmax is stored in 8 bits with an fp32 absmax per 256 blocks.
@@ -65,8 +70,10 @@ class Inventory:
 
     @property
     def params(self) -> int:
-        """The model's own parameters (adapters and saved copies are extra)."""
-        return sum(g.params for g in self.groups if g.kind not in ("saved_copy", "adapter"))
+        """The model's own parameters (adapters, saved copies and buffers are extra)."""
+        return sum(
+            g.params for g in self.groups if g.kind not in ("saved_copy", "adapter", "buffer")
+        )
 
     @property
     def trainable(self) -> list[ParameterGroup]:
@@ -134,8 +141,22 @@ def base_weight_bytes(setup: TrainingSetup, spec: ModelSpec) -> float:
     return float(setup.precision.weight_bytes)
 
 
-def build_inventory(spec: ModelSpec, setup: TrainingSetup) -> Inventory:
-    """Every parameter of the model as the setup holds it on one device (before any sharding)."""
+def bitsandbytes_bytes(quant: QuantSetup, in_features: int, _out_features: int) -> float:
+    return kbit_bytes_per_param(quant, in_features)
+
+
+def build_inventory(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    *,
+    quantized_bytes: QuantizedBytes = bitsandbytes_bytes,
+    buffers: tuple[ParameterGroup, ...] = (),
+) -> Inventory:
+    """Every parameter of the model as the setup holds it on one device (before any sharding).
+
+    `quantized_bytes` sizes a quantized Linear's weight (bitsandbytes' layout unless the
+    framework's stack quantizes otherwise); `buffers` are device tensors the framework's model
+    keeps beside its parameters (a precomputed RoPE table)."""
     base = base_weight_bytes(setup, spec)
     quant = setup.quant
     full = setup.method is Method.FULL
@@ -176,7 +197,9 @@ def build_inventory(spec: ModelSpec, setup: TrainingSetup) -> Inventory:
             expert_rows = lin.count if lin.role == "expert" and not experts_quantized else 0
             quantized = quant is not None and (not moe_part or experts_quantized)
             weight_bytes = (
-                kbit_bytes_per_param(quant, lin.in_features) if quantized and quant else base
+                quantized_bytes(quant, lin.in_features, lin.out_features)
+                if quantized and quant
+                else base
             )
             if quant is not None and not quantized:
                 weight_bytes = unquantized_bytes
@@ -224,6 +247,7 @@ def build_inventory(spec: ModelSpec, setup: TrainingSetup) -> Inventory:
     if setup.method in (Method.LORA, Method.QLORA) and setup.lora is not None:
         groups.extend(_adapter_groups(spec, setup))
         groups.extend(_modules_to_save(spec, setup, groups))
+    groups.extend(buffers)
     return Inventory(groups=groups, base_bytes_per_param=base, notes=notes)
 
 
