@@ -32,6 +32,7 @@ from llmmem.budget.setup import (
     TrainingSetup,
     release,
 )
+from llmmem.budget.stacks import stack_for
 from llmmem.budget.weights import default_lora_targets
 from llmmem.errors import UsageError
 from llmmem.models.spec import ModelSpec
@@ -55,6 +56,24 @@ DEFAULTS: dict[str, Any] = {
     "mode": "train",
     "new_tokens": 256,
 }
+
+
+# --framework: the stack each value trains with (llmmem.budget.stacks)
+FRAMEWORK_STACKS: dict[str, Framework] = {
+    "hf": Framework.HF,
+    "trl": Framework.HF,
+    "axolotl": Framework.HF,
+    "llamafactory": Framework.HF,
+    "torchtune": Framework.TORCHTUNE,
+    "litgpt": Framework.LITGPT,
+    "plain": Framework.PLAIN,
+}
+# the values that run the HF Trainer (or TRL's trainers on it) around transformers' models
+HF_TRAINER_FRAMEWORKS = {"trl": "TRL", "axolotl": "axolotl", "llamafactory": "LLaMA-Factory"}
+# torchtune's own defaults where a flag is left out: its configs' dtype and loss, and the LoRA
+# of its LoRA configs (recipes/configs/llama3_1/8B_lora_single_device.yaml, as 89 of its 91
+# LoRA configs: q, v and output projections and the MLP, rank 8)
+TORCHTUNE_LORA_TARGETS = ["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 # the libraries whose release changes what a step holds, as `--versions` names them
@@ -497,8 +516,25 @@ def build_setup(
         if args.method is None:
             method = Method.QLORA
             prov["method"] = "implied by the pre-quantized checkpoint"
+    framework_name = getattr(args, "framework", None) or "hf"
+    torchtune = framework_name == "torchtune"
+    if torchtune:
+        _refuse_for_torchtune(args)
     precision_arg = getattr(args, "precision", None)
-    if precision_arg is None:
+    if torchtune and precision_arg in (None, "bf16", "bf16-true", "bf16-autocast"):
+        # torchtune keeps the whole model in its config's dtype: bf16 in its configs
+        precision = Precision.BF16_TRUE
+        prov["precision"] = (
+            "torchtune's dtype (bf16 in its configs): weights, adapters, gradients and states "
+            "in bf16, no autocast"
+            if precision_arg is None
+            else "flag, as torchtune's dtype: everything in bf16, no autocast"
+        )
+        if gpu is not None and not gpu.bf16:
+            raise UsageError(
+                f"{gpu.name} has no bf16 support: torchtune then trains in fp32 (--precision fp32)"
+            )
+    elif precision_arg is None:
         precision = Precision.BF16 if (gpu is None or gpu.bf16) else Precision.FP16
         prov["precision"] = (
             "default (bf16 autocast"
@@ -523,10 +559,16 @@ def build_setup(
         targets = (
             [t.strip() for t in targets_text.split(",") if t.strip()]
             if targets_text
+            else _torchtune_targets(spec)
+            if torchtune
             else default_lora_targets(spec)
         )
         if not targets_text:
-            prov["lora_targets"] = "default (PEFT's choice for this architecture)"
+            prov["lora_targets"] = (
+                "torchtune's LoRA configs (q, v and output projections, the MLP)"
+                if torchtune
+                else "default (PEFT's choice for this architecture)"
+            )
         to_save = getattr(args, "lora_modules_to_save", None)
         dropout = getattr(args, "lora_dropout", None)
         if dropout is not None and not 0 <= dropout < 1:
@@ -548,7 +590,11 @@ def build_setup(
             raise UsageError(str(err)) from None
         prov["lora_dropout"] = "flag" if dropout is not None else "default (0)"
         prov["adapter_dtype"] = (
-            "flag" if adapter_dtype else "default (fp32: autocast_adapter_dtype)"
+            "torchtune: the model's dtype"
+            if torchtune
+            else "flag"
+            if adapter_dtype
+            else "default (fp32: autocast_adapter_dtype)"
         )
     elif any(
         getattr(args, f, None) is not None
@@ -655,7 +701,7 @@ def build_setup(
             precision=precision,
             optim=optim,
             attn=AttnImpl(_pick(args, "attn", prov)),
-            loss=LossImpl(_pick(args, "loss", prov)),
+            loss=LossImpl(_pick(args, "loss", prov) if not torchtune else args.loss or "chunked"),
             lora=lora,
             quant=quant,
             distributed=distributed,
@@ -668,9 +714,7 @@ def build_setup(
             compile=bool(getattr(args, "compile", False)),
             reentrant_checkpointing=getattr(args, "reentrant_ckpt", None),
             transformers_version=versions.get("transformers", TESTED_TRANSFORMERS),
-            framework={"litgpt": Framework.LITGPT, "plain": Framework.PLAIN}.get(
-                getattr(args, "framework", None) or "hf", Framework.HF
-            ),
+            framework=FRAMEWORK_STACKS[framework_name],
         )
         if "torch" in versions:
             setup = replace(setup, torch_version=versions["torch"])
@@ -683,10 +727,63 @@ def build_setup(
             # litgpt's finetune scripts compute chunked_cross_entropy (128 positions a chunk)
             setup = replace(setup, loss=LossImpl.CHUNKED)
             prov["loss"] = "litgpt's default (chunked cross-entropy)"
-        prov["framework"] = "flag" if getattr(args, "framework", None) else "default (hf)"
+        if torchtune and getattr(args, "loss", None) is None:
+            prov["loss"] = "torchtune's configs' CEWithChunkedOutputLoss (8 chunks)"
+        prov["framework"] = _framework_provenance(args, setup)
+        stack = stack_for(setup.framework)
+        stack.check(setup)
+        setup = stack.prepare(setup)
     except SetupError as err:
         raise UsageError(str(err)) from None
     return setup, prov
+
+
+def _framework_provenance(args: argparse.Namespace, setup: TrainingSetup) -> str:
+    """What --framework changed: its own stack, or the HF budget and why."""
+    name = getattr(args, "framework", None)
+    if name is None:
+        return "default (hf)"
+    if name == "trl" and setup.trl_version is not None:
+        return (
+            f"flag: the HF budget with TRL {setup.trl_version}'s SFTTrainer rules "
+            "(its checkpointing, its k-bit preparation)"
+        )
+    if name in HF_TRAINER_FRAMEWORKS:
+        why = f"{HF_TRAINER_FRAMEWORKS[name]} runs the HF Trainer"
+        if name == "trl":
+            why += "; --versions trl=X adds its release's SFTTrainer rules"
+        return f"flag: the HF budget ({why})"
+    if name == "torchtune":
+        return "flag: torchtune's own stack (llmmem.budget.stacks.torchtune)"
+    if name == "litgpt":
+        return "flag: LitGPT's own model code (fused qkv, its LoRA, its chunked loss)"
+    if name == "plain":
+        return "flag: a loop of the script's own (the HF Trainer's FSDP wrapping not assumed)"
+    return "flag"
+
+
+def _refuse_for_torchtune(args: argparse.Namespace) -> None:
+    """Flags for what torchtune has no switch for: one line saying what it does instead."""
+    if getattr(args, "kbit_prepare", None):
+        raise UsageError(
+            "--kbit-prepare: torchtune does not prepare a k-bit model (its norms, embeddings "
+            "and head stay in the model's dtype)"
+        )
+    model_dtype = "fp32" if getattr(args, "precision", None) == "fp32" else "bf16"
+    if getattr(args, "adapter_dtype", None) not in (None, model_dtype):
+        raise UsageError(
+            "--adapter-dtype: torchtune keeps the LoRA weights in the model's dtype (its "
+            "`dtype`); set --precision instead"
+        )
+    if getattr(args, "quant_storage", None):
+        raise UsageError("--quant-storage: torchtune's NF4 weights are torchao tensors")
+
+
+def _torchtune_targets(spec: ModelSpec) -> list[str]:
+    """torchtune's LoRA configs' targets where the model has them, else PEFT's default."""
+    names = {lin.name for group in spec.blocks for lin in group.linears}
+    chosen = [name for name in TORCHTUNE_LORA_TARGETS if name in names]
+    return chosen if len(chosen) == len(TORCHTUNE_LORA_TARGETS) else default_lora_targets(spec)
 
 
 def _trl_on_kbit(
@@ -758,8 +855,9 @@ def setup_lines(
                 "flag",
             )
         )
-    if setup.framework is not Framework.HF:
-        lines.append(("framework", setup.framework.value, prov.get("framework", "")))
+    framework_prov = prov.get("framework", "")
+    if setup.framework is not Framework.HF or framework_prov.startswith("flag: the HF budget"):
+        lines.append(("framework", setup.framework.value, framework_prov))
     if setup.lora:
         lines.append(
             (

@@ -17,6 +17,7 @@ from llmmem.budget.result import Budget, GpuTarget
 from llmmem.budget.setup import (
     AttnImpl,
     DistributedSetup,
+    Framework,
     FsdpShard,
     LoraSetup,
     LossImpl,
@@ -178,6 +179,23 @@ def setup_from_plan(plan: TrainingPlan, spec: ModelSpec) -> TrainingSetup:
         reentrant_checkpointing=_reentrant(plan),
         # TrainingArguments/axolotl `torch_compile`, torchtune `compile`
         compile=_extra_flag(plan, "torch_compile") or _extra_flag(plan, "compile"),
+        framework=PLAN_STACKS.get(str(plan.framework), Framework.HF),
+        loss_chunks=_whole_extra(plan, "num_output_chunks", 8),
+    )
+
+
+# the plans whose framework trains with a stack of its own (llmmem.budget.stacks); the rest
+# run transformers' models under the HF Trainer or a loop of their own
+PLAN_STACKS = {"torchtune": Framework.TORCHTUNE}
+
+
+def _whole_extra(plan: TrainingPlan, name: str, default: int) -> int:
+    """A whole number a framework's reader kept in `plan.extra` (torchtune's
+    `loss.num_output_chunks`), else `default`."""
+    kept = plan.extra.get(name)
+    value = kept.value if isinstance(kept, Sourced) else kept
+    return (
+        value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
     )
 
 

@@ -95,6 +95,10 @@ def read_torchtune(reader: DocumentReader) -> None:
     if component is not None:
         model_id, method = torchtune_model(component)
         builder = component.rsplit(".", 1)[-1]
+        if method == "lora" and reader.converted(("model", "quantize_base"), as_bool):
+            # a LoRA builder with `quantize_base: True` is what `qlora_*` partials it to
+            # (models/*/_model_builders.py: `partial(lora_..., quantize_base=True)`)
+            method = "qlora"
         if model_id is None:
             reader.problem(
                 component_path,
@@ -133,6 +137,9 @@ def read_torchtune(reader: DocumentReader) -> None:
         loss_name = loss.rsplit(".", 1)[-1]
         if loss_name == "CEWithChunkedOutputLoss":
             reader.put("loss", "chunked", ("loss", "_component_"), loss_name)
+            # the chunks the model's head and the loss split the sequence into (default 8,
+            # modules/loss/ce_chunked_output_loss.py:30)
+            reader.take(("loss", "num_output_chunks"), "num_output_chunks", as_int)
         elif loss_name == "LinearCrossEntropyLoss":
             reader.put(
                 "loss",

@@ -1,0 +1,180 @@
+"""`--framework` as a user runs it: each value either changes the budget where that framework's
+code differs, or says in the setup's provenance that it is the HF budget, and why; a torchtune
+YAML reaches the same stack as `--framework torchtune`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "configs"
+LLAMA_8B = ("--model", "meta-llama/Llama-3.1-8B", "--batch", "2", "--seq", "2048")
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def llmmem(*args: str, cwd: Path | None = None) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "llmmem", *args, "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        cwd=cwd,
+    )
+    assert done.returncode == 0, done.stderr
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
+
+
+@pytest.fixture
+def estimate(tmp_path: Path) -> Any:
+    """`llmmem estimate --offline ARGS --format json` in a folder with no environment beside
+    it: no library release is read from one (only `--versions`)."""
+
+    def run(*args: str) -> dict[str, Any]:
+        return llmmem("estimate", "--offline", *args, cwd=tmp_path)
+
+    return run
+
+
+@pytest.mark.parametrize(
+    ("framework", "trainer"),
+    [("trl", "TRL"), ("axolotl", "axolotl"), ("llamafactory", "LLaMA-Factory")],
+)
+def test_frameworks_on_the_hf_trainer_say_they_are_the_hf_budget(
+    estimate: Any, framework: str, trainer: str
+) -> None:
+    args = (*LLAMA_8B, "--method", "qlora", "--grad-ckpt")
+    hf = estimate(*args, "--framework", "hf")
+    other = estimate(*args, "--framework", framework)
+    assert other["allocated_peak_bytes"] == hf["allocated_peak_bytes"]
+    assert other["setup"]["values"]["framework"] == "hf"
+    said = other["setup"]["provenance"]["framework"]
+    assert said.startswith(f"flag: the HF budget ({trainer} runs the HF Trainer")
+
+
+def test_trl_with_its_release_says_which_rules_it_adds(estimate: Any) -> None:
+    args = (*LLAMA_8B, "--method", "qlora", "--framework", "trl", "--versions", "trl=0.21")
+    said = estimate(*args)["setup"]["provenance"]["framework"]
+    assert said == (
+        "flag: the HF budget with TRL 0.21's SFTTrainer rules (its checkpointing, its k-bit "
+        "preparation)"
+    )
+
+
+def test_torchtune_changes_the_budget_to_its_own_stack(estimate: Any) -> None:
+    args = (*LLAMA_8B, "--method", "qlora", "--grad-ckpt")
+    hf = estimate(*args)
+    torchtune = estimate(*args, "--framework", "torchtune")
+    values = torchtune["setup"]["values"]
+    assert values["framework"] == "torchtune"
+    assert values["precision"] == "bf16-true"
+    assert values["loss"] == "chunked"
+    assert values["lora"]["adapter_bytes"] == 2
+    assert values["quant"]["prepare_for_kbit_training"] is False
+    assert torchtune["allocated_peak_bytes"] < hf["allocated_peak_bytes"]
+    assert any(note.startswith("torchtune 0.6.1's stack") for note in torchtune["notes"])
+
+
+def test_litgpt_and_plain_change_the_budget_where_they_differ(estimate: Any) -> None:
+    lora = (*LLAMA_8B, "--method", "lora")
+    litgpt = estimate(*lora, "--framework", "litgpt")
+    assert litgpt["setup"]["provenance"]["framework"].startswith("flag: LitGPT's own model")
+    assert litgpt["setup"]["values"]["loss"] == "chunked"
+    assert litgpt["allocated_peak_bytes"] != estimate(*lora)["allocated_peak_bytes"]
+    # a loop of the script's own does not wrap PEFT's adapters as the HF Trainer does, so
+    # FSDP1 under reentrant checkpointing keeps no finished block's input (the fused loss
+    # leaves the recompute as the peak)
+    fsdp = (*lora, "--grad-ckpt", "--reentrant-ckpt", "--fsdp", "--world-size", "2")
+    fsdp += ("--versions", "transformers=4.48", "--loss", "liger")
+    hf = estimate(*fsdp)
+    assert hf["peak_moment"] == "recompute of the last block"
+    plain = estimate(*fsdp, "--framework", "plain")
+    assert plain["setup"]["provenance"]["framework"].startswith("flag: a loop of the script's")
+    assert plain["allocated_peak_bytes"] < hf["allocated_peak_bytes"]
+
+
+def test_a_torchtune_yaml_reaches_the_same_stack() -> None:
+    """torchtune_qlora.yaml (Llama 3.1 8B QLoRA, r 16 on q, k, v, output and the MLP, 4 × 2048,
+    checkpointing, PagedAdamW8bit, the chunked loss, bf16) read by `llmmem explain` is the
+    budget `--framework torchtune` gives for the same settings."""
+    explained = llmmem("explain", str(CONFIGS / "torchtune_qlora.yaml"))["budget"]
+    # beside the fixture: the releases of the environment it is read with
+    flags = llmmem(
+        "estimate",
+        "--offline",
+        "--model",
+        "meta-llama/Llama-3.1-8B",
+        "--method",
+        "qlora",
+        "--batch",
+        "4",
+        "--seq",
+        "2048",
+        "--grad-accum",
+        "4",
+        "--grad-ckpt",
+        "--optim",
+        "paged_adamw_8bit",
+        "--lora-r",
+        "16",
+        "--lora-alpha",
+        "32",
+        "--lora-targets",
+        "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+        "--framework",
+        "torchtune",
+        cwd=CONFIGS,
+    )
+    assert explained["allocated_peak_bytes"] == flags["allocated_peak_bytes"]
+    assert explained["phases"] == flags["phases"]
+
+
+def test_the_low_memory_full_recipe_fits_a_24gb_card() -> None:
+    """torchtune's low-memory full fine-tune of Llama 3.1 8B (paged 8-bit AdamW stepped in
+    backward, checkpointing, bf16): its 15 GiB of paged states live in CUDA unified memory,
+    outside torch's reserved pool, and give way to it."""
+    report = llmmem("explain", str(CONFIGS / "torchtune_full_low_memory.yaml"), "--gpu", "RTX-4090")
+    budget = report["budget"]
+    assert budget["verdict"] == "fits"
+    unified = budget["overheads"]["unified_memory"]
+    assert "15.0 GiB of CUDA unified memory" in unified["formula"]
+    assert budget["reserved_peak_bytes"] < 21 * 2**30
+    assert budget["device_total_bytes"] <= budget["gpu"]["capacity_bytes"]
+
+
+def test_a_lora_builder_with_quantize_base_is_qlora_and_the_chunks_are_read(
+    tmp_path: Path,
+) -> None:
+    """torchtune's `qlora_*` builders are its LoRA builders with `quantize_base=True`: a YAML
+    naming the LoRA builder with that key trains QLoRA; `loss.num_output_chunks` sizes the
+    chunks its head and loss split the sequence into."""
+    path = tmp_path / "qlora.yaml"
+    path.write_text(
+        "# llmmem: model=meta-llama/Llama-3.1-8B\n"
+        "model:\n"
+        "  _component_: torchtune.models.llama3_1.lora_llama3_1\n"
+        "  lora_attn_modules: ['q_proj', 'v_proj']\n"
+        "  quantize_base: True\n"
+        "tokenizer:\n"
+        "  _component_: torchtune.models.llama3.llama3_tokenizer\n"
+        "  max_seq_len: 2048\n"
+        "loss:\n"
+        "  _component_: torchtune.modules.loss.CEWithChunkedOutputLoss\n"
+        "  num_output_chunks: 16\n"
+        "batch_size: 2\n"
+        "dtype: bf16\n",
+        encoding="utf-8",
+    )
+    budget = llmmem("explain", str(path), cwd=tmp_path)["budget"]
+    assert any("torchao NF4" in note for note in budget["notes"])
+    assert "16 chunks" in budget["formulas"]["logits"]
+    assert "one chunk of 128 positions" in budget["formulas"]["logits"]
