@@ -112,6 +112,68 @@ OBJECTIVE_OF_CONFIG: dict[str, str] = {
     "OnlineDPOConfig": "online_dpo",
 }
 
+# keys only one kind of TRL config takes (read in TRL 0.19 to 1.16's configs): a YAML recipe
+# or command line naming one is read by that trainer's script (open-r1's GRPO recipes,
+# alignment-handbook's DPO ones); checked in this order
+OBJECTIVE_KEYS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("grpo", frozenset({"num_generations", "reward_funcs", "reward_weights", "scale_rewards"})),
+    ("kto", frozenset({"desirable_weight", "undesirable_weight"})),
+    ("cpo", frozenset({"cpo_alpha", "simpo_gamma"})),
+    (
+        "dpo",
+        frozenset(
+            {
+                "rpo_alpha",
+                "reference_free",
+                "precompute_ref_log_probs",
+                "ref_model_init_kwargs",
+                "sync_ref_model",
+                "ref_adapter_name",
+                "force_use_ref_model",
+                "f_divergence_type",
+                "ld_alpha",
+                "label_smoothing",
+            }
+        ),
+    ),
+)
+# DPOConfig's loss_type values (sigmoid is DPO's own; the others its variants)
+DPO_LOSS_TYPES = frozenset(
+    {
+        "sigmoid",
+        "hinge",
+        "ipo",
+        "exo_pair",
+        "nca_pair",
+        "robust",
+        "bco_pair",
+        "sppo_hard",
+        "aot",
+        "aot_pair",
+        "apo_zero",
+        "apo_down",
+        "discopop",
+    }
+)
+
+
+def objective_of_keys(keys: dict[str, object]) -> tuple[str, str] | None:
+    """The objective a config's keys name (a TRL config only one trainer takes), and the key
+    that says it; None for a supervised config or one that does not say."""
+    for objective, names in OBJECTIVE_KEYS:
+        for name in sorted(names):
+            if name in keys:
+                return objective, name
+    loss = keys.get("loss_type")
+    if isinstance(loss, str) and loss.strip().lower() in ("simpo", "alphapo"):
+        return "cpo", "loss_type"
+    if isinstance(loss, str) and loss.strip().lower() in DPO_LOSS_TYPES and "beta" in keys:
+        return "dpo", "loss_type"
+    if "beta" in keys and "max_prompt_length" in keys and "use_vllm" not in keys:
+        return "dpo", "beta"  # the offline preference configs; GRPO's generates with vLLM
+    return None
+
+
 # axolotl `rl:` values (IPO is DPO's forward with another loss; SimPO is CPO's)
 AXOLOTL_RL_OBJECTIVES: dict[str, str] = {
     "dpo": "dpo",

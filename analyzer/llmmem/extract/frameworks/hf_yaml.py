@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmmem.extract.frameworks.accelerate import read_fsdp_config_block
+from llmmem.extract.frameworks.by_meaning import read_by_meaning
 from llmmem.extract.frameworks.common import (
     DocumentReader,
     as_attention,
@@ -21,6 +22,7 @@ from llmmem.extract.frameworks.common import (
     lora_targets,
 )
 from llmmem.extract.frameworks.deepspeed import read_deepspeed_reference
+from llmmem.extract.frameworks.trl_fields import unknown_to_hf_and_trl
 from llmmem.extract.frameworks.spelling import KeyWrite, Spelling, halve
 from llmmem.extract.vocabulary import KEPT_TRAINING_SWITCHES
 from llmmem.extract.yaml_positions import KeyPath
@@ -77,6 +79,7 @@ def read_hf(reader: DocumentReader) -> None:
     read_hf_peft(reader)
     read_hf_quantization(reader)
     read_hf_distributed(reader)
+    read_by_meaning(reader)  # a project's own keys and sections, and the objective its keys name
 
 
 def read_hf_bf16(reader: DocumentReader) -> None:
@@ -111,6 +114,9 @@ def read_hf_peft(reader: DocumentReader) -> None:
         written = [
             key for key in ("lora_r", "lora_alpha", "lora_target_modules") if reader.is_set((key,))
         ]
+        root = reader.get(())
+        if written and isinstance(root, dict) and unknown_to_hf_and_trl(root):
+            return  # not TRL's parser: the project's own keys say LoRA (`by_meaning`)
         if written:
             reader.problem(
                 (written[0],),
