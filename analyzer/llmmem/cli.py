@@ -187,18 +187,21 @@ def _add_estimate_parser(sub: Any) -> None:
         action="store_true",
         default=None,
         help="saved activations copied to the host in forward (TRL's and torchtune's "
-        "activation_offloading): the estimate is the step without it, its band reaches down "
-        "to the step with every saved tensor on the host",
+        "activation_offloading): with --framework torchtune the estimate is torchtune's "
+        "offloaded step (tensors of 1 KiB and more moved, the 5 latest kept); otherwise the "
+        "estimate is the step without it and its band reaches down to the step with every "
+        "saved tensor on the host",
     )
     p.add_argument("--loss", choices=["standard", "chunked", "liger"], default=None)
     p.add_argument(
         "--framework",
         choices=["hf", "trl", "axolotl", "llamafactory", "torchtune", "litgpt", "plain"],
         default=None,
-        help="the training code around the model (default hf): litgpt runs its own model code "
-        "(fused qkv, its LoRA, a chunked loss); plain is a training loop of the script's own "
-        "around transformers' models (no HF Trainer); the others run transformers' models "
-        "under the HF Trainer",
+        help="the training code around the model (default hf): torchtune runs its own model "
+        "code (bf16 adapters, torchao NF4, its chunked loss, its activation offload); litgpt "
+        "its own too (fused qkv, its LoRA, a chunked loss); plain is a training loop of the "
+        "script's own around transformers' models (no HF Trainer); trl, axolotl and "
+        "llamafactory run transformers' models under the HF Trainer and get the HF budget",
     )
     p.add_argument(
         "--gpu",
