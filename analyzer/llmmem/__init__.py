@@ -3,7 +3,7 @@
 # nothing is imported here: `python -m llmmem` loads this package while the working directory,
 # the user's project, is still first on sys.path (`llmmem/__main__.py` takes it off)
 
-__version__ = "0.1.0"
+from llmmem.version import __version__ as __version__
 
 _IN_THE_RUN = ("preflight", "WillNotFit", "Preflight", "watch", "LlmmemCallback")
 

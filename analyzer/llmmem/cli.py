@@ -310,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from llmmem import __version__
+    from llmmem.version import __version__
 
     return f"llmmem {__version__}"
 

@@ -417,7 +417,7 @@ def analyze(
                 analysis.budget.notes.append(assumed)
         if trl_note:
             analysis.budget.notes.append(trl_note)
-        from llmmem.calibrate import with_local_evidence
+        from llmmem.calibration.store import with_local_evidence
 
         analysis.budget = with_local_evidence(analysis.budget, Path(plan.path), plan.framework)
         if note:

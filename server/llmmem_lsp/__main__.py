@@ -28,9 +28,8 @@ import logging  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    from llmmem import __version__
-
     from llmmem.errors import OneLineParser
+    from llmmem.version import __version__
 
     parser: argparse.ArgumentParser = OneLineParser(
         prog="llmmem-lsp",

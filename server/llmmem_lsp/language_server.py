@@ -20,7 +20,7 @@ from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 
-from llmmem import __version__
+from llmmem.version import __version__
 from llmmem_lsp.convert import Lines, diagnostic
 from llmmem_lsp.disk_documents import read_workspace_text
 from llmmem_lsp.documents import Analyzer, DocumentState, Result

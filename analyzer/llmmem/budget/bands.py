@@ -9,7 +9,7 @@ A class with fewer than `min_rows` rows gets the file's wide default band and sa
 The band reports the residuals; it never changes a prediction. The file is read once, when a
 band is first asked for.
 
-Local runs (`llmmem calibrate add`, `llmmem.calibrate`) of the same GPU, stack, method and
+Local runs (`llmmem calibrate add`, `llmmem.calibration.store`) of the same GPU, stack, method and
 sharding narrow it: with n local ratios (measured / predicted device total), the band is their
 range widened on each side by the class band's half-width / sqrt(n + 1), the class band's
 spread standing for what one more run may add; the basis says "band from n local runs".
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from llmmem.budget.setup import TrainingSetup
-    from llmmem.calibrate import LocalEvidence
+    from llmmem.calibration.store import LocalEvidence
 
 BANDS_FILE = Path(__file__).with_name("bands.json")
 

@@ -103,7 +103,7 @@ class Budget:
     notes: list[str] = field(default_factory=list)  # assumptions and caveats, one line each
     # the class whose measured residuals give the device total its band (budget/bands.py)
     band_class: str = ""
-    # the local runs of the same setup (llmmem.calibrate.LocalEvidence) that narrow the band
+    # the local runs of the same setup (llmmem.calibration.store.LocalEvidence) that narrow the band
     local_evidence: Any = None
     # a device total the step can reach below this one and why (activation offloading: every
     # saved tensor on the host); the band reaches down to it

@@ -202,7 +202,7 @@ def running_script() -> Path:
 
 def _analyse(reading: Any, gpu: str | None, script: Any) -> Preflight:
     from llmmem.budget.phases import estimate_budget
-    from llmmem.calibrate import with_local_evidence
+    from llmmem.calibration.store import with_local_evidence
     from llmmem.scenario import analyze
 
     path = Path(script).absolute() if script is not None else running_script()

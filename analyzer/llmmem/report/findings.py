@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from llmmem import __version__
 from llmmem.rules.finding import Finding, Severity
+from llmmem.version import __version__
 
 SARIF_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
 GITHUB_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}

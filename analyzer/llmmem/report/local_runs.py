@@ -69,7 +69,7 @@ def setup_key_of(analysis: Any) -> str | None:
     budget = analysis.budget
     if budget is None or budget.gpu is None or not budget.band_class:
         return None
-    from llmmem.calibrate import framework_class, setup_key
+    from llmmem.calibration.store import framework_class, setup_key
 
     framework = framework_class(analysis.plan.framework, budget.band_class.split("/")[0])
     return setup_key(budget.gpu.name, framework, budget.band_class)
@@ -84,7 +84,7 @@ def local_runs(analysis: Any, path: Path | None = None) -> list[LocalRun]:
     key = setup_key_of(analysis)
     if evidence is None or key is None:
         return []
-    from llmmem.calibrate import read_rows
+    from llmmem.calibration.store import read_rows
 
     target = path if path is not None else Path(analysis.plan.path)
     runs = []
