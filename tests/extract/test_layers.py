@@ -62,7 +62,7 @@ PACKAGE_ORDERS = {
         "interpreter",
         "emitter",
     ],
-    "shell": ["lexer", "expand", "launchers", "options", "reader"],
+    "shell": ["lexer", "expand", "nested", "launchers", "options", "reader"],
 }
 
 # the rest of llmmem that sits above extraction: extract never imports it

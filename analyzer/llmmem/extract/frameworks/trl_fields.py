@@ -108,6 +108,44 @@ whiten_rewards world_size xla
 )
 
 
+# transformers' TrainingArguments alone (4.46.3 and 5.24.0): every HfArgumentParser script has
+# them, whatever else it parses
+HF_TRAINING_ARGUMENTS = frozenset(
+    """
+accelerator_config activation_checkpointing activation_checkpointing_kwargs adafactor
+adam_beta1 adam_beta2 adam_epsilon auto_find_batch_size average_tokens_across_devices
+batch_eval_metrics bf16 bf16_full_eval data_seed dataloader_drop_last dataloader_in_order
+dataloader_multiprocessing_context dataloader_num_workers dataloader_persistent_workers
+dataloader_pin_memory dataloader_prefetch_factor ddp_backend ddp_broadcast_buffers
+ddp_bucket_cap_mb ddp_find_unused_parameters ddp_static_graph ddp_timeout debug deepspeed
+disable_tqdm dispatch_batches do_eval do_predict do_train enable_jit_checkpoint
+eval_accumulation_steps eval_delay eval_do_concat_batches eval_on_start eval_steps
+eval_strategy eval_use_gather_object evaluation_strategy fp16 fp16_backend fp16_full_eval
+fp16_opt_level fsdp fsdp_config fsdp_min_num_params fsdp_transformer_layer_cls_to_wrap
+full_determinism gradient_accumulation_steps gradient_checkpointing
+gradient_checkpointing_kwargs greater_is_better group_by_length half_precision_backend
+hub_always_push hub_model_id hub_private_repo hub_revision hub_strategy hub_token
+ignore_data_skip include_for_metrics include_inputs_for_metrics include_num_input_tokens_seen
+include_tokens_per_second jit_mode_eval label_names label_smoothing_factor learning_rate
+length_column_name liger_kernel_config load_best_model_at_end local_rank log_level
+log_level_replica log_on_each_node logging_dir logging_first_step logging_nan_inf_filter
+logging_steps logging_strategy lr_scheduler_kwargs lr_scheduler_type max_grad_norm max_steps
+metric_for_best_model mp_parameters neftune_noise_alpha no_cuda num_train_epochs optim
+optim_args optim_target_modules output_dir overwrite_output_dir parallelism_config past_index
+per_device_eval_batch_size per_device_train_batch_size per_gpu_eval_batch_size
+per_gpu_train_batch_size prediction_loss_only project push_to_hub push_to_hub_model_id
+push_to_hub_organization push_to_hub_token ray_scope remove_unused_columns report_to
+restore_callback_states_from_checkpoint resume_from_checkpoint run_name save_on_each_node
+save_only_model save_safetensors save_steps save_strategy save_total_limit seed
+skip_memory_metrics split_batches tf32 torch_compile torch_compile_backend torch_compile_mode
+torch_empty_cache_steps torchdynamo tpu_metrics_debug tpu_num_cores trackio_bucket_id
+trackio_space_id trackio_static_space_id train_sampling_strategy use_cache use_cpu use_ipex
+use_legacy_prediction_loop use_liger_kernel use_mps_device warmup_ratio warmup_steps
+weight_decay
+""".split()
+)
+
+
 def unknown_to_hf_and_trl(names: object) -> list[str]:
     """The names neither parser takes, in the order given."""
     return [name for name in names if isinstance(name, str) and name not in HF_TRL_ARGUMENTS]

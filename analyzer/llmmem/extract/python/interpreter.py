@@ -20,6 +20,7 @@ from llmmem.extract.python.arguments import (
     dataclass_parser_method,
 )
 from llmmem.extract.python.findings import Findings
+from llmmem.extract.python.imports import exec_import, unbound_name
 from llmmem.extract.python.libraries import (
     CALLS_BY_LEAF as LIBRARY_CALLS_BY_LEAF,
 )
@@ -35,7 +36,6 @@ from llmmem.extract.python.libraries import (
     read_tokenizer_call,
     tokenizer_method,
 )
-from llmmem.extract.python.imports import exec_import, unbound_name
 from llmmem.extract.python.local_modules import LocalModules
 from llmmem.extract.python.loops import counted_range, forget_fields, run_for, run_while
 from llmmem.extract.python.source import SourceMap
@@ -512,6 +512,8 @@ class ScriptReader(Findings):
         if isinstance(owner, Symbol):
             if owner.name == "os.environ" and key is not None:
                 return Unknown(f"environment variable {key.value}")
+            if owner.name == "sys.argv" and key is not None and isinstance(key.value, int):
+                return Unknown(f"sys.argv[{key.value}], a command-line argument")
             return Unknown(f"{owner.name}[...]")
         if isinstance(owner, Unknown):
             return Unknown(owner.reason)
@@ -636,7 +638,14 @@ class ScriptReader(Findings):
         truth = _truth(test)
         if truth is not None:
             chosen = self.eval(node.body if truth else node.orelse, scope)
-            return _chosen_by(chosen, test, self.source.text_of(node.test, 50))
+            decided = _chosen_by(chosen, test, self.source.text_of(node.test, 50))
+            index = _argv_index(node.orelse if truth else node.body)
+            if index is not None and isinstance(decided, Known):
+                # `sys.argv[1] if len(sys.argv) > 1 else "org/model"`: a launcher's positional
+                # word 1 replaces it (extract/shell/reader.py)
+                note = f"default of sys.argv[{index}]"
+                return replace(decided, note=_combine_notes(decided.note, note))
+            return decided
         chosen = self.eval(node.body, scope)
         condition = self.source.text_of(node.test, 50)
         note = f"first branch of a conditional expression (`{condition}` is known only at run time)"
@@ -865,6 +874,10 @@ class ScriptReader(Findings):
                 return found
         if name == "vars" and isinstance(first, NamespaceObject):
             return DictValue(dict(first.attributes), args.node)
+        if name == "len" and isinstance(first, Symbol) and first.name == "sys.argv":
+            # read without a command line: the script's name alone
+            note = "sys.argv without command-line arguments"
+            return Known(1, args.node, Provenance.CLI_DEFAULT, note)
         if name == "len" and isinstance(first, ListValue):
             return Known(len(first.items), args.node)
         if name == "range":
@@ -959,3 +972,15 @@ def _as_load(target: ast.expr) -> ast.expr:
 def _gives_up(body: list[ast.stmt]) -> bool:
     """A block that ends the run or the function without a result."""
     return _terminates(body) or _returns_nothing(body)
+
+
+def _argv_index(node: ast.expr) -> int | None:
+    """N for the expression `sys.argv[N]`."""
+    if (
+        isinstance(node, ast.Subscript)
+        and _dotted_name(node.value) == "sys.argv"
+        and isinstance(node.slice, ast.Constant)
+        and isinstance(node.slice.value, int)
+    ):
+        return node.slice.value
+    return None

@@ -111,6 +111,10 @@ LAUNCH_PROGRAMS = frozenset(
         "swift",
     }
 )
+RUNNERS = frozenset({"uv", "poetry", "pipenv", "pixi", "conda", "mamba", "micromamba", "pdm"})
+RUNNER_VALUE_OPTIONS = frozenset(
+    {"-n", "--name", "-p", "--prefix", "--with", "--env-file", "--python", "--project", "-e"}
+)
 WRAPPERS = frozenset({"nohup", "exec", "time", "command", "builtin", "stdbuf", "nice", "sudo"})
 PYTHON_BOOLEAN_OPTIONS = frozenset("bBdEiIOqsSuvx")
 TORCHRUN_BOOLEANS = frozenset(
@@ -270,6 +274,7 @@ def interpret_command(command: ExpandedCommand) -> Launch | None:
         and _basename(words[index - 1].text) in WRAPPERS
     ):
         index += 1
+    index = _past_runners(words, index)
     if index < len(words) and _basename(words[index].text) == "env":
         index += 1
         while index < len(words) and (
@@ -308,6 +313,20 @@ def interpret_command(command: ExpandedCommand) -> Launch | None:
     if program == "ray" and [word.text for word in words[rest : rest + 2]] == ["job", "submit"]:
         return interpret_ray_job(command, rest + 2)
     return None
+
+
+def _past_runners(words: list[ShellWord], index: int) -> int:
+    """Past an environment runner and its options: `uv run --with x`, `poetry run`, `conda
+    run -n env`, `pixi run`: the command it runs is the launch."""
+    if index + 1 >= len(words):
+        return index
+    if _basename(words[index].text) not in RUNNERS or words[index + 1].text != "run":
+        return index
+    index += 2
+    while index < len(words) and words[index].text.startswith("-"):
+        option = words[index].text
+        index += 2 if option in RUNNER_VALUE_OPTIONS else 1
+    return index
 
 
 def interpret_ray_job(command: ExpandedCommand, start: int) -> Launch | None:

@@ -134,10 +134,40 @@ class ShellScanner:
                 if following in ("<", ">") and _is_file_descriptor(word):
                     position = word.end  # `2>&1`: the 2 belongs to the redirection
                     continue
+                if following == "(" and _array_name(word):
+                    word = self.array_assignment(word)
                 current.words.append(word)
                 position = max(word.end, position + 1)
         commands.append(current)
         return [command for command in commands if command.words or command.here_documents]
+
+    def array_assignment(self, name_word: RawWord) -> RawWord:
+        """`ARGS=( --lr 1e-5  # comment \n --batch 8 )`: one assignment whose value is the
+        elements joined by blanks, so that `${ARGS[@]}` expands to them as words."""
+        text = self.text
+        parts: list[WordPart] = list(name_word.parts)
+        position = name_word.end + 1
+        first = True
+        while position < len(text):
+            character = text[position]
+            if character in " \t\r\n":
+                position += 1
+            elif text.startswith("\\\n", position):
+                position += 2
+            elif character == "#":
+                newline = text.find("\n", position)
+                position = len(text) if newline < 0 else newline
+            elif character == ")":
+                return RawWord(tuple(parts), name_word.start, position + 1)
+            else:
+                element = self.word(position)
+                if not first:
+                    parts.append(LiteralPart(" ", element.start, element.start, False, False))
+                parts.extend(element.parts)
+                first = False
+                position = max(element.end, position + 1)
+        self.unterminated(name_word.end, "(")
+        return RawWord(tuple(parts), name_word.start, len(text))
 
     # -- redirections and here-documents
 
@@ -333,6 +363,9 @@ class ShellScanner:
         rest = name_match.end()
         if rest == close:
             return ParameterPart(name_match.group(), "", (), position, after, quoted), after
+        if text[rest:close] in ("[@]", "[*]"):
+            # every element of an array, as separate words even inside quotes
+            return ParameterPart(name_match.group(), "", (), position, after, False), after
         for operator_text in PARAMETER_OPERATORS:
             if text.startswith(operator_text, rest):
                 if self.parameter_depth >= MAX_PARAMETER_NESTING:
@@ -424,3 +457,13 @@ def offset_to_position(text: str, offset: int) -> tuple[int, int]:
     line = text.count("\n", 0, offset)
     line_start = text.rfind("\n", 0, offset) + 1
     return line, offset - line_start
+
+
+def _array_name(word: RawWord) -> bool:
+    """`NAME=` with nothing after the `=`, written before a `(`: an array assignment."""
+    if len(word.parts) != 1 or not isinstance(word.parts[0], LiteralPart):
+        return False
+    literal = word.parts[0]
+    return not literal.quoted and NAME_PATTERN.fullmatch(literal.text[:-1]) is not None and (
+        literal.text.endswith("=")
+    )

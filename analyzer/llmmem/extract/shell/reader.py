@@ -20,8 +20,9 @@ from llmmem.extract.frameworks.litgpt import LITGPT_LORA_DEFAULTS
 from llmmem.extract.frameworks.openrlhf import openrlhf_meanings
 from llmmem.extract.frameworks.swift import swift_accumulation
 from llmmem.extract.frameworks.torchtune import torchtune_model
+from llmmem.extract.frameworks.trl_fields import HF_TRAINING_ARGUMENTS, HF_TRL_ARGUMENTS
 from llmmem.extract.pragmas import ProjectSettings, apply_project_settings
-from llmmem.extract.shell.expand import ShellExpander, ShellWord
+from llmmem.extract.shell.expand import ExpandedCommand, ShellExpander, ShellWord
 from llmmem.extract.shell.launchers import (
     CONFIG_SUFFIXES,
     DEEPSPEED_CHAT_FLAGS,
@@ -46,6 +47,7 @@ from llmmem.extract.shell.lexer import (
     LiteralPart,
     ShellScanner,
 )
+from llmmem.extract.shell.nested import command_strings, nested_commands
 from llmmem.extract.shell.options import LaunchOptionReader
 from llmmem.extract.text import (
     apply_file_pragmas,
@@ -169,6 +171,8 @@ class ShellPlanReader(LaunchOptionReader):
             launch = interpret_command(command)
             if launch is not None:
                 launches.append(launch)
+            else:
+                launches.extend(self.launches_in_strings(command))
         self.problems.extend(expander.problems)
         if not launches:
             return None
@@ -181,6 +185,16 @@ class ShellPlanReader(LaunchOptionReader):
                 f"(line {first_line + 1}) is read"
             )
         return chosen[0]
+
+    def launches_in_strings(self, command: ExpandedCommand) -> list[Launch]:
+        """The launches of a command string a command runs (`bash -c "$CMD"`, `eval`)."""
+        found = []
+        for string in command_strings(command):
+            for nested in nested_commands(command, string):
+                launch = interpret_command(nested)
+                if launch is not None:
+                    found.append(launch)
+        return found
 
     # -- one launch
 
@@ -234,9 +248,13 @@ class ShellPlanReader(LaunchOptionReader):
                 "is read",
             )
         config_path = target_path if launch.target_kind == "config" else None
-        if config_path is None:
+        if config_path is None and launch.launcher != "swift":
             config_path = self.positional_config(positionals, directory)
+        if config_path is None and launch.target_kind in ("script", "module"):
+            config_path, overrides = self.config_flag(overrides, directory)
         overrides = self.deepspeed_chat_flags(launch, overrides, None)
+        if launch.target_kind in ("script", "module"):
+            overrides = hf_abbreviations(overrides)
         self.read_config_with_overrides(config_path, overrides, directory, launch)
         if builtin_config is not None:
             self.read_torchtune_builtin(builtin_config)
@@ -355,6 +373,7 @@ class ShellPlanReader(LaunchOptionReader):
             script_settings.extend(reading.settings)
         self.settings.extend(flag_settings)
         self.settings.extend(script_settings)
+        self.settings.extend(self.argv_settings(launch, script_settings))
         self.framework = script_plan.framework
         self.call_ranges = {
             "trainer": in_file(script_plan.trainer_range, display_path(script)),
@@ -370,6 +389,31 @@ class ShellPlanReader(LaunchOptionReader):
         self.problems.extend(
             f"{display_path(script)}: {problem}" for problem in script_plan.problems
         )
+
+    def argv_settings(self, launch: Launch, script_settings: list[Setting]) -> list[Setting]:
+        """A script value that defaults where `sys.argv[N]` is missing
+        (`sys.argv[1] if len(sys.argv) > 1 else "org/model"`) is the launch's N-th word."""
+        found: list[Setting] = []
+        for setting in script_settings:
+            match = re.search(r"default of sys\.argv\[(\d+)\]", setting.note)
+            if match is None:
+                continue
+            index = int(match.group(1))
+            if not 0 < index <= len(launch.arguments):
+                continue
+            word = launch.arguments[index - 1]
+            if not word.is_known or word.text.startswith("-"):
+                continue
+            found.append(
+                Setting(
+                    setting.key,
+                    word.text,
+                    Provenance.EXPLICIT,
+                    self.word_range(word),
+                    f"sys.argv[{index}] of the launched script",
+                )
+            )
+        return found
 
     def flag_settings_for_script(
         self,
@@ -404,6 +448,7 @@ class ShellPlanReader(LaunchOptionReader):
                 )
             else:
                 mapped.append(override)
+        mapped = hf_abbreviations(mapped)
         if mapped:
             reading = read_config(
                 self.path, "", overrides=mapped, framework="hf", search_directories=[directory]
@@ -624,6 +669,23 @@ class ShellPlanReader(LaunchOptionReader):
             for problem in reading.problems
         )
 
+    def config_flag(
+        self, overrides: list[Override], directory: Path
+    ) -> tuple[Path | None, list[Override]]:
+        """`--config run.yaml` handed to a script llmmem cannot read: the run's own config,
+        read by what its keys mean (the flags beside it still win)."""
+        for override in overrides:
+            name = ".".join(str(step) for step in override.path)
+            value = override.value
+            if name not in CONFIG_FLAGS or not isinstance(value, str):
+                continue
+            if not value.endswith(CONFIG_SUFFIXES):
+                continue
+            found = self.find_file(value, directory)
+            if found is not None:
+                return found, [other for other in overrides if other is not override]
+        return None, overrides
+
     def positional_config(self, positionals: list[WordSlice], directory: Path) -> Path | None:
         """`python train.py config.yaml` (HfArgumentParser.parse_yaml_file) and friends."""
         for positional in positionals:
@@ -677,9 +739,14 @@ class ShellPlanReader(LaunchOptionReader):
         name = launch.target.text
         if launch.target_kind == "module":
             module_path = name.replace(".", "/")
-            return self.find_file(f"{module_path}.py", directory) or self.find_file(
-                f"{module_path}/__main__.py", directory
-            )
+            for folder in ("", "src/"):  # a package installed from a src layout
+                found = self.find_file(f"{folder}{module_path}.py", directory) or self.find_file(
+                    f"{folder}{module_path}/__main__.py", directory
+                )
+                if found is not None:
+                    launch.target_kind = "script"
+                    return found
+            return None
         found = self.find_file(name, directory)
         if found is None and launch.launcher == "tune" and not name.endswith(CONFIG_SUFFIXES):
             found = self.find_file(f"{name}.yaml", directory)
@@ -689,6 +756,8 @@ class ShellPlanReader(LaunchOptionReader):
 
 
 HERE_DOCUMENT_PATH = "<here-document>"
+# the flags a project script names its own config with (`--config run.yaml`)
+CONFIG_FLAGS = frozenset({"config", "config_file", "config_path", "cfg", "train_config"})
 TORCHTUNE_BUILTIN_COMMON: tuple[tuple[str, Any, str], ...] = (
     ("precision", "bf16-true", "torchtune's built-in configs train in dtype bf16"),
     (
@@ -793,3 +862,28 @@ def program_words(words: list[ShellWord]) -> Iterator[ProgramWord]:
             yield ProgramWord("short", text, word)
         else:
             yield ProgramWord("positional", "", word)
+
+
+def hf_abbreviations(overrides: list[Override]) -> list[Override]:
+    """Flags read with HF's names, each abbreviation written out (`abbreviated_hf_argument`)."""
+    renamed = []
+    for override in overrides:
+        if len(override.path) == 1 and isinstance(override.path[0], str):
+            full = abbreviated_hf_argument(override.path[0])
+            if full != override.path[0]:
+                override = Override((full,), override.value, override.range)
+        renamed.append(override)
+    return renamed
+
+
+def abbreviated_hf_argument(name: str) -> str:
+    """HfArgumentParser is an argparse parser that takes a unique prefix of an option
+    (`--per_device_train_batch 3`): the full name where exactly one TrainingArguments field
+    (which every such script parses) starts with it and no HF or TRL argument is written so,
+    else the name as written."""
+    if name in HF_TRL_ARGUMENTS or len(name) < 4:
+        return name
+    matches = [argument for argument in HF_TRL_ARGUMENTS if argument.startswith(name)]
+    if len(matches) == 1 and matches[0] in HF_TRAINING_ARGUMENTS:
+        return matches[0]
+    return name
