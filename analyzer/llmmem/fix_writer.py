@@ -81,7 +81,7 @@ def edits_of_this_file(edits: list, notebook: str | None) -> bool:
 def applied(text: str, edits: list, notebook: str | None) -> str:
     """The text with a fix's edits applied (a notebook's cell edits inside its JSON, or
     NotebookEditError saying why they cannot be)."""
-    from llmmem.rules.edits import apply_edits
+    from llmmem.rules.text_edits import apply_edits
 
     if all(edit.range.path is None for edit in edits) or notebook is None:
         return apply_edits(text, edits)

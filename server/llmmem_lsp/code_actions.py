@@ -408,7 +408,7 @@ async def _fix_all_edit(ls: LlmmemServer, state: DocumentState, result: Result) 
     """Every safe fix applied one at a time, with a re-analysis after each (as `llmmem-lint
     --fix` does), as one edit of the document's text."""
     from llmmem.lint_command import fix_file
-    from llmmem.rules.edits import whole_change
+    from llmmem.rules.text_edits import whole_change
 
     uri = state.uri
     skipped: list[str] = []

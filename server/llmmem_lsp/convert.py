@@ -38,7 +38,7 @@ class Lines:
 
     @property
     def starts(self) -> list[int]:
-        """The offset of each line's first character (`llmmem.rules.edits.line_starts`)."""
+        """The offset of each line's first character (`llmmem.rules.text_edits.line_starts`)."""
         if self._starts is None:
             starts = [0]
             for line in self.lines[:-1]:

@@ -15,8 +15,9 @@ from llmmem.budget.setup import Method
 from llmmem.check import check_text
 from llmmem.plan import SourceRange
 from llmmem.rules import codemods
-from llmmem.rules.edits import apply_edits, diff_edits, preview_python_edits
+from llmmem.rules.edits import preview_python_edits
 from llmmem.rules.finding import Finding, Fix
+from llmmem.rules.text_edits import apply_edits, diff_edits
 
 ROOT = Path(__file__).resolve().parents[2]
 

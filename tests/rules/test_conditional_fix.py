@@ -127,7 +127,8 @@ def test_the_text_writer_edits_the_branches_as_the_codemod_does(
     writer: it must offer the same halving, written the same way, or none where the codemod
     has none (`x` is no literal to halve)."""
     from llmmem.check import check_text
-    from llmmem.rules.edits import apply_edits, preview_python_edits
+    from llmmem.rules.edits import preview_python_edits
+    from llmmem.rules.text_edits import apply_edits
 
     text = SCRIPT.format(
         switch="BIG = False\nx = 8", batch_variable=batch_variable, batch=batch, accumulation="2"

@@ -10,12 +10,8 @@ import pytest
 
 from llmmem.check import check_text
 from llmmem.plan import SourceRange
-from llmmem.rules.edits import (
-    apply_edits,
-    ensure_import,
-    keyword_span,
-    suppression_edit,
-)
+from llmmem.rules.edits import ensure_import, keyword_span, suppression_edit
+from llmmem.rules.text_edits import apply_edits
 from llmmem.units import format_bytes
 
 LORA_SCRIPT = '''"""LoRA on Llama-3.1-8B."""

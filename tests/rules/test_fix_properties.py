@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 from llmmem.check import check_text
 from llmmem.extract.shell import ShellScanner
 from llmmem.lint_command import lint_main
-from llmmem.rules.edits import apply_edits
 from llmmem.rules.finding import Fix
+from llmmem.rules.text_edits import apply_edits
 from llmmem.units import format_bytes
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -483,8 +483,8 @@ def test_a_notebook_cell_with_ipython_lines_still_gets_its_keyword(tmp_path: Pat
     """The keyword is placed with the cell's syntax tree; `%pip` and `!` lines must not hide
     the trainer call from it."""
     from llmmem.check import check_text
-    from llmmem.rules.edits import apply_edits
     from llmmem.rules.finding import TextEdit
+    from llmmem.rules.text_edits import apply_edits
 
     cell = (
         "%pip install -q transformers\nimport torch\n"

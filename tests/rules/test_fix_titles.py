@@ -16,8 +16,8 @@ import yaml
 
 from llmmem.check import check_text
 from llmmem.extract.notebook import cell_index
-from llmmem.rules.edits import apply_edits
 from llmmem.rules.finding import Fix, TextEdit
+from llmmem.rules.text_edits import apply_edits
 from llmmem.units import format_bytes
 
 ROOT = Path(__file__).resolve().parents[2]

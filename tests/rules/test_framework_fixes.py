@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from llmmem.check import check_text
-from llmmem.rules.edits import apply_edits
 from llmmem.rules.finding import Fix
+from llmmem.rules.text_edits import apply_edits
 from llmmem.units import format_bytes
 
 CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "configs"

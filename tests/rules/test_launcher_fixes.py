@@ -18,8 +18,8 @@ import pytest
 
 from llmmem.check import check_text
 from llmmem.extract.shell import ShellScanner
-from llmmem.rules.edits import apply_edits
 from llmmem.rules.finding import Fix
+from llmmem.rules.text_edits import apply_edits
 from llmmem.units import format_bytes
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from llmmem.check import check_text
-from llmmem.rules.edits import apply_edits
 from llmmem.rules.finding import Fix
+from llmmem.rules.text_edits import apply_edits
 from llmmem.units import format_bytes
 
 SHELL = Path(__file__).resolve().parents[1] / "fixtures" / "shell"

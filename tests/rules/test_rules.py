@@ -20,7 +20,7 @@ from llmmem.plan import (
 from llmmem.rules import run_rules
 from llmmem.rules.catalog import all_rules
 from llmmem.rules.docs import RULES_DOC, render_rules_doc
-from llmmem.rules.edits import apply_edits
+from llmmem.rules.text_edits import apply_edits
 from llmmem.scenario import analyze
 
 SCRIPT = """from transformers import AutoModelForCausalLM, TrainingArguments

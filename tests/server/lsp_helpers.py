@@ -167,7 +167,7 @@ async def resolved(client: LanguageClient, action: types.CodeAction) -> types.Co
 
 def apply_lsp_edits(text: str, edits: list[types.TextEdit]) -> str:
     """The client's side of text edits (ASCII texts: columns are characters)."""
-    from llmmem.rules.edits import offset
+    from llmmem.rules.text_edits import offset
 
     spans = sorted(
         (

@@ -26,19 +26,19 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from llmmem.plan import SourceRange, TrainingPlan
-from llmmem.rules.edits import (
+from llmmem.rules.finding import TextEdit
+from llmmem.rules.python_nodes import (
     ARGUMENT_CLASSES,
     QLORA_IMPORTS,
     branch_writes,
     conditional_around,
-    diff_edits,
     node_at,
     node_range,
     plain_value,
     python_literal,
     python_tree,
 )
-from llmmem.rules.finding import TextEdit
+from llmmem.rules.text_edits import diff_edits
 
 NO_SPACE = cst.SimpleWhitespace("")
 
@@ -360,7 +360,7 @@ def setting_edits(
     - a variable's literal (`bs = 8`): edited there only when nothing else reads the variable,
       else the trainer call's `field_name=bs` gets the literal instead;
     - any other written value: replaced where it stands, in its own quotes;
-    - a value a conditional expression chooses: every branch's literal (`edits.branch_writes`)
+    - a value a conditional expression chooses: every branch's literal (`branch_writes`)
       for a `Rescaled` value, else no edit;
     - from a default: a keyword of the TrainingArguments/SFTConfig call, or for
       `HfArgumentParser((...))` a field of its TrainingArguments dataclass (the parser takes

@@ -225,7 +225,7 @@ def spelled_edits(
     each where it is written or, at the top level, as a new key; None where any of them has no
     safe edit (a nested key not written, a value the spelling cannot give for this file)."""
     from llmmem.extract.yaml_positions import read_positioned_yaml
-    from llmmem.rules.edits import apply_edits, whole_change
+    from llmmem.rules.text_edits import apply_edits, whole_change
 
     edited = text
     for write in writes:

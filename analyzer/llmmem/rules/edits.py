@@ -31,11 +31,35 @@ import contextlib
 import contextvars
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from llmmem.plan import Provenance, Sourced, SourceRange, TrainingPlan
 from llmmem.rules.finding import TextEdit
+from llmmem.rules.python_nodes import (
+    ARGUMENT_CLASSES,
+    QLORA_IMPORTS,
+    assigned_name,
+    branch_writes,
+    call_at,
+    callee_name,
+    conditional_around,
+    node_at,
+    node_range,
+    plain_value,
+    python_literal,
+    python_tree,
+    reads_of,
+    yaml_literal,
+)
+from llmmem.rules.text_edits import (
+    line_starts,
+    node_span,
+    offset,
+    point_range,
+    position,
+    range_of_span,
+)
 
 # canonical plan field -> the key each framework's YAML spells it with
 YAML_KEYS: dict[str, dict[str, str]] = {
@@ -75,60 +99,6 @@ def _codemods(text: str) -> Any:
     return codemods
 
 
-@dataclass(frozen=True)
-class Rescaled:
-    """A new integer value that is the old one changed by `rule` (halved, doubled). Where the
-    setting is a conditional expression every branch is changed by `rule` (None: a branch it
-    does not apply to, and then there is no edit)."""
-
-    value: int
-    rule: Callable[[int], int | None]
-
-
-def plain_value(value: Any) -> Any:
-    """The value written where the setting is one literal (a `Rescaled`'s new value)."""
-    return value.value if isinstance(value, Rescaled) else value
-
-
-def python_literal(value: Any) -> str:
-    if isinstance(value, bool):
-        return "True" if value else "False"
-    if isinstance(value, str):
-        return f'"{value}"'
-    return repr(value)
-
-
-def yaml_literal(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
-
-def line_starts(text: str) -> list[int]:
-    starts = [0]
-    for index, char in enumerate(text):
-        if char == "\n":
-            starts.append(index + 1)
-    return starts
-
-
-def offset(text: str, line: int, col: int, starts: list[int] | None = None) -> int:
-    starts = starts or line_starts(text)
-    if line >= len(starts):
-        return len(text)
-    return min(starts[line] + col, len(text))
-
-
-def position(text: str, index: int, starts: list[int] | None = None) -> tuple[int, int]:
-    starts = starts or line_starts(text)
-    line = max(i for i, start in enumerate(starts) if start <= index)
-    return line, index - starts[line]
-
-
-def _point(line: int, col: int) -> SourceRange:
-    return SourceRange(start_line=line, start_col=col, end_line=line, end_col=col)
-
-
 def replace_value(
     sourced: Sourced[Any], new_text: str, notebook: str | None = None
 ) -> TextEdit | None:
@@ -140,97 +110,6 @@ def replace_value(
     if where.path is not None and not (notebook and where.path.startswith(f"{notebook}#cell=")):
         return None  # another file (a referenced config): not edited from here
     return TextEdit(range=where, new_text=new_text)
-
-
-def _branch_parents(tree: ast.AST) -> dict[int, ast.IfExp]:
-    """For each branch of a conditional expression (`id` of the node), that expression."""
-    return {
-        id(branch): node
-        for node in ast.walk(tree)
-        if isinstance(node, ast.IfExp)
-        for branch in (node.body, node.orelse)
-    }
-
-
-def _branches(node: ast.expr) -> list[ast.expr]:
-    """The expressions a conditional expression may give (those of nested ones included)."""
-    if isinstance(node, ast.IfExp):
-        return _branches(node.body) + _branches(node.orelse)
-    return [node]
-
-
-def _single_assignment(tree: ast.AST, name: str) -> ast.expr | None:
-    """The value of the one assignment `name = value` in the file (None: none, or several)."""
-    values = [
-        node.value
-        for node in ast.walk(tree)
-        if isinstance(node, (ast.Assign, ast.AnnAssign))
-        and node.value is not None
-        and any(
-            isinstance(target, ast.Name) and target.id == name
-            for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
-        )
-    ]
-    return values[0] if len(values) == 1 else None
-
-
-def _reads(tree: ast.AST, name: str) -> int:
-    return sum(
-        isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
-        for n in ast.walk(tree)
-    )
-
-
-def conditional_around(
-    tree: ast.AST, text: str, where: SourceRange, trainer: SourceRange | None, field: str
-) -> ast.IfExp | None:
-    """The conditional expression that chooses a setting read from `where`: the one (the
-    outermost) `where` is a branch of, else the one the trainer call's `field=` keyword is
-    written as, directly or in the variable it names. None where none chooses it."""
-    node = node_at(tree, text, where)
-    parents = _branch_parents(tree)
-    if node is not None and id(node) in parents:
-        whole = parents[id(node)]
-        while id(whole) in parents:
-            whole = parents[id(whole)]
-        return whole
-    call = call_at(tree, text, trainer) if trainer is not None else None
-    written = next((kw.value for kw in call.keywords if kw.arg == field), None) if call else None
-    if isinstance(written, ast.Name):
-        written = _single_assignment(tree, written.id)
-    return written if isinstance(written, ast.IfExp) else None
-
-
-def branch_writes(
-    tree: ast.AST, whole: ast.IfExp, chosen: ast.expr | None, value: Any
-) -> list[tuple[ast.expr, int]] | None:
-    """Each branch of `whole` and its new value (`value`'s rule applied to its literal), or
-    None unless every branch can be changed so: `value` is a `Rescaled`, each branch an
-    integer literal the rule applies to, `chosen` (the literal the reader took) one of them,
-    and `whole` not in a variable that something else reads too."""
-    if not isinstance(value, Rescaled):
-        return None
-    branches = _branches(whole)
-    if chosen is None or not any(branch is chosen for branch in branches):
-        return None  # the value read is written elsewhere (a name): not this expression's
-    writes: list[tuple[ast.expr, int]] = []
-    for branch in branches:
-        if not (isinstance(branch, ast.Constant) and type(branch.value) is int):
-            return None
-        new = value.rule(branch.value)
-        if new is None:
-            return None
-        writes.append((branch, new))
-    variable = _assigned_name(tree, whole)
-    if variable is not None and _reads(tree, variable) > 1:
-        return None
-    return writes
-
-
-def node_range(text: str, node: ast.AST) -> SourceRange:
-    """Where a node is written, in the plan's terms (columns in characters)."""
-    starts = line_starts(text)
-    return _range_of_span(text, *node_span(text, node, starts), starts)
 
 
 def insert_keyword(
@@ -291,7 +170,7 @@ def insert_keyword(
 
 def _point_edit(text: str, at: int, new_text: str, starts: list[int]) -> TextEdit:
     line, col = position(text, at, starts)
-    return TextEdit(range=_point(line, col), new_text=new_text)
+    return TextEdit(range=point_range(line, col), new_text=new_text)
 
 
 def _call_tail(text: str, last: int, close: int) -> tuple[int, int | None] | None:
@@ -334,75 +213,10 @@ def _argument_indent(text: str, arguments: Sequence[ast.AST], starts: list[int])
 # -- Python structure (ast): which call, which keyword, which variable -----------------------
 
 
-def python_tree(text: str) -> ast.Module | None:
-    """The module as the reader saw it (syntax of newer Python releases included)."""
-    from llmmem.extract.python.source import parse_script
-
-    return parse_script(text).module
-
-
-def _char_col(text: str, starts: list[int], line: int, byte_col: int) -> int:
-    if line >= len(starts):
-        return byte_col
-    end = text.find("\n", starts[line])
-    row = text[starts[line] : end if end >= 0 else len(text)]
-    if row.isascii():
-        return byte_col
-    return len(row.encode("utf-8")[:byte_col].decode("utf-8", errors="ignore"))
-
-
-def node_span(text: str, node: ast.AST, starts: list[int] | None = None) -> tuple[int, int]:
-    """A node's start and end as offsets into `text` (ast counts columns in UTF-8 bytes)."""
-    starts = starts or line_starts(text)
-    line = int(getattr(node, "lineno", 1)) - 1
-    end_line = int(getattr(node, "end_lineno", None) or line + 1) - 1
-    col = _char_col(text, starts, line, int(getattr(node, "col_offset", 0)))
-    end_col = _char_col(text, starts, end_line, int(getattr(node, "end_col_offset", None) or 0))
-    return offset(text, line, col, starts), offset(text, end_line, end_col, starts)
-
-
-def _range_span(text: str, where: SourceRange, starts: list[int]) -> tuple[int, int]:
-    return (
-        offset(text, where.start_line, where.start_col, starts),
-        offset(text, where.end_line, where.end_col, starts),
-    )
-
-
-def node_at(tree: ast.AST, text: str, where: SourceRange) -> ast.expr | None:
-    """The expression written exactly over `where`."""
-    starts = line_starts(text)
-    wanted = _range_span(text, where, starts)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.expr) and node.lineno - 1 == where.start_line:
-            if node_span(text, node, starts) == wanted:
-                return node
-    return None
-
-
-def call_at(tree: ast.AST, text: str, where: SourceRange) -> ast.Call | None:
-    node = node_at(tree, text, where)
-    return node if isinstance(node, ast.Call) else None
-
-
-def callee_name(call: ast.Call) -> str:
-    func = call.func
-    if isinstance(func, ast.Attribute):
-        return func.attr
-    return func.id if isinstance(func, ast.Name) else ""
-
-
-def _range_of_span(text: str, start: int, end: int, starts: list[int]) -> SourceRange:
-    start_line, start_col = position(text, start, starts)
-    end_line, end_col = position(text, end, starts)
-    return SourceRange(
-        start_line=start_line, start_col=start_col, end_line=end_line, end_col=end_col
-    )
-
-
 def _replace_node(text: str, node: ast.AST, new_text: str) -> TextEdit:
     starts = line_starts(text)
     return TextEdit(
-        range=_range_of_span(text, *node_span(text, node, starts), starts), new_text=new_text
+        range=range_of_span(text, *node_span(text, node, starts), starts), new_text=new_text
     )
 
 
@@ -437,8 +251,8 @@ def _python_value_edit(
             return [_replace_node(text, default.value, literal)]
         edit = insert_keyword(text, where, "default", value)
         return [edit] if edit is not None else None
-    variable = _assigned_name(tree, node)
-    if variable is None or _reads(tree, variable) <= 1:
+    variable = assigned_name(tree, node)
+    if variable is None or reads_of(tree, variable) <= 1:
         return [TextEdit(range=where, new_text=literal)]
     call = call_at(tree, text, plan.trainer_range) if plan.trainer_range else None
     if call is None:
@@ -447,19 +261,6 @@ def _python_value_edit(
         if kw.arg == field and isinstance(kw.value, ast.Name) and kw.value.id == variable:
             return [_replace_node(text, kw.value, literal)]
     return None
-
-
-def _assigned_name(tree: ast.AST, value: ast.expr) -> str | None:
-    """`name` when `value` is the whole right side of `name = value`."""
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is value:
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if len(targets) == 1 and isinstance(targets[0], ast.Name):
-                return targets[0].id
-    return None
-
-
-ARGUMENT_CLASSES = ("TrainingArguments", "Config")  # TrainingArguments, SFTConfig, DPOConfig...
 
 
 def _insert_python_setting(
@@ -513,7 +314,8 @@ def _insert_dataclass_field(
         line = node.end_lineno or node.lineno  # the line after the class
         kind = type(value).__name__
         return TextEdit(
-            range=_point(line, 0), new_text=f"{indent}{field}: {kind} = {python_literal(value)}\n"
+            range=point_range(line, 0),
+            new_text=f"{indent}{field}: {kind} = {python_literal(value)}\n",
         )
     return None
 
@@ -691,105 +493,6 @@ def _insert_in_cell(
     ]
 
 
-def apply_edits(text: str, edits: list[TextEdit]) -> str:
-    """The text with the edits applied (edits must not overlap). Edits of a notebook's cells
-    (a range with a path) are for an editor holding the cells, not for the file's text."""
-    if any(edit.range.path is not None for edit in edits):
-        raise ValueError("edits of notebook cells apply to the cells, not to the file's text")
-    starts = line_starts(text)
-    spans = sorted(
-        (
-            (
-                offset(text, e.range.start_line, e.range.start_col, starts),
-                offset(text, e.range.end_line, e.range.end_col, starts),
-                e.new_text,
-            )
-            for e in edits
-        ),
-        reverse=True,
-    )
-    for start, end, new_text in spans:
-        text = text[:start] + new_text + text[end:]
-    return text
-
-
-def whole_change(before: str, after: str) -> TextEdit:
-    """One edit turning `before` into `after`: the span between their common prefix and
-    suffix."""
-    start = 0
-    limit = min(len(before), len(after))
-    while start < limit and before[start] == after[start]:
-        start += 1
-    end = 0
-    while end < limit - start and before[-1 - end] == after[-1 - end]:
-        end += 1
-    start_line, start_col = position(before, start)
-    end_line, end_col = position(before, len(before) - end)
-    return TextEdit(
-        range=SourceRange(
-            start_line=start_line, start_col=start_col, end_line=end_line, end_col=end_col
-        ),
-        new_text=after[start : len(after) - end],
-    )
-
-
-def diff_edits(before: str, after: str) -> list[TextEdit]:
-    """The edits turning `before` into `after`, one per changed block of lines, each trimmed
-    to the characters that differ; a line inserted whole is written after the end of the line
-    before it (`,\n    name=value` after an argument's comma, as an editor would type it)."""
-    import difflib
-
-    old_lines, new_lines = _LINES.findall(before), _LINES.findall(after)
-    starts = line_starts(before)
-    offsets = [0]
-    for line in old_lines:
-        offsets.append(offsets[-1] + len(line))
-    # a fix changes a few lines: the lines equal at both ends are set aside first, so the
-    # matcher (quadratic in what it is given) sees only the changed middle of a long file
-    lead = 0
-    most = min(len(old_lines), len(new_lines))
-    while lead < most and old_lines[lead] == new_lines[lead]:
-        lead += 1
-    trail = 0
-    while (
-        trail < most - lead
-        and old_lines[len(old_lines) - 1 - trail] == new_lines[len(new_lines) - 1 - trail]
-    ):
-        trail += 1
-    matcher = difflib.SequenceMatcher(
-        None,
-        old_lines[lead : len(old_lines) - trail],
-        new_lines[lead : len(new_lines) - trail],
-        autojunk=False,
-    )
-    edits = []
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        if tag == "equal":
-            continue
-        i1, i2, j1, j2 = i1 + lead, i2 + lead, j1 + lead, j2 + lead
-        start, end = offsets[i1], offsets[i2]
-        new_text = "".join(new_lines[j1:j2])
-        old_text = before[start:end]
-        same = 0
-        limit = min(len(old_text), len(new_text))
-        while same < limit and old_text[same] == new_text[same]:
-            same += 1
-        tail = 0
-        while tail < limit - same and old_text[-1 - tail] == new_text[-1 - tail]:
-            tail += 1
-        start, end = start + same, end - tail
-        new_text = new_text[same : len(new_text) - tail]
-        newline = "\r\n" if before[:start].endswith("\r\n") else before[start - 1 : start]
-        if start == end and newline in ("\n", "\r\n") and new_text.endswith(newline):
-            start = end = start - len(newline)
-            new_text = newline + new_text[: -len(newline)]
-        edits.append(TextEdit(range=_range_of_span(before, start, end, starts), new_text=new_text))
-    return edits
-
-
-_LINES = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")  # a line and its ending
-
-
 # -- statements and imports (Python) ----------------------------------------------------------
 
 _ASSIGNED = re.compile(r"^(\s*)([A-Za-z_]\w*)\s*(?::[^=]*)?=[^=]")
@@ -818,7 +521,7 @@ def insert_line_after(
     if found is None:
         return None
     indent, name, line = found
-    return TextEdit(range=_point(line, 0), new_text=f"{indent}{make_line(name)}\n")
+    return TextEdit(range=point_range(line, 0), new_text=f"{indent}{make_line(name)}\n")
 
 
 def statement_after_load(
@@ -830,13 +533,6 @@ def statement_after_load(
         return codemods.statement_after_edits(text, call, make_line)  # type: ignore[no-any-return]
     edit = insert_line_after(text, call, make_line)
     return [edit] if edit is not None else None
-
-
-QLORA_IMPORTS = (
-    ("torch", None),
-    ("transformers", "BitsAndBytesConfig"),
-    ("peft", "prepare_model_for_kbit_training"),
-)
 
 
 def qlora_edits(text: str, model: SourceRange, config_code: str) -> list[TextEdit] | None:
@@ -875,7 +571,7 @@ def ensure_import(text: str, module: str, name: str | None = None) -> TextEdit |
         if line.startswith(("import ", "from ")):
             first = number if first is None else first
             break
-    return TextEdit(range=_point(first or 0, 0), new_text=statement + "\n")
+    return TextEdit(range=point_range(first or 0, 0), new_text=statement + "\n")
 
 
 def suppression_edit(text: str, line: int, code: str, kind: str) -> TextEdit | None:
@@ -893,10 +589,10 @@ def suppression_edit(text: str, line: int, code: str, kind: str) -> TextEdit | N
         if code in codes:
             return None
         at = existing.end(1)
-        return TextEdit(range=_point(line, at), new_text=(", " if codes else "") + code)
+        return TextEdit(range=point_range(line, at), new_text=(", " if codes else "") + code)
     if re.search(r"llmmem:\s*ignore(?!\[)", current):
         return None  # a bare ignore already silences everything on the line
-    return TextEdit(range=_point(line, len(current)), new_text=f"  # llmmem: ignore[{code}]")
+    return TextEdit(range=point_range(line, len(current)), new_text=f"  # llmmem: ignore[{code}]")
 
 
 def keyword_span(

@@ -23,15 +23,11 @@ from llmmem.budget.setup import (
     TrainingSetup,
 )
 from llmmem.plan import Provenance, TrainingPlan
-from llmmem.rules.edits import (
-    Rescaled,
-    apply_edits,
-    qlora_edits,
-    set_setting,
-    set_settings,
-    statement_after_load,
-)
+from llmmem.rules.edits import qlora_edits, set_setting, set_settings, statement_after_load
 from llmmem.rules.finding import Fix, TextEdit
+from llmmem.rules.python_nodes import Rescaled
+from llmmem.rules.spellings import config_dialect
+from llmmem.rules.text_edits import apply_edits
 from llmmem.scenario import Analysis
 from llmmem.units import format_bytes
 
@@ -164,14 +160,6 @@ def _bf16_edit(analysis: Analysis, text: str) -> list[TextEdit] | None:
     return set_setting(analysis.plan, text, "bf16", True)
 
 
-def config_dialect(plan: TrainingPlan) -> str:
-    """The name of the spelling table (`rules/spellings`) for a YAML/JSON plan."""
-    schema = plan.extra.get("llamafactory_schema")
-    if plan.framework == "llamafactory" and getattr(schema, "value", None) == "v1":
-        return "llamafactory-v1"
-    return plan.framework
-
-
 def _in_dialect(
     lever: str, python_edit: Callable[[Analysis, str], list[TextEdit] | None]
 ) -> Callable[[Analysis, str], list[TextEdit] | None]:
@@ -257,7 +245,8 @@ def _drop_reference_edit(analysis: Analysis, text: str) -> list[TextEdit] | None
     import ast
 
     from llmmem.plan import Sourced, SourceRange
-    from llmmem.rules.edits import line_starts, node_span, position, python_tree
+    from llmmem.rules.python_nodes import python_tree
+    from llmmem.rules.text_edits import line_starts, node_span, position
 
     plan = analysis.plan
     trainer = plan.extra.get("trainer")

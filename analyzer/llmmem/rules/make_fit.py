@@ -15,7 +15,6 @@ from itertools import combinations
 
 from llmmem.budget.setup import SetupError, TrainingSetup
 from llmmem.preference_plan import budget_for_plan
-from llmmem.rules.edits import whole_change
 from llmmem.rules.finding import Fix
 from llmmem.rules.fixes import (
     CANDIDATES,
@@ -25,6 +24,7 @@ from llmmem.rules.fixes import (
     fixes_left_out,
     reanalysed,
 )
+from llmmem.rules.text_edits import whole_change
 from llmmem.scenario import Analysis
 from llmmem.units import format_bytes
 

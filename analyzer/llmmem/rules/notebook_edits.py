@@ -52,7 +52,7 @@ def is_cell_fix(edits: list[TextEdit], notebook: str) -> bool:
 def apply_cell_edits(text: str, notebook: str, edits: list[TextEdit]) -> str:
     """The notebook's text with `edits` (each in a cell of `notebook`) applied to its cells'
     sources; raises NotebookEditError where that cannot be done."""
-    from llmmem.rules.edits import apply_edits
+    from llmmem.rules.text_edits import apply_edits
 
     by_cell: dict[int, list[TextEdit]] = {}
     for edit in edits:

@@ -180,7 +180,7 @@ def launcher_dialect(
     if launcher == "tune":
         return Dialect("override", "True", False, _table("torchtune"))
     if launcher == "llamafactory":
-        from llmmem.rules.fixes import config_dialect
+        from llmmem.rules.spellings import config_dialect
 
         dialect = config_dialect(analysis.plan)
         if dialect not in ("llamafactory", "llamafactory-v1"):
@@ -495,7 +495,7 @@ def _insertion(text: str, launch: Launch, flags: list[str]) -> tuple[int, int, s
 
 
 def _text_edits(text: str, spans: list[tuple[int, int, str]]) -> list[TextEdit] | None:
-    from llmmem.rules.edits import line_starts, position
+    from llmmem.rules.text_edits import line_starts, position
 
     spans = sorted(spans)
     for (_, first_end, _), (second_start, _, _) in zip(spans, spans[1:], strict=False):

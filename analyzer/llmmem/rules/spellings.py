@@ -4,7 +4,7 @@ The tables live beside their readers, as `FIX_SPELLINGS` in `extract/frameworks/
 (see `llmmem.extract.frameworks.spelling`): for each lever (the keys of `fixes.CANDIDATES`) the
 key paths and values that framework's own config reader takes, or no entry where the framework
 has no such setting (then no fix is offered for that file). This module gathers them by the
-dialect name `fixes.config_dialect` gives a plan.
+dialect name `config_dialect` gives a plan.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from llmmem.extract.frameworks import (
     verl,
 )
 from llmmem.extract.frameworks.spelling import KeyWrite, Spelling, ValueOf
+from llmmem.plan import TrainingPlan
 
 __all__ = ["HF", "SPELLINGS", "TRL", "KeyWrite", "Spelling", "ValueOf", "spelling"]
 
@@ -46,3 +47,11 @@ SPELLINGS: dict[str, dict[str, Spelling]] = {
 def spelling(dialect: str, lever: str) -> Spelling | None:
     """The keys `dialect` writes `lever` with; None where it has no such setting."""
     return SPELLINGS.get(dialect, {}).get(lever)
+
+
+def config_dialect(plan: TrainingPlan) -> str:
+    """The name of the spelling table (this module's) for a YAML/JSON plan."""
+    schema = plan.extra.get("llamafactory_schema")
+    if plan.framework == "llamafactory" and getattr(schema, "value", None) == "v1":
+        return "llamafactory-v1"
+    return plan.framework
