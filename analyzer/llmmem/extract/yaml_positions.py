@@ -139,9 +139,9 @@ def _compose_first_document(
         mark = error.problem_mark or error.context_mark
         line = mark.line if mark is not None else 0
         column = mark.column if mark is not None else 0
-        kept = _text_before_line(text, line)
+        kept, kept_lines = _parseable_before(text, line, source_path)
         what = _explain_syntax_error(error)
-        kept_note = f"; kept the {line} line(s) above it" if kept.strip() else ""
+        kept_note = f"; kept the {kept_lines} line(s) above it" if kept.strip() else ""
         problems.append(f"{describe_location(source_path, line, column)}: {what}{kept_note}")
         _note_error(errors, problems[-1], what, kept_note, source_path, text, line, column)
     except yaml.reader.ReaderError as error:
@@ -227,6 +227,25 @@ def _character_name(character: object) -> str:
     if isinstance(character, int):
         return f"U+{character:04X}"
     return repr(character)
+
+
+MAX_BACKOFF_LINES = 8  # lines given up above a syntax error to find a prefix that reads
+
+
+def _parseable_before(text: str, line: int, source_path: str | None) -> tuple[str, int]:
+    """The lines above a syntax error, less the last few where they too fail to read (a
+    `key:value` with no blank reads as a key only once the next line shows it is one), and
+    how many lines that is."""
+    for kept_lines in range(line, max(line - MAX_BACKOFF_LINES, 0) - 1, -1):
+        kept = _text_before_line(text, kept_lines)
+        if not kept.strip():
+            break
+        try:
+            _compose(kept, source_path, [])
+        except (yaml.YAMLError, ValueError, RecursionError):
+            continue
+        return kept, kept_lines
+    return _text_before_line(text, line), line
 
 
 def _text_before_line(text: str, line: int) -> str:
