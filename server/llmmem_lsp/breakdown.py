@@ -51,7 +51,7 @@ async def breakdown(ls: LlmmemServer, arguments: list[Any]) -> dict[str, Any]:
     """{uri, version, html, stale} for [uri]; {error} where there is no analysis yet."""
     import asyncio
 
-    from llmmem_lsp.verify_command import uri_argument
+    from llmmem_lsp.protocol import uri_argument
 
     given = uri_argument(arguments)
     uri = ls.owner_uri(given) if given else None

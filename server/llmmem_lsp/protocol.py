@@ -50,11 +50,20 @@ class Refused:
     answer: bool
 
 
+def uri_argument(arguments: Any) -> str | None:
+    """The document a command names first: `[uri, ...]` or `[{"uri": ...}, ...]`."""
+    if isinstance(arguments, (list, tuple)) and arguments:
+        first = arguments[0]
+        if isinstance(first, str):
+            return first
+        if isinstance(first, dict) and isinstance(first.get("uri"), str):
+            return first["uri"]
+    return None
+
+
 def _arguments_problem(command: str, arguments: Any) -> str | None:
     """Why a command's arguments cannot be used (InvalidParams), or None."""
     if command == "llmmem.verify":
-        from llmmem_lsp.verify_command import uri_argument
-
         if uri_argument(arguments) is None:
             return 'takes the document\'s URI first: [uri] or [uri, {"simulate": true}]'
     return None

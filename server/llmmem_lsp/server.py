@@ -508,7 +508,7 @@ def document_link(
 @server.command("llmmem.explain")
 async def explain(ls: LlmmemServer, *arguments: Any) -> dict[str, Any]:
     """The full report of a document: Markdown for people, the budget and findings as JSON."""
-    from llmmem_lsp.verify_command import uri_argument
+    from llmmem_lsp.protocol import uri_argument
 
     given = uri_argument(list(arguments))
     uri = ls.owner_uri(given) if given else None  # a cell's URI names its notebook

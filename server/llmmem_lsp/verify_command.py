@@ -32,16 +32,6 @@ COPY_DIRECTORY_PREFIX = "llmmem-verify-"
 MAX_LINKED_ENTRIES = 2_000  # a folder with more: only the copy (relative paths may not hold)
 
 
-def uri_argument(arguments: Any) -> str | None:
-    if isinstance(arguments, (list, tuple)) and arguments:
-        first = arguments[0]
-        if isinstance(first, str):
-            return first
-        if isinstance(first, dict) and isinstance(first.get("uri"), str):
-            return first["uri"]
-    return None
-
-
 def simulation_blocker(analysis: Analysis | None) -> str | None:
     """Why a simulated step (`llmmem verify --simulate`) cannot run this plan here, or None."""
     import importlib.util
@@ -144,6 +134,8 @@ async def verify(ls: LlmmemServer, arguments: list[Any]) -> dict[str, Any]:
     """See the module's doc. Arguments: [uri] or [uri, {"simulate": true}] or
     [uri, {"device": "cpu"}]; none, or no URI first, is refused with InvalidParams before
     this runs (`protocol`)."""
+    from llmmem_lsp.protocol import uri_argument
+
     given = uri_argument(arguments)
     if given is None:
         return {"ok": False, "message": "no document to verify"}
