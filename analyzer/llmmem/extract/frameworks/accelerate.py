@@ -9,6 +9,7 @@ from typing import Any
 
 from llmmem.extract.frameworks.common import (
     DocumentReader,
+    Setting,
     as_bool,
     as_int,
     as_text,
@@ -16,6 +17,7 @@ from llmmem.extract.frameworks.common import (
 from llmmem.extract.frameworks.deepspeed import follow_deepspeed_file
 from llmmem.extract.frameworks.spelling import KeyWrite, Spelling
 from llmmem.extract.yaml_positions import KeyPath
+from llmmem.plan import Provenance
 
 
 def is_accelerate_config(value: dict[str, Any]) -> bool:
@@ -66,6 +68,7 @@ def read_accelerate(reader: DocumentReader) -> None:
             if device is not None:
                 reader.put(plan_key, device.lower() in ("cpu", "nvme"), (*block, key))
         reader.take((*block, "gradient_accumulation_steps"), "gradient_accumulation_steps", as_int)
+        read_accelerate_deepspeed_defaults(reader, block, kind)
         if reader.is_set((*block, "deepspeed_config_file")):
             reference = reader.converted((*block, "deepspeed_config_file"), as_text)
             if reference is not None:
@@ -75,6 +78,38 @@ def read_accelerate(reader: DocumentReader) -> None:
                 follow_deepspeed_file(reader, reference, (*block, "deepspeed_config_file"))
     if kind == "FSDP" or reader.is_set(("fsdp_config",)):
         read_accelerate_fsdp(reader, ("fsdp_config",))
+
+
+# DeepSpeed's own sections, which accelerate's deepspeed_config does not take
+DEEPSPEED_SECTIONS = ("zero_optimization", "bf16", "fp16", "train_micro_batch_size_per_gpu")
+
+
+def read_accelerate_deepspeed_defaults(reader: DocumentReader, block: KeyPath, kind: str) -> None:
+    """accelerate (1.15.0) copies deepspeed_config's keys onto its launch arguments: only its
+    own (zero_stage, offload_*_device, gradient_accumulation_steps, ...) reach the
+    DeepSpeedPlugin, whose zero_stage is 2 when none is given (ACCELERATE_DEEPSPEED_ZERO_STAGE,
+    utils/dataclasses.py); a DeepSpeed config written inside the block is not read by it."""
+    nested = [key for key in DEEPSPEED_SECTIONS if reader.is_set((*block, key))]
+    if nested:
+        reader.problem(
+            (*block, nested[0]),
+            f"deepspeed_config holds DeepSpeed's own {', '.join(nested)}: accelerate takes "
+            "only its flat keys (zero_stage, offload_optimizer_device, ...) and ignores these; "
+            "put them in a JSON named by deepspeed_config_file",
+        )
+    if kind != "DEEPSPEED" or reader.is_set((*block, "zero_stage")):
+        return
+    if reader.is_set((*block, "deepspeed_config_file")):
+        return
+    reader.reading.settings.append(
+        Setting(
+            "distributed.zero_stage",
+            2,
+            Provenance.DEFAULT,
+            reader.range(("distributed_type",)),
+            "accelerate's DeepSpeedPlugin zero_stage default",
+        )
+    )
 
 
 def read_accelerate_fsdp(reader: DocumentReader, block: KeyPath) -> None:

@@ -195,6 +195,10 @@ def follow_deepspeed_file(reader: DocumentReader, reference: str, path: KeyPath)
     merge_deepspeed(reader.reading, referenced, referenced.deepspeed_auto_keys)
 
 
+# `no_offload`, `nooffload`, `without_offload`, `wo_offload`: a name that says there is none
+NO_OFFLOAD_NAME = re.compile(r"(?:no|without|wo|non)[_\-]?offload")
+
+
 def deepspeed_stage_from_name(reader: DocumentReader, reference: str, path: KeyPath) -> str:
     """axolotl and LLaMA-Factory name their bundled configs by stage (zero3_bf16.json,
     ds_z2_offload_config.json): when the file is not here, its name is still a good guess."""
@@ -208,7 +212,7 @@ def deepspeed_stage_from_name(reader: DocumentReader, reference: str, path: KeyP
         Setting("distributed.zero_stage", stage, Provenance.ASSUMED, located, note)
     )
     name = Path(reference).name.lower()
-    if "offload" in name:
+    if "offload" in name and not NO_OFFLOAD_NAME.search(name):
         reader.reading.settings.append(
             Setting(
                 "distributed.offload_optimizer",
