@@ -151,3 +151,13 @@ def test_fix_writes_a_new_flag_inside_the_string(tmp_path: Path) -> None:
     assert fixed.rstrip().endswith('"')  # every flag written inside the quoted command
     plan = extract_plan(target)
     assert plan.gradient_checkpointing.value is True
+
+
+def test_a_plain_python_launch_runs_one_process(tmp_path: Path) -> None:
+    plan = inline(tmp_path, "CUDA_VISIBLE_DEVICES=0,1 python train_x.py --bf16\n")
+    assert plan.distributed.world_size.value == 1
+    assert plan.distributed.world_size.source.value == "explicit"
+    plan = inline(tmp_path, "tune run lora_finetune_single_device --config llama3_1/8B_lora\n")
+    assert plan.distributed.world_size.value == 1
+    plan = inline(tmp_path, "srun --ntasks 4 python train_x.py\n")
+    assert plan.distributed.world_size.value == 4

@@ -323,7 +323,7 @@ class PlanEmitter:
         known = settle(model.model_id)
         if self.pragma_gives("model_id"):
             pass
-        elif known is not None and isinstance(known.value, str):
+        elif known is not None and isinstance(known.value, str) and known.value.strip():
             note = (
                 "a PEFT adapter: the base model is named in its adapter_config.json"
                 if model.loader == "peft-adapter"
@@ -332,7 +332,9 @@ class PlanEmitter:
             self.set_known("model_id", known, note)
         else:
             reason = (
-                known.note
+                "empty: the command line must give it"
+                if known is not None and known.value == ""
+                else known.note
                 if known is not None and known.note
                 else model.model_id.reason
                 if isinstance(model.model_id, Unknown)

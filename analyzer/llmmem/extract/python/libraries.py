@@ -462,7 +462,23 @@ PEFT_CALLS: dict[str, Handler] = {
     "LoraConfig": lora_config,
     "get_peft_model": get_peft_model,
     "prepare_model_for_kbit_training": prepare_kbit,
+    # its name before PEFT 0.4 (8-bit only), still in alpaca-lora and its forks
+    "prepare_model_for_int8_training": prepare_kbit,
 }
+
+
+def snapshot_download(found: Findings, callee: Symbol, args: CallArgs) -> Value | None:
+    """`snapshot_download("Qwen/Qwen3-0.6B")` (huggingface_hub, modelscope): a local copy of
+    that repository, whose config.json is the repository's: the model is the id."""
+    repository = args.get("repo_id", 0) or args.get("model_id")
+    known = settle(repository) if repository is not None else None
+    if known is None or not isinstance(known.value, str):
+        return None
+    note = f"the local copy {callee.leaf}() makes of {known.value}"
+    return replace(known, note=_combine_notes(known.note, note))
+
+
+HUB_CALLS: dict[str, Handler] = {"snapshot_download": snapshot_download}
 
 BITSANDBYTES_CALLS: dict[str, Handler] = {"BitsAndBytesConfig": bitsandbytes_config}
 
@@ -473,6 +489,7 @@ ACCELERATE_CALLS: dict[str, Handler] = {"Accelerator": accelerator}
 CALLS_BY_LEAF: dict[str, Handler] = {
     **TRANSFORMERS_CALLS,
     **PEFT_CALLS,
+    **HUB_CALLS,
     **BITSANDBYTES_CALLS,
     **TORCH_CALLS,
     **ACCELERATE_CALLS,

@@ -87,6 +87,8 @@ class LaunchOptionReader:
             return
         if processes is not None and processes.text in ("gpu", "auto"):
             processes = None
+        if processes is None and self.one_process(launch):
+            return
         if processes is None:
             self.world_size_from_visible_devices(launch, environment)
             return
@@ -115,6 +117,28 @@ class LaunchOptionReader:
                 "",
             )
         )
+
+    def one_process(self, launch: Launch) -> bool:
+        """A launch that runs one training process whatever the machine has: `python x.py`
+        (not under srun, mpirun or another launcher) and torchtune's `*_single_device`
+        recipes."""
+        command = launch.command.words[0] if launch.command.words else None
+        if command is None:
+            return False
+        if launch.launcher == "python" and not launch.scheduler_options:
+            if launch.priority < 1:
+                return False  # a script not named like training: it may train nothing
+            note = "a plain python launch runs one process"
+        elif launch.launcher == "tune" and (launch.subcommand or "").endswith("_single_device"):
+            note = f"torchtune's {launch.subcommand} recipe runs on one device"
+        else:
+            return False
+        if launch.outer_launcher is not None:
+            return False
+        self.settings.append(
+            Setting("distributed.world_size", 1, Provenance.EXPLICIT, self.word_range(command), note)
+        )
+        return True
 
     def swift_single_process(self, environment: dict[str, ShellWord]) -> None:
         """ms-swift without NPROC_PER_NODE (or NNODES) runs one process (swift/cli/main.py
