@@ -636,10 +636,17 @@ class PlanBuilder:
 
     def _sequence_length(self, defaults: dict[str, object], default_note: str) -> Sourced[Any]:
         found = self._resolve("max_seq_length")
-        if found is not None:
-            return found
         prompt = self._resolve("max_prompt_length")
         completion = self._resolve("max_completion_length")
+        # a total that is only a default (GRPO's prompt + completion defaults, carried from a
+        # launched script) gives way to a completion length the file states
+        stated_completion = (
+            found is not None
+            and completion is not None
+            and PRECEDENCE[completion.source] > PRECEDENCE[found.source]
+        )
+        if found is not None and not stated_completion:
+            return found
         if prompt is not None or completion is not None or "max_prompt_length" in defaults:
             prompt = prompt or Sourced[Any](
                 value=defaults.get("max_prompt_length", 512),
