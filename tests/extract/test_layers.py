@@ -57,6 +57,7 @@ PACKAGE_ORDERS = {
         "training_evidence",
         "local_modules",
         "imports",
+        "token_cuts",
         "libraries",
         "arguments",
         "interpreter",

@@ -39,6 +39,7 @@ from llmmem.extract.python.libraries import (
 from llmmem.extract.python.local_modules import LocalModules
 from llmmem.extract.python.loops import counted_range, forget_fields, run_for, run_while
 from llmmem.extract.python.source import SourceMap
+from llmmem.extract.python.token_cuts import read_token_cut
 from llmmem.extract.python.values import (
     _EXIT_CALLS,
     _STOP_WHEN,
@@ -507,6 +508,8 @@ class ScriptReader(Findings):
         return Unknown(f"attribute `{name}`")
 
     def eval_subscript(self, node: ast.Subscript, scope: Scope) -> Value:
+        if isinstance(node.slice, ast.Slice):
+            read_token_cut(self, node, scope)
         owner = self.eval(node.value, scope)
         key = settle(self.eval(node.slice, scope))
         if isinstance(owner, Symbol):
