@@ -56,6 +56,8 @@ CASES: dict[str, tuple[dict[str, object], bool, str] | tuple[dict[str, object], 
     "z3-lora": ({"stage": 3, **AUTO}, True, ""),
     "z3-lora-ckpt": ({"stage": 3, **AUTO}, True, "\n    gradient_checkpointing=True,"),
     "z3-reuse0": ({"stage": 3, **AUTO, "stage3_max_reuse_distance": 0}, False, ""),
+    # a bucket the gradients fill before backward ends, reduce-scattered several times
+    "z3-bucket": ({"stage": 3, "reduce_bucket_size": 1_500_000}, False, ""),
     "z2-1rank": ({"stage": 2, **AUTO}, False, "", 1),
     "z3-1rank": ({"stage": 3, **AUTO}, False, "", 1),
 }

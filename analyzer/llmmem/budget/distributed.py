@@ -10,6 +10,12 @@
   default since transformers 5) shards each parameter along its first dimension and pads it so
   that every rank holds the same number of rows: 8 experts stored as one (8, 2I, h) tensor over
   16 ranks leave one expert, an eighth, on every rank, not a sixteenth.
+
+ZeRO-3's optimizer step walks the rank's partition in sub-groups (DeepSpeed 0.19.8,
+runtime/zero/stage3.py): `_create_fp16_sub_groups` (:1210-1233) cuts each optimizer parameter
+group, in the parameters' order, into runs of at least `sub_group_size` partition elements
+(1e9 by default, runtime/zero/config.py:182), and `step` (:2873-2931) prepares, steps and
+releases one sub-group at a time: its fp32 gradient exists only while that sub-group steps.
 """
 
 from __future__ import annotations
@@ -19,7 +25,14 @@ from dataclasses import dataclass
 
 from llmmem.budget.setup import FsdpShard, TrainingSetup
 from llmmem.budget.weights import ParameterGroup
-from llmmem.models.spec import BlockGroup
+from llmmem.models.spec import BlockGroup, ModelSpec
+
+# DeepSpeed 0.19.8's `sub_group_size` (runtime/zero/config.py:182), which the HF trainer does not
+# fill in ("auto" is not one of its keys)
+DEEPSPEED_SUB_GROUP_SIZE = 1_000_000_000
+# the parameters the HF trainer leaves out of weight decay: a second optimizer parameter group,
+# cut into sub-groups of its own (trainer.py `get_decay_parameter_names`: biases and norms)
+NO_DECAY_KINDS = ("bias", "norm")
 
 
 @dataclass(frozen=True)
@@ -199,3 +212,58 @@ def gathered_block_params(block: BlockGroup, shard: Sharding) -> int:
             padded = math.ceil(lin.count / shard.shard_group) * shard.shard_group
             params += (padded - lin.count) * lin.params // lin.count
     return params
+
+
+def zero3_partition_order(
+    spec: ModelSpec, groups: list[ParameterGroup], world: int
+) -> list[list[int]]:
+    """Each optimizer parameter group's tensors as one rank's partitions, in the model's order
+    (the embeddings, each block's tensors, then the rest: the final norm and the head).
+
+    A parameter's partition is ceil(numel ÷ ranks) elements (stage3.py `partition_numel`, the
+    last rank padded); the HF trainer hands DeepSpeed two groups, the weights and the biases and
+    norms it exempts from weight decay."""
+    blocks = sum(b.count for b in spec.blocks)
+    decay: list[list[int]] = [[], [], []]  # before the blocks, per block, after them
+    no_decay: list[int] = []
+    per_block: list[int] = []
+    for group in groups:
+        share = math.ceil(group.numel / world)
+        if group.kind in NO_DECAY_KINDS:
+            no_decay += [share] * group.tensors
+        elif group.kind == "embedding":
+            decay[0] += [share] * group.tensors
+        elif blocks and group.tensors % blocks == 0 and group.kind not in ("head", "saved_copy"):
+            per_block += [share] * (group.tensors // blocks)
+        else:
+            decay[2] += [share] * group.tensors
+    decay[1] = per_block * blocks
+    ordered = [decay[0] + decay[1] + decay[2], no_decay]
+    return [sizes for sizes in ordered if sizes]
+
+
+def largest_sub_group(partitions: list[int], sub_group_size: int) -> int:
+    """The elements of the largest sub-group `_create_fp16_sub_groups` makes of one parameter
+    group (stage3.py:1210-1233): the whole group where it is no larger than `sub_group_size`,
+    else runs of parameters closed as soon as they reach it (the last run takes the rest)."""
+    total = sum(partitions)
+    if sub_group_size >= total:
+        return total
+    largest = run = 0
+    for size in partitions:
+        run += size
+        if run >= sub_group_size:
+            largest, run = max(largest, run), 0
+    return max(largest, run)
+
+
+def zero3_largest_sub_group(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    trainable: list[ParameterGroup],
+    sub_group_size: int = DEEPSPEED_SUB_GROUP_SIZE,
+) -> int:
+    """The elements of the largest sub-group ZeRO-3 steps at once on one rank."""
+    world = max(1, setup.distributed.world_size)
+    groups = zero3_partition_order(spec, trainable, world)
+    return max((largest_sub_group(sizes, sub_group_size) for sizes in groups), default=0)

@@ -2,18 +2,41 @@
 step's own buffers, as the setup's sharding, offload and optimizer leave them (DeepSpeed's fp32
 master copy and its buckets, a paged optimizer's unified memory, the optimizer in backward).
 Part of the one-step budget (budget.phases), which puts these terms at each moment.
+
+DeepSpeed ZeRO-3's step on a GPU, read in DeepSpeed 0.19.8 (runtime/zero/stage3.py):
+
+- `step` (:2873-2931) first frees every gathered parameter (`_partition_all_parameters`), checks
+  an fp16 gradient for overflow (`has_overflow`, :3009-3019: `torch.isinf(flat).any()` and
+  `isnan`, a bool per element of the rank's whole gradient partition, one at a time) and takes
+  the gradient norm (`get_grad_norm_direct`, :2419-2460: each parameter's partition copied to
+  fp64, `get_norm_dtype`, zero/utils.py:59-63, one tensor at a time);
+- then one sub-group at a time (distributed.largest_sub_group): `_prepare_fp32_grad_for_sub_group`
+  (:2683-2700) flattens the sub-group's 16-bit gradients into a new tensor and converts it to
+  fp32 (both alive for a moment: 2 + 4 B per element), the optimizer steps the sub-group's flat
+  fp32 master with that gradient (`_optimizer_step`, :1235-1262), and `_release_sub_group`
+  (:2731-2739) frees the fp32 gradient; the flat 16-bit gradient partition stays for the step;
+- the optimizer is DeepSpeed's own where the config has an `optimizer` section (engine.py
+  :2476-2493, `get_optimizer_configuration` :2377-2409): `FusedAdam` on a GPU, which updates
+  the parameter and both moments in place with one `multi_tensor_apply` kernel
+  (ops/adam/fused_adam.py:129-193) and allocates nothing but its states (`zeros_like`, lazily
+  in the first step); otherwise the trainer's own torch optimizer, whose foreach implementation
+  makes a parameter-sized `_foreach_sqrt` of the sub-group (the CPU accelerator's checks run
+  this one: bench/zero_grid.py).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from llmmem.budget.distributed import (
+    DEEPSPEED_SUB_GROUP_SIZE,
     Sharding,
     overlaps_communication,
     persistent_groups,
     reduce_bucket_elements,
+    zero3_largest_sub_group,
 )
 from llmmem.budget.optimizers import OptimizerSpec
 from llmmem.budget.result import Term
@@ -47,6 +70,9 @@ class StateTerms:
     persistent_bytes: int = 0  # ZeRO-3's whole copies of small parameters, in the weights
     # a paged optimizer's states in CUDA unified memory: outside torch's allocator and the states
     unified_bytes: int = 0
+    # ZeRO-3 over 16-bit weights: the step's temporaries are its largest sub-group's (in
+    # step_temporaries), not a copy of the whole gradient partition
+    zero3_sub_groups: bool = False
 
 
 def model_state_terms(
@@ -137,6 +163,9 @@ def model_state_terms(
             else ""
         ),
     )
+    zero3 = setup.distributed.zero_stage == 3 and shard.master_weights
+    if zero3 and not shard.offload_states:
+        step = zero3_step_temporaries(spec, setup, trainable, optim, shard)
     # the gradients that exist once the head's backward is done: the head's own (an untied
     # embedding's comes only at the very end of backward; a tied one is the head's), and the
     # trainable copies of modules_to_save
@@ -153,7 +182,62 @@ def model_state_terms(
         round(head),
         sum(g.bytes for g in persistent),
         unified,
+        zero3_sub_groups=zero3 and not shard.offload_states,
     )
+
+
+def zero3_step_temporaries(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    trainable: list[ParameterGroup],
+    optim: OptimizerSpec,
+    shard: Sharding,
+) -> Term:
+    """What ZeRO-3's step allocates besides the states, at its largest moment (see the module's
+    docstring): the largest sub-group's flattened 16-bit gradient and its fp32 copy while it is
+    prepared, or that fp32 gradient and the optimizer's own buffers over the sub-group while it
+    steps; before them, an fp16 step's overflow check and the fp64 copy the norm makes of the
+    largest parameter's partition."""
+    sub = zero3_largest_sub_group(spec, setup, trainable)
+    world = max(1, shard.shard_group)
+    partition = sum(math.ceil(g.numel / world) * g.tensors for g in trainable)
+    largest_tensor = max((math.ceil(g.numel / world) for g in trainable), default=0)
+    sub_group = ParameterGroup("sub-group", "linear", 1, sub, 1, 4.0, True)
+    optimizer_buffers = optim.step_temporary_bytes([sub_group])
+    prepare = (2 + 4) * sub
+    stepping = 4 * sub + optimizer_buffers
+    fp16 = not setup.precision.uses_bf16
+    overflow = partition if fp16 else 0
+    norm = 8 * largest_tensor
+    moments = [
+        (
+            prepare,
+            f"the largest sub-group's 16-bit gradients flattened and copied to fp32 "
+            f"((2 + 4) B × {format_count(sub)}, sub_group_size "
+            f"{format_count(DEEPSPEED_SUB_GROUP_SIZE)})",
+        ),
+        (
+            stepping,
+            f"the largest sub-group's fp32 gradient (4 B × {format_count(sub)}) + "
+            + (
+                f"the {optim.implementation} step's buffers over it "
+                f"({format_bytes(optimizer_buffers)})"
+                if optimizer_buffers
+                else f"{optim.label}: nothing more (in place)"
+            ),
+        ),
+        (
+            overflow,
+            f"the fp16 overflow check: a bool per element of the gradient partition "
+            f"({format_count(partition)})",
+        ),
+        (
+            norm,
+            f"the norm's fp64 copy of the largest partition (8 B × {format_count(largest_tensor)})",
+        ),
+    ]
+    biggest, text = max(moments, key=lambda m: m[0])
+    return Term(bytes=biggest, formula="DeepSpeed ZeRO-3's step, one sub-group at a time: " + text)
 
 
 def _state_dtype_text(optim: OptimizerSpec) -> str:
@@ -227,7 +311,13 @@ def zero_buffers(
         + f"reduce_bucket_size {format_count(elements)}{auto} × {size} B"
     )
     stage3 = d.zero_stage == 3
-    grad_fp32 = 2 * st.gradients.bytes if shard.master_weights and not shard.offload_states else 0
+    # ZeRO-1/2 copy the whole 16-bit gradient partition to fp32 for the step; ZeRO-3 does it one
+    # sub-group at a time (in the step's temporaries)
+    grad_fp32 = (
+        2 * st.gradients.bytes
+        if shard.master_weights and not shard.offload_states and not st.zero3_sub_groups
+        else 0
+    )
     return ZeroBuffers(
         bucket=bucket,
         text=text,

@@ -18,6 +18,15 @@ cudaMemPrefetchAsync); the driver keeps them there while the GPU has room and mo
 to the host when device allocations need it. So `torch.cuda.max_memory_allocated` and
 `max_memory_reserved` never count them; the pages resident on the GPU take device memory beside
 the caching allocator's pool.
+
+DeepSpeed builds its own optimizer where its config has an `optimizer` section (DeepSpeed 0.19.8,
+runtime/engine.py `_configure_basic_optimizer` :2476-2493 and `get_optimizer_configuration`
+:2377-2409): Adam and AdamW are `FusedAdam` on a GPU (`DeepSpeedCPUAdam` with the optimizer
+offloaded, torch's with `torch_adam: true`), Lion `FusedLion`. `FusedAdam` keeps its two moments
+as `zeros_like` of the (fp32 master) parameter and updates parameter and moments in place with
+one `multi_tensor_apply` launch over every tensor of a group (ops/adam/fused_adam.py:129-193):
+no temporaries, unlike torch's foreach AdamW, whose `_foreach_sqrt` makes a parameter-sized
+list. Without an `optimizer` section the HF trainer hands DeepSpeed its own torch optimizer.
 """
 
 from __future__ import annotations
@@ -123,6 +132,20 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
         _spec("adamw_hf", "transformers AdamW, per-parameter loop", 2, "param", "for-loop"),
         _spec("adamw_torch_xla", "torch AdamW on XLA", 2, "param", "foreach"),
         _spec("adamw_apex_fused", "apex FusedAdam", 2, "fp32", "fused"),
+        _spec(
+            "deepspeed_fused_adam",
+            "DeepSpeed FusedAdam (one multi_tensor_apply kernel, in place)",
+            2,
+            "param",
+            "fused",
+        ),
+        _spec(
+            "deepspeed_fused_lion",
+            "DeepSpeed FusedLion (one multi_tensor_apply kernel, in place)",
+            1,
+            "param",
+            "fused",
+        ),
         _spec("adamw_anyprecision", "AnyPrecision AdamW", 2, "param", "for-loop"),
         _spec("adam", "torch Adam, foreach implementation", 2, "param", "foreach"),
         _spec(
@@ -200,6 +223,12 @@ ALIASES: dict[str, str] = {
     "transformers.optimization.adafactor": "adafactor",
     "transformers.adafactor": "adafactor",
     "galore_adamw": "adamw_torch",
+    # DeepSpeed's config `"optimizer": {"type": "AdamW"}` on a GPU, and its class names
+    "deepspeed_adamw": "deepspeed_fused_adam",
+    "deepspeed_adam": "deepspeed_fused_adam",
+    "deepspeed.ops.adam.fusedadam": "deepspeed_fused_adam",
+    "deepspeed_lion": "deepspeed_fused_lion",
+    "deepspeed.ops.lion.fusedlion": "deepspeed_fused_lion",
 }
 
 
