@@ -123,6 +123,15 @@ def dataset_for(objective: str, vocab: int, seq: int, rows: int = 8) -> Any:
     )
 
 
+def token_rows_for(vocab: int, seq: int, rows: int = 8) -> Any:
+    """SFT's rows, already tokenized: `seq` token ids each (no text: SFTTrainer keeps an
+    `input_ids` column as it is, truncated to `max_length`), none of them the padding token,
+    so every row is exactly `seq` long and every label counts."""
+    return Dataset.from_dict(
+        {"input_ids": [[3 + (7 * i + j) % (vocab - 3) for j in range(seq)] for i in range(rows)]}
+    )
+
+
 def prompts_for(vocab: int, prompt: int, rows: int = 16) -> Any:
     """GRPO's prompts: `prompt` words each, no completion (the policy writes it)."""
     return Dataset.from_dict(
@@ -147,6 +156,10 @@ def trl_major() -> int:
 
 
 def trainer_classes(objective: str) -> tuple[Any, Any]:
+    if objective == "sft":
+        from trl import SFTConfig, SFTTrainer
+
+        return SFTConfig, SFTTrainer
     if objective == "grpo":
         from trl import GRPOConfig, GRPOTrainer
 
@@ -226,7 +239,7 @@ def run(case: dict[str, Any]) -> dict[str, Any]:
 
         def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             if tracker.armed:
-                note("backward" if objective == "grpo" else "step")
+                note("backward" if objective in ("grpo", "sft") else "step")
             tracker.reset_peak("temporaries")
             tracker.where, tracker.live = "optimizer step", []
 
@@ -269,6 +282,9 @@ def run(case: dict[str, Any]) -> dict[str, Any]:
         )
         extra["reward_funcs"] = reward_length
         data = prompts_for(vocab, int(case["prompt"]))
+    elif objective == "sft":
+        args = config_class(**common, max_length=seq)
+        data = token_rows_for(vocab, seq)
     else:
         args = config_class(**common, max_length=seq)
         data = dataset_for(objective, vocab, seq)
@@ -284,13 +300,31 @@ def run(case: dict[str, Any]) -> dict[str, Any]:
         )
         if objective == "grpo":
             split_grpo_phases(trainer, tracker, note)
+        elif objective == "sft":
+            split_sft_phases(trainer, tracker, note)
         trainer.train()
-    if objective == "grpo":
+    if objective in ("grpo", "sft"):
         phases = [k for k in ("generate", "reference_forward", "forward", "backward") if k in seen]
         top = max(phases, key=lambda k: seen[k])
         seen["step"], seen["step where"] = seen[top], f"{top}: {seen[top + ' where']}"
     seen["peak"] = max(seen["step"], seen["optimizer"])
     return seen
+
+
+def split_sft_phases(trainer: Any, tracker: PeakTracker, note: Any) -> None:
+    """Note the forward's peak where SFTTrainer's `compute_loss` returns (the forward, the loss
+    and its metrics); backward runs on to `on_pre_optimizer_step` (noted as "backward")."""
+    compute_loss = trainer.compute_loss
+
+    def loss(*a: Any, **kw: Any) -> Any:
+        out = compute_loss(*a, **kw)
+        if tracker.armed:
+            note("forward")
+        tracker.reset_peak("temporaries")
+        tracker.where, tracker.live = "", []
+        return out
+
+    trainer.compute_loss = loss
 
 
 def split_grpo_phases(trainer: Any, tracker: PeakTracker, note: Any) -> None:

@@ -58,7 +58,9 @@ def sharding_label(setup: TrainingSetup) -> str:
 def band_class(setup: TrainingSetup, metric: str = DEVICE) -> str:
     """The class of a prediction for `metric`: framework/method/metric/sharding."""
     method = "generate" if setup.mode.value == "generate" else setup.method.value
-    return f"{setup.framework.value}/{method}/{metric}/{sharding_label(setup)}"
+    # TRL's SFTTrainer runs the HF Trainer: its runs are the HF class's
+    framework = "hf" if setup.framework.value == "trl" else setup.framework.value
+    return f"{framework}/{method}/{metric}/{sharding_label(setup)}"
 
 
 @cache

@@ -38,7 +38,7 @@ def fsdp1_retained_inputs(spec: ModelSpec, setup: TrainingSetup) -> tuple[int, s
         and setup.distributed.fsdp is not None
         and setup.distributed.world_size > 1
         and setup.method is not Method.FULL
-        and setup.framework is Framework.HF
+        and setup.framework in (Framework.HF, Framework.TRL)  # the HF Trainer's wrapping
         and setup.checkpoints_reentrant
         and setup.transformers_release < (5, 0)
     ):

@@ -26,6 +26,16 @@ class LogitsMoments:
     formula_forward: str
     formula_backward: str
     formula_head: str
+    # what the trainer computes from the model's outputs once the forward has returned, before
+    # backward (TRL's SFTTrainer metrics: llmmem.budget.stacks.trl): the logits' bytes then,
+    # 0 where nothing runs there
+    after_forward: int = 0
+    formula_after_forward: str = ""
+    # the weight copies left then (autocast's cache is gone with the prepared forward's
+    # context); None: as when the loss is computed
+    copies_after_forward: int | None = None
+    # the name of `backward_start`'s moment
+    moment_backward: str = "start of backward: log-softmax gradient"
 
 
 def logits_count(spec: ModelSpec, setup: TrainingSetup) -> int:

@@ -371,6 +371,25 @@ def estimate_budget(
             Component.TEMPORARIES: forward_temp,
         },
     )
+    if logits.after_forward:
+        # the trainer's own work on the outputs (TRL SFTTrainer's metrics), forward returned
+        left = logits.copies_after_forward
+        metrics = phase(
+            Phase.FORWARD,
+            "after forward: the trainer's metrics on the outputs",
+            {
+                **in_forward,
+                Component.WEIGHT_COPIES: Term(bytes=copies_fwd, formula=copies_text)
+                if left is None
+                else Term(bytes=left, formula="autocast's cast of the head, kept by its matmul"),
+                Component.ACTIVATIONS: activations,
+                Component.LOGITS: Term(
+                    bytes=logits.after_forward, formula=logits.formula_after_forward
+                ),
+                Component.TEMPORARIES: temp_fwd,
+            },
+        )
+        forward = max(forward, metrics, key=lambda p: p.allocated_bytes)
     dequantized = f" + {copies_text}" if copies_block else ""
     # a checkpointed block's forward keeps nothing, but holds its own tensors while it runs:
     # at its MLP (where its largest Linears are) its residual, its MLP's input, one more
@@ -492,7 +511,7 @@ def estimate_budget(
     )
     backward_moments = [
         (
-            "start of backward: log-softmax gradient",
+            logits.moment_backward,
             {
                 Component.LOGITS: Term(
                     bytes=logits.backward_start, formula=logits.formula_backward

@@ -144,6 +144,9 @@ class Framework(str, Enum):
     PLAIN = "plain"
     # torchtune's own model code, recipes and stack (llmmem.budget.stacks.torchtune)
     TORCHTUNE = "torchtune"
+    # TRL's SFTTrainer around transformers models: the HF stack with its release's own loss
+    # and metrics (llmmem.budget.stacks.trl; `trl_version` says which release)
+    TRL = "trl"
 
 
 class Mode(str, Enum):
@@ -370,6 +373,10 @@ class TrainingSetup:
     # backward instead of saving their outputs, so the step saves no more than eager's and no
     # less than checkpointing would keep (see budget.phases.compile_floor_text)
     compile: bool = False
+    # the device runs Triton kernels (CUDA, XPU); False on one without (the CPU), where TRL's
+    # fused LM head scores every position and folds its tiles in torch ops
+    # (llmmem.budget.fused_head_bytes)
+    triton: bool = True
 
     def __post_init__(self) -> None:
         _set(self, "mode", _as_enum(Mode, self.mode, "mode"))

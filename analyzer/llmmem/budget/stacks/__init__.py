@@ -11,8 +11,9 @@ from __future__ import annotations
 from llmmem.budget.setup import Framework
 from llmmem.budget.stacks.hf import HF_STACK, Stack
 from llmmem.budget.stacks.torchtune import TORCHTUNE_STACK
+from llmmem.budget.stacks.trl import TRL_STACK
 
-STACKS: dict[Framework, Stack] = {Framework.TORCHTUNE: TORCHTUNE_STACK}
+STACKS: dict[Framework, Stack] = {Framework.TORCHTUNE: TORCHTUNE_STACK, Framework.TRL: TRL_STACK}
 
 
 def stack_for(framework: Framework) -> Stack:
