@@ -756,7 +756,10 @@ def _framework_provenance(args: argparse.Namespace, setup: TrainingSetup) -> str
     if name == "torchtune":
         return "flag: torchtune's own stack (llmmem.budget.stacks.torchtune)"
     if name == "litgpt":
-        return "flag: LitGPT's own model code (fused qkv, its LoRA, its chunked loss)"
+        return (
+            "flag: LitGPT's own model code and stack (llmmem.budget.stacks.litgpt: a head of "
+            "its own, Lightning's 4-bit head, its chunked loss)"
+        )
     if name == "plain":
         return "flag: a loop of the script's own (the HF Trainer's FSDP wrapping not assumed)"
     return "flag"
