@@ -494,8 +494,10 @@ def resolve_spec(ref: str, hub: bool) -> ModelSpec:
 
 
 def build_setup(
-    args: argparse.Namespace, spec: ModelSpec, gpu: GpuTarget | None
+    args: argparse.Namespace, spec: ModelSpec, gpu: GpuTarget | None, *, supervised: bool = True
 ) -> tuple[TrainingSetup, dict[str, str]]:
+    """The setup the flags ask for; `supervised`: an SFT step (no preference objective), which
+    `--framework trl` with a known TRL release sizes as that release's SFTTrainer."""
     prov: dict[str, str] = {}
     method = Method(_pick(args, "method", prov))
     if getattr(args, "quant", None) and args.method is None:
@@ -722,6 +724,9 @@ def build_setup(
         if trl_release is not None:
             # the preference budgets count one TRL release's own moments for that release only
             setup = replace(setup, trl_version=trl_release)
+            if framework_name == "trl" and supervised:
+                # that release's SFTTrainer: its loss and metrics (llmmem.budget.stacks.trl)
+                setup = replace(setup, framework=Framework.TRL)
         setup = _trl_on_kbit(args, setup, prov)
         if setup.framework is Framework.LITGPT and getattr(args, "loss", None) is None:
             # litgpt's finetune scripts compute chunked_cross_entropy (128 positions a chunk)
@@ -743,6 +748,11 @@ def _framework_provenance(args: argparse.Namespace, setup: TrainingSetup) -> str
     name = getattr(args, "framework", None)
     if name is None:
         return "default (hf)"
+    if name == "trl" and setup.framework is Framework.TRL:
+        return (
+            f"flag: TRL {setup.trl_version}'s SFTTrainer (its loss and metrics, its "
+            "checkpointing, its k-bit preparation)"
+        )
     if name == "trl" and setup.trl_version is not None:
         return (
             f"flag: the HF budget with TRL {setup.trl_version}'s SFTTrainer rules "
@@ -966,7 +976,7 @@ def run_estimate(args: argparse.Namespace) -> int:
     grpo = getattr(preference, "grpo", None)
     if grpo is not None:
         args.seq = grpo.seq  # the policy's sequence: prompt + completion
-    setup, prov = build_setup(args, spec, gpu)
+    setup, prov = build_setup(args, spec, gpu, supervised=preference is None)
     if preference is not None:
         from llmmem.preference_plan import autocast_as_mixed_precision
 

@@ -104,6 +104,25 @@ def _trl_checkpointing(plan: TrainingPlan, analysis: Analysis) -> None:
     analysis.setup, _ = sft_trainer_checkpointing(analysis.setup, str(found.version))
 
 
+def _trl_sft_stack(plan: TrainingPlan, analysis: Analysis) -> None:
+    """TRL's SFTTrainer with its release known (the environment's or the lock files'): that
+    release's own stack, its loss and metrics (llmmem.budget.stacks.trl). Its other trainers
+    are the preference budgets'; unsloth's patched SFTTrainer keeps the HF budget."""
+    trainer = plan.extra.get("trainer")
+    objective = str(plan.objective.value).lower() if plan.objective is not None else "sft"
+    unsloth = plan.extra.get("unsloth")
+    if (
+        analysis.setup is None
+        or "trl" not in analysis.versions
+        or plan.framework != "trl"
+        or getattr(trainer, "value", trainer) not in (None, "SFTTrainer")
+        or objective != "sft"
+        or getattr(unsloth, "value", unsloth)
+    ):
+        return
+    analysis.setup = replace(analysis.setup, framework=Framework.TRL)
+
+
 def setup_from_plan(plan: TrainingPlan, spec: ModelSpec) -> TrainingSetup:
     """The accounting core's setup for a plan; raises SetupError for an impossible plan."""
     quant = None
@@ -369,6 +388,7 @@ def analyze(
         analysis.setup = apply_to_setup(analysis.setup, analysis.versions)
         trl_note = _trl_on_kbit(plan, analysis)
         _trl_checkpointing(plan, analysis)
+        _trl_sft_stack(plan, analysis)
         note = loaded_dtype_note(plan, analysis.spec)
         if note and analysis.setup.transformers_release < (5, 0):
             # before transformers 5, from_pretrained without dtype= loads torch's default

@@ -63,9 +63,10 @@ def test_frameworks_on_the_hf_trainer_say_they_are_the_hf_budget(
 
 def test_trl_with_its_release_says_which_rules_it_adds(estimate: Any) -> None:
     args = (*LLAMA_8B, "--method", "qlora", "--framework", "trl", "--versions", "trl=0.21")
-    said = estimate(*args)["setup"]["provenance"]["framework"]
-    assert said == (
-        "flag: the HF budget with TRL 0.21's SFTTrainer rules (its checkpointing, its k-bit "
+    report = estimate(*args)
+    assert report["setup"]["values"]["framework"] == "trl"
+    assert report["setup"]["provenance"]["framework"] == (
+        "flag: TRL 0.21's SFTTrainer (its loss and metrics, its checkpointing, its k-bit "
         "preparation)"
     )
 

@@ -138,7 +138,7 @@ def preflight(
         _print(result.report(), file)
         return result
     try:
-        result = _analyse(reading, gpu or detected_gpu(), script)
+        result = _analyse(reading, gpu or detected_gpu(), script, triton=_runs_triton(model))
     finally:
         reading.close()
     fits = result.fits
@@ -200,7 +200,17 @@ def running_script() -> Path:
     return path.absolute()
 
 
-def _analyse(reading: Any, gpu: str | None, script: Any) -> Preflight:
+def _runs_triton(model: Any) -> bool:
+    """Whether the model's device runs Triton kernels (CUDA, XPU), as TRL's fused LM head asks
+    before folding its tiles in them; a model on the CPU does not."""
+    try:
+        device = next(iter(model.parameters())).device.type
+    except (AttributeError, StopIteration, TypeError):
+        return True
+    return device in ("cuda", "xpu")
+
+
+def _analyse(reading: Any, gpu: str | None, script: Any, *, triton: bool = True) -> Preflight:
     from llmmem.budget.phases import estimate_budget
     from llmmem.calibration.store import with_local_evidence
     from llmmem.scenario import analyze
@@ -228,6 +238,7 @@ def _analyse(reading: Any, gpu: str | None, script: Any) -> Preflight:
             analysis.spec, model_id=reading.model_id, source_detail="the running model's config"
         )
     setup = analysis.setup
+    refit = False
     if (
         setup is not None
         and setup.lora is not None
@@ -236,6 +247,17 @@ def _analyse(reading: Any, gpu: str | None, script: Any) -> Preflight:
         and analysis.budget is not None
     ):  # the adapters' dtype as the model holds them, which no file states
         setup = replace(setup, lora=replace(setup.lora, adapter_bytes=reading.adapter_bytes))
+        refit = True
+    if (
+        setup is not None
+        and setup.framework.value == "trl"
+        and setup.triton != triton
+        and analysis.budget is not None
+    ):  # the step as this device runs it: TRL's fused LM head without Triton scores every
+        # position and folds its tiles in torch (llmmem.budget.stacks.trl)
+        setup = replace(setup, triton=triton)
+        refit = True
+    if refit and setup is not None:
         analysis.setup = setup
         budget = estimate_budget(analysis.spec, setup, analysis.gpu)
         analysis.budget = with_local_evidence(budget, path, plan.framework)
