@@ -57,7 +57,7 @@ from llmmem.budget.overheads import (
 )
 from llmmem.budget.result import Budget, Component, GpuTarget, Overhead, Phase, PhaseBudget, Term
 from llmmem.budget.setup import Method, Mode, Precision, TrainingSetup
-from llmmem.budget.stacks import stack_for
+from llmmem.budget.stacks import own_inventory, own_model, stack_for
 from llmmem.budget.weights import Inventory, build_inventory
 from llmmem.models.spec import ModelSpec
 from llmmem.units import format_bytes
@@ -154,6 +154,7 @@ def estimate_budget(
     stack = stack_for(setup.framework)
     stack.check(setup)
     setup = stack.prepare(setup)
+    spec = own_model(stack, spec, setup)
     exact_offload = setup.activation_offload and stack.offload_is_exact
     if offloaded is None and ((setup.activation_offload and not exact_offload) or setup.compile):
         kept = estimate_budget(
@@ -194,6 +195,7 @@ def estimate_budget(
         quantized_bytes=stack.quantized_bytes(setup),
         buffers=stack.buffers(spec, setup),
     )
+    inv = own_inventory(stack, spec, setup, inv)
     optim = find_optimizer(setup.optim)
     st = model_state_terms(spec, setup, inv, optim, shard)
     rules = stack.block_rules(run)

@@ -1,0 +1,178 @@
+"""LitGPT's own training stack, as `litgpt finetune lora|full` runs a step.
+
+Read in LitGPT 0.4.0 (the config hub's 2024 rows ran its `main` of that spring; its pyproject pins
+lightning 2.3.0.dev20240428 and bitsandbytes 0.42.0), Lightning 2.3.0.dev20240428 and bitsandbytes
+0.42.0 and 0.50.2; file:line at those releases:
+
+What it builds and casts
+- The model is built under `fabric.init_module()` (finetune/lora.py:172-173) in the precision's
+  dtype: with `bf16-true` every parameter, the LoRA `lora_A`/`lora_B` too (lora.py:121-122, plain
+  `nn.Parameter`s), is bf16. Nothing is upcast: there is no k-bit preparation.
+- The head is a Linear of its own (`self.lm_head = LoRALinear(...)`, lora.py:504; model.py
+  likewise) beside `transformer.wte` (lora.py:514): LitGPT of that time has no weight tying, so
+  a model whose Hugging Face config ties them (Llama 3.2, Gemma) trains with a separate head.
+- `--quantize bnb.nf4|bnb.nf4-dq|bnb.fp4|...` is Lightning's `BitsandbytesPrecision(mode, dtype)`
+  (finetune/lora.py:124-133) without `ignore_modules`: `convert_module` replaces every
+  `torch.nn.Linear` (plugins/precision/bitsandbytes.py:103-115, `_convert_layers` :415-438), the
+  head's too, by a 4-bit layer. Its `quantize` casts each weight to fp16 first (:335-341), so
+  the layer's quant state is fp16 whatever the training dtype.
+
+Its loss
+- `model(input_ids, lm_head_chunk_size=128)` (finetune/lora.py:287) applies the head to each run
+  of 128 positions and returns the chunks' logits in the model's dtype (lora.py:546-548);
+  `chunked_cross_entropy` (utils.py:248-277) takes each chunk's cross-entropy in that dtype (no
+  upcast): the shared budget's chunked loss (budget.logits).
+- With a 4-bit head, each chunk's head call dequantizes the whole head. bitsandbytes 0.42's
+  `MatMul4Bit.forward` does it as `dequantize_4bit(B, quant_state).to(A.dtype)` (fp16, then a
+  bf16 copy: 4 B per value of the head alive at once); from bitsandbytes 0.46 the forward is the
+  `gemm_4bit` op, which dequantizes straight to the input's dtype (backends/default/ops.py
+  :323-342, 2 B). Backward (the head is frozen but its input needs a gradient) dequantizes again,
+  `dequantize_4bit(B, ctx.state).to(grad_output.dtype)` (autograd/_functions.py:384 in 0.50.2):
+  fp16 and bf16, 4 B per value, in every release. The blocks' 4-bit Linears do the same.
+
+Its blocks
+- The attention's fused qkv and LoRA's zero-padded q/v output (`index_copy`, whose backward keeps
+  its source) are the shared block rules' LitGPT cases (budget.activations).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from llmmem.budget.activations import dtypes_for
+from llmmem.budget.logits import logits_count, logits_hole, logits_moments
+from llmmem.budget.setup import LossImpl, Method, TrainingSetup
+from llmmem.budget.stacks.hf import LossMoments, Stack, WeightCopies
+from llmmem.budget.weights import Inventory, bitsandbytes_bytes
+from llmmem.models.spec import ModelSpec
+from llmmem.units import format_bytes, format_count
+
+RELEASE = "0.4.0"
+# Lightning quantizes every weight from fp16 (plugins/precision/bitsandbytes.py:335)
+QUANT_STATE_BYTES = 2
+
+
+def dequantized_bytes(setup: TrainingSetup, values: int, *, backward: bool) -> int:
+    """The bytes alive while a 4-bit weight of `values` values is dequantized for a matmul:
+    the fp16 dequantization and, where the model computes in another 16-bit dtype, its cast
+    (forward from bitsandbytes 0.46 dequantizes straight to the input's dtype)."""
+    compute = dtypes_for(setup).compute
+    quant = setup.quant
+    direct = quant is not None and quant.bitsandbytes_release >= (0, 46) and not backward
+    if direct or compute == QUANT_STATE_BYTES and not setup.precision.uses_bf16:
+        return compute * values
+    return (QUANT_STATE_BYTES + compute) * values
+
+
+def untied(spec: ModelSpec) -> ModelSpec:
+    """The model with a head of its own, as LitGPT builds every model."""
+    if not spec.is_causal_lm or not spec.tie_word_embeddings:
+        return spec
+    head = spec.vocab_size * spec.hidden_size
+    return replace(
+        spec,
+        tie_word_embeddings=False,
+        params=replace(spec.params, head=head),
+        notes=[*spec.notes, "LitGPT ties no weights: the head is a Linear of its own"],
+    )
+
+
+class LitgptStack(Stack):
+    name = "litgpt"
+
+    def prepare(self, setup: TrainingSetup) -> TrainingSetup:
+        weight = setup.precision.weight_bytes
+        if setup.lora is not None and setup.lora.adapter_bytes != weight:
+            setup = replace(setup, lora=replace(setup.lora, adapter_bytes=weight))
+        if setup.quant is not None and (
+            setup.quant.prepare_for_kbit_training or setup.quant.embeddings_16bit
+        ):
+            quant = replace(setup.quant, prepare_for_kbit_training=False, embeddings_16bit=False)
+            setup = replace(setup, quant=quant)
+        return setup
+
+    def model(self, spec: ModelSpec, setup: TrainingSetup) -> ModelSpec:
+        return untied(spec)
+
+    def inventory(self, spec: ModelSpec, setup: TrainingSetup, inv: Inventory) -> Inventory:
+        quant = setup.quant
+        if quant is None:
+            return inv
+        groups = [
+            replace(
+                g,
+                bytes_per_param=bitsandbytes_bytes(quant, g.cols, g.rows),
+                quantized=True,
+            )
+            if g.kind == "head" and not g.trainable
+            else g
+            for g in inv.groups
+        ]
+        note = "Lightning's bitsandbytes plugin quantizes every Linear, LitGPT's head too"
+        return replace(inv, groups=groups, notes=[*inv.notes, note])
+
+    def loss(self, spec: ModelSpec, setup: TrainingSetup) -> LossMoments | None:
+        if not spec.is_causal_lm or setup.loss is not LossImpl.CHUNKED:
+            return None
+        shared = logits_moments(spec, setup)
+        hole = logits_hole(spec, setup)
+        if setup.quant is None or setup.method is Method.FULL:
+            return LossMoments(shared, hole)
+        e = dtypes_for(setup).compute
+        head = spec.vocab_size * spec.hidden_size
+        forward = dequantized_bytes(setup, head, backward=False)
+        backward = dequantized_bytes(setup, head, backward=True)
+        logits = e * logits_count(spec, setup)
+        count = f"{format_count(head)} values"
+        at_head = logits + forward
+        moments = replace(
+            shared,
+            forward_end=max(shared.forward_end, at_head),
+            formula_forward=shared.formula_forward
+            if shared.forward_end >= at_head
+            else f"{e} B × N·V (the chunks' logits) + the 4-bit head dequantized for the last "
+            f"chunk ({count}: {format_bytes(forward)})",
+            head_backward=shared.head_backward + backward,
+            formula_head=shared.formula_head
+            + f" + the 4-bit head dequantized to fp16 and cast for a chunk's input gradient "
+            f"({count}: {format_bytes(backward)})",
+        )
+        return LossMoments(moments, hole)
+
+    def weight_copies(self, spec: ModelSpec, setup: TrainingSetup) -> WeightCopies | None:
+        if setup.quant is None:
+            return None
+        largest = max(
+            (
+                lin.out_features * lin.in_features
+                for group in spec.blocks
+                for lin in group.linears
+                if lin.role != "expert"
+            ),
+            default=0,
+        )
+        inside = dequantized_bytes(setup, largest, backward=True)
+        return WeightCopies(
+            at_loss=0,
+            backward_start=0,
+            recompute=inside,
+            in_block=inside,
+            formula=f"the largest 4-bit Linear ({format_count(largest)} values) dequantized to "
+            "fp16 and cast to the compute dtype",
+        )
+
+    def notes(self, spec: ModelSpec, setup: TrainingSetup) -> list[str]:
+        parts = ["its own model code (fused qkv, a head of its own, no tied weights)"]
+        if setup.lora is not None:
+            parts.append("LoRA weights in the model's dtype")
+        if setup.quant is not None:
+            parts.append(
+                "Lightning's bitsandbytes plugin on every Linear (the head too), quantized "
+                "from fp16, no k-bit preparation"
+            )
+        if setup.loss is LossImpl.CHUNKED:
+            parts.append("the head in chunks of 128 positions, chunked_cross_entropy")
+        return [f"LitGPT {RELEASE}'s stack: " + "; ".join(parts)]
+
+
+LITGPT_STACK = LitgptStack()

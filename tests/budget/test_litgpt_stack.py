@@ -1,0 +1,117 @@
+"""LitGPT's own stack (llmmem.budget.stacks.litgpt): where `litgpt finetune lora` holds other
+tensors than the Hugging Face stack of the same model.
+
+Each expected number is derived from LitGPT 0.4.0's, Lightning 2.3's and bitsandbytes' code (the
+stack module's docstring cites it): a head of its own beside the embeddings (no tying), every
+Linear 4-bit under `--quantize bnb.nf4` (the head too, quantized from fp16), the head dequantized
+for each 128-position chunk, adapters in the model's dtype and no k-bit preparation.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from llmmem.budget.phases import estimate_budget
+from llmmem.budget.result import Component, Phase
+from llmmem.budget.setup import (
+    Framework,
+    LoraSetup,
+    LossImpl,
+    QuantSetup,
+    TrainingSetup,
+)
+from llmmem.budget.stacks import own_inventory, stack_for
+from llmmem.budget.weights import bitsandbytes_bytes, build_inventory
+from llmmem.models.architectures import spec_from_config
+from llmmem.models.catalog import catalog_entry
+from llmmem.models.spec import ModelSource, ModelSpec
+
+
+@pytest.fixture(scope="module")
+def llama32_1b() -> ModelSpec:
+    entry = catalog_entry("meta-llama/Llama-3.2-1B")
+    assert entry is not None
+    return spec_from_config(entry.config, model_id=entry.model_id, source=ModelSource.CATALOG)
+
+
+def litgpt(method: str = "lora", bnb: str = "0.42", **changes: object) -> TrainingSetup:
+    values: dict[str, object] = {
+        "method": method,
+        "batch": 2,
+        "seq": 512,
+        "precision": "bf16-true",
+        "optim": "adamw_torch",
+        "loss": LossImpl.CHUNKED,
+        "framework": Framework.LITGPT,
+        "lora": LoraSetup(r=8, alpha=16, targets=["q_proj", "v_proj"]),
+    }
+    if method == "qlora":
+        values["quant"] = QuantSetup(bitsandbytes_version=bnb)
+    values.update(changes)
+    return TrainingSetup(**values)  # type: ignore[arg-type]
+
+
+def test_a_tied_model_gets_a_head_of_its_own(llama32_1b: ModelSpec) -> None:
+    """Llama 3.2 ties its head to the embeddings in transformers; LitGPT 0.4.0 builds
+    `lm_head` beside `transformer.wte` (lora.py:504, :514): V·h more bf16 weights."""
+    assert llama32_1b.tie_word_embeddings
+    head = llama32_1b.vocab_size * llama32_1b.hidden_size
+    own = estimate_budget(llama32_1b, litgpt())
+    bf16_adapters = LoraSetup(r=8, alpha=16, targets=["q_proj", "v_proj"], adapter_bytes=2)
+    hf = estimate_budget(llama32_1b, litgpt(framework=Framework.HF, lora=bf16_adapters))
+    assert own.params - hf.params == head
+    own_weights, hf_weights = (
+        budget.phase(Phase.FORWARD).components[Component.WEIGHTS].bytes for budget in (own, hf)
+    )
+    assert own_weights - hf_weights == 2 * head
+    assert any("LitGPT ties no weights" in note for note in own.notes)
+
+
+def test_adapters_stay_in_the_models_dtype_without_kbit_preparation() -> None:
+    prepared = stack_for(Framework.LITGPT).prepare(litgpt("qlora"))
+    assert prepared.lora is not None and prepared.lora.adapter_bytes == 2
+    assert prepared.quant is not None and not prepared.quant.prepare_for_kbit_training
+
+
+def test_lightnings_plugin_quantizes_the_head_too(llama32_1b: ModelSpec) -> None:
+    setup = stack_for(Framework.LITGPT).prepare(litgpt("qlora"))
+    stack = stack_for(Framework.LITGPT)
+    spec = stack.model(llama32_1b, setup)  # type: ignore[attr-defined]
+    inv = own_inventory(stack, spec, setup, build_inventory(spec, setup))
+    (head,) = [g for g in inv.groups if g.kind == "head"]
+    assert head.quantized
+    assert setup.quant is not None
+    assert head.bytes_per_param == bitsandbytes_bytes(setup.quant, head.cols, head.rows)
+    (embedding,) = [g for g in inv.groups if g.kind == "embedding"]
+    assert not embedding.quantized and embedding.bytes_per_param == 2
+
+
+@pytest.mark.parametrize(("bnb", "forward_bytes"), [("0.42", 4), ("0.50", 2)])
+def test_each_chunk_dequantizes_the_whole_head(
+    llama32_1b: ModelSpec, bnb: str, forward_bytes: int
+) -> None:
+    """bitsandbytes 0.42's forward dequantizes to fp16 and casts to bf16 (4 B a value alive);
+    from 0.46 `gemm_4bit` dequantizes straight to bf16 (2 B); backward does fp16 and the cast
+    in both."""
+    head = llama32_1b.vocab_size * llama32_1b.hidden_size
+    stack = stack_for(Framework.LITGPT)
+    setup = stack.prepare(litgpt("qlora", bnb))
+    spec = stack.model(llama32_1b, setup)  # type: ignore[attr-defined]
+    moments = stack.loss(spec, setup)
+    assert moments is not None
+    plain = stack.loss(spec, stack.prepare(litgpt("lora")))
+    assert plain is not None
+    assert moments.moments.head_backward - plain.moments.head_backward == 4 * head
+    e_nv = 2 * setup.tokens * llama32_1b.vocab_size
+    assert moments.moments.forward_end == max(
+        plain.moments.forward_end, e_nv + forward_bytes * head
+    )
+    budget = estimate_budget(llama32_1b, setup)
+    assert "head dequantized" in budget.phase(Phase.BACKWARD).components[Component.LOGITS].formula
+
+
+def test_the_framework_changes_the_qlora_budget(llama32_1b: ModelSpec) -> None:
+    own = estimate_budget(llama32_1b, litgpt("qlora"))
+    hf = estimate_budget(llama32_1b, litgpt("qlora", framework=Framework.HF))
+    assert own.allocated_peak_bytes != hf.allocated_peak_bytes
+    assert any("Lightning's bitsandbytes plugin" in note for note in own.notes)
