@@ -8,7 +8,7 @@ from pathlib import Path
 
 from llmmem.extract import extract_plan
 
-SCRIPT = '''import torch
+SCRIPT = """import torch
 from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
 
@@ -23,7 +23,7 @@ def train():
 
 if __name__ == "__main__":
     train()
-'''
+"""
 
 
 def test_a_guard_returning_nothing_is_not_the_run(tmp_path: Path) -> None:
@@ -45,7 +45,7 @@ def test_a_branch_returning_a_value_is_still_taken_first(tmp_path: Path) -> None
     assert plan.per_device_train_batch_size.value == 2  # the first branch, as before
 
 
-FLAGS = '''import argparse
+FLAGS = """import argparse
 from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
 
@@ -58,11 +58,12 @@ def main():
     if args.executor == "local" and not args.allow_local:
         raise SystemExit("pass --allow-local to run generated code here")
     model = AutoModelForCausalLM.from_pretrained(args.model)
-    Trainer(model=model, args=TrainingArguments(output_dir="o", per_device_train_batch_size=3)).train()
+    args = TrainingArguments(output_dir="o", per_device_train_batch_size=3)
+    Trainer(model=model, args=args).train()
 
 
 main()
-'''
+"""
 
 
 def test_an_exit_decided_by_command_line_defaults_does_not_end_the_reading(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from llmmem.check import check_text
 from llmmem.extract import extract_plan
 
-DOWNLOADED = '''from modelscope import snapshot_download
+DOWNLOADED = """from modelscope import snapshot_download
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
@@ -17,9 +17,9 @@ model_dir = snapshot_download("Qwen/Qwen3-0.6B", cache_dir="./models")
 model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype="auto")
 model = get_peft_model(model, LoraConfig(r=8, lora_alpha=32))
 Trainer(model=model, args=TrainingArguments(output_dir="o", per_device_train_batch_size=2)).train()
-'''
+"""
 
-REQUIRED = '''import fire
+REQUIRED = """import fire
 from peft import LoraConfig, get_peft_model, prepare_model_for_int8_training
 from transformers import LlamaForCausalLM, Trainer, TrainingArguments
 
@@ -35,7 +35,7 @@ def train(base_model: str = "", micro_batch_size: int = 4, lora_r: int = 8):
 
 if __name__ == "__main__":
     fire.Fire(train)
-'''
+"""
 
 
 def test_a_snapshot_download_is_the_repository_it_copies(tmp_path: Path) -> None:

@@ -7,12 +7,12 @@ from pathlib import Path
 
 from llmmem.extract import extract_plan
 
-SCRIPT = '''from transformers import HfArgumentParser
+SCRIPT = """from transformers import HfArgumentParser
 from trl import GRPOConfig, GRPOTrainer
 
 args = HfArgumentParser(GRPOConfig).parse_args_into_dataclasses()[0]
 GRPOTrainer(model="Qwen/Qwen2.5-0.5B-Instruct", args=args, reward_funcs=[]).train()
-'''
+"""
 
 
 def test_launcher_lengths_replace_the_scripts_grpo_defaults(tmp_path: Path) -> None:
@@ -29,7 +29,7 @@ def test_launcher_lengths_replace_the_scripts_grpo_defaults(tmp_path: Path) -> N
     assert plan.max_seq_length.source.value == "explicit"
 
 
-CUT = '''from datasets import load_dataset
+CUT = """from datasets import load_dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
 
 MAX_LENGTH = 1536
@@ -48,7 +48,7 @@ def process(example):
 data = load_dataset("json", data_files="train.jsonl")["train"].map(process)
 model = AutoModelForCausalLM.from_pretrained("Qwen/Qwen2.5-0.5B")
 Trainer(model=model, args=TrainingArguments(output_dir="o"), train_dataset=data).train()
-'''
+"""
 
 
 def test_token_ids_cut_by_hand_are_the_sequence_length(tmp_path: Path) -> None:

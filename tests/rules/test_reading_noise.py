@@ -38,9 +38,7 @@ def lint(tmp_path: Path, name: str, **files: str) -> tuple[list[str], list[str],
 
 
 @pytest.mark.parametrize("name", ["ds_zero2_offload.json", "accelerate_zero3.yaml"])
-def test_a_deepspeed_or_accelerate_config_alone_gets_no_finding(
-    tmp_path: Path, name: str
-) -> None:
+def test_a_deepspeed_or_accelerate_config_alone_gets_no_finding(tmp_path: Path, name: str) -> None:
     codes, _, analysis = lint(tmp_path, name)
     assert codes == []
     assert analysis.plan.distributed.zero_stage.value in (2, 3)  # still read, for the hover
@@ -141,7 +139,7 @@ def test_a_launch_whose_script_is_elsewhere_is_told_where_the_model_goes(tmp_pat
     assert "`accelerate train.py` trains, but names no model" in finding.message
     fix = finding.fixes[0]
     assert not fix.safe  # a placeholder to fill in: a code action, not `--fix`
-    from llmmem.rules.edits import apply_edits
+    from llmmem.rules.text_edits import apply_edits
 
     fixed = apply_edits(text, fix.edits)
     assert fixed.splitlines()[3] == "# llmmem: model=org/name"
@@ -156,7 +154,7 @@ def test_a_model_read_at_run_time_is_named_where_it_is_written(tmp_path: Path) -
     finding, text = llm010(tmp_path, "model_from_environment.py")
     assert finding.range is not None and finding.range.start_line == 6
     assert 'the model is `os.environ["BASE_MODEL"]`' in finding.message
-    from llmmem.rules.edits import apply_edits
+    from llmmem.rules.text_edits import apply_edits
 
     fixed = apply_edits(text, finding.fixes[0].edits)
     assert fixed.splitlines()[6] == "    # llmmem: model=org/name"  # indented as the line

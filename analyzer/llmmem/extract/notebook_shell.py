@@ -1,8 +1,8 @@
 """What a notebook runs outside Python: its shell lines and the files its cells write.
 
-A notebook often trains through a shell line (`!accelerate launch train.py --flag v`, `!llamafactory-cli
-train config.yaml`) or a `%%bash` cell, with the config written by a `%%writefile config.yaml` cell
-above it. `NotebookShell` gathers them:
+A notebook often trains through a shell line (`!accelerate launch train.py --flag v`,
+`!llamafactory-cli train config.yaml`) or a `%%bash` cell, with the config written by a
+`%%writefile config.yaml` cell above it. `NotebookShell` gathers them:
 
 - the shell text: every `!` line of a code cell (with its backslash continuations), every
   `# llmmem:` comment, and the body of every `%%bash`, `%%sh` or `%%script bash` cell, as one
@@ -13,6 +13,7 @@ above it. `NotebookShell` gathers them:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 SHELL_CELL_MAGICS = frozenset({"bash", "sh", "script", "system"})
 
 

@@ -22,8 +22,8 @@ from llmmem.extract.frameworks.common import (
     lora_targets,
 )
 from llmmem.extract.frameworks.deepspeed import read_deepspeed_reference
-from llmmem.extract.frameworks.trl_fields import unknown_to_hf_and_trl
 from llmmem.extract.frameworks.spelling import KeyWrite, Spelling, halve
+from llmmem.extract.frameworks.trl_fields import unknown_to_hf_and_trl
 from llmmem.extract.vocabulary import KEPT_TRAINING_SWITCHES
 from llmmem.extract.yaml_positions import KeyPath
 

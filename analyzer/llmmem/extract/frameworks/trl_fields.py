@@ -13,6 +13,8 @@ every weight under TRL).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 HF_TRL_ARGUMENTS = frozenset(
     """
 accelerator_config accelerator_kwargs activation_checkpointing activation_checkpointing_kwargs
@@ -146,6 +148,6 @@ weight_decay
 )
 
 
-def unknown_to_hf_and_trl(names: object) -> list[str]:
+def unknown_to_hf_and_trl(names: Iterable[object]) -> list[str]:
     """The names neither parser takes, in the order given."""
     return [name for name in names if isinstance(name, str) and name not in HF_TRL_ARGUMENTS]

@@ -1,11 +1,12 @@
 """Launchers: which program a command runs and how its options are taken apart.
 
 python, torchrun, `python -m torch.distributed.run`, accelerate launch, deepspeed,
-llamafactory-cli, tune run, trl, axolotl, litgpt, ms-swift (`swift sft|pt|rlhf`) and the schedulers that start them (srun,
-mpirun, `ray job submit`). The tables here say which launcher options are bare flags, which
-program arguments take several values, which framework each launcher implies, and when a
-command line starts a DeepSpeed-Chat training script (what its flags mean:
-`extract/frameworks/deepspeed_chat.py`) or an OpenRLHF trainer (`extract/frameworks/openrlhf.py`).
+llamafactory-cli, tune run, trl, axolotl, litgpt, ms-swift (`swift sft|pt|rlhf`) and the
+schedulers that start them (srun, mpirun, `ray job submit`). The tables here say which
+launcher options are bare flags, which program arguments take several values, which framework
+each launcher implies, and when a command line starts a DeepSpeed-Chat training script (what
+its flags mean: `extract/frameworks/deepspeed_chat.py`) or an OpenRLHF trainer
+(`extract/frameworks/openrlhf.py`).
 """
 
 from __future__ import annotations

@@ -464,6 +464,8 @@ def _array_name(word: RawWord) -> bool:
     if len(word.parts) != 1 or not isinstance(word.parts[0], LiteralPart):
         return False
     literal = word.parts[0]
-    return not literal.quoted and NAME_PATTERN.fullmatch(literal.text[:-1]) is not None and (
-        literal.text.endswith("=")
+    return (
+        not literal.quoted
+        and NAME_PATTERN.fullmatch(literal.text[:-1]) is not None
+        and (literal.text.endswith("="))
     )

@@ -136,7 +136,9 @@ class LaunchOptionReader:
         if launch.outer_launcher is not None:
             return False
         self.settings.append(
-            Setting("distributed.world_size", 1, Provenance.EXPLICIT, self.word_range(command), note)
+            Setting(
+                "distributed.world_size", 1, Provenance.EXPLICIT, self.word_range(command), note
+            )
         )
         return True
 

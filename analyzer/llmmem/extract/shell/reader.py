@@ -205,8 +205,10 @@ class ShellPlanReader(LaunchOptionReader):
         if launch.priority < 1 or not launch.command.raw.words:
             return
         first = launch.command.raw.words[0]
-        program = launch.launcher if launch.subcommand is None else (
-            f"{launch.launcher} {launch.subcommand}"
+        program = (
+            launch.launcher
+            if launch.subcommand is None
+            else (f"{launch.launcher} {launch.subcommand}")
         )
         target = f" {launch.target.text.rsplit('/', 1)[-1]}" if launch.target is not None else ""
         self.settings.append(
