@@ -63,7 +63,9 @@ def test_a_tied_model_gets_a_head_of_its_own(llama32_1b: ModelSpec) -> None:
     own_weights, hf_weights = (
         budget.phase(Phase.FORWARD).components[Component.WEIGHTS].bytes for budget in (own, hf)
     )
-    assert own_weights - hf_weights == 2 * head
+    # and its RoPE cache: cos and sin, block_size × head_size each in fp32
+    rope = 2 * llama32_1b.max_position_embeddings * llama32_1b.head_dim * 4
+    assert own_weights - hf_weights == 2 * head + rope
     assert any("LitGPT ties no weights" in note for note in own.notes)
 
 

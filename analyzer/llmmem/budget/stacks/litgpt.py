@@ -22,6 +22,12 @@ Its loss
   of 128 positions and returns the chunks' logits in the model's dtype (lora.py:546-548);
   `chunked_cross_entropy` (utils.py:248-277) takes each chunk's cross-entropy in that dtype (no
   upcast): the shared budget's chunked loss (budget.logits).
+- In forward the last chunk is sliced one position short (`logits[-1][..., :-1, :]`,
+  finetune/lora.py:289) and `reshape` copies that slice (utils.py:269); in backward each chunk's
+  cross-entropy gradient comes in the logits' dtype (the log-softmax's and its input's), one chunk
+  at a time. Measured on the CPU (bench/litgpt_steps.py).
+- The RoPE cache is two buffers, cos and sin, of block_size × head_size in fp32
+  (`build_rope_cache`, model.py; kept with `register_buffer(..., persistent=False)`).
 - With a 4-bit head, each chunk's head call dequantizes the whole head. bitsandbytes 0.42's
   `MatMul4Bit.forward` does it as `dequantize_4bit(B, quant_state).to(A.dtype)` (fp16, then a
   bf16 copy: 4 B per value of the head alive at once); from bitsandbytes 0.46 the forward is the
@@ -40,10 +46,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 from llmmem.budget.activations import dtypes_for
-from llmmem.budget.logits import logits_count, logits_hole, logits_moments
+from llmmem.budget.logits import (
+    CHUNK_POSITIONS,
+    LogitsMoments,
+    logits_count,
+    logits_hole,
+    logits_moments,
+)
 from llmmem.budget.setup import LossImpl, Method, TrainingSetup
 from llmmem.budget.stacks.hf import LossMoments, Stack, WeightCopies
-from llmmem.budget.weights import Inventory, bitsandbytes_bytes
+from llmmem.budget.weights import Inventory, ParameterGroup, bitsandbytes_bytes
 from llmmem.models.spec import ModelSpec
 from llmmem.units import format_bytes, format_count
 
@@ -62,6 +74,25 @@ def dequantized_bytes(setup: TrainingSetup, values: int, *, backward: bool) -> i
     if direct or compute == QUANT_STATE_BYTES and not setup.precision.uses_bf16:
         return compute * values
     return (QUANT_STATE_BYTES + compute) * values
+
+
+def chunked_loss(spec: ModelSpec, setup: TrainingSetup) -> LogitsMoments:
+    """`chunked_cross_entropy` over the head's chunks of 128 positions, in the logits' dtype."""
+    e = dtypes_for(setup).compute
+    n = logits_count(spec, setup)
+    shared = logits_moments(spec, setup)
+    rows = min(CHUNK_POSITIONS, setup.seq)
+    chunk = setup.batch * rows * spec.vocab_size
+    last = setup.seq - CHUNK_POSITIONS * ((setup.seq - 1) // CHUNK_POSITIONS)
+    copy = e * setup.batch * max(last - 1, 0) * spec.vocab_size
+    kept = f"({e} + {e}) B × N·V: the chunks' logits and log-softmaxes"
+    return replace(
+        shared,
+        forward_end=2 * e * n + copy,
+        backward_start=2 * e * n + 2 * e * chunk,
+        formula_forward=kept + f" + {e} B × the last chunk's shifted copy ({last - 1} positions)",
+        formula_backward=kept + f" + 2 × {e} B × one chunk of {rows} positions (its gradients)",
+    )
 
 
 def untied(spec: ModelSpec) -> ModelSpec:
@@ -111,10 +142,26 @@ class LitgptStack(Stack):
         note = "Lightning's bitsandbytes plugin quantizes every Linear, LitGPT's head too"
         return replace(inv, groups=groups, notes=[*inv.notes, note])
 
+    def buffers(self, spec: ModelSpec, setup: TrainingSetup) -> tuple[ParameterGroup, ...]:
+        positions = spec.max_position_embeddings
+        if not positions:
+            return ()
+        return (
+            ParameterGroup(
+                name="RoPE cos and sin (fp32 buffers, block_size positions)",
+                kind="buffer",
+                tensors=2,
+                rows=positions,
+                cols=spec.head_dim,
+                bytes_per_param=4.0,
+                trainable=False,
+            ),
+        )
+
     def loss(self, spec: ModelSpec, setup: TrainingSetup) -> LossMoments | None:
         if not spec.is_causal_lm or setup.loss is not LossImpl.CHUNKED:
             return None
-        shared = logits_moments(spec, setup)
+        shared = chunked_loss(spec, setup)
         hole = logits_hole(spec, setup)
         if setup.quant is None or setup.method is Method.FULL:
             return LossMoments(shared, hole)
