@@ -26,7 +26,8 @@ chunked_logprob.py):
   whatever the vocabulary; forward and backward (chunked_logprob.py:413) each make their own;
 - `hidden[...].to(compute_dtype)` and `weight[start:end].to(compute_dtype)`
   (chunked_logprob.py:352, 356, 423): a copy of the token chunk and of the vocabulary chunk
-  when their dtype is not the compute dtype (autocast over fp32 weights);
+  when their dtype is not the compute dtype (autocast over fp32 weights); in forward the
+  vocabulary chunk's copy is the tile matmul's temporary, gone before the tile is folded;
 - seven fp32 per-position statistics (`running_max` ... `target_logit`,
   chunked_logprob.py:340-346), the targets (int64), `log_z` and the entropy saved, and what
   the caller keeps of the outputs: P-sized;
@@ -161,8 +162,12 @@ def head_bytes(
     last_hidden = hb * sequences * setup.seq * h
     # `mm_buf = torch.empty((min(N, TOKEN_CHUNK_SIZE), chunk_size), dtype=compute_dtype)`
     buffer = c * s.rows * VOCAB_CHUNK
-    # `hidden[token_start:token_end].to(compute_dtype)`, `weight[start:end].to(compute_dtype)`
-    casts = (c * s.rows * h if hb != c else 0) + (c * s.width * h if w != c else 0)
+    # `hidden_chunk = hidden[token_start:token_end].to(compute_dtype)`, a local of the token
+    # loop; `weight[start:end].to(compute_dtype)`, in forward a temporary of the tile's matmul
+    # (gone before the fold), in backward the local `w_chunk` (alive through it)
+    hidden_cast = c * s.rows * h if hb != c else 0
+    weight_cast = c * s.width * h if w != c else 0
+    casts = hidden_cast + weight_cast
     # `running_max` ... `target_logit`: seven fp32 statistics; the int64 targets
     statistics = (7 * 4 + 8) * p
     # `ctx.save_for_backward(..., targets, log_z, entropy)` and what the caller keeps
@@ -179,12 +184,13 @@ def head_bytes(
         if not triton
         else TorchFold(0, 0, 0)
     )
-    forward = last_hidden + copy + buffer + casts + statistics + fold.forward
+    # inside a tile: its matmul with the vocabulary chunk's cast, then the fold
+    in_tiles = last_hidden + copy + buffer + hidden_cast + statistics
     return HeadBytes(
         saved=saved,
-        forward=forward,
+        forward=in_tiles + max(weight_cast, fold.forward),
         backward=saved + grads + buffer + max(casts, returned) + 4 * p + fold.backward,
-        no_grad=forward - fold.forward + fold.reference,
+        no_grad=in_tiles + max(weight_cast, fold.reference),
     )
 
 
