@@ -1,4 +1,4 @@
-"""The preference and GRPO budgets against TRL's own trainers, run on the CPU.
+"""The SFT, preference and GRPO budgets against TRL's own trainers, run on the CPU.
 
 `python -m llmmem.verify.grid --preference` checks the budget against steps written the way
 TRL computes them. This runs the trainers themselves: TRL 0.29.1's DPOTrainer and RewardTrainer
@@ -143,8 +143,8 @@ and 4 read the same. MiB, TRL / budget / error:
     beta 0.04 full     3.50/3.48 -0.4%   29.04/29.02 -0.0%   30.92/30.90 -0.1%    34.20/34.19 -0.0%
     beta 0.04 lora     1.08/1.07 -1.3%   26.62/26.61 -0.1%   27.92/27.95 +0.1%    30.96/31.00 +0.1%
     small 4x32, ckpt on, bf16 mixed precision, steps_per_generation 2 (two chunks):
-    beta 0    full     3.00/2.95 -1.7%   16.67/16.88 +1.3%   16.85/16.95 +0.6%    20.09/20.24 +0.7%
-    beta 0.04 full     3.82/3.77 -1.4%   17.48/17.70 +1.2%   17.67/17.77 +0.6%    20.91/21.06 +0.7%
+    beta 0    full     3.00/2.95 -1.7%   16.67/16.76 +0.6%   16.85/16.83 -0.1%    20.09/20.24 +0.7%
+    beta 0.04 full     3.82/3.77 -1.4%   17.48/17.58 +0.5%   17.67/17.65 -0.1%    20.91/21.06 +0.7%
 
 The optimizer step reads within 0.4% (medium full 866.34 / 1039.61 MiB). Every step peaks in
 TRL's `_backward_tile`. At small the 4096 × 32768 tile buffer (allocated at 32768 columns
@@ -153,8 +153,70 @@ most of the step: 30 MiB against 7 MiB at 0.29. At medium the policy's forward i
 (680 against 602 MiB) for the same reason and because this CPU scores the prompt's positions
 too; a GPU scores the 4 × 64 completion tokens only and folds inside the tile. Generation runs
 the unpatched forward and reads as at 0.29 (within 1.7% under). Under bf16 autocast the fused
-head's phases read 0.1 to 0.2 MiB over (+0.6 to +1.3%), not traced yet; with two chunks the
-no-gradient pass holds nothing of the first chunk's but its per-token outputs.
+head's forward and reference read 0.1 to 0.2 MiB over (+0.6 to +1.3%) while the budget counted
+the vocabulary chunk's bf16 cast beside the fold (it is the tile matmul's temporary, gone
+before the fold); backward's +0.7% is left, not traced yet; with two chunks the no-gradient
+pass holds nothing of the first chunk's but its per-token outputs.
+
+SFT (`--objective sft`): TRL's SFTTrainer on rows already tokenized (an `input_ids` column, no
+padding: every label counts), 4 rows × 64 tokens small, × 128 medium, against the budget of
+TRL's stack at the trainer's release (llmmem.budget.stacks.trl). The forward is measured to
+`compute_loss`'s return (the loss and its metrics), backward from there to
+`on_pre_optimizer_step`. At 0.29.1 the metrics take the returned logits after the loss (the
+forward peaks in `entropy_from_logits` at small; at medium forward and backward are within
+0.5 MiB of each other); at 1.16.0 the fused LM head, folded in torch on this CPU
+(`triton=False`: every position scored, the fold's fp32 tiles). MiB, TRL / budget / error:
+
+    case                  forward             backward            (optimizer: full, lora)
+    TRL 0.29.1, small 4x64 (optimizer 4.09/4.09 -0.1%, 0.89/0.89 -0.7%):
+    fp32 ckpt on  full     6.20/6.18 -0.3%     5.71/5.70 -0.3%
+                  lora     4.48/4.46 -0.4%     3.99/3.98 -0.4%
+    fp32 ckpt off full     8.46/8.44 -0.3%     7.97/7.95 -0.2%
+                  lora     6.02/6.07 +0.7%     5.53/5.58 +0.8%
+    bf16 ckpt on  full     6.29/6.27 -0.3%     5.80/5.87 +1.2%
+                  lora     4.60/4.59 -0.4%     4.11/4.10 -0.4%
+    bf16 ckpt off full     7.97/7.95 -0.3%     7.48/7.46 -0.3%
+                  lora     5.63/5.66 +0.7%     5.14/5.18 +0.8%
+    TRL 0.29.1, medium 4x128 (optimizer 866.33/866.34 +0.0%, 174.53/174.52 -0.0%):
+    fp32 ckpt on  full   713.91/713.82 -0.0%  714.38/714.30 -0.0%
+                  lora   366.12/366.03 -0.0%  366.60/366.52 -0.0%
+    fp32 ckpt off full   792.98/792.88 -0.0%  793.46/793.37 -0.0%
+                  lora   421.57/422.47 +0.2%  422.05/422.96 +0.2%
+    bf16 ckpt on  full   744.66/744.57 -0.0%  745.13/751.08 +0.8%
+                  lora   397.37/397.28 -0.0%  397.85/397.77 -0.0%
+    bf16 ckpt off full   820.36/820.26 -0.0%  820.83/820.74 -0.0%
+                  lora   451.37/452.16 +0.2%  451.84/452.64 +0.2%
+    TRL 1.16.0, small 4x64 (optimizer as at 0.29.1):
+    fp32 ckpt on  full    37.48/37.46 -0.1%   41.56/41.54 -0.0%
+                  lora    35.82/35.80 -0.1%   39.66/39.64 -0.0%
+    fp32 ckpt off full    39.74/39.72 -0.1%   43.82/43.80 -0.0%
+                  lora    37.36/37.40 +0.1%   41.20/41.25 +0.1%
+    bf16 ckpt on  full    21.92/21.90 -0.1%   25.96/26.03 +0.3%
+                  lora    20.11/20.08 -0.1%   24.06/24.05 -0.1%
+    bf16 ckpt off full    23.44/23.41 -0.1%   27.64/27.62 -0.1%
+                  lora    21.13/21.16 +0.2%   25.08/25.12 +0.2%
+    TRL 1.16.0, medium 4x128 (optimizer as at 0.29.1):
+    fp32 ckpt on  full   792.94/792.85 -0.0% 1103.46/1103.38 -0.0%
+                  lora   446.15/446.07 -0.0%  694.17/694.10 -0.0%
+    fp32 ckpt off full   872.02/871.91 -0.0% 1182.54/1182.45 -0.0%
+                  lora   501.60/502.50 +0.2%  749.62/750.54 +0.1%
+    bf16 ckpt on  full   785.81/785.72 -0.0% 1103.46/1109.41 +0.5%
+                  lora   415.02/414.81 -0.1%  694.17/694.09 -0.0%
+    bf16 ckpt off full   837.39/837.28 -0.0% 1179.16/1179.07 -0.0%
+                  lora   468.91/469.69 +0.2%  748.17/748.97 +0.1%
+
+Every 1.16.0 step peaks in TRL's `_backward_tile`: at small the 252-row tile buffer,
+allocated 32768 columns wide for a 1000-token vocabulary, and the fold's fp32 tiles are most of
+the step (41.6 MiB against 0.29.1's 6.2). Sized as the HF Trainer's step (the budget before
+TRL's stack), small LoRA bf16 with checkpointing read 4.1 MiB against 24.1. Before the SFT
+budget counted 0.29's metrics its forward read -14% (full) and -23% (LoRA) at small; before the
+fused head's forward left the vocabulary chunk's cast out of the fold (it is the tile matmul's
+temporary), medium bf16 1.16 forwards read +3.7% to +7.5% (the same cast made GRPO's bf16
+forward and reference read +0.6% to +1.3% below). Left: full fine-tuning under bf16 with
+checkpointing reads +0.8% (0.29.1) and +0.5% (1.16.0) in backward at medium, 5.95 MiB at both
+releases, about one block's bf16 weight casts (6.0 MiB), which the shared budget counts at the
+start of backward and which the measured step, its casts gone with autocast's cache, has not
+made yet (no block's cast is alive at that peak); the HF Trainer's step shares that rule.
 
 TRL is not a dependency of llmmem: the first run makes its own environment under
 `bench/.trl/` (torch, transformers, peft, accelerate and TRL at the releases below; a few
@@ -162,6 +224,9 @@ hundred MB, from the package index) and reuses it after.
 
     python bench/trl_trainers.py [--size small|medium] [--objective dpo|orpo|kto|reward ...]
                                  [--method full|lora ...] [--shape PAIRSxTOKENS]
+                                 [--checkpointing on|off] [--precision fp32|bf16]
+                                 [--trl 0.29.1|1.16.0]
+    python bench/trl_trainers.py --objective sft [--size small|medium] [--shape ROWSxTOKENS]
                                  [--checkpointing on|off] [--precision fp32|bf16]
                                  [--trl 0.29.1|1.16.0]
     python bench/trl_trainers.py --objective grpo [--size small|medium] [--shape 4x32]
@@ -278,13 +343,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=["small", "medium"], default="small")
     parser.add_argument(
-        "--objective", action="append", choices=["dpo", "orpo", "kto", "reward", "grpo"]
+        "--objective", action="append", choices=["dpo", "orpo", "kto", "reward", "grpo", "sft"]
     )
     parser.add_argument("--method", action="append", choices=["full", "lora"])
     parser.add_argument(
         "--shape",
         help="pairs x tokens (default 2x64 small, 2x128 medium); for grpo completions per "
-        "device x completion tokens (default 4x32)",
+        "device x completion tokens (default 4x32); for sft rows x tokens (default 4x64 "
+        "small, 4x128 medium)",
     )
     parser.add_argument(
         "--checkpointing",
@@ -313,10 +379,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     objectives = args.objective or ["dpo", "orpo", "kto", "reward"]
+    for alone in ("grpo", "sft"):
+        if alone in objectives and len(objectives) > 1:
+            parser.error(f"--objective {alone} runs alone (its table has a column per phase)")
     if "grpo" in objectives:
-        if len(objectives) > 1:
-            parser.error("--objective grpo runs alone (its table has a column per phase)")
         args.shape = args.shape or "4x32"
+    if "sft" in objectives:
+        args.shape = args.shape or ("4x128" if args.size == "medium" else "4x64")
     args.shape = args.shape or ("2x128" if args.size == "medium" else "2x64")
     try:
         batch, seq = (int(x) for x in args.shape.lower().split("x"))
@@ -326,6 +395,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--shape {args.shape}: at least 1 pair of 2 tokens")
     python = environment(args.trl)
     ckpt = args.checkpointing == "on"
+    if objectives == ["sft"]:
+        return sft_table(
+            python,
+            args.size,
+            args.method or ["full", "lora"],
+            batch,
+            seq,
+            ckpt,
+            args.precision,
+            args.trl,
+        )
     if objectives == ["grpo"]:
         methods = args.method or ["full", "lora"]
         if args.steps_per_generation < 1:
@@ -423,6 +503,61 @@ def predict_grpo_release(case: Any, size: str, trl: str) -> dict[str, int]:
             _spec(case, size), _setup(case), replace(_grpo(case), trl_release=trl)
         )
     return {p.phase.value: p.allocated_bytes for p in budget.phases}
+
+
+def predict_sft_release(case: Any, size: str, trl: str) -> dict[str, int]:
+    """The SFT budget's allocated bytes per phase for TRL `trl`'s SFTTrainer
+    (llmmem.budget.stacks.trl), as this CPU runs it: without Triton, TRL 1.15 on scores every
+    position through its fused head and folds the tiles in torch (`triton=False`)."""
+    from dataclasses import replace
+
+    from llmmem.budget.phases import estimate_budget
+    from llmmem.budget.setup import Framework
+    from llmmem.verify.preference_grid import setup_of, spec_of
+
+    setup = replace(setup_of(case), framework=Framework.TRL, trl_version=trl, triton=False)
+    budget = estimate_budget(spec_of(case, size), setup)
+    return {p.phase.value: p.allocated_bytes for p in budget.phases}
+
+
+SFT_PHASES = ("forward", "backward", "optimizer_step")
+
+
+def sft_table(
+    python: Path,
+    size: str,
+    methods: list[str],
+    batch: int,
+    seq: int,
+    ckpt: bool,
+    precision: str,
+    trl: str,
+) -> int:
+    """TRL's SFTTrainer against the SFT budget at its release, phase by phase: the forward to
+    `compute_loss`'s return (the loss and its metrics), backward, the optimizer step."""
+    from llmmem.verify.preference_grid import Case
+
+    heads = ["forward", "backward", "optimizer"]
+    print(
+        f"{'case':30} "
+        + "  ".join(f"{h + ': TRL':>15} {'budget':>8} {'error':>6}" for h in heads)
+        + f"  step peak at (MiB; checkpointing {'on' if ckpt else 'off'}, TRL {trl})"
+    )
+    for method in methods:
+        case = Case("llama", "sft", method, ckpt, precision, batch=batch, seq=seq)
+        name = f"sft {method} {precision} {size} {batch}x{seq}"
+        got = measure(python, case, size)
+        if "error" in got:
+            print(f"{name:30} failed: {got['error']}")
+            continue
+        budget = predict_sft_release(case, size, trl)
+        cells = []
+        for phase in SFT_PHASES:
+            measured = got["optimizer" if phase == "optimizer_step" else phase]
+            error = 100 * (budget[phase] - measured) / measured
+            cells.append(f"{measured / 2**20:15.2f} {budget[phase] / 2**20:8.2f} {error:+5.1f}%")
+        print(f"{name:30} " + "  ".join(cells) + f"  {got['step where']}")
+    return 0
 
 
 GRPO_PHASES = ("generate", "reference_forward", "forward", "backward", "optimizer_step")
