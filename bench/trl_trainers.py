@@ -216,7 +216,11 @@ forward and reference read +0.6% to +1.3% below). Left: full fine-tuning under b
 checkpointing reads +0.8% (0.29.1) and +0.5% (1.16.0) in backward at medium, 5.95 MiB at both
 releases, about one block's bf16 weight casts (6.0 MiB), which the shared budget counts at the
 start of backward and which the measured step, its casts gone with autocast's cache, has not
-made yet (no block's cast is alive at that peak); the HF Trainer's step shares that rule.
+made yet (no block's cast is alive at that peak); the HF Trainer's step shares that rule, and
+small full bf16's +1.2% at 0.29.1 is the same (0.07 MiB, a small block's casts 0.09). Not
+traced: LoRA without checkpointing reads +0.05 MiB at small (+0.7%, +0.8% at 0.29.1) and
++0.8 to +0.9 MiB at medium (+0.1%, +0.2%), the same at both releases: the HF budget's LoRA
+blocks, not TRL's loss.
 
 TRL is not a dependency of llmmem: the first run makes its own environment under
 `bench/.trl/` (torch, transformers, peft, accelerate and TRL at the releases below; a few
