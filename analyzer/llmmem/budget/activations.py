@@ -217,7 +217,8 @@ class BlockContext:
         whether the tensor itself is kept."""
         shared = already_saved
         private = 0.0
-        adapter_bytes = 2 if self.dt.autocast else self.train.adapter_bytes
+        stored = self.train.adapter_bytes  # the adapters' own dtype
+        kept = 2 if self.dt.autocast else stored  # what lora_A's matmul keeps of its input
         for lin in consumers:
             if self.train.linear_inputs_saved:
                 if self.dt.autocast and tensor_dtype == 4:
@@ -232,14 +233,19 @@ class BlockContext:
                 else:
                     private += quant.compute_dtype_bytes  # cast to the compute dtype first
             if self.train.adapter(lin):
+                # peft's lora.Linear casts its input to the adapters' dtype whatever autocast
+                # does (its bitsandbytes layers only while autocast is off); autocast then casts
+                # an fp32 input to 16 bits for lora_A's matmul: either way a copy per adapter
+                peft_casts = tensor_dtype != stored and not (self.quantized and self.dt.autocast)
+                into_lora_a = stored if peft_casts else tensor_dtype
                 if self.train.lora_dropout:
                     # dropout before lora_A: a bool mask and the dropped copy it keeps
-                    private += 1 + adapter_bytes
-                elif tensor_dtype != adapter_bytes or self.dt.autocast and tensor_dtype == 4:
-                    private += adapter_bytes  # PEFT casts the input to the adapter dtype
+                    private += 1 + kept
+                elif peft_casts or self.dt.autocast and into_lora_a == 4:
+                    private += kept
                 else:
                     shared = True
-                tally.add(adapter_bytes, "N·r")  # lora_A output, saved by lora_B
+                tally.add(kept, "N·r")  # lora_A output, saved by lora_B
                 if self.train.dora:
                     # DoRA rescales the base output: it keeps that output for the magnitude grad
                     tally.add(self.dt.compute * lin.out_features / _width(self.spec, width), width)
