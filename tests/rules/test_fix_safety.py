@@ -172,17 +172,17 @@ def test_hf_arguments_json_gets_quoted_values_and_valid_new_keys(
     config.write_text(
         "{\n"
         '  "model_name_or_path": "Qwen/Qwen2.5-7B",\n'
-        '  "per_device_train_batch_size": 2,\n'
+        '  "per_device_train_batch_size": 4,\n'
         '  "optim": "adamw_torch",\n'
         '  "bf16": true\n'
         "}\n"
     )
-    # a 7B full fine-tune on 80 GB: checkpointing (a new key inside the object), then the
-    # 8-bit AdamW (a quoted string)
+    # a 7B full fine-tune on 80 GB: the paged 8-bit AdamW (a quoted string; its states live in
+    # unified memory), then checkpointing (a new key inside the object)
     fixed = fix_soundly(capsys, config, None)
     assert json.loads(fixed)["gradient_checkpointing"] is True
-    assert json.loads(fixed)["optim"] == "adamw_bnb_8bit"
-    assert '"optim": "adamw_bnb_8bit"' in fixed
+    assert json.loads(fixed)["optim"] == "paged_adamw_8bit"
+    assert '"optim": "paged_adamw_8bit"' in fixed
     assert fixed.startswith("{\n") and fixed.endswith("\n}\n")
 
 
@@ -232,7 +232,7 @@ def test_keys_go_inside_a_flow_mapping(tmp_path: Path, capsys: pytest.CaptureFix
     )
     text = fix_soundly(capsys, config, None)
     (loaded,) = yaml.safe_load_all(text)
-    assert loaded["optim"] == "adamw_bnb_8bit" or loaded["per_device_train_batch_size"] < 4
+    assert loaded["optim"] == "paged_adamw_8bit" or loaded["per_device_train_batch_size"] < 4
     assert text.startswith("{model_name_or_path: Qwen/Qwen2.5-7B, per_device_train_batch_size: ")
     assert text.count("\n") == 1
 
@@ -252,7 +252,7 @@ def test_a_key_is_added_once_to_the_document_that_is_read(
         capsys,
         config,
         "model_name_or_path: Qwen/Qwen2.5-7B\nper_device_train_batch_size: 1\nbf16: true\n"
-        "max_length: 4096\ngradient_checkpointing: true\noptim: adamw_bnb_8bit\n"
+        "max_length: 4096\ngradient_checkpointing: true\noptim: paged_adamw_8bit\n"
         "---\nnotes: second document\n",
     )
 
@@ -317,7 +317,7 @@ def test_a_utf8_byte_order_mark_is_kept(tmp_path: Path, capsys: pytest.CaptureFi
     fix_soundly(capsys, config, None, encoding="utf-8")
     data = config.read_bytes()
     assert data.startswith(b"\xef\xbb\xbf") and data.count(b"\xef\xbb\xbf") == 1
-    assert data.endswith(b"optim: adamw_bnb_8bit\n")
+    assert data.endswith(b"optim: paged_adamw_8bit\n")
 
 
 def test_a_file_that_does_not_decode_is_not_fixed(
