@@ -223,7 +223,7 @@ def run_verify(args: argparse.Namespace) -> int:
             raise UsageError(f"{path}: trains with {preference.objective.value.upper()}; {why}")
         budget = estimate_preference_budget(spec, setup, preference, analysis.gpu)
     if device == "cpu":
-        from llmmem.verify.runner import runs_bitsandbytes
+        from llmmem.verify.building import runs_bitsandbytes
 
         bitsandbytes = setup.quant is not None or runs_bitsandbytes(setup.optim)
         needed = _cpu_step_bytes(spec, setup, budget.allocated_peak_bytes)

@@ -41,7 +41,7 @@ def simulation_blocker(analysis: Analysis | None) -> str | None:
     if analysis.spec.is_guess:
         return "the model is sized from its name: a simulated step needs its config"
     setup = analysis.setup
-    from llmmem.verify.runner import runs_bitsandbytes
+    from llmmem.verify.building import runs_bitsandbytes
 
     if setup.quant is not None:
         return "its k-bit layers are bitsandbytes kernels, which do not run on fake tensors"

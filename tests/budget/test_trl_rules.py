@@ -69,7 +69,7 @@ def _kbit_model(prepare: bool) -> Any:
     prepared for k-bit training or not, then given LoRA adapters by peft."""
     import transformers
 
-    from llmmem.verify.runner import _apply_lora, _kbit_model
+    from llmmem.verify.building import _apply_lora, _kbit_model
 
     request = StepRequest(
         model_id="tiny",
@@ -173,8 +173,8 @@ def test_verify_builds_the_model_as_the_release_leaves_it(release: str) -> None:
     a setup under a TRL release loads, prepares and casts as that release does."""
     import transformers
 
+    from llmmem.verify.building import _kbit_model
     from llmmem.verify.compare import request_for
-    from llmmem.verify.runner import _kbit_model
 
     spec = spec_from_config(dict(CONFIG), model_id="tiny", source=ModelSource.CONFIG)
     setup = TrainingSetup(

@@ -14,8 +14,8 @@ from unittest import mock
 import pytest
 import torch
 
+from llmmem.verify.meters import _CudaMeter
 from llmmem.verify.request import OPTIMIZER_STATES, StepMeasurement, StepRequest
-from llmmem.verify.runner import _CudaMeter
 
 GiB = 2**30
 

@@ -9,9 +9,10 @@ import torch
 
 from llmmem.models.architectures import spec_from_config
 from llmmem.models.spec import ModelSource
+from llmmem.verify.building import _batch
 from llmmem.verify.compare import request_for
 from llmmem.verify.grid import GridCase, config_for, main, setup_for
-from llmmem.verify.runner import _batch, run_step
+from llmmem.verify.runner import run_step
 
 
 def _request(case: GridCase, device: str = "cpu"):  # type: ignore[no-untyped-def]

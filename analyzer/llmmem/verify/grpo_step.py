@@ -44,13 +44,13 @@ def run_grpo_step(request: StepRequest, result: StepMeasurement) -> None:
     fill `result` with each phase's peak."""
     import torch
 
-    from llmmem.verify import runner
+    from llmmem.verify import building
     from llmmem.verify.grpo_grid import step_peaks
     from llmmem.verify.preference_grid import prepared_forward
 
     why = check_grpo_request(request)
     if why:
-        raise runner.VerifyError(why)
+        raise building.VerifyError(why)
     grpo = request.grpo or {}
     generations = int(grpo.get("num_generations", 8))
     prompt = int(grpo.get("max_prompt_length", 512))
@@ -62,13 +62,13 @@ def run_grpo_step(request: StepRequest, result: StepMeasurement) -> None:
     iterations = int(grpo.get("num_iterations") or 1)
     mixed = grpo.get("mixed_precision")
     if request.batch % generations and request.batch > generations:
-        raise runner.VerifyError(
+        raise building.VerifyError(
             f"per_device_train_batch_size {request.batch} is not a multiple of num_generations "
             f"{generations}"
         )
     notes = result.notes
-    _, transformers = runner._imports()
-    model = runner._build(request, "cpu", notes, torch, transformers)
+    _, transformers = building._imports()
+    model = building._build(request, "cpu", notes, torch, transformers)
     result.device_name = "cpu"
     ref = None
     if beta and request.lora is None:
@@ -81,7 +81,7 @@ def run_grpo_step(request: StepRequest, result: StepMeasurement) -> None:
             wrapped.forward = prepared_forward(wrapped)
         notes.append("the forwards ran as accelerate's mixed precision prepares them")
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = runner.make_optimizer(torch, request, trainable)
+    optimizer = building.make_optimizer(torch, request, trainable)
     result.stage = "measured step"
     peaks = step_peaks(
         model,

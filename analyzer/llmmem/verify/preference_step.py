@@ -86,14 +86,15 @@ def run_preference_step(request: StepRequest, result: StepMeasurement) -> None:
     and fill `result` with each phase's peak."""
     import torch
 
-    from llmmem.verify import runner
+    from llmmem.budget.overheads import CUBLAS_WORKSPACE
+    from llmmem.verify import building
     from llmmem.verify.allocator import replay_step
     from llmmem.verify.preference_grid import _Step, _Tracker, measure_step
     from llmmem.verify.request import PhaseMeasurement
 
     why = check_preference_request(request)
     if why:
-        raise runner.VerifyError(why)
+        raise building.VerifyError(why)
     objective = STEP_OBJECTIVE[str(request.objective)]
     shape = _Shape(
         objective=objective,
@@ -107,7 +108,7 @@ def run_preference_step(request: StepRequest, result: StepMeasurement) -> None:
         trainer=getattr(request, "trainer", "trl"),
     )
     if request.precision not in ("fp32", "bf16", "bf16-true"):
-        raise runner.VerifyError(
+        raise building.VerifyError(
             f"a preference step is verified in fp32, bf16 or bf16 autocast, not {request.precision}"
         )
     build = request
@@ -120,16 +121,16 @@ def run_preference_step(request: StepRequest, result: StepMeasurement) -> None:
     notes = result.notes
     device = request.device
     fake_mode: Any = contextlib.nullcontext()
-    _, transformers = runner._imports()
+    _, transformers = building._imports()
     if device == "fake":
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
-        model = runner.build_model(build, "meta", notes)
-        runner._fake_parameters(torch, model, fake_mode)
+        model = building.build_model(build, "meta", notes)
+        building._fake_parameters(torch, model, fake_mode)
         result.device_name = "simulated (FakeTensorMode, cpu)"
     else:
-        model = runner._build(build, "cpu", notes, torch, transformers)
+        model = building._build(build, "cpu", notes, torch, transformers)
         result.device_name = "cpu"
     ref = None
     if objective in ("dpo", "kto") and request.reference == "copy":
@@ -137,15 +138,15 @@ def run_preference_step(request: StepRequest, result: StepMeasurement) -> None:
         base = replace(build, lora=None, grad_ckpt=False)
         if device == "fake":
             # built afresh in the same fake mode (a deep copy of fake tensors would not be)
-            ref = runner.build_model(base, "meta", notes)
-            runner._fake_parameters(torch, ref, fake_mode)
+            ref = building.build_model(base, "meta", notes)
+            building._fake_parameters(torch, ref, fake_mode)
         elif shape.method == "full":
             ref = copy.deepcopy(model)
         else:
-            ref = runner._build(base, "cpu", notes, torch, transformers)
+            ref = building._build(base, "cpu", notes, torch, transformers)
         ref = ref.eval().requires_grad_(False)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = runner.make_optimizer(torch, request, trainable)
+    optimizer = building.make_optimizer(torch, request, trainable)
     vocab = int(request.config.get("vocab_size") or 32000)
     step = _Step(shape, model, ref, vocab, optimizer)
     tracker = _Tracker()
@@ -160,7 +161,7 @@ def run_preference_step(request: StepRequest, result: StepMeasurement) -> None:
     result.allocated_peak_bytes = max(peaks.values())
     # the policy's weights (the reference copy is a component of its own in the budget)
     result.weights_bytes = int(tracker.bytes_of(list(model.parameters())))
-    replayed = replay_step(tracker.events or [], runner.CUBLAS_WORKSPACE)
+    replayed = replay_step(tracker.events or [], CUBLAS_WORKSPACE)
     result.reserved_peak_bytes = replayed.peak_reserved
     notes.append(
         f"{str(request.objective).upper()} step as "
