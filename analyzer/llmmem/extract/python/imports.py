@@ -8,9 +8,9 @@ from __future__ import annotations
 import ast
 import builtins
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from llmmem.extract.python.local_modules import MAX_MODULE_BYTES, display_name
+from llmmem.extract.python.local_modules import MAX_MODULE_BYTES, LocalModules, display_name
 from llmmem.extract.python.source import ORIGIN, Origin, SourceMap, mark_origin, parse_script
 from llmmem.extract.python.values import (
     Known,
@@ -23,8 +23,22 @@ from llmmem.extract.python.values import (
 )
 from llmmem.files import read_file_bytes
 
-if TYPE_CHECKING:
-    from llmmem.extract.python.interpreter import ScriptReader
+
+class ScriptReader(Protocol):
+    """What importing needs of the reader that runs it (`interpreter.ScriptReader`; a project
+    module is read by a reader of the same class)."""
+
+    path: Path
+    source: SourceMap
+    problems: list[str]
+    local_modules: LocalModules
+    module_scope: Scope
+    star_imports: list[str]
+
+    def __init__(self, source: SourceMap, path: Path) -> None: ...
+
+    def exec_block(self, body: list[ast.stmt], scope: Scope) -> object: ...
+
 
 BUILTIN_NAMES = frozenset(dir(builtins))
 

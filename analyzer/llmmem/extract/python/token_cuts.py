@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import ast
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from llmmem.extract.python.values import Scope, _combine_notes, settle
+from llmmem.extract.python.source import SourceMap
+from llmmem.extract.python.values import Known, Scope, Value, _combine_notes, settle
 
-if TYPE_CHECKING:
-    from llmmem.extract.python.interpreter import ScriptReader
+
+class ScriptReader(Protocol):
+    """What a token cut needs of the reader (`interpreter.ScriptReader`)."""
+
+    source: SourceMap
+    tokenizer_lengths: list[Known]
+
+    def eval(self, node: ast.expr | None, scope: Scope) -> Value: ...
+
 
 SHORTEST_CUT = 16  # fewer tokens are kept for a look at them, not to train on
 
