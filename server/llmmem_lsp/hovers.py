@@ -167,9 +167,10 @@ async def hover(ls: LlmmemServer, params: types.HoverParams) -> types.Hover | No
         in_path: str | None = cell_path(result.checked.analysis.plan.path, index)
         fresh = freshness(state, result)
     else:
-        state = ls.analyzer.documents.get(uri)
-        if state is None:
+        opened = ls.analyzer.documents.get(uri)
+        if opened is None:
             return None
+        state = opened
         ls.analyzer.hurry(state)
         await ls.analyzer.wait_current(state, wait_for(state))
         if state.result is None:

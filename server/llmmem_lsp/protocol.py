@@ -257,7 +257,7 @@ class LlmmemProtocol(LanguageServerProtocol):
     def _handle_request(self, msg_id: Any, method_name: str, params: Any) -> None:
         if method_name == types.WORKSPACE_EXECUTE_COMMAND:
             command = getattr(params, "command", None)
-            if command not in self.fm.commands:
+            if not isinstance(command, str) or command not in self.fm.commands:
                 known = ", ".join(sorted(self.fm.commands))
                 log.info("unknown command %r", command)
                 self._refuse(

@@ -102,7 +102,7 @@ class LlmmemCallback(TrainerCallback):  # type: ignore[misc]
 
 def _trainer_class() -> str | None:
     """The class of the Trainer whose `train()` is running (from the call stack)."""
-    frame = sys._getframe(2)
+    frame: Any = sys._getframe(2)
     for _ in range(12):
         if frame is None:
             return None

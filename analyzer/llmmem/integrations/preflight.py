@@ -257,7 +257,7 @@ def _analyse(reading: Any, gpu: str | None, script: Any, *, triton: bool = True)
         # position and folds its tiles in torch (llmmem.budget.stacks.trl)
         setup = replace(setup, triton=triton)
         refit = True
-    if refit and setup is not None:
+    if refit and setup is not None and analysis.spec is not None:
         analysis.setup = setup
         budget = estimate_budget(analysis.spec, setup, analysis.gpu)
         analysis.budget = with_local_evidence(budget, path, plan.framework)

@@ -35,8 +35,8 @@ def check_unusable_settings(analysis: Analysis, text: str) -> list[Finding]:
     findings = []
     if "llmmem" in text:
         reading = read_pragmas(text)
-        for problem in reading.located:
-            findings.append(_unusable(plan.path, problem.message + "; not used", problem.range))
+        for located in reading.located:
+            findings.append(_unusable(plan.path, located.message + "; not used", located.range))
         for code, where in reading.ignored_codes:
             if code not in RULES and code != "*":
                 findings.append(

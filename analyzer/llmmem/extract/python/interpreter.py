@@ -886,13 +886,13 @@ class ScriptReader(Findings):
         if name == "range":
             return counted_range(args)
         if name == "setattr" and len(args.positional) == 3:
-            owner, attribute, value = args.positional
-            known = settle(attribute)
-            if known is not None and isinstance(known.value, str):
-                self.set_attribute(owner, known.value, value)
+            target, name_value, assigned = args.positional
+            named = settle(name_value)
+            if named is not None and isinstance(named.value, str):
+                self.set_attribute(target, named.value, assigned)
             else:  # any field may be this one
                 forget_fields(
-                    owner,
+                    target,
                     f"may be set by `setattr`{self._at(args.node)} by a name "
                     "not known before run time",
                 )
@@ -953,8 +953,8 @@ class ScriptReader(Findings):
         if method == "copy":
             return DictValue(dict(owner.entries), args.node, list(owner.unread))
         if method in ("items", "keys", "values") and not owner.unread:
-            keys = [Known(key, owner.node) for key in owner.entries]
-            values = list(owner.entries.values())
+            keys: list[Value] = [Known(key, owner.node) for key in owner.entries]
+            values: list[Value] = list(owner.entries.values())
             if method == "items":
                 pairs: list[Value] = [
                     ListValue([key, value], owner.node)

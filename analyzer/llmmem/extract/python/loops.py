@@ -155,9 +155,9 @@ def counted_range(args: CallArgs) -> Value:
         for known in bounds
     ):
         return Unknown("range() of values not known", args.node)
-    numbers = range(*[known.value for known in bounds])  # type: ignore[union-attr]
+    numbers = range(*[int(known.value) for known in bounds])  # type: ignore[union-attr, arg-type]
     if len(numbers) > MAX_LOOP_RUNS + 1:
-        shown = [Known(n, args.node) for n in numbers[: MAX_LOOP_RUNS + 1]]
+        shown: list[Value] = [Known(n, args.node) for n in numbers[: MAX_LOOP_RUNS + 1]]
         return LongRange(shown, args.node, len(numbers))
     return ListValue([Known(n, args.node) for n in numbers], args.node)
 
