@@ -45,7 +45,8 @@ LIBRARIES = (
 )
 
 # the releases tests/constraints.txt pins (tests/cli/test_versions.py checks they agree); TRL
-# and torchtune are not pinned there: without another source they are unknown
+# (pinned there only for the tests that run its trainers) and torchtune are not among them:
+# without another source they are unknown
 TESTED_RELEASES = {
     "torch": "2.13.0",
     "deepspeed": "0.19.8",

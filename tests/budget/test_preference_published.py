@@ -10,6 +10,7 @@ import io
 import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -124,7 +125,12 @@ def test_the_table_runs_on_one_row() -> None:
     assert results[0].error == pytest.approx(results[0].predicted / measured - 1)
 
 
-def test_a_row_off_by_more_than_ten_percent_carries_its_reason() -> None:
+def test_a_row_off_by_more_than_ten_percent_carries_its_reason(
+    trl_release: Callable[[str], Path],
+) -> None:
+    # the rows name no TRL release; their errors and reasons are the budgets' at the release
+    # those restate, 0.29.1 (the tests' environment has another, which the estimate would read)
+    trl_release("0.29.1")
     for row in ROWS:
         r = result(published_row(row))
         if abs(r.error) > 0.10:

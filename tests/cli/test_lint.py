@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -139,9 +140,17 @@ def test_broken_and_binary_files_do_not_crash(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
-def test_explain_json_has_plan_budget_and_findings() -> None:
-    proc = llmmem(
-        "explain", str(EXAMPLES / "qlora_sft.py"), "--gpu", "RTX-4090", "--format", "json"
+def test_explain_json_has_plan_budget_and_findings(trl_release: Callable[[str], Path]) -> None:
+    # the example does not fit an RTX 4090 with TRL 0.29.1's SFTTrainer (with 1.16's fused LM
+    # head, the tests' own release, it does)
+    environment = trl_release("0.29.1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmmem", "explain", str(EXAMPLES / "qlora_sft.py")]
+        + ["--gpu", "RTX-4090", "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**ENV, "LLMMEM_RUN_ENV": str(environment)},
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)

@@ -4,6 +4,8 @@ fp32 (accelerate's convert_outputs_to_fp32), for the preference objectives only.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -32,7 +34,10 @@ def _peak(capsys: pytest.CaptureFixture[str], *extra: str) -> int:
     return int(json.loads(capsys.readouterr().out)["allocated_peak_bytes"])
 
 
-def test_bf16_weights_default_to_trls_bf16_true(capsys: pytest.CaptureFixture[str]) -> None:
+def test_bf16_weights_default_to_trls_bf16_true(
+    capsys: pytest.CaptureFixture[str], trl_release: Callable[[str], Path]
+) -> None:
+    trl_release("0.29.1")  # the DPO step with the full logits (1.15 on: TRL's fused LM head)
     default = _peak(capsys)
     on = _peak(capsys, "--mixed-precision")
     off = _peak(capsys, "--no-mixed-precision")

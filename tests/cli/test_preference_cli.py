@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -201,8 +202,9 @@ def test_verify_on_a_gpu_says_a_preference_step_runs_on_the_cpu_or_simulated(
 
 
 def test_the_largest_micro_batch_is_searched_with_the_preference_step(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], trl_release: Callable[[str], Path]
 ) -> None:
+    trl_release("0.29.1")  # DPO's full logits, policy and reference (1.15 on: the fused head)
     args = ("--model", "Qwen/Qwen2.5-0.5B-Instruct", "--seq", "1024", "--gpu", "24GiB")
     sft = _json(capsys, "estimate", "--offline", *args, "--max-batch")
     dpo = _json(capsys, "estimate", "--offline", *args, "--method", "dpo", "--max-batch")

@@ -123,6 +123,66 @@ def test_the_callback_predicts_measures_and_records(
     assert "band from 1 local run" in json.dumps(report), explained.stdout[-2000:]
 
 
+SFT_TRAINER = """
+from datasets import Dataset
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+from trl import SFTConfig, SFTTrainer
+from llmmem import LlmmemCallback
+{before}
+# a word-level tokenizer made here (no download) and rows already tokenized, 60 tokens each
+backend = Tokenizer(models.WordLevel(vocab={{f"w{{i}}": i for i in range(1000)}}, unk_token="w1"))
+backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="w0", eos_token="w2",
+                                    unk_token="w1")
+data = Dataset.from_dict({{"input_ids": [[3 + (7 * i + j) % 997 for j in range(60)]
+                                         for i in range(16)]}})
+args = SFTConfig(output_dir="out", per_device_train_batch_size=4, max_steps=3, max_length=60,
+                 use_cpu=True, report_to=[], save_strategy="no", logging_steps=100,
+                 {arguments})
+callback = LlmmemCallback(gpu="A100-80GB", meter="cpu")
+SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer,
+           callbacks=[callback]).train()
+print("PREDICTED", callback.preflight.budget.allocated_peak_bytes)
+print("NOTES", callback.preflight.budget.notes)
+"""
+
+
+@pytest.mark.parametrize(
+    ("before", "arguments", "method"),
+    [
+        ("", "bf16=False, gradient_checkpointing=False", "full"),
+        (LORA, "bf16=True, gradient_checkpointing=True", "lora"),
+    ],
+    ids=["full-fp32", "lora-bf16-checkpointing"],
+)
+def test_trl_sft_trainer_is_predicted_as_its_release_runs_it(
+    tmp_path: Path, before: str, arguments: str, method: str
+) -> None:
+    """TRL 1.16's SFTTrainer (the tests' pin) takes its loss through TRL's fused LM head: on
+    this CPU, without Triton, a (236, 32768) tile buffer for 4 rows × 59 scored positions and
+    the fold's fp32 tiles, where the HF Trainer's step holds the (4, 60, 1000) logits. The
+    preflight sizes the step as this release runs it here, and the first steps measured read
+    within 5% of it; the run is recorded as the HF Trainer's class."""
+    import trl
+
+    assert trl.__version__ == "1.16.0"  # the release these shapes were read in
+    proc = run_script(tmp_path, SFT_TRAINER.format(before=before, arguments=arguments))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "llmmem preflight: tiny-llama" in proc.stderr
+    assert f", {method}, batch 4 x 60 tokens" in proc.stderr
+    assert abs(measured_gap(proc.stderr)) <= 5.0
+    notes = proc.stdout.split("NOTES", 1)[1]
+    assert "from TRL's fused LM head" in notes and "no Triton on this device" in notes
+    # the fused head's buffer alone (4 B or, under bf16 autocast, 2 B × 236 × 32768) is more
+    # than the HF Trainer's whole logits and loss (12 B × 240 × 1000)
+    predicted = int(proc.stdout.split("PREDICTED", 1)[1].split()[0])
+    assert predicted > 2 * 236 * 32768 > 12 * 240 * 1000
+    (row,) = rows(tmp_path)
+    assert row["key"] == f"A100-80GB/hf/{method}/1 GPU"
+    assert 0.95 <= row["device_ratio"] <= 1.05
+
+
 def test_preflight_raises_before_any_step_with_what_would_fit(tmp_path: Path) -> None:
     proc = run_script(
         tmp_path,

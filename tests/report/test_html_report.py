@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -98,7 +99,10 @@ def colour_counts(png: bytes, colours: dict[str, str]) -> dict[str, int]:
     return counts
 
 
-def test_the_page_is_self_contained_and_says_what_the_budget_says(tmp_path: Path) -> None:
+def test_the_page_is_self_contained_and_says_what_the_budget_says(
+    tmp_path: Path, trl_release: Callable[[str], Path]
+) -> None:
+    trl_release("0.29.1")  # the example's logits on an RTX 4090 it does not fit
     out = explain_html(str(QLORA), "--gpu", "RTX-4090")
     assert out.returncode == 0, out.stderr
     page = out.stdout
@@ -140,7 +144,8 @@ def test_a_wrong_format_is_refused_in_one_line() -> None:
     chromium() is None,
     reason="no Chromium here (Debian: apt-get install chromium; .ci/run installs it)",
 )
-def test_chromium_draws_the_chart(tmp_path: Path) -> None:
+def test_chromium_draws_the_chart(tmp_path: Path, trl_release: Callable[[str], Path]) -> None:
+    trl_release("0.29.1")  # the example's logits, drawn (1.15 on: TRL's fused LM head)
     out = explain_html(str(QLORA), "--gpu", "RTX-4090")
     assert out.returncode == 0, out.stderr
     page = tmp_path / "qlora.html"

@@ -7,6 +7,7 @@ names it ignores), the edited file still parses, and `check_text` on it gives th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -150,7 +151,10 @@ def test_torchtune_checkpointing_and_optimizer_component(tmp_path: Path) -> None
     assert document["optimizer"]["_component_"] == "bitsandbytes.optim.AdamW8bit"
 
 
-def test_trl_liger_and_qlora_use_trl_keys() -> None:
+def test_trl_liger_and_qlora_use_trl_keys(trl_release: Callable[[str], Path]) -> None:
+    # Liger's fused cross-entropy replaces TRL 0.29.1's full logits (from 1.15 SFTTrainer turns
+    # it off and takes its fused LM head, which no Liger fix improves)
+    trl_release("0.29.1")
     path = CONFIGS / "trl_sft.yaml"
     document = offered(path, "RTX-4090", LIGER)
     assert document["use_liger_kernel"] is True
@@ -301,7 +305,10 @@ def test_verl_sft_halves_the_micro_batch_and_keeps_the_global_batch(tmp_path: Pa
     assert after.gradient_accumulation_steps.value == 16
 
 
-def test_verl_grpo_fixes_write_the_actor_keys(tmp_path: Path) -> None:
+def test_verl_grpo_fixes_write_the_actor_keys(
+    tmp_path: Path, trl_release: Callable[[str], Path]
+) -> None:
+    trl_release("0.29.1")  # the GRPO step the budget restates: the full logits, not 1.15's head
     text = (CONFIGS / "verl_grpo.yaml").read_text(encoding="utf-8")
     document = offered(CONFIGS / "verl_grpo.yaml", "RTX-4090", HALVE, text)
     actor = document["actor_rollout_ref"]["actor"]
