@@ -92,8 +92,8 @@ def test_a_plain_trainer_beside_trl_is_not_sized_as_sft_trainer(tmp_path: Path) 
 
 
 def test_estimate_framework_trl_takes_the_release_it_is_given(tmp_path: Path) -> None:
-    args = ("estimate", "--offline", "--model", "meta-llama/Llama-3.1-8B", "--method", "lora")
-    args += ("--batch", "2", "--seq", "2048", "--grad-ckpt", "--framework", "trl")
+    args = ["estimate", "--offline", "--model", "meta-llama/Llama-3.1-8B", "--method", "lora"]
+    args += ["--batch", "2", "--seq", "2048", "--grad-ckpt", "--framework", "trl"]
     at_116 = llmmem(*args, "--versions", "trl=1.16", cwd=tmp_path)
     at_114 = llmmem(*args, "--versions", "trl=1.14", cwd=tmp_path)
     assert at_116["setup"]["values"]["framework"] == "trl"
