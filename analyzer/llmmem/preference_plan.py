@@ -159,12 +159,10 @@ def grpo_setup(plan: TrainingPlan) -> Any:
     if _truthy(_kept(plan, "use_vllm")):
         mode = str(_kept(plan, "vllm_mode") or "server").strip().lower()
         values["vllm"] = mode
+    values.update(own_log_probabilities(plan))  # OpenRLHF's and verl's: not TRL's fused head
     if plan.framework == "openrlhf":
         estimator = str(_kept(plan, "advantage_estimator") or "").strip().lower()
         values["group_baseline"] = estimator in OPENRLHF_GROUP_ESTIMATORS
-        # OpenRLHF takes its log-probabilities from the full logits whatever TRL is installed
-        # beside it: not TRL 1.x's fused head
-        values["trl_release"] = "0.29.1"
         if _kept(plan, "ref_model_id"):
             # OpenRLHF loads the reference as a model of its own, under LoRA too
             values["reference_copy"] = True
@@ -356,10 +354,21 @@ def preference_setup(plan: TrainingPlan) -> PreferenceSetup | None:
         objective=objective,
         reference=reference,
         mixed_precision=mixed,
+        **own_log_probabilities(plan),
         **openrlhf_reference(plan),
         **llamafactory_trainer(plan),
         **cpo_alpha_of(plan, objective),
     )
+
+
+# frameworks whose trainers take their log-probabilities from the full logits in code of their
+# own, whatever TRL is installed beside them: TRL 0.29's moments, not TRL 1.x's fused LM head
+OWN_LOG_PROBABILITIES = ("openrlhf", "verl")
+
+
+def own_log_probabilities(plan: TrainingPlan) -> dict[str, Any]:
+    """`trl_release` pinned to the release whose moments such a framework's step follows."""
+    return {"trl_release": "0.29.1"} if plan.framework in OWN_LOG_PROBABILITIES else {}
 
 
 def cpo_alpha_of(plan: TrainingPlan, objective: Objective) -> dict[str, Any]:

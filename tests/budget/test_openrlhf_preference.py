@@ -69,11 +69,10 @@ def test_dpo_reference_is_bf16_and_partitioned_under_zero3(
 
 
 def test_dpo_reference_is_whole_under_zero2_and_gone_when_offloaded(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, trl_release: Callable[[str], Path]
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    # the DPO step the budget restates for OpenRLHF is TRL 0.29.1's: the fixture in the
-    # repository and the copies written beside the test are read with that release alike
-    trl_release("0.29.1")
+    # OpenRLHF takes its log-probabilities from the full logits in code of its own: the tests'
+    # TRL 1.16 beside it changes nothing (its step restates TRL 0.29.1's moments)
     text = DPO.read_text(encoding="utf-8")
     zero2 = _explain(capsys, _run(tmp_path, text.replace("--zero_stage 3", "--zero_stage 2")))
     params = _params("meta-llama/Llama-3.1-8B-Instruct")
@@ -283,3 +282,14 @@ def test_ppo_with_a_reward_server_loads_no_reward_model(tmp_path: Path) -> None:
     assert "localhost:5000" in ppo.reward_name
     # the critic stays: colocated with the actor
     assert ppo.value == "model" and ppo.value_model is not None
+
+
+def test_openrlhf_dpo_is_the_same_whatever_trl_is_installed_beside_it(
+    capsys: pytest.CaptureFixture[str], trl_release: Callable[[str], Path]
+) -> None:
+    with_tests_trl = _explain(capsys, DPO)["budget"]["allocated_peak_bytes"]
+    trl_release("1.16.0")
+    with_trl_116 = _explain(capsys, DPO)["budget"]["allocated_peak_bytes"]
+    trl_release("0.29.1")
+    with_trl_029 = _explain(capsys, DPO)["budget"]["allocated_peak_bytes"]
+    assert with_tests_trl == with_trl_116 == with_trl_029
