@@ -23,7 +23,8 @@ examples and their KL rows) × 128 tokens, fp32, LLaMA-Factory 0.9.5 (torch 2.13
 5.6.0, TRL 0.24.0, peft 0.18.1, accelerate 1.11.0), LoRA r 8 on q_proj and v_proj, MiB: the step
 up to the optimizer, LLaMA-Factory's, llmmem's before 600deb2 (TRL's trainers) and after
 6c832b1 (LLaMA-Factory's own DPO trainer from 600deb2, its KTO trainer and rm stage from
-78103c7, the rm stage's unread cross-entropy from 6c832b1), then the optimizer step with llmmem's error before and after, and the function
+78103c7, the rm stage's unread cross-entropy from 6c832b1), then the optimizer step with llmmem's
+error before and after, and the function
 LLaMA-Factory's step peaked in:
 
     case                 LF   before  error    after  error  optimizer before after peak at

@@ -34,58 +34,62 @@ from llmmem.verify.preference_grid import SMALL, Case, measure, predict  # noqa:
 
 TOLERANCE = 0.05
 
-CASES = [
-    # bf16 weights under LoRA run here without accelerate's mixed precision (bf16=False);
-    # with it, see test_lora_over_bf16_weights_under_mixed_precision_is_sized_under_autocast
-    Case(
-        family,
-        "dpo",
-        method,
-        ckpt,
-        dtype,
-        mixed=False if (dtype, method) == ("bf16-true", "lora") else None,
-    )
-    for family in ("llama", "qwen2")
-    for dtype in ("fp32", "bf16-true", "bf16")
-    for method in ("full", "lora")
-    for ckpt in (False, True)
-] + [
-    Case("llama", "dpo", "full", False, "bf16-true", mixed=False),
-    Case("qwen2", "dpo", "lora", True, "bf16-true"),
-    Case("qwen2", "kto", "full", False, "bf16-true", batch=4),
-    Case("llama", "dpo", batch=1, seq=128),
-    # TRL 0.29's DPO metrics: at 512 tokens the chosen completions' mask copy outweighs the
-    # entropy's three 128-row chunks (the budget counts every chosen position: the grid's
-    # prompts are a quarter of each sequence, so the reference phase reads about 2% over)
-    Case("llama", "dpo", "lora", True, seq=512),
-    Case("llama", "dpo", reference="precomputed"),
-    Case("llama", "orpo"),
-    # one pair: the chosen sequence's slice is contiguous already, no copy for its NLL
-    Case("llama", "orpo", batch=1, seq=128),
-    Case("qwen2", "orpo", "lora", dtype="bf16-true", mixed=False),
-    Case("llama", "reward"),
-    Case("qwen2", "reward", grad_ckpt=True),
-    Case("llama", "kto", batch=4),
-    Case("llama", "kto", "lora", True, "bf16-true", batch=4),
-    Case("qwen2", "kto", "full", True, "bf16", batch=4),
-    Case("qwen2", "kto", "lora", dtype="bf16", batch=4),
-    # Gemma-2: eager attention and its two masks (full and sliding layers), soft-capped logits,
-    # tied embeddings, a norm after each sub-layer
-    Case("gemma2", "dpo", "full", False, "bf16"),
-    Case("gemma2", "dpo", "lora", True, "bf16"),
-    Case("gemma2", "dpo", "lora", False, "fp32", batch=1, seq=128),
-    Case("gemma2", "orpo", "full", True, "bf16-true"),
-    Case("gemma2", "kto", "lora", False, "bf16", batch=4),
-] + [
-    # reward models: no vocabulary logits, so the forward peaks in the last block or the final
-    # norm, and backward in a block's (or the final norm's) backward; LoRA trains the score
-    # head whole (modules_to_save=["score"], as TRL recommends)
-    Case(family, "reward", method, ckpt, dtype)
-    for family in ("llama", "qwen2", "gemma2")
-    for method in ("full", "lora")
-    for ckpt in (False, True)
-    for dtype in ("fp32", "bf16-true", "bf16")
-]
+CASES = (
+    [
+        # bf16 weights under LoRA run here without accelerate's mixed precision (bf16=False);
+        # with it, see test_lora_over_bf16_weights_under_mixed_precision_is_sized_under_autocast
+        Case(
+            family,
+            "dpo",
+            method,
+            ckpt,
+            dtype,
+            mixed=False if (dtype, method) == ("bf16-true", "lora") else None,
+        )
+        for family in ("llama", "qwen2")
+        for dtype in ("fp32", "bf16-true", "bf16")
+        for method in ("full", "lora")
+        for ckpt in (False, True)
+    ]
+    + [
+        Case("llama", "dpo", "full", False, "bf16-true", mixed=False),
+        Case("qwen2", "dpo", "lora", True, "bf16-true"),
+        Case("qwen2", "kto", "full", False, "bf16-true", batch=4),
+        Case("llama", "dpo", batch=1, seq=128),
+        # TRL 0.29's DPO metrics: at 512 tokens the chosen completions' mask copy outweighs the
+        # entropy's three 128-row chunks (the budget counts every chosen position: the grid's
+        # prompts are a quarter of each sequence, so the reference phase reads about 2% over)
+        Case("llama", "dpo", "lora", True, seq=512),
+        Case("llama", "dpo", reference="precomputed"),
+        Case("llama", "orpo"),
+        # one pair: the chosen sequence's slice is contiguous already, no copy for its NLL
+        Case("llama", "orpo", batch=1, seq=128),
+        Case("qwen2", "orpo", "lora", dtype="bf16-true", mixed=False),
+        Case("llama", "reward"),
+        Case("qwen2", "reward", grad_ckpt=True),
+        Case("llama", "kto", batch=4),
+        Case("llama", "kto", "lora", True, "bf16-true", batch=4),
+        Case("qwen2", "kto", "full", True, "bf16", batch=4),
+        Case("qwen2", "kto", "lora", dtype="bf16", batch=4),
+        # Gemma-2: eager attention and its two masks (full and sliding layers), soft-capped logits,
+        # tied embeddings, a norm after each sub-layer
+        Case("gemma2", "dpo", "full", False, "bf16"),
+        Case("gemma2", "dpo", "lora", True, "bf16"),
+        Case("gemma2", "dpo", "lora", False, "fp32", batch=1, seq=128),
+        Case("gemma2", "orpo", "full", True, "bf16-true"),
+        Case("gemma2", "kto", "lora", False, "bf16", batch=4),
+    ]
+    + [
+        # reward models: no vocabulary logits, so the forward peaks in the last block or the final
+        # norm, and backward in a block's (or the final norm's) backward; LoRA trains the score
+        # head whole (modules_to_save=["score"], as TRL recommends)
+        Case(family, "reward", method, ckpt, dtype)
+        for family in ("llama", "qwen2", "gemma2")
+        for method in ("full", "lora")
+        for ckpt in (False, True)
+        for dtype in ("fp32", "bf16-true", "bf16")
+    ]
+)
 
 
 def _spec(family: str):  # type: ignore[no-untyped-def]

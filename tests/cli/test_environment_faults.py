@@ -88,7 +88,7 @@ def test_a_folder_that_changes_while_it_is_linted(tmp_path: Path) -> None:
         while not stop.is_set():
             folder = tmp_path / f"checkpoint-{step}"
             folder.mkdir()
-            (folder / "trainer_state.json").write_text('{"global_step": %d}' % step)
+            (folder / "trainer_state.json").write_text(f'{{"global_step": {step}}}')
             old = tmp_path / f"checkpoint-{step - 2}"
             if old.exists():
                 shutil.rmtree(old, ignore_errors=True)
