@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llmmem.budget.image_tokens import image_tokens
 from llmmem.budget.setup import (
     AttnImpl,
     Framework,
@@ -36,6 +37,7 @@ from llmmem.budget.setup import (
     QuantType,
     TrainingSetup,
 )
+from llmmem.budget.vision_training import vision_training
 from llmmem.models.spec import BlockGroup, LinearModule, ModelSpec
 
 # The symbols of the formulas, in the order they are printed.
@@ -53,6 +55,12 @@ SYMBOLS = (
     "k·N",
     "k·N·h",
     "k·N·I",
+    # Mllama's cross-attention blocks: Nv vision states per sample, b·s·v the text × vision mask
+    "Nv·h",
+    "Nv·q",
+    "Nv·kvd",
+    "Nv·r",
+    "b·s·v",
 )
 
 # How many tensors of the MLP width an activation function saves (its input included).
@@ -288,8 +296,19 @@ def _linears(group: BlockGroup, position: str) -> list[LinearModule]:
     return [lin for lin in group.linears if linear_position(lin) == position]
 
 
-ATTN_OUT_NAMES = {"o_proj", "out_proj", "o", "dense", "c_proj", "wo"}
-MLP_OUT_NAMES = {"down_proj", "fc2", "c_proj", "dense_4h_to_h", "wo", "w2", "dense", "fc_out"}
+# (vision encoders: the Qwen ViTs' attn.proj and mlp.linear_fc2, InternViT's projection_layer)
+ATTN_OUT_NAMES = {"o_proj", "out_proj", "o", "dense", "c_proj", "wo", "proj", "projection_layer"}
+MLP_OUT_NAMES = {
+    "down_proj",
+    "fc2",
+    "c_proj",
+    "dense_4h_to_h",
+    "wo",
+    "w2",
+    "dense",
+    "fc_out",
+    "linear_fc2",
+}
 
 
 def linear_position(lin: LinearModule) -> str:
@@ -562,7 +581,15 @@ def estimate_activations(
     dt = dtypes_for(setup)
     train = trainability_for(spec, setup)
     ctx = BlockContext(spec, setup, dt, train, rules)
-    per_block = [(group, block_tally(ctx, group)) for group in spec.blocks]
+    per_block = [
+        (
+            group,
+            cross_attention_tally(ctx, group)
+            if group.name == "cross_attention"
+            else block_tally(ctx, group),
+        )
+        for group in spec.blocks
+    ]
     outside = Tally()
     final = Tally()
     ctx.norm(final)
@@ -608,7 +635,94 @@ def estimate_activations(
         "k·N·h": spec.experts_per_token * b * s * spec.hidden_size,
         "k·N·I": spec.experts_per_token * b * s * spec.intermediate_size,
     }
+    states = cross_attention_states(spec, setup)
+    if states:
+        dims.update(
+            {
+                "Nv·h": b * states * spec.hidden_size,
+                "Nv·q": b * states * spec.q_dim,
+                "Nv·kvd": b * states * spec.kv_dim,
+                "Nv·r": b * states * r,
+                "b·s·v": b * s * states,
+            }
+        )
+        outside.extend(cross_attention_outside(ctx))
+    else:
+        dims.update(dict.fromkeys(("Nv·h", "Nv·q", "Nv·kvd", "Nv·r", "b·s·v"), 0))
     return ActivationEstimate(per_block, outside, setup.grad_ckpt, dims, final)
+
+
+def cross_attention_states(spec: ModelSpec, setup: TrainingSetup) -> int:
+    """Vision states per sample Mllama's cross-attention blocks read (0 for other models)."""
+    if (
+        spec.vision is None
+        or setup.vision is None
+        or spec.vision.geometry.rule != ("cross_attention")
+    ):
+        return 0
+    return image_tokens(spec.vision, setup.vision).cross_states
+
+
+def cross_attention_tally(ctx: BlockContext, group: BlockGroup) -> Tally:
+    """Mllama's cross-attention block (transformers 5.24 MllamaCrossAttentionDecoderLayer):
+    an RMSNorm, queries from the text normalised per head (q_norm upcasts them to fp32), keys
+    and values projected from the Nv vision states (k_norm upcasts the keys, where they need a
+    gradient), SDPA under the text × vision mask, so K and V repeated to every query head
+    (transformers passes grouped heads to SDPA only without a mask), the tanh-gated residual
+    (the gate's gradient needs the attention's output where the gate trains), and a gated MLP.
+    The vision states and the mask are shared by every block: counted once, outside."""
+    tally = Tally()
+    spec, dt, train = ctx.spec, ctx.dt, ctx.train
+    e = dt.compute
+    by_name = {lin.name: lin for lin in group.linears}
+    q, k, v, o = (by_name[name] for name in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    ctx.norm(tally)
+    ctx.consumers_save(tally, dt.residual, "N·h", [q])
+    tally.add(4, "N·q")  # q_norm's fp32 input
+    tally.add(e, "N·q")  # the normalised queries, saved by SDPA
+    training = vision_training(spec, ctx.setup)
+    states_need_grad = training.projector_grad
+    stored = train.adapter_bytes
+    kept = 2 if dt.autocast else stored
+    for lin in (k, v):
+        if train.adapter(lin):
+            if e != stored:
+                tally.add(kept, "Nv·h")  # peft's cast of the states for this adapter
+            tally.add(kept, "Nv·r")  # lora_A's output
+    if train.base_trains or train.adapter(k) or states_need_grad:
+        tally.add(4, "Nv·kvd")  # k_norm's fp32 input
+        if train.base_trains:
+            tally.add(e, "Nv·kvd")
+    repeated = spec.num_kv_heads < spec.num_attention_heads
+    tally.add(2 * e, "Nv·q" if repeated else "Nv·kvd")  # K and V, saved by SDPA
+    tally.add(e, "N·q")  # the attention's output
+    tally.add(4, "b·a·s")  # log-sum-exp
+    ctx.consumers_save(tally, e, "N·q", [o], already_saved=True)
+    if train.base_trains:
+        tally.add(e, "N·h")  # tanh(gate) · attention: kept for the gate's gradient
+    ctx.norm(tally)
+    ctx.consumers_save(tally, dt.residual, "N·h", _linears(group, "mlp_in"))
+    mlp_core(ctx, tally, group)
+    if train.base_trains:
+        tally.add(e, "N·h")  # tanh(gate) · MLP: kept for the gate's gradient
+    return tally
+
+
+def cross_attention_outside(ctx: BlockContext) -> Tally:
+    """What every cross-attention block shares: the text × vision mask SDPA keeps (in the
+    weights' dtype), and the vision states where a k/v projection keeps its input."""
+    tally = Tally()
+    tally.add(ctx.dt.compute, "b·s·v")
+    kv = [
+        lin
+        for group in ctx.spec.blocks
+        if group.name == "cross_attention"
+        for lin in group.linears
+        if lin.name in ("k_proj", "v_proj")
+    ]
+    if ctx.train.linear_inputs_saved or any(ctx.train.adapter(lin) for lin in kv):
+        tally.add(ctx.dt.compute, "Nv·h")
+    return tally
 
 
 def shared_expert_width(spec: ModelSpec) -> int:

@@ -58,6 +58,12 @@ from llmmem.budget.overheads import (
 from llmmem.budget.result import Budget, Component, GpuTarget, Overhead, Phase, PhaseBudget, Term
 from llmmem.budget.setup import Method, Mode, Precision, TrainingSetup
 from llmmem.budget.stacks import own_inventory, own_model, stack_for
+from llmmem.budget.vision import (
+    vision_activations,
+    vision_phase_parts,
+    with_image_tokens,
+    with_pixel_values,
+)
 from llmmem.budget.weights import Inventory, build_inventory
 from llmmem.models.spec import ModelSpec
 from llmmem.units import format_bytes
@@ -147,6 +153,7 @@ def estimate_budget(
     The setup's framework's stack (llmmem.budget.stacks) is asked where its code differs from
     the shared rules: what it refuses, what it always does, its blocks, its quantized layout,
     its buffers, its loss, its weight copies and its offloading."""
+    setup, image_notes = with_image_tokens(spec, setup)
     if setup.mode is Mode.GENERATE:
         from llmmem.budget.generation import estimate_generation
 
@@ -203,7 +210,7 @@ def estimate_budget(
     own_loss = stack.loss(spec, run)
     logits = own_loss.moments if own_loss is not None else logits_moments(spec, run)
     dt = dtypes_for(run)
-    notes: list[str] = list(inv.notes) + list(spec.notes) + stack.notes(spec, setup)
+    notes: list[str] = list(inv.notes) + list(spec.notes) + stack.notes(spec, setup) + image_notes
     if setup.optimizer_in_backward:
         st = stepped_in_backward(st, inv, optim)
         notes.append(
@@ -227,6 +234,10 @@ def estimate_budget(
         recompute = acts.largest_block_bytes
         if own_offload is not None:
             saved, acts_formula = own_offload.after_forward.bytes, own_offload.after_forward.formula
+    vision = vision_activations(spec, run)
+    if vision is not None and vision.saved.bytes:
+        saved += vision.saved.bytes
+        acts_formula += f" + {vision.saved.formula}"
     activations = Term(bytes=saved, formula=acts_formula)
     n_h = setup.tokens * spec.hidden_size
     workspace, workspace_text = backward_workspace(spec, run, rules)
@@ -348,7 +359,7 @@ def estimate_budget(
         bytes=extra_fwd + ddp_buckets + always,
         formula=_temp_text(gathered, ddp_buckets, shard, zero.text if always else ""),
     )
-    forward_only = forward_only_terms(spec, run, inv)
+    forward_only = forward_only_terms(spec, run, inv) + ([vision.forward_only] if vision else [])
     forward_temp = Term(
         bytes=temp_fwd.bytes + sum(t.bytes for t in forward_only),
         formula=" + ".join(
@@ -373,6 +384,9 @@ def estimate_budget(
             Component.TEMPORARIES: forward_temp,
         },
     )
+    vision_forward, vision_backward = vision_phase_parts(vision, in_forward, temp_fwd, st.gradients)
+    for moment, parts in vision_forward:
+        forward = max(forward, phase(Phase.FORWARD, moment, parts), key=lambda p: p.allocated_bytes)
     if logits.after_forward:
         # the trainer's own work on the outputs (TRL SFTTrainer's metrics), forward returned
         left = logits.copies_after_forward
@@ -685,7 +699,9 @@ def estimate_budget(
                         ),
                     ),
                     Component.ACTIVATIONS: Term(
-                        bytes=first_block, formula="the first block's saved tensors"
+                        bytes=first_block + (vision.saved.bytes if vision is not None else 0),
+                        formula="the first block's saved tensors"
+                        + (" + the vision encoder's" if vision and vision.saved.bytes else ""),
                     )
                     if own_offload is None
                     else Term(
@@ -743,6 +759,7 @@ def estimate_budget(
                 },
             )
         )
+    backward_moments += vision_backward
     backward_candidates = []
     for moment, parts in backward_moments:
         full = {Component.WEIGHTS: st.weights, Component.OPTIMIZER_STATES: states, **parts}
@@ -790,7 +807,7 @@ def estimate_budget(
             key=lambda p: p.allocated_bytes,
         )
 
-    phases = [forward, backward, optimizer_step]
+    phases = with_pixel_values([forward, backward, optimizer_step], spec, run)
     peak = max(phases, key=lambda p: p.allocated_bytes)
     first_step_peak = None
     if with_first_step and not setup.first_step:

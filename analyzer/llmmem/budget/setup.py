@@ -323,6 +323,54 @@ class DistributedSetup:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class VisionSetup:
+    """The images of each sample of a vision-language model, and what of its image side
+    trains (llmmem.budget.vision)."""
+
+    images: int = 1  # images per sample
+    height: int = 448  # pixels of each image, before the processor resizes it
+    width: int = 448
+    # the processor's bounds on an image's area (Qwen's min_pixels, max_pixels; LLaMA-Factory's
+    # image_min_pixels, image_max_pixels); None: the checkpoint's processor's
+    min_pixels: int | None = None
+    max_pixels: int | None = None
+    # whether the encoder and the projector train; None: as the method says (full fine-tuning
+    # trains them, LoRA trains only adapters)
+    encoder_trains: bool | None = None
+    projector_trains: bool | None = None
+    # LoRA's target names reach the encoder's and projector's Linears of those names (PEFT
+    # matches leaf names anywhere in the model); False where the framework keeps the adapters
+    # in the language model (LLaMA-Factory with freeze_vision_tower, a regex on language_model)
+    adapters_reach_vision: bool = True
+    # `seq` already counts the image tokens (a maximum length over the whole sequence), else
+    # they come on top of it
+    seq_includes_images: bool = False
+
+    def __post_init__(self) -> None:
+        _set(self, "images", _whole(self.images, "images per sample", at_least=1, at_most=4096))
+        _set(self, "height", _whole(self.height, "image height", at_least=1, at_most=1 << 16))
+        _set(self, "width", _whole(self.width, "image width", at_least=1, at_most=1 << 16))
+        longest, shortest = max(self.height, self.width), min(self.height, self.width)
+        if longest > 200 * shortest:
+            raise SetupError(
+                f"an image of {self.width}x{self.height} pixels is more than 200 times as long "
+                "as it is wide: the processors refuse it"
+            )
+        for name in ("min_pixels", "max_pixels"):
+            value = getattr(self, name)
+            if value is not None:
+                _set(self, name, _whole(value, name, at_least=1))
+        if (
+            self.min_pixels is not None
+            and self.max_pixels is not None
+            and self.min_pixels > self.max_pixels
+        ):
+            raise SetupError(
+                f"min_pixels ({self.min_pixels}) is above max_pixels ({self.max_pixels})"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TrainingSetup:
     mode: Mode = Mode.TRAIN
     method: Method = Method.FULL
@@ -377,6 +425,9 @@ class TrainingSetup:
     # fused LM head scores every position and folds its tiles in torch ops
     # (llmmem.budget.fused_head_bytes)
     triton: bool = True
+    # a vision-language model's images per sample and what of its image side trains (None: no
+    # images; the vision tower only holds its weights)
+    vision: VisionSetup | None = None
 
     def __post_init__(self) -> None:
         _set(self, "mode", _as_enum(Mode, self.mode, "mode"))

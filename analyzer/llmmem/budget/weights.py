@@ -248,6 +248,10 @@ def build_inventory(
         groups.extend(_adapter_groups(spec, setup))
         groups.extend(_modules_to_save(spec, setup, groups))
     groups.extend(buffers)
+    if spec.vision is not None:  # a vision-language model's encoder and projector
+        from llmmem.budget.vision import vision_parameter_groups
+
+        groups.extend(vision_parameter_groups(spec, setup, quantized_bytes))
     return Inventory(groups=groups, base_bytes_per_param=base, notes=notes)
 
 

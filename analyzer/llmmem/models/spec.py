@@ -180,10 +180,14 @@ class ModelSpec:
     # exact tensor bytes per safetensors dtype ("BF16", "U8", "F32"), when the hub header was read
     checkpoint_bytes_by_dtype: dict[str, int] | None = None
     notes: list[str] = field(default_factory=list)  # what the reader assumed
+    # a vision-language model's image side; the fields above are its language model's
+    vision: VisionTower | None = None
 
     @property
     def total_params(self) -> int:
-        return self.params.total
+        """Every parameter of the model: the language model's, and the vision tower's and
+        projector's where there are some."""
+        return self.params.total + (self.vision.params if self.vision is not None else 0)
 
     @property
     def value_head_dim(self) -> int:
@@ -214,3 +218,55 @@ class ModelSpec:
 
     def block_linears(self) -> list[tuple[BlockGroup, LinearModule]]:
         return [(group, lin) for group in self.blocks for lin in group.linears]
+
+
+# How images become language-model tokens:
+# - grid: every image keeps its own aspect (Qwen2-VL's smart resize between min and max
+#   pixels; Pixtral's longest edge), (H/patch)·(W/patch) patches, merge² patches per token;
+# - fixed: every image is resized to one square and gives the same tokens (Gemma 3, LLaVA);
+# - tiles: square tiles of image_size as many as the image needs, up to max_tiles, plus one
+#   whole-image tile (InternVL, Idefics3, LLaVA-NeXT's grid);
+# - cross_attention: the text holds one token per image; the language model's cross-attention
+#   blocks read the encoder's tiles (Llama 3.2 Vision)
+ImageRule = Literal["grid", "fixed", "tiles", "cross_attention"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ImageGeometry:
+    """How a vision tower cuts images into patches and how many tokens they give."""
+
+    rule: ImageRule
+    patch_size: int
+    # the square side an image (fixed) or a tile (tiles, cross_attention) is resized to
+    image_size: int | None = None
+    merge: int = 1  # patches folded into one token along each side (merger, pixel shuffle, pool)
+    temporal_patch_size: int = 1  # frames folded into one patch (Qwen: an image is repeated)
+    tokens_per_image: int | None = None  # fixed: language-model tokens per image
+    class_token: bool = False  # the encoder prepends one token per image or tile
+    max_tiles: int = 1  # tiles, cross_attention: tiles per image at most
+    # Qwen2.5-VL: the side, in patches, of the windows most blocks attend within (None: every
+    # block attends over the whole image)
+    window_patches: int | None = None
+    full_attention_blocks: int = 0  # of the encoder's blocks, those attending the whole image
+    # a token ending each row of merged patches (Pixtral's [IMG_BREAK], LLaVA-NeXT's newline)
+    row_break: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VisionTower:
+    """The image side of a vision-language model: its encoder (a ModelSpec of its own, with
+    exact counts by role and its blocks; no vocabulary, no head), the projector that brings
+    its features to the language model's width, and how images become tokens."""
+
+    architecture: str  # the whole model's class: "Qwen2_5_VLForConditionalGeneration"
+    encoder: ModelSpec
+    projector_linears: list[LinearModule]  # the projector's Linears (PEFT's all-linear too)
+    projector_params: int  # every parameter of the projector or merger, its norms included
+    # the encoder's features the projector reads, per token, where wider than its width:
+    # Mllama concatenates intermediate layers' outputs
+    feature_width: int = 0
+    geometry: ImageGeometry
+
+    @property
+    def params(self) -> int:
+        return self.encoder.params.total + self.projector_params

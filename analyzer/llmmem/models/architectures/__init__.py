@@ -58,6 +58,26 @@ FAMILY_OF_MODEL_TYPE: dict[str, str] = {
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(FAMILY_OF_MODEL_TYPE))
 
+# vision-language model types -> the module whose VISION_LANGUAGE_READERS has their reader; looked
+# up before FAMILY_OF_MODEL_TYPE (a gemma3 config gets its vision tower as well as its text)
+VISION_FAMILY_OF_MODEL_TYPE: dict[str, str] = dict.fromkeys(
+    (
+        "qwen2_vl",
+        "qwen2_5_vl",
+        "qwen3_vl",
+        "gemma3",
+        "llava",
+        "llava_next",
+        "mistral3",
+        "internvl",
+        "idefics3",
+        "smolvlm",
+    ),
+    "vision_language",
+)
+VISION_FAMILY_OF_MODEL_TYPE["mllama"] = "mllama"
+VISION_LANGUAGE_MODEL_TYPES: tuple[str, ...] = tuple(sorted(VISION_FAMILY_OF_MODEL_TYPE))
+
 
 def family_readers(family: str) -> list[ArchitectureReader]:
     """The READERS of one family module, imported on first use."""
@@ -67,6 +87,13 @@ def family_readers(family: str) -> list[ArchitectureReader]:
 
 def architecture_reader(model_type: str) -> ArchitectureReader | None:
     """The reader of a supported `model_type`, importing only its family's module."""
+    vision_family = VISION_FAMILY_OF_MODEL_TYPE.get(model_type)
+    if vision_family is not None:
+        module = import_module(f"{__name__}.{vision_family}")
+        for reader in module.VISION_LANGUAGE_READERS:
+            if reader.model_type == model_type:
+                found: ArchitectureReader = reader
+                return found
     family = FAMILY_OF_MODEL_TYPE.get(model_type)
     if family is None:
         return None
@@ -106,10 +133,11 @@ def read_architecture(
         from llmmem.models.architectures.generic import generic_reader
 
         reader = generic_reader(model_type, config)
+    supported = ", ".join(sorted({*SUPPORTED_MODEL_TYPES, *VISION_LANGUAGE_MODEL_TYPES}))
     if reader is None:
         what = f"model_type {model_type!r}" if model_type else "a config without 'model_type'"
         raise ModelSpecError(
-            f"{what} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)}); "
+            f"{what} is not supported (supported: {supported}); "
             "give a config of a supported architecture or state the model size in a pragma"
         )
     view = ConfigView(
@@ -124,7 +152,7 @@ def read_architecture(
     except ConfigFieldError as error:
         raise ModelSpecError(
             f"{error}; it is needed to count the parameters of a {model_type} model "
-            f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+            f"(supported: {supported})"
         ) from None
     quantization, quantization_note = read_checkpoint_quantization(config)
     extra_notes = [note for note in (view.defaults_note(), quantization_note) if note]
