@@ -37,6 +37,7 @@ from llmmem.budget.weights import default_lora_targets
 from llmmem.errors import UsageError
 from llmmem.models.spec import ModelSpec
 from llmmem.units import format_bytes
+from llmmem.vision_flags import add_vision_flags, vision_from_args, vision_line
 
 # What HF Trainer / TRL do when a setting is not given.
 DEFAULTS: dict[str, Any] = {
@@ -169,6 +170,7 @@ def add_plan_flags(parser: argparse.ArgumentParser) -> None:
 
     add_grpo_flags(parser)
     add_ppo_flags(parser)
+    add_vision_flags(parser)
 
 
 def _count(text: str) -> int:
@@ -735,6 +737,7 @@ def build_setup(
         if torchtune and getattr(args, "loss", None) is None:
             prov["loss"] = "torchtune's configs' CEWithChunkedOutputLoss (8 chunks)"
         prov["framework"] = _framework_provenance(args, setup)
+        setup = vision_from_args(args, spec, setup, prov)
         stack = stack_for(setup.framework)
         stack.check(setup)
         setup = stack.prepare(setup)
@@ -871,6 +874,9 @@ def setup_lines(
     framework_prov = prov.get("framework", "")
     if setup.framework is not Framework.HF or framework_prov.startswith("flag: the HF budget"):
         lines.append(("framework", setup.framework.value, framework_prov))
+    images = vision_line(setup, prov)
+    if images is not None:
+        lines.append(images)
     if setup.lora:
         lines.append(
             (

@@ -28,6 +28,7 @@ from llmmem.budget.setup import (
     QuantType,
     SetupError,
     TrainingSetup,
+    VisionSetup,
 )
 from llmmem.models.spec import ModelSpec
 from llmmem.plan import Provenance, Sourced, TrainingPlan
@@ -200,7 +201,59 @@ def setup_from_plan(plan: TrainingPlan, spec: ModelSpec) -> TrainingSetup:
         compile=_extra_flag(plan, "torch_compile") or _extra_flag(plan, "compile"),
         framework=PLAN_STACKS.get(str(plan.framework), Framework.HF),
         loss_chunks=_whole_extra(plan, "num_output_chunks", 8),
+        vision=vision_of(plan, spec),
     )
+
+
+# LLaMA-Factory's ProcessorArguments: image_max_pixels 768·768, image_min_pixels 32·32
+LLAMAFACTORY_PIXELS = (32 * 32, 768 * 768)
+# elsewhere a config names no image size: one image of this side is assumed
+ASSUMED_SIDE = 448
+
+
+def vision_of(plan: TrainingPlan, spec: ModelSpec) -> VisionSetup | None:
+    """The images of a vision-language model's plan. No config says how many images a
+    sample holds (the dataset does): one is assumed, and said. LLaMA-Factory's images are
+    sized at its own bound on their area (`image_max_pixels`), its `freeze_vision_tower` and
+    `freeze_multi_modal_projector` (both on by default) freeze the image side and keep LoRA's
+    adapters in the language model, its `cutoff_len` counts the image tokens; elsewhere a
+    448×448 image whose tokens the maximum length also counts (TRL's `max_length`)."""
+    if spec.vision is None:
+        return None
+    if plan.framework != "llamafactory":
+        return VisionSetup(
+            images=1,
+            height=ASSUMED_SIDE,
+            width=ASSUMED_SIDE,
+            seq_includes_images=True,
+            assumed="one image a sample assumed, the dataset decides",
+        )
+    low = _whole_extra(plan, "image_min_pixels", LLAMAFACTORY_PIXELS[0])
+    high = _whole_extra(plan, "image_max_pixels", LLAMAFACTORY_PIXELS[1])
+    side = max(1, int(high**0.5))
+    freeze_tower = _extra_bool(plan, "freeze_vision_tower", True)
+    projector_only = _extra_bool(plan, "train_mm_proj_only", False)
+    freeze_projector = _extra_bool(plan, "freeze_multi_modal_projector", True)
+    return VisionSetup(
+        images=1,
+        height=side,
+        width=side,
+        min_pixels=min(low, high),
+        max_pixels=high,
+        encoder_trains=False if freeze_tower or projector_only else None,
+        projector_trains=True if projector_only else (False if freeze_projector else None),
+        adapters_reach_vision=not freeze_tower,
+        seq_includes_images=True,
+        assumed=f"one image a sample of image_max_pixels ({high:,}) assumed, the dataset decides",
+    )
+
+
+def _extra_bool(plan: TrainingPlan, name: str, default: bool) -> bool:
+    kept = plan.extra.get(name)
+    value = kept.value if isinstance(kept, Sourced) else kept
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes")
+    return value if isinstance(value, bool) else default
 
 
 # the plans whose framework trains with a stack of its own (llmmem.budget.stacks); the rest

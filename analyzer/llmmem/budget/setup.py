@@ -345,6 +345,9 @@ class VisionSetup:
     # `seq` already counts the image tokens (a maximum length over the whole sequence), else
     # they come on top of it
     seq_includes_images: bool = False
+    # where the images were not stated but assumed (a config that names no image count): why,
+    # shown with the image tokens
+    assumed: str = ""
 
     def __post_init__(self) -> None:
         _set(self, "images", _whole(self.images, "images per sample", at_least=1, at_most=4096))

@@ -201,7 +201,10 @@ def with_image_tokens(spec: ModelSpec, setup: TrainingSetup) -> tuple[TrainingSe
             f"{spec.model_id} has no vision encoder: the images are not counted"
         ]
     found = sample_tokens(spec, images)
-    notes = [f"images: {found.formula}; {found.lm_tokens} tokens of each sample's sequence"]
+    notes = [
+        f"images: {found.formula}; {found.lm_tokens} tokens of each sample's sequence"
+        + (f" ({images.assumed})" if images.assumed else "")
+    ]
     if images.seq_includes_images:
         if found.lm_tokens >= setup.seq:
             notes.append(

@@ -190,6 +190,12 @@ class ModelSpec:
         return self.params.total + (self.vision.params if self.vision is not None else 0)
 
     @property
+    def whole_architecture(self) -> str:
+        """The class a user loads: a vision-language model's own (its language model is
+        counted as `architecture`)."""
+        return self.vision.architecture if self.vision is not None else self.architecture
+
+    @property
     def value_head_dim(self) -> int:
         return self.head_dim if self.v_head_dim is None else self.v_head_dim
 

@@ -12,7 +12,7 @@ def model_dict(spec: ModelSpec) -> dict[str, Any]:
     return {
         "id": spec.model_id,
         "model_type": spec.model_type,
-        "architecture": spec.architecture,
+        "architecture": spec.whole_architecture,
         "params": spec.total_params,
         "source": spec.source.value,
         "source_detail": spec.source_detail,

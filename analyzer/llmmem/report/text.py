@@ -39,7 +39,7 @@ def render_budget(
     origin = f"{spec.source.value}" + (f": {spec.source_detail}" if spec.source_detail else "")
     console.print(
         f"[bold]{escape(spec.model_id)}[/bold]  {spec.total_params / 1e9:.2f}B params "
-        f"({escape(f'{spec.architecture}, from {origin}')})"
+        f"({escape(f'{spec.whole_architecture}, from {origin}')})"
     )
     if spec.is_guess:
         console.print("[yellow]the model's shapes are a guess from its name[/yellow]")

@@ -43,6 +43,15 @@ LLAMAFACTORY_KEYS = frozenset(
 )
 
 
+LLAMAFACTORY_VISION_KEYS = (
+    "image_max_pixels",
+    "image_min_pixels",
+    "freeze_vision_tower",
+    "freeze_multi_modal_projector",
+    "train_mm_proj_only",
+)
+
+
 def is_llamafactory_config(value: dict[str, Any]) -> bool:
     keys = set(value)
     if isinstance(value.get("model"), str) and keys & LLAMAFACTORY_V1_KEYS:
@@ -136,6 +145,10 @@ def read_llamafactory(reader: DocumentReader) -> None:
         for key in ("reward_model", "reward_model_type", "ref_model", "max_new_tokens"):
             reader.keep(key, (key,))
     reader.keep("template", ("template",))
+    # a vision-language model's images and what of its image side trains (0.9.x
+    # ProcessorArguments, FinetuningArguments)
+    for key in LLAMAFACTORY_VISION_KEYS:
+        reader.keep(key, (key,))
     reader.keep("packing", ("packing",))
     reader.keep("neat_packing", ("neat_packing",))  # samples kept apart in each packed row
     finetuning = (reader.converted(("finetuning_type",), as_text) or "lora").lower()
