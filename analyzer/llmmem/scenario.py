@@ -221,10 +221,11 @@ def vision_of(plan: TrainingPlan, spec: ModelSpec) -> VisionSetup | None:
     if spec.vision is None:
         return None
     if plan.framework != "llamafactory":
+        height, width = _axolotl_image_size(plan) or (ASSUMED_SIDE, ASSUMED_SIDE)
         return VisionSetup(
             images=1,
-            height=ASSUMED_SIDE,
-            width=ASSUMED_SIDE,
+            height=height,
+            width=width,
             seq_includes_images=True,
             assumed="one image a sample assumed, the dataset decides",
         )
@@ -246,6 +247,23 @@ def vision_of(plan: TrainingPlan, spec: ModelSpec) -> VisionSetup | None:
         seq_includes_images=True,
         assumed=f"one image a sample of image_max_pixels ({high:,}) assumed, the dataset decides",
     )
+
+
+def _axolotl_image_size(plan: TrainingPlan) -> tuple[int, int] | None:
+    """axolotl's `image_size`: one side for a square, or [height, width]."""
+    kept = plan.extra.get("image_size")
+    value = kept.value if isinstance(kept, Sourced) else kept
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and 0 < value <= 1 << 16:
+        return value, value
+    if (
+        isinstance(value, (list, tuple))
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 1 << 16 for v in value)
+    ):
+        return int(value[0]), int(value[1])
+    return None
 
 
 def _extra_bool(plan: TrainingPlan, name: str, default: bool) -> bool:

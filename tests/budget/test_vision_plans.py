@@ -86,3 +86,39 @@ def test_a_trl_vision_script_assumes_one_image_and_says_so(
     # the ViT and the merger are weights of the model: 8.29B parameters in all
     assert budget["model"]["params"] > 8_200_000_000
     assert budget["model"]["architecture"] == "Qwen2_5_VLForConditionalGeneration"
+
+
+AXOLOTL = """\
+base_model: Qwen/Qwen2-VL-7B-Instruct
+processor_type: AutoProcessor
+skip_prepare_dataset: true
+remove_unused_columns: false
+sample_packing: false
+chat_template: qwen2_vl
+datasets:
+  - path: HuggingFaceH4/llava-instruct-mix-vsft
+    type: chat_template
+image_size: 512
+adapter: lora
+lora_r: 32
+lora_alpha: 16
+lora_target_modules: >-
+  model.language_model.layers.[\\d]+.(mlp|cross_attn|self_attn).(up|down|gate|q|k|v|o)_proj
+sequence_len: 8192
+micro_batch_size: 1
+bf16: true
+gradient_checkpointing: true
+flash_attention: true
+"""
+
+
+def test_an_axolotl_multimodal_config_adapts_the_language_model_by_its_expression(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "qwen2vl_lora.yaml"
+    config.write_text(AXOLOTL)
+    budget = explain(capsys, config)
+    # the expression names the language model's Linears only: r 32 is four times r 8
+    assert budget["trainable_params"] == 4 * LM_LORA_R8
+    # image_size 512: resized to 512² first, then smart_resize to 504², 324 tokens
+    assert any("324 tokens of each sample" in note for note in budget["notes"]), budget["notes"]

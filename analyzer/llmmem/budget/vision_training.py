@@ -17,9 +17,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmmem.budget.lora_targets import (
+    is_regex,
+    name_matches,
+    regex_layers,
+    regex_matches_projector,
+)
 from llmmem.budget.setup import Method, TrainingSetup
 from llmmem.budget.weights import default_lora_targets
-from llmmem.models.spec import LinearModule, ModelSpec
+from llmmem.models.spec import BlockGroup, LinearModule, ModelSpec
 
 
 @dataclass(frozen=True)
@@ -41,10 +47,12 @@ class VisionTraining:
         return self.projector_trains or bool(self.projector_adapted) or self.encoder_grad
 
 
-def _matches(lin: LinearModule, targets: list[str]) -> bool:
-    return any(t.lower() == "all-linear" for t in targets) or any(
-        t == lin.name or lin.path == t or lin.path.endswith("." + t) for t in targets
-    )
+def _matches(lin: LinearModule, targets: list[str], group: BlockGroup | None = None) -> bool:
+    if is_regex(targets):
+        if group is None:
+            return regex_matches_projector(targets[0], lin)
+        return bool(regex_layers(targets[0], group, lin, vision=True))
+    return name_matches(lin, targets)
 
 
 def vision_training(spec: ModelSpec, setup: TrainingSetup) -> VisionTraining:
@@ -64,7 +72,7 @@ def vision_training(spec: ModelSpec, setup: TrainingSetup) -> VisionTraining:
             lin.path
             for group in spec.vision.encoder.blocks
             for lin in group.linears
-            if _matches(lin, targets)
+            if _matches(lin, targets, group)
         )
         adapted_projector = frozenset(
             lin.path for lin in spec.vision.projector_linears if _matches(lin, targets)

@@ -10,6 +10,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from llmmem.budget.lora_targets import (
+    is_regex,
+    name_matches,
+    partial_regex_notes,
+    regex_layers,
+    regex_reaches_vision,
+)
 from llmmem.budget.setup import Method, QuantSetup, QuantType, SetupError, TrainingSetup
 from llmmem.models.spec import LinearModule, ModelSpec
 
@@ -120,11 +127,17 @@ def lora_target_linears(spec: ModelSpec, targets: list[str] | None) -> list[Line
         targets = default_lora_targets(spec)
     if any(t.lower() == "all-linear" for t in targets):
         return every
-    matched = [
-        lin
-        for lin in every
-        if any(t == lin.name or lin.path == t or lin.path.endswith("." + t) for t in targets)
-    ]
+    if is_regex(targets):
+        matched = [
+            lin
+            for group in spec.blocks
+            for lin in group.linears
+            if regex_layers(targets[0], group, lin, vision=False)
+        ]
+        if not matched and regex_reaches_vision(spec, targets[0]):
+            return []  # the adapters are all in the vision encoder or the projector
+    else:
+        matched = [lin for lin in every if name_matches(lin, targets)]
     if not matched:
         names = sorted({lin.name for lin in every})
         raise SetupError(
@@ -247,6 +260,7 @@ def build_inventory(
     if setup.method in (Method.LORA, Method.QLORA) and setup.lora is not None:
         groups.extend(_adapter_groups(spec, setup))
         groups.extend(_modules_to_save(spec, setup, groups))
+        notes.extend(partial_regex_notes(spec, setup.lora.targets))
     groups.extend(buffers)
     if spec.vision is not None:  # a vision-language model's encoder and projector
         from llmmem.budget.vision import vision_parameter_groups

@@ -301,6 +301,12 @@ def is_moe_config(config: dict[str, Any]) -> bool:
     )
 
 
+# a name that says it reads images: "Qwen2.5-VL", "Llama-3.2-11B-Vision", "llava-1.5"
+_VISION_NAME = re.compile(
+    r"(?<![a-z0-9])vl(?![a-z])|vision|llava|pixtral|idefics|smolvlm|internvl", re.IGNORECASE
+)
+
+
 def _derived(model_id: str) -> bool:
     """A re-upload or a distill: its shapes are the original's, listed under the original's id."""
     return model_id.lower().startswith("unsloth/") or "distill" in model_id.lower()
@@ -340,10 +346,17 @@ def _bundled_shapes(
         if family_keys is None or catalog_family(model_id) in family_keys
     ]
     found: dict[str, BundledShape] = {}
+    # a text model's name gets text models' shapes, a vision-language name those with images
+    vision_name = bool(_VISION_NAME.search(name))
     for model_id in sorted(members, key=preference):
         entry = catalog_entry(model_id)
         if entry is None or entry.params is None or not _decoder_config(entry.config):
             continue
+        if ("vision_config" in entry.config) != vision_name and any(
+            ("vision_config" in (other.config if other else {})) == vision_name
+            for other in map(catalog_entry, members)
+        ):
+            continue  # (where the family has no shape of that kind, any shape of it)
         config = dict(entry.config)
         config.pop("quantization_config", None)
         found.setdefault(_shape_key(config), BundledShape(model_id, entry.params, config))
