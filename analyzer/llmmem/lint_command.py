@@ -184,7 +184,12 @@ def run_lint(args: argparse.Namespace) -> int:
             require_known_gpus(args.gpu, settings)
             if path not in named and not path.exists():
                 continue  # found by walking a folder, and gone since (a rotated checkpoint)
-            text = read_text(path)
+            try:
+                text = read_text(path)
+            except UsageError:
+                if path not in named and not path.exists():
+                    continue  # gone between the look and the read
+                raise
             if args.fix:
                 findings, written = fix_in_place(
                     path, text, roots, gpu=args.gpu, hub=args.hub, select=select, fit=args.fit
