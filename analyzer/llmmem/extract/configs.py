@@ -47,6 +47,7 @@ from llmmem.extract.frameworks.deepspeed import is_deepspeed_config, read_deepsp
 from llmmem.extract.frameworks.hf_yaml import is_trl_config, read_hf
 from llmmem.extract.frameworks.litgpt import is_litgpt_config, read_litgpt
 from llmmem.extract.frameworks.llamafactory import is_llamafactory_config, read_llamafactory
+from llmmem.extract.frameworks.run_sections import read_run_sections
 from llmmem.extract.frameworks.swift import read_swift
 from llmmem.extract.frameworks.torchtune import is_torchtune_config, read_torchtune
 from llmmem.extract.frameworks.verl import is_verl_config, read_verl
@@ -162,6 +163,8 @@ def read_config(
         search_directories=search_directories or [],
     )
     FRAMEWORK_READERS.get(reading.framework, read_hf)(reader)
+    if range_path is None and reading.framework in ("hf", "trl", "axolotl"):
+        read_run_sections(reader, document.value)  # the file alone, not as a launch's config
     return reading
 
 

@@ -47,6 +47,8 @@ class Findings:
         # condition not known before run time counts): what the file does with what it builds
         self.method_names: frozenset[str] = frozenset()
         self.returned_trainer = False  # a function returns a trainer it built (a helper)
+        # `model = torch.nn.Linear(20, 1)`: the script's model is a bare torch layer
+        self.bare_torch_model: str | None = None
 
     def problem(self, node: ast.AST | None, text: str) -> None:
         where = self.source.range_of(node)

@@ -10,6 +10,8 @@ dismissed.
 
 from __future__ import annotations
 
+import ast
+
 from llmmem.extract.python.findings import Findings
 
 # a method call that trains: Trainer.train, a loop's backward (loss.backward(),
@@ -26,6 +28,13 @@ LOADING_ONLY_CALLS = frozenset(
 def why_not_training(found: Findings) -> str | None:
     """The reason the script trains nothing, or None where it may train."""
     called = found.method_names
+    if found.bare_torch_model is not None and not (
+        found.models or found.trainers or found.configs or found.loras or found.quants
+    ):
+        return (
+            f"the model is {found.bare_torch_model}, a torch layer and not a language model "
+            "(nothing here loads one)"
+        )
     if called & TRAINING_CALLS:
         return None
     if found.trainers:
@@ -51,4 +60,25 @@ def why_not_training(found: Findings) -> str | None:
         done = sorted(called & LOADING_ONLY_CALLS)
         if done:
             return f"the script loads a model to {done[0]}() it, with no trainer or backward pass"
+    return None
+
+
+# the torch.nn classes a script can take for its whole model: layers and containers, never a
+# language model
+_TORCH_NN_PREFIXES = ("torch.nn.", "nn.")
+
+
+def bare_torch_model(module: ast.Module) -> str | None:
+    """`model = torch.nn.Linear(20, 1)`: the text of a torch layer the script assigns to a name
+    that reads as its model (a tutorial's DDP or profiling loop), else None."""
+    for node in ast.walk(module):
+        if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Call):
+            continue
+        names = [target.id for target in node.targets if isinstance(target, ast.Name)]
+        if not any(name == "net" or "model" in name.lower() for name in names):
+            continue
+        called = ast.unparse(node.value.func)
+        if called.startswith(_TORCH_NN_PREFIXES) and called.rsplit(".", 1)[-1][:1].isupper():
+            text = ast.unparse(node.value)
+            return text if len(text) <= 60 else called + "(...)"
     return None

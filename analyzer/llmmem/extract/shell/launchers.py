@@ -644,3 +644,22 @@ def is_deepspeed_chat(launch: Launch, written: Iterable[str], script_text: str |
     ):
         return False
     return script_text is None or HF_ARGUMENT_PARSERS.search(script_text) is None
+
+
+# diffusers' example trainers (examples/text_to_image, dreambooth, controlnet, ...): they train an
+# image model (a UNet or a diffusion transformer), which llmmem does not size
+IMAGE_MODEL_TRAINER = re.compile(
+    r"^(train_(text_to_image|dreambooth|controlnet|instruct_pix2pix|custom_diffusion|"
+    r"t2i_adapter|lcm_distill|unconditional|amused|cogvideox|flux|sd3|sdxl|kandinsky|"
+    r"wuerstchen|diffusion)\w*|textual_inversion\w*)\.py$"
+)
+
+
+def image_model_trainer(target: str | None) -> str | None:
+    """Why a launched script trains no language model (diffusers' image trainers), else None."""
+    if target is None:
+        return None
+    name = target.rsplit("/", 1)[-1]
+    if IMAGE_MODEL_TRAINER.match(name) is None:
+        return None
+    return f"{name} is diffusers' trainer of an image model, not a language model"

@@ -35,6 +35,7 @@ from llmmem.extract.shell.launchers import (
     WordSlice,
     _is_number,
     deepspeed_chat_meanings,
+    image_model_trainer,
     interpret_command,
     is_deepspeed_chat,
     openrlhf_trainer_of,
@@ -223,6 +224,17 @@ class ShellPlanReader(LaunchOptionReader):
 
     def read_launch(self, launch: Launch) -> None:
         self.framework = LAUNCHER_FRAMEWORKS.get(launch.launcher, "hf")
+        image_trainer = image_model_trainer(launch.target.text if launch.target else None)
+        if image_trainer is not None and launch.target is not None:
+            self.settings.append(
+                Setting(
+                    "not_training",
+                    image_trainer,
+                    Provenance.EXPLICIT,
+                    self.offsets_range(launch.target.start, launch.target.end),
+                    "the launched script",
+                )
+            )
         if launch.launcher == "trl" and launch.subcommand is not None:
             self.config_class = TRL_COMMANDS[launch.subcommand]
         self.read_world_size(launch)
