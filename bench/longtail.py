@@ -9,7 +9,9 @@ itself states, whether it names its model, what makes it hard). The files are ne
 they are rebuilt into the git-ignored `bench/.longtail/cache/<owner>+<name>/<path>` from git
 snapshots of their repositories (`--mirror`, default `$LONGTAIL_MIRROR` or `../.mirror`, one
 `<owner>+<name>/repo` git directory per repository). A file neither cache nor snapshot holds at
-the labelled commit is listed as missing and left out. Each cached repository gets an empty
+the labelled commit is listed as missing and left out. A row's `companions` (paths in the same
+repository: the config a launcher runs) are cached beside it, as a checkout holds them, and not
+analysed themselves. Each cached repository gets an empty
 `.git` marker, so that llmmem stops looking for settings and lock files at its root, as it would
 in a checkout; the analysis is given default project settings and never asks the hub.
 
@@ -130,27 +132,40 @@ def rebuild_cache(
     commit. Returns the files that could not be had, each with the reason."""
     missing: dict[tuple[str, str], str] = {}
     for row in rows:
-        target = cache_path(row, cache)
         marker = cache / repo_folder(row["repo"]) / ".git"
-        if not target.is_file():
-            git_dir = snapshot_git_dir(mirror, row["repo"])
-            if git_dir is None:
-                missing[(row["repo"], row["path"])] = f"no snapshot under {mirror}"
-                continue
-            shown = subprocess.run(
-                ["git", "--git-dir", str(git_dir), "show", f"{row['commit']}:{row['path']}"],
-                capture_output=True,
-                check=False,
-            )
-            if shown.returncode != 0:
-                reason = shown.stderr.decode("utf-8", "replace").strip().splitlines()
-                missing[(row["repo"], row["path"])] = (reason or ["git show failed"])[0]
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(shown.stdout)
+        wanted = [row["path"], *row.get("companions", [])]
+        for path in wanted:
+            reason = _write_from_snapshot(mirror, row["repo"], row["commit"], path, cache)
+            if reason is not None:
+                missing[(row["repo"], path)] = reason
+        if (row["repo"], row["path"]) in missing:
+            continue
         if not marker.exists():
             marker.write_text("", encoding="utf-8")
     return missing
+
+
+def _write_from_snapshot(
+    mirror: Path, repo: str, commit: str, path: str, cache: Path
+) -> str | None:
+    """One file of a repository into the cache, unless it is there; why not, else None."""
+    target = cache / repo_folder(repo) / path
+    if target.is_file():
+        return None
+    git_dir = snapshot_git_dir(mirror, repo)
+    if git_dir is None:
+        return f"no snapshot under {mirror}"
+    shown = subprocess.run(
+        ["git", "--git-dir", str(git_dir), "show", f"{commit}:{path}"],
+        capture_output=True,
+        check=False,
+    )
+    if shown.returncode != 0:
+        reason = shown.stderr.decode("utf-8", "replace").strip().splitlines()
+        return (reason or ["git show failed"])[0]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(shown.stdout)
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
