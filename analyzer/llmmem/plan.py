@@ -124,6 +124,8 @@ class DistributedPlan:
     param_persistence_threshold: Sourced[int | str] = field(
         default_factory=lambda: _deepspeed_default(100_000)
     )
+    # ZeRO-3's optimizer step runs over sub-groups of at least this many partition elements
+    sub_group_size: Sourced[int] = field(default_factory=lambda: _deepspeed_default(1_000_000_000))
 
 
 def _deepspeed_default(value: Any) -> Sourced[Any]:

@@ -178,6 +178,7 @@ def setup_from_plan(plan: TrainingPlan, spec: ModelSpec) -> TrainingSetup:
         max_reuse_distance=int(d.max_reuse_distance.value),
         prefetch_bucket_size=_elements_or_auto(d.prefetch_bucket_size.value),
         param_persistence_threshold=_elements_or_auto(d.param_persistence_threshold.value),
+        sub_group_size=int(d.sub_group_size.value),
     )
     return TrainingSetup(
         method=method,

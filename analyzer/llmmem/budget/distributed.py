@@ -184,6 +184,7 @@ def deepspeed_zero_section(setup: TrainingSetup, hidden_size: int) -> dict[str, 
         section["stage3_max_reuse_distance"] = d.max_reuse_distance
         section["stage3_prefetch_bucket_size"] = prefetch_elements(setup, hidden_size)
         section["stage3_param_persistence_threshold"] = persistence_threshold(setup, hidden_size)
+        section["sub_group_size"] = d.sub_group_size
     if d.offload_optimizer:
         section["offload_optimizer"] = {"device": "cpu"}
     if d.offload_params:

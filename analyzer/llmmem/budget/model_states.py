@@ -31,7 +31,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from llmmem.budget.distributed import (
-    DEEPSPEED_SUB_GROUP_SIZE,
     Sharding,
     overlaps_communication,
     persistent_groups,
@@ -198,7 +197,8 @@ def zero3_step_temporaries(
     prepared, or that fp32 gradient and the optimizer's own buffers over the sub-group while it
     steps; before them, an fp16 step's overflow check and the fp64 copy the norm makes of the
     largest parameter's partition."""
-    sub = zero3_largest_sub_group(spec, setup, trainable)
+    sub_group_size = setup.distributed.sub_group_size
+    sub = zero3_largest_sub_group(spec, setup, trainable, sub_group_size)
     world = max(1, shard.shard_group)
     partition = sum(math.ceil(g.numel / world) * g.tensors for g in trainable)
     largest_tensor = max((math.ceil(g.numel / world) for g in trainable), default=0)
@@ -214,7 +214,7 @@ def zero3_step_temporaries(
             prepare,
             f"the largest sub-group's 16-bit gradients flattened and copied to fp32 "
             f"((2 + 4) B × {format_count(sub)}, sub_group_size "
-            f"{format_count(DEEPSPEED_SUB_GROUP_SIZE)})",
+            f"{format_count(sub_group_size)})",
         ),
         (
             stepping,

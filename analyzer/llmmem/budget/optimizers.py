@@ -22,7 +22,9 @@ the caching allocator's pool.
 DeepSpeed builds its own optimizer where its config has an `optimizer` section (DeepSpeed 0.19.8,
 runtime/engine.py `_configure_basic_optimizer` :2476-2493 and `get_optimizer_configuration`
 :2377-2409): Adam and AdamW are `FusedAdam` on a GPU (`DeepSpeedCPUAdam` with the optimizer
-offloaded, torch's with `torch_adam: true`), Lion `FusedLion`. `FusedAdam` keeps its two moments
+offloaded: fp32 moments, `fp32_optimizer_states` True by default, ops/adam/cpu_adam.py:158-164,
+updated in place by its C++ kernel on the host; torch's with `torch_adam: true`), Lion
+`FusedLion` (`DeepSpeedCPULion` offloaded). `FusedAdam` keeps its two moments
 as `zeros_like` of the (fp32 master) parameter and updates parameter and moments in place with
 one `multi_tensor_apply` launch over every tensor of a group (ops/adam/fused_adam.py:129-193):
 no temporaries, unlike torch's foreach AdamW, whose `_foreach_sqrt` makes a parameter-sized
@@ -146,6 +148,20 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
             "param",
             "fused",
         ),
+        _spec(
+            "deepspeed_cpu_adam",
+            "DeepSpeed CPUAdam (states on the host, stepped in place)",
+            2,
+            "fp32",
+            "fused",
+        ),
+        _spec(
+            "deepspeed_cpu_lion",
+            "DeepSpeed CPULion (states on the host, stepped in place)",
+            1,
+            "fp32",
+            "fused",
+        ),
         _spec("adamw_anyprecision", "AnyPrecision AdamW", 2, "param", "for-loop"),
         _spec("adam", "torch Adam, foreach implementation", 2, "param", "foreach"),
         _spec(
@@ -229,6 +245,9 @@ ALIASES: dict[str, str] = {
     "deepspeed.ops.adam.fusedadam": "deepspeed_fused_adam",
     "deepspeed_lion": "deepspeed_fused_lion",
     "deepspeed.ops.lion.fusedlion": "deepspeed_fused_lion",
+    "deepspeed.ops.adam.deepspeedcpuadam": "deepspeed_cpu_adam",
+    "deepspeedcpuadam": "deepspeed_cpu_adam",
+    "deepspeed.ops.lion.deepspeedcpulion": "deepspeed_cpu_lion",
 }
 
 

@@ -290,9 +290,12 @@ class DistributedSetup:
     # ZeRO-3 keeps parameters of at most this many elements whole on every rank; None is
     # "auto" (the trainer: 10·hidden_size)
     param_persistence_threshold: int | None = 100_000
+    # ZeRO-3 steps the optimizer over runs of at least this many partition elements
+    sub_group_size: int = 1_000_000_000
 
     def __post_init__(self) -> None:
         _set(self, "world_size", _whole(self.world_size, "world_size", at_least=1))
+        _set(self, "sub_group_size", _whole(self.sub_group_size, "sub_group_size", at_least=0))
         if self.reduce_bucket_size is not None:
             _set(
                 self,

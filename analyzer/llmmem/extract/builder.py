@@ -165,6 +165,7 @@ _KNOWN_KEYS = (
         "distributed.max_reuse_distance",
         "distributed.prefetch_bucket_size",
         "distributed.param_persistence_threshold",
+        "distributed.sub_group_size",
         "distributed.overlap_comm",
     }
 )
@@ -372,6 +373,7 @@ _CONVERTERS: dict[str, Callable[[object], Any]] = {
     "distributed.max_reuse_distance": _as_count,
     "distributed.prefetch_bucket_size": _as_count_or_auto,
     "distributed.param_persistence_threshold": _as_count_or_auto,
+    "distributed.sub_group_size": _as_count,
     "distributed.overlap_comm": _as_optional_bool,  # None: DeepSpeed decides by stage
     "distributed.deepspeed_config": _as_optional_text,
 }
@@ -873,6 +875,13 @@ class PlanBuilder:
             param_persistence_threshold=self._value(
                 "distributed.param_persistence_threshold",
                 100_000,
+                Provenance.DEFAULT,
+                None,
+                "DeepSpeed default",
+            ),
+            sub_group_size=self._value(
+                "distributed.sub_group_size",
+                1_000_000_000,
                 Provenance.DEFAULT,
                 None,
                 "DeepSpeed default",

@@ -89,6 +89,7 @@ def read_deepspeed(reader: DocumentReader, prefix: KeyPath = ()) -> dict[str, Ke
 
     zero = (*prefix, "zero_optimization")
     concrete(("zero_optimization", "stage"), "distributed.zero_stage", as_int)
+    offloaded_optimizer = False
     for offload_key, plan_key in (
         ("offload_optimizer", "distributed.offload_optimizer"),
         ("offload_param", "distributed.offload_params"),
@@ -96,14 +97,17 @@ def read_deepspeed(reader: DocumentReader, prefix: KeyPath = ()) -> dict[str, Ke
         device_path = (*zero, offload_key, "device")
         device = reader.converted(device_path, as_text)
         if device is not None:
-            reader.put(
-                plan_key, device.lower() in ("cpu", "nvme"), device_path, f"device: {device}"
-            )
+            offloaded = device.lower() in ("cpu", "nvme")
+            reader.put(plan_key, offloaded, device_path, f"device: {device}")
+            if offload_key == "offload_optimizer":
+                offloaded_optimizer = offloaded
     for legacy_key, plan_key in (
         ("cpu_offload", "distributed.offload_optimizer"),
         ("cpu_offload_params", "distributed.offload_params"),
     ):
-        reader.take((*zero, legacy_key), plan_key, as_bool)
+        legacy = reader.take((*zero, legacy_key), plan_key, as_bool)
+        if legacy_key == "cpu_offload" and legacy:
+            offloaded_optimizer = True
     reader.take((*zero, "reduce_bucket_size"), "distributed.reduce_bucket_size", as_bucket)
     for flag in ("overlap_comm", "contiguous_gradients"):
         reader.take((*zero, flag), f"distributed.{flag}", as_bool)
@@ -111,6 +115,7 @@ def read_deepspeed(reader: DocumentReader, prefix: KeyPath = ()) -> dict[str, Ke
     reader.take(reuse, "distributed.max_reuse_distance", as_count)
     for name, key in STAGE3_SIZES:
         reader.take((*zero, name), f"distributed.{key}", as_elements_or_auto)
+    reader.take((*zero, "sub_group_size"), "distributed.sub_group_size", as_count)
     concrete(("train_micro_batch_size_per_gpu",), "per_device_train_batch_size", as_int)
     concrete(("gradient_accumulation_steps",), "gradient_accumulation_steps", as_int)
     for block in ("bf16", "bfloat16"):
@@ -126,27 +131,51 @@ def read_deepspeed(reader: DocumentReader, prefix: KeyPath = ()) -> dict[str, Ke
             auto_keys.setdefault("precision", fp16_enabled)
         elif reader.converted(fp16_enabled, as_bool):
             reader.put("precision", "fp16", fp16_enabled, "DeepSpeed fp16: fp32 master weights")
-    if reader.is_set((*prefix, "optimizer", "type")):
-        optimizer = reader.converted((*prefix, "optimizer", "type"), as_text)
-        if optimizer is not None:
-            reader.put(
-                "optim",
-                DEEPSPEED_OPTIMIZERS.get(optimizer.lower(), optimizer),
-                (*prefix, "optimizer", "type"),
-                f"DeepSpeed optimizer {optimizer}",
-            )
+    optimizer_type = (*prefix, "optimizer", "type")
+    optimizer = reader.converted(optimizer_type, as_text)
+    if optimizer is not None:
+        torch_adam = reader.converted((*prefix, "optimizer", "params", "torch_adam"), as_bool)
+        name, built = deepspeed_optimizer(optimizer, offloaded_optimizer, bool(torch_adam))
+        reader.put("optim", name, optimizer_type, f"DeepSpeed optimizer {optimizer}: {built}")
     reader.keep("deepspeed_activation_checkpointing", (*prefix, "activation_checkpointing"))
     return auto_keys
 
 
-DEEPSPEED_OPTIMIZERS = {
-    "adamw": "adamw_torch",
-    "adam": "adamw_torch",
-    "fusedadam": "adamw_apex_fused",
-    "cpuadam": "adamw_torch",
-    "onebitadam": "adamw_torch",
-    "lamb": "adamw_torch",
+# The class DeepSpeed 0.19.8 builds for a config's `optimizer.type` (runtime/engine.py
+# `_configure_basic_optimizer` :2476-2550, `get_optimizer_configuration` :2377-2409): Adam and
+# AdamW are FusedAdam, DeepSpeedCPUAdam where the optimizer is offloaded (`zero_use_cpu_optimizer`,
+# :1562-1565: offload_optimizer's device cpu or nvme), torch's AdamW with `torch_adam: true`;
+# Lion is FusedLion, DeepSpeedCPULion offloaded. Each as (on the GPU, offloaded), by the budget's
+# optimizer names (budget.optimizers).
+DEEPSPEED_OPTIMIZERS: dict[str, tuple[str, str]] = {
+    "adamw": ("deepspeed_fused_adam", "deepspeed_cpu_adam"),
+    "adam": ("deepspeed_fused_adam", "deepspeed_cpu_adam"),
+    "fusedadam": ("deepspeed_fused_adam", "deepspeed_fused_adam"),
+    "cpuadam": ("deepspeed_cpu_adam", "deepspeed_cpu_adam"),
+    "lion": ("deepspeed_fused_lion", "deepspeed_cpu_lion"),
+    "onebitadam": ("adamw_torch", "adamw_torch"),
+    "lamb": ("adamw_torch", "adamw_torch"),
 }
+DEEPSPEED_OPTIMIZER_CLASSES = {
+    "deepspeed_fused_adam": "FusedAdam",
+    "deepspeed_cpu_adam": "DeepSpeedCPUAdam",
+    "deepspeed_fused_lion": "FusedLion",
+    "deepspeed_cpu_lion": "DeepSpeedCPULion",
+}
+
+
+def deepspeed_optimizer(written: str, offloaded: bool, torch_adam: bool) -> tuple[str, str]:
+    """The budget's name for the optimizer DeepSpeed builds from `optimizer.type`, and what it
+    builds, in words."""
+    key = written.strip().lower().replace("_", "")
+    if torch_adam and key in ("adam", "adamw"):
+        return "adamw_torch", "torch's AdamW (torch_adam: true)"
+    on_gpu, on_host = DEEPSPEED_OPTIMIZERS.get(key, (written, written))
+    name = on_host if offloaded else on_gpu
+    built = DEEPSPEED_OPTIMIZER_CLASSES.get(name)
+    if built is None:
+        return name, "sized as " + name
+    return name, built + (" (the optimizer is offloaded)" if offloaded else "")
 
 
 def read_deepspeed_reference(reader: DocumentReader, path: KeyPath) -> None:
@@ -244,6 +273,15 @@ def merge_deepspeed(
         existing = reading.setting(setting.key)
         if existing is None or existing.source is Provenance.DEFAULT:
             reading.settings.append(setting)
+        elif setting.key == "optim":
+            # an `optimizer` section is what DeepSpeed steps with: the HF trainer hands it a
+            # placeholder and never builds its own (transformers 5.24
+            # integrations/deepspeed.py `deepspeed_optim_sched`, :576-577)
+            note = f"{setting.note}; the trainer's optim {existing.value!r} is not used"
+            reading.settings[:] = [kept for kept in reading.settings if kept.key != "optim"]
+            reading.settings.append(
+                Setting(setting.key, setting.value, setting.source, setting.range, note)
+            )
         elif existing.value != setting.value and setting.key != "precision":
             where = (
                 describe_location(
