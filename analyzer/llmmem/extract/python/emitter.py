@@ -573,6 +573,7 @@ class PlanEmitter:
             ("stage3_max_reuse_distance", "max_reuse_distance"),
             ("stage3_prefetch_bucket_size", "prefetch_bucket_size"),
             ("stage3_param_persistence_threshold", "param_persistence_threshold"),
+            ("sub_group_size", "sub_group_size"),
         ):
             if name in zero:
                 self.set_known(f"distributed.{key}", replace(origin, value=zero[name]), note)
