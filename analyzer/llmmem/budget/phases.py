@@ -19,17 +19,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from llmmem.budget.activations import (
-    ActivationEstimate,
     backward_workspace,
     checkpoint_input_bytes,
     dtypes_for,
     estimate_activations,
-    head_input_dtype,
-    linear_position,
 )
 from llmmem.budget.bands import band_class
+from llmmem.budget.context_parallel import attention_in_flight, with_context_parallel
 from llmmem.budget.distributed import (
-    Sharding,
     gathered_block_params,
     persistent_groups,
     prefetch_elements,
@@ -41,7 +38,7 @@ from llmmem.budget.fsdp_moments import (
     fsdp_last_moments,
     root_reduce_scatter,
 )
-from llmmem.budget.logits import LogitsMoments, logits_count, logits_hole, logits_moments
+from llmmem.budget.logits import logits_hole, logits_moments
 from llmmem.budget.model_states import (
     model_state_terms,
     step_temporaries,
@@ -50,88 +47,36 @@ from llmmem.budget.model_states import (
 )
 from llmmem.budget.optimizers import find_optimizer
 from llmmem.budget.overheads import (
-    CachedAtLoss,
     overhead_terms,
     reserved_and_device_total,
     unified_memory,
 )
 from llmmem.budget.result import Budget, Component, GpuTarget, Overhead, Phase, PhaseBudget, Term
-from llmmem.budget.setup import Method, Mode, Precision, TrainingSetup
+from llmmem.budget.setup import Method, Mode, SetupError, TrainingSetup
 from llmmem.budget.stacks import own_inventory, own_model, stack_for
+from llmmem.budget.step_terms import (
+    cached_at_the_loss,
+    compile_floor_text,
+    first_block_gradients_to_come,
+    forward_only_terms,
+    fp32_head,
+    fsdp_mixed_precision,
+    offload_floor_text,
+    offloaded_activations,
+    plus_term,
+    sixteen_bit,
+    temporaries_text,
+    weight_copy_terms,
+)
 from llmmem.budget.vision import (
     vision_activations,
     vision_phase_parts,
     with_image_tokens,
     with_pixel_values,
 )
-from llmmem.budget.weights import Inventory, build_inventory
+from llmmem.budget.weights import build_inventory
 from llmmem.models.spec import ModelSpec
 from llmmem.units import format_bytes
-
-
-def _weight_copy_terms(
-    spec: ModelSpec, setup: TrainingSetup, inv: Inventory
-) -> tuple[int, int, int]:
-    """Bytes of weight copies alive (through forward, at the start of backward, while the last
-    block is recomputed under checkpointing)."""
-    dt = dtypes_for(setup)
-    # autocast copies weights only where they are fp32 (AMP); bf16 weights are used as they are
-    if setup.precision.is_autocast and setup.method is Method.FULL:
-        linear = sum(g.params for g in inv.groups if g.kind in ("linear", "head"))
-        head = sum(g.params for g in inv.groups if g.kind == "head") or (
-            spec.vocab_size * spec.hidden_size if spec.is_causal_lm else 0
-        )
-        if setup.grad_ckpt:
-            block = max(
-                (sum(lin.weight_params for lin in b.linears) for b in spec.blocks), default=0
-            )
-            forward = 2 * (linear + (head if not spec.params.head else 0))
-            return forward, 2 * (head + block), 2 * (head + block)
-        total = 2 * (linear + (head if not spec.params.head else 0))
-        return total, total, total
-    if setup.precision.is_autocast and setup.quant is None and setup.method is not Method.FULL:
-        return _frozen_autocast_copies(spec, setup)
-    if setup.quant is not None:
-        # a k-bit matmul dequantizes its weight to a 16-bit temporary (one at a time)
-        largest = 2 * max(
-            (
-                lin.out_features * lin.in_features
-                for g in spec.blocks
-                for lin in g.linears
-                if lin.role != "expert"
-            ),
-            default=0,
-        )
-        # the head stays out of bitsandbytes; prepared for k-bit training it is fp32, and
-        # autocast's 16-bit cast of it (frozen: not cached) is kept for the input gradient
-        # until the head's backward, before any checkpointed block is recomputed
-        head = 0
-        if dt.autocast and _fp32_head(setup) and spec.is_causal_lm:
-            head = 2 * spec.vocab_size * spec.hidden_size
-        return largest + head, largest + head, largest
-    return 0, 0, 0
-
-
-def _frozen_autocast_copies(spec: ModelSpec, setup: TrainingSetup) -> tuple[int, int, int]:
-    """Adapters over frozen fp32 weights under autocast: autocast casts each frozen weight to
-    16 bits at every use without caching it (it caches only weights that need a gradient), and
-    the matmul keeps that cast for its input's gradient whenever the input needs one: from the
-    first adapter on, every Linear's 16-bit copy lives until backward reaches it. Only the
-    first block's projections of the (frozen) embeddings escape. With checkpointing the copies
-    live inside the one block being recomputed; the head's copy lives until the head's backward
-    is done, before any block is recomputed."""
-    head = spec.vocab_size * spec.hidden_size if spec.is_causal_lm else 0
-    block_copies: list[int] = []
-    for group in spec.blocks:
-        plain = [lin for lin in group.linears if lin.role != "expert"]
-        block_copies += [sum(lin.weight_params for lin in plain)] * group.count
-    if setup.grad_ckpt:
-        return 2 * head, 2 * head, 2 * max(block_copies, default=0)
-    first_block = spec.blocks[0].linears if spec.blocks else []
-    attention = [lin for lin in first_block if lin.role == "attention"]
-    reads_embeddings = sum(lin.weight_params for lin in attention[:-1])
-    total = 2 * (sum(block_copies) - reads_embeddings + head)
-    return total, total, total
 
 
 def estimate_budget(
@@ -154,6 +99,8 @@ def estimate_budget(
     the shared rules: what it refuses, what it always does, its blocks, its quantized layout,
     its buffers, its loss, its weight copies and its offloading."""
     setup, image_notes = with_image_tokens(spec, setup)
+    if setup.distributed.cp_size > 1 and setup.mode is Mode.GENERATE:
+        raise SetupError("context parallelism is sized for training steps, not generation")
     if setup.mode is Mode.GENERATE:
         from llmmem.budget.generation import estimate_generation
 
@@ -187,15 +134,17 @@ def estimate_budget(
         whys = [why for _, why in floors]
         return replace(kept, band_floor=(floor, "; ".join(whys)), notes=[*kept.notes, *whys])
     offloaded = bool(offloaded) or exact_offload
+    whole = setup  # each rank's share of the sequence under context parallelism, below
+    setup, cp_notes = with_context_parallel(spec, setup)
     shard = sharding_for(setup)
     if shard.master_weights:
         # DeepSpeed casts the whole model, adapters too, to 16 bits and runs it without
         # autocast (the fp32 copy is its master weights, counted with the states)
-        setup = _sixteen_bit(setup)
+        setup = sixteen_bit(setup)
     # how the model computes: FSDP under autocast gathers its parameters in 16 bits
     # (accelerate's mixed-precision policy), so forward and backward run as in pure 16 bits
     # while the sharded parameters, gradients and states stay fp32
-    run = _sixteen_bit(setup) if _fsdp_mixed_precision(setup) else setup
+    run = sixteen_bit(setup) if fsdp_mixed_precision(setup) else setup
     inv = build_inventory(
         spec,
         setup,
@@ -210,7 +159,9 @@ def estimate_budget(
     own_loss = stack.loss(spec, run)
     logits = own_loss.moments if own_loss is not None else logits_moments(spec, run)
     dt = dtypes_for(run)
-    notes: list[str] = list(inv.notes) + list(spec.notes) + stack.notes(spec, setup) + image_notes
+    notes: list[str] = (
+        list(inv.notes) + list(spec.notes) + stack.notes(spec, setup) + image_notes + cp_notes
+    )
     if setup.optimizer_in_backward:
         st = stepped_in_backward(st, inv, optim)
         notes.append(
@@ -230,7 +181,7 @@ def estimate_budget(
         acts_formula = f"{formulas} + ({acts.outside.formula()})"
     own_offload = stack.offloaded(spec, run, acts) if offloaded else None
     if offloaded:
-        saved, acts_formula = _offloaded(spec, run, acts)
+        saved, acts_formula = offloaded_activations(spec, run, acts)
         recompute = acts.largest_block_bytes
         if own_offload is not None:
             saved, acts_formula = own_offload.after_forward.bytes, own_offload.after_forward.formula
@@ -246,7 +197,7 @@ def estimate_budget(
     copies_setup = (
         replace(run, grad_ckpt=True) if offloaded and setup.method is not Method.FULL else run
     )
-    copies_fwd, copies_bwd, copies_recompute = _weight_copy_terms(spec, copies_setup, inv)
+    copies_fwd, copies_bwd, copies_recompute = weight_copy_terms(spec, copies_setup, inv)
     own_copies = stack.weight_copies(spec, copies_setup)
     copies_block = 0  # inside any block's forward or backward
     if own_copies is not None:
@@ -259,7 +210,7 @@ def estimate_budget(
             "one dequantized k-bit weight (the largest Linear)"
             + (
                 " + autocast's 16-bit cast of the fp32 head, kept for the input gradient"
-                if dt.autocast and _fp32_head(setup) and spec.is_causal_lm
+                if dt.autocast and fp32_head(setup) and spec.is_causal_lm
                 else ""
             )
             if setup.quant is not None
@@ -357,7 +308,7 @@ def estimate_budget(
 
     temp_fwd = Term(
         bytes=extra_fwd + ddp_buckets + always,
-        formula=_temp_text(gathered, ddp_buckets, shard, zero.text if always else ""),
+        formula=temporaries_text(gathered, ddp_buckets, shard, zero.text if always else ""),
     )
     forward_only = forward_only_terms(spec, run, inv) + ([vision.forward_only] if vision else [])
     forward_temp = Term(
@@ -384,6 +335,21 @@ def estimate_budget(
             Component.TEMPORARIES: forward_temp,
         },
     )
+    in_flight = attention_in_flight(spec, whole, setup, dt.compute)
+    if in_flight is not None:
+        forward = max(
+            forward,
+            phase(
+                Phase.FORWARD,
+                "attention of the last block, the whole sequence's keys and values at hand",
+                {
+                    **in_forward,
+                    Component.ACTIVATIONS: activations,
+                    Component.TEMPORARIES: plus_term(temp_fwd, in_flight.forward),
+                },
+            ),
+            key=lambda p: p.allocated_bytes,
+        )
     vision_forward, vision_backward = vision_phase_parts(vision, in_forward, temp_fwd, st.gradients)
     for moment, parts in vision_forward:
         forward = max(forward, phase(Phase.FORWARD, moment, parts), key=lambda p: p.allocated_bytes)
@@ -466,7 +432,7 @@ def estimate_budget(
                 **in_forward,
                 Component.TEMPORARIES: Term(
                     bytes=forward_temp.bytes + root,
-                    formula=_temp_text(gathered, ddp_buckets, shard)
+                    formula=temporaries_text(gathered, ddp_buckets, shard)
                     + " + the root unit's all-gather buffer",
                 ),
             },
@@ -484,7 +450,7 @@ def estimate_budget(
                 Component.ACTIVATIONS: Term(bytes=in_blocks, formula="the blocks' saved tensors"),
                 Component.TEMPORARIES: Term(
                     bytes=forward_temp.bytes + block_gathered,
-                    formula=_temp_text(gathered, ddp_buckets, shard, blocks=True),
+                    formula=temporaries_text(gathered, ddp_buckets, shard, blocks=True),
                 ),
             },
         )
@@ -507,7 +473,7 @@ def estimate_budget(
                     ),
                     Component.TEMPORARIES: Term(
                         bytes=forward_temp.bytes + 2 * block_gathered,
-                        formula=_temp_text(gathered, ddp_buckets, shard, blocks=True)
+                        formula=temporaries_text(gathered, ddp_buckets, shard, blocks=True)
                         + " + the next block's all-gather buffer",
                     ),
                 },
@@ -639,7 +605,7 @@ def estimate_budget(
     # makes in a block; counting them all beside its saved tensors read the moment 4-5% high
     # where the blocks weigh most (a reward model's score head)
     first_to_come = (
-        _first_block_gradients_to_come(spec, inv)
+        first_block_gradients_to_come(spec, inv)
         if setup.method is Method.FULL
         and not grads_kept
         and not setup.distributed.is_multi_gpu
@@ -657,7 +623,7 @@ def estimate_budget(
             recompute=recompute,
             workspace=(workspace, workspace_text),
             gathered=extra_fwd,
-            gathered_text=_temp_text(gathered, 0, shard, blocks=True),
+            gathered_text=temporaries_text(gathered, 0, shard, blocks=True),
             block_gathered=block_gathered,
             block_gradients=block_gradients,
             input_gradient=2 * dt.residual * n_h,
@@ -671,12 +637,12 @@ def estimate_budget(
             first_block=first_block,
             workspace=(workspace, workspace_text),
             held=extra_fwd + block_gathered + root_head_gradient,
-            held_text=_temp_text(gathered, 0, shard, blocks=True)
+            held_text=temporaries_text(gathered, 0, shard, blocks=True)
             + " (the block before's reduce-scatter input) + the head's whole gradient",
             block_gradients=block_gradients,
             input_gradient=2 * dt.residual * n_h,
             root_backward=extra_fwd + root_gradients,
-            root_text=_temp_text(gathered, 0, shard)
+            root_text=temporaries_text(gathered, 0, shard)
             + " (the block's: the last reduce-scatter input) + the root unit's whole gradients",
             tied=2 * spec.vocab_size * spec.hidden_size * dt.compute
             if spec.tie_word_embeddings and spec.is_causal_lm
@@ -718,7 +684,7 @@ def estimate_budget(
                         + copies_block,
                         formula=workspace_text
                         + (
-                            f" + {_temp_text(gathered, 0, shard, blocks=True)}"
+                            f" + {temporaries_text(gathered, 0, shard, blocks=True)}"
                             if block_gathered
                             else ""
                         )
@@ -738,7 +704,7 @@ def estimate_budget(
                         formula="the head's and the embedding's gradients of the tied weight, "
                         "summed into it"
                         if tied_extra
-                        else _temp_text(gathered, ddp_buckets, shard, zero.text),
+                        else temporaries_text(gathered, ddp_buckets, shard, zero.text),
                     ),
                 },
             )
@@ -760,6 +726,18 @@ def estimate_budget(
             )
         )
     backward_moments += vision_backward
+    if in_flight is not None:
+        backward_moments.append(
+            (
+                "attention backward of the last block, context parallel",
+                {
+                    Component.GRADIENTS: Term(bytes=grads_between, formula=grads_text),
+                    Component.ACTIVATIONS: activations,
+                    Component.WEIGHT_COPIES: Term(bytes=copies_bwd, formula=copies_text),
+                    Component.TEMPORARIES: plus_term(temp_fwd, in_flight.backward),
+                },
+            )
+        )
     backward_candidates = []
     for moment, parts in backward_moments:
         full = {Component.WEIGHTS: st.weights, Component.OPTIMIZER_STATES: states, **parts}
@@ -822,7 +800,7 @@ def estimate_budget(
     # the big persistent tensors each waste up to a segment's rounding: parameters, their
     # gradients and states, and the per-block activations
     live_tensors = sum(g.tensors for g in inv.groups if g.numel * g.bytes_per_param > 2**20)
-    cached = _cached_at_the_loss(spec, run, setup, phases, peak, recompute, acts, logits)
+    cached = cached_at_the_loss(spec, run, setup, phases, peak, recompute, acts, logits)
     hole = own_loss.hole_bytes if own_loss is not None else logits_hole(spec, setup)
     overheads = overhead_terms(setup, transient, live_tensors, hole, cached)
     reserved, device_total = reserved_and_device_total(peak.allocated_bytes, overheads)
@@ -852,172 +830,3 @@ def estimate_budget(
         band_class=band_class(setup),
         unified_memory_bytes=0 if setup.first_step else st.unified_bytes,
     )
-
-
-def compile_floor_text(floor_bytes: int | None) -> str:
-    if floor_bytes is None:
-        return (
-            "torch.compile under checkpointing: the blocks keep only their inputs either way, "
-            "and the loss is fused (the logits stay in their dtype)"
-        )
-    return (
-        f"torch.compile can take the step down to {format_bytes(floor_bytes)}: the loss is "
-        "fused (counted), and AOTAutograd's partitioner recomputes cheap ops in backward "
-        "instead of saving their outputs, so the blocks save no more than in eager mode and "
-        "no less than checkpointing keeps; the estimate counts the eager blocks (an H100 "
-        "under torch 2.11 saved 29% less in them on Llama-3.2-1B with LoRA: "
-        "bench/gpu/2026-11-26-h100)"
-    )
-
-
-def offload_floor_text(floor_bytes: int) -> str:
-    return (
-        f"activation offloading can take the step down to {format_bytes(floor_bytes)} (every "
-        "saved tensor TRL's OffloadActivations may move on the host: all but the head's input, "
-        "tensors under 1 KiB and parameters); how much a run keeps on the device depends on "
-        "the release's storage deduplication (a second save of a storage being offloaded stays) "
-        "and on the allocator's address reuse: on an H100, TRL 0.29.1's own hooks landed about "
-        "0.4 of the way from this floor to the step without offloading (LoRA without "
-        "checkpointing, bench/gpu/2026-11-26-h100), so the estimate is the step without it"
-    )
-
-
-def _offloaded(spec: ModelSpec, setup: TrainingSetup, acts: ActivationEstimate) -> tuple[int, str]:
-    """The saved activations left on the device when every tensor TRL's OffloadActivations
-    may move has moved: the head's input (the head runs under a no-op hook manager)."""
-    dt = dtypes_for(setup)
-    n_h = setup.tokens * spec.hidden_size
-    head_input = head_input_dtype(dt) * n_h if spec.is_causal_lm else 0
-    return head_input, f"{format_bytes(head_input)} (the head's input, kept on the device)"
-
-
-def _fp32_head(setup: TrainingSetup) -> bool:
-    """A k-bit model's head is fp32 once prepared for k-bit training, unless TRL cast it back
-    to bf16 (autocast then copies it to 16 bits at each use)."""
-    quant = setup.quant
-    return quant is not None and quant.prepare_for_kbit_training and not quant.embeddings_16bit
-
-
-def _cached_at_the_loss(
-    spec: ModelSpec,
-    run: TrainingSetup,
-    setup: TrainingSetup,
-    phases: list[PhaseBudget],
-    peak: PhaseBudget,
-    recompute: int,
-    acts: ActivationEstimate,
-    logits: LogitsMoments,
-) -> CachedAtLoss | None:
-    """What the caching allocator holds, unused, when the loss is computed in a later step:
-    blocks cut for earlier moments that are too small for the logits' tensors. Found by
-    replaying simulated steps through the allocator's rules and checked against reserved peaks
-    measured on an H100 (bench/allocator_replay.py):
-
-    - with checkpointing, the recomputed block's tensors of the last backward, cached in blocks
-      sized for them, are all free while the loss runs;
-    - optimizer states made lazily in the first step (torch and bitsandbytes optimizers) are
-      carved from the cached blocks that step freed, smallest first: what the activations'
-      blocks cannot take lands in the loss's, which the next step's loss has to make again.
-    """
-    if not spec.is_causal_lm or setup.mode is Mode.GENERATE:
-        return None
-    at_loss = [p.allocated_bytes for p in phases if p.phase in (Phase.FORWARD, Phase.BACKWARD)]
-    if not at_loss:
-        return None
-    recomputed = recompute if setup.grad_ckpt else 0
-    states_term = peak.components.get(Component.OPTIMIZER_STATES)
-    states = states_term.bytes if states_term is not None else 0
-    lazy_states = not (
-        setup.first_step or setup.optimizer_in_backward or setup.distributed.zero_stage
-    )
-    spill = 0
-    if states and lazy_states:
-        # the activations' blocks freed by the first backward: with checkpointing one block's
-        # tensors and their gradients, without it every block's
-        activation_blocks = 2 * recompute if setup.grad_ckpt else acts.full_bytes
-        e = dtypes_for(run).compute
-        loss_blocks = logits.backward_start + (e * logits_count(spec, run) if e != 4 else 0)
-        spill = min(max(0, states - activation_blocks), loss_blocks)
-    extra = max(at_loss) + recomputed + spill - peak.allocated_bytes
-    if extra <= 0:
-        return None
-    return CachedAtLoss(extra, recomputed, spill)
-
-
-def _sixteen_bit(setup: TrainingSetup) -> TrainingSetup:
-    """The same step with its weights, adapters too, in the 16-bit dtype autocast used."""
-    if setup.precision.autocasts:
-        sixteen = Precision.BF16_TRUE if setup.precision.uses_bf16 else Precision.FP16_TRUE
-        setup = replace(setup, precision=sixteen)
-    if setup.lora is not None and setup.lora.adapter_bytes != 2:
-        setup = replace(setup, lora=replace(setup.lora, adapter_bytes=2))
-    return setup
-
-
-def _fsdp_mixed_precision(setup: TrainingSetup) -> bool:
-    """FSDP under bf16/fp16 mixed precision: accelerate (and so the HF trainer) gives FSDP a
-    mixed-precision policy with param_dtype = the autocast dtype."""
-    return setup.distributed.fsdp is not None and setup.precision.autocasts
-
-
-def forward_only_terms(spec: ModelSpec, setup: TrainingSetup, inv: Inventory) -> list[Term]:
-    """What lives during forward only and is gone before backward starts."""
-    terms = []
-    dt = dtypes_for(setup)
-    if setup.use_cache and not setup.grad_ckpt:
-        # the model builds a KV cache it never uses: per block, K and V concatenated into it,
-        # in fp32 under autocast (the rotary output), until forward returns
-        blocks = sum(g.count for g in spec.blocks if g.name != "encoder")
-        per = 4 if dt.autocast else dt.compute
-        terms.append(
-            Term(
-                bytes=blocks * setup.tokens * spec.kv_cache_dim * per,
-                formula=(
-                    f"use_cache=True: {blocks} blocks × N × {spec.kv_cache_dim} cached values "
-                    f"× {per} B of unused KV cache"
-                ),
-            )
-        )
-    if setup.lora is not None and setup.lora.dora:
-        # DoRA forms W + scale·B·A in fp32 to take its column norms, one Linear at a time
-        largest = max((g.numel for g in inv.groups if g.kind == "linear"), default=0)
-        terms.append(Term(bytes=4 * largest, formula="DoRA: one fp32 weight-sized W + B·A"))
-    return terms
-
-
-def _temp_text(
-    gathered: int, buckets: int, shard: Sharding, zero_text: str = "", *, blocks: bool = False
-) -> str:
-    parts = []
-    if gathered and shard.label.startswith("DeepSpeed"):
-        parts.append(
-            "ZeRO-3's gathered parameters (within stage3_max_reuse_distance of their next use)"
-        )
-    elif blocks:
-        parts.append(
-            f"{shard.gathered_blocks} gathered blocks and the root unit (embeddings, head) "
-            f"({shard.label})"
-        )
-    elif gathered:
-        parts.append(f"a gathered block and the root unit (embeddings, head) ({shard.label})")
-    if buckets:
-        parts.append("DDP gradient buckets")
-    if zero_text:
-        parts.append(zero_text)
-    return " + ".join(parts) if parts else "none"
-
-
-def _first_block_gradients_to_come(spec: ModelSpec, inv: Inventory) -> int:
-    """The gradient bytes of the first block that do not exist yet while its MLP's backward
-    runs: all its trainable Linears' and norms' but the MLP output projection's (made first)."""
-    if not spec.blocks:
-        return 0
-    group = spec.blocks[0]
-    per_param = {g.name: g.bytes_per_param for g in inv.trainable}
-    norm_bytes = next((g.bytes_per_param for g in inv.trainable if g.kind == "norm"), 0.0)
-    to_come = group.norm_params * norm_bytes
-    for lin in group.linears:
-        if linear_position(lin) == "mlp_out":
-            continue
-        to_come += lin.params * per_param.get(lin.name, 0.0)
-    return round(to_come)

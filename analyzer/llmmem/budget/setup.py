@@ -269,6 +269,13 @@ class FsdpShard(str, Enum):
     NO_SHARD = "no_shard"
 
 
+class ContextParallel(str, Enum):
+    """How a context-parallel group attends over the whole sequence."""
+
+    RING = "ring"  # K and V passed around the ring (torch context_parallel, ring-flash-attn)
+    ULYSSES = "ulysses"  # all-to-all to whole sequences of a share of the heads (DeepSpeed)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DistributedSetup:
     world_size: int = 1
@@ -292,9 +299,21 @@ class DistributedSetup:
     param_persistence_threshold: int | None = 100_000
     # ZeRO-3 steps the optimizer over runs of at least this many partition elements
     sub_group_size: int = 1_000_000_000
+    # context (sequence) parallelism: each sample's sequence divided over this many of the
+    # world's ranks (llmmem.budget.context_parallel), by ring attention (torch's
+    # context_parallel, ring-flash-attn) or Ulysses' all-to-all (DeepSpeed)
+    cp_size: int = 1
+    cp_scheme: ContextParallel = ContextParallel.RING
 
     def __post_init__(self) -> None:
         _set(self, "world_size", _whole(self.world_size, "world_size", at_least=1))
+        _set(self, "cp_size", _whole(self.cp_size, "context-parallel size", at_least=1))
+        _set(self, "cp_scheme", _as_enum(ContextParallel, self.cp_scheme, "cp_scheme"))
+        if self.world_size % self.cp_size:
+            raise SetupError(
+                f"a context-parallel group of {self.cp_size} does not divide {self.world_size} "
+                "devices"
+            )
         _set(self, "sub_group_size", _whole(self.sub_group_size, "sub_group_size", at_least=0))
         if self.reduce_bucket_size is not None:
             _set(
@@ -323,6 +342,12 @@ class DistributedSetup:
     @property
     def is_multi_gpu(self) -> bool:
         return self.world_size > 1
+
+    @property
+    def data_parallel(self) -> int:
+        """Ranks that each take micro-batches of their own (the context-parallel ones share
+        one)."""
+        return self.world_size // self.cp_size
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -543,7 +568,7 @@ class TrainingSetup:
 
     @property
     def effective_batch(self) -> int:
-        return self.batch * self.grad_accum * self.distributed.world_size
+        return self.batch * self.grad_accum * self.distributed.data_parallel
 
     def to_dict(self) -> dict[str, Any]:
         """Every field as JSON values: enums as their text, nested setups as objects."""
