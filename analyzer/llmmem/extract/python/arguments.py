@@ -31,6 +31,18 @@ from llmmem.extract.vocabulary import TRAINER_CONFIG_CLASSES, sequence_length_na
 from llmmem.plan import Provenance
 
 _SEQUENCE_NAMES = sequence_length_names()
+# the destinations of a command-line argument that names the model a script trains
+MODEL_ARGUMENT_NAMES = frozenset(
+    {
+        "model_name_or_path",
+        "pretrained_model_name_or_path",
+        "model_path",
+        "model_name",
+        "model_id",
+        "base_model",
+        "model",
+    }
+)
 
 
 def argument_parser(found: Findings, callee: Symbol, args: CallArgs) -> Value:
@@ -159,6 +171,9 @@ def add_argument(found: Findings, parser: ArgParserObject, args: CallArgs) -> No
     else:
         value = Unknown(f"the command-line argument {flag}")
     parser.arguments[dest] = value
+    if dest.lower() in MODEL_ARGUMENT_NAMES and isinstance(value, Known):
+        if isinstance(value.value, str) and value.value.strip():
+            found.command_line_models.append(value)
     if dest.lower() in _SEQUENCE_NAMES and isinstance(value, Known):
         if isinstance(value.value, int) and not isinstance(value.value, bool):
             found.command_line_lengths.append(value)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -152,6 +153,16 @@ class PlanEmitter:
         elif model_string is not None:
             self.builder.model_range = self.source.range_of(model_string.node)
             self.set_known("model_id", model_string)
+        elif len(reader.command_line_models) == 1 and (trainer is not None or config is not None):
+            # the model is loaded where this file cannot be read (a helper of a module not
+            # here, a wrapper of the trainer): the script's model argument names it
+            argument = reader.command_line_models[0]
+            self.builder.model_range = self.source.range_of(argument.node)
+            self.set_known(
+                "model_id",
+                argument,
+                "the script's model argument; what loads it is not read here",
+            )
         if trainer is not None:
             self.emit_trainer_keywords(trainer)
         if config is not None:
@@ -192,6 +203,7 @@ class PlanEmitter:
             config_class = "none"
         if config_class == "GRPOConfig":
             self.emit_grpo_defaults()
+            self.emit_grpo_world_size()
         if reader.unsloth:
             self.builder.set("unsloth", True, Provenance.EXPLICIT, None)
         if config is not None and not config.unread:
@@ -514,6 +526,40 @@ class PlanEmitter:
         for key, default in GRPO_CONFIG_DEFAULTS.items():
             note = GRPO_DEFAULT_NOTES.get(key, f"TRL 0.29.1 GRPOConfig default {default!r}")
             self.builder.set(key, default, Provenance.DEFAULT, self.builder.trainer_range, note)
+
+    def emit_grpo_world_size(self) -> None:
+        """Where nothing states the world size and one device cannot hold the generation batch
+        GRPOConfig asks for (`per_device_train_batch_size × world × steps_per_generation` must
+        divide by num_generations: it raises otherwise), the smallest world size it accepts is
+        assumed: the script is launched on that many processes by a file not read here."""
+        if self.builder.has("distributed.world_size"):
+            return
+        values = [
+            self.builder.get(key)
+            for key in (
+                "per_device_train_batch_size",
+                "steps_per_generation",
+                "gradient_accumulation_steps",
+                "num_generations",
+            )
+        ]
+        batch, per_generation, accumulation, generations = (
+            known.value if known is not None and isinstance(known.value, int) else None
+            for known in values
+        )
+        steps = per_generation or accumulation or 1
+        if not batch or not generations or generations < 1 or (batch * steps) % generations == 0:
+            return
+        world = generations // math.gcd(batch * steps, generations)
+        self.builder.set(
+            "distributed.world_size",
+            world,
+            Provenance.ASSUMED,
+            self.builder.trainer_range,
+            f"assumed {world} GPUs: the fewest GRPOConfig accepts ({batch} per device × {steps} "
+            f"steps per generation × GPUs must divide by num_generations {generations}); add "
+            "`# llmmem: world_size=N` for the launch's own",
+        )
 
     def emit_deepspeed(self, value: Value) -> None:
         known = settle(value)

@@ -42,6 +42,7 @@ class Findings:
         self.accumulation: list[Known] = []  # Accelerator(gradient_accumulation_steps=...)
         self.kbit_calls: list[ast.Call] = []
         self.command_line_lengths: list[Known] = []  # --block_size and friends
+        self.command_line_models: list[Known] = []  # --model_name_or_path's default
         self.unsloth = False
         # every `x.name(...)` the module writes, run or not (`trainer.train()` under a
         # condition not known before run time counts): what the file does with what it builds

@@ -40,7 +40,7 @@ from llmmem.extract.python.local_modules import LocalModules
 from llmmem.extract.python.loops import counted_range, forget_fields, run_for, run_while
 from llmmem.extract.python.source import SourceMap
 from llmmem.extract.python.token_cuts import read_token_cut
-from llmmem.extract.python.training_evidence import bare_torch_model
+from llmmem.extract.python.training_evidence import bare_torch_model, updated_arguments
 from llmmem.extract.python.values import (
     _EXIT_CALLS,
     _STOP_WHEN,
@@ -79,6 +79,7 @@ from llmmem.extract.python.values import (
     _truth,
     _weakest,
     max_steps,
+    probe_answer,
     settle,
 )
 from llmmem.extract.vocabulary import TRAINER_CLASSES
@@ -238,6 +239,8 @@ class ScriptReader(Findings):
             taken, other = (node.body, node.orelse) if truth else (node.orelse, node.body)
             if _gives_up(taken) and not _gives_up(other):
                 return self.exec_block(other, scope)
+        if truth is None and probe_answer(node.test) is not None:
+            truth = probe_answer(node.test)  # the run's files are not where llmmem reads
         if truth is True:
             return self.exec_block(node.body, scope)
         if truth is False:
@@ -830,6 +833,8 @@ class ScriptReader(Findings):
         made = optimizer(self, callee, args)
         if made is not None:
             return made
+        if updated_arguments(callee.leaf, args) is not None:
+            return args.positional[0]  # `args = apply_overrides(args, cfg)`: the same object
         return Unknown(f"the result of {name}()")
 
     def call_builtin(self, name: str, args: CallArgs) -> Value | None:

@@ -13,6 +13,12 @@ from __future__ import annotations
 import ast
 
 from llmmem.extract.python.findings import Findings
+from llmmem.extract.python.values import (
+    CallArgs,
+    DataclassInstance,
+    NamespaceObject,
+    Value,
+)
 
 # a method call that trains: Trainer.train, a loop's backward (loss.backward(),
 # accelerator.backward(loss)), Lightning's Trainer.fit
@@ -81,4 +87,21 @@ def bare_torch_model(module: ast.Module) -> str | None:
         if called.startswith(_TORCH_NN_PREFIXES) and called.rsplit(".", 1)[-1][:1].isupper():
             text = ast.unparse(node.value)
             return text if len(text) <= 60 else called + "(...)"
+    return None
+
+
+# a helper of a module not read here that updates the arguments it is given and returns them
+# (`script_args = apply_config_overrides(script_args, config)`)
+_UPDATING_WORDS = ("override", "update", "merge", "apply")
+
+
+def updated_arguments(leaf: str, args: CallArgs) -> Value | None:
+    """The arguments object a helper not read here is given to update, when its name says so
+    (`apply_config_overrides(script_args, config)`): the script goes on with that object, its
+    values as parsed (what the helper changes is known only at run time); else None."""
+    if not args.positional or not any(word in leaf.lower() for word in _UPDATING_WORDS):
+        return None
+    first = args.positional[0]
+    if isinstance(first, (DataclassInstance, NamespaceObject)):
+        return first
     return None

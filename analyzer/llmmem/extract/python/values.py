@@ -540,3 +540,35 @@ def _dotted_name(node: ast.expr) -> str:
         return ""
     parts.append(node.id)
     return ".".join(reversed(parts))
+
+
+# -- conditions that ask the file system of the run (`os.path.isdir(path)`,
+# `Path(p).exists()`): llmmem reads a script on another machine, before the run, so the folders
+# and checkpoints such a test asks about are not there, and what they hold (a merged copy of a
+# model, a checkpoint to resume from) is made by a run that has not happened yet. A probe not
+# known before run time is read as false: the path the script was given is used as written.
+
+# os.path's and pathlib's questions about a path, by the last part of the call's name
+FILE_SYSTEM_PROBES = frozenset(
+    {"exists", "isdir", "isfile", "is_dir", "is_file", "lexists", "islink"}
+)
+
+
+def probe_answer(test: ast.expr) -> bool | None:
+    """The truth a file-system probe is read with (`os.path.isdir(x)`: False, `not
+    Path(x).exists()`: True), or None where `test` is not one."""
+    negated = False
+    while isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        negated = not negated
+        test = test.operand
+    if isinstance(test, ast.BoolOp):
+        answers = [probe_answer(value) for value in test.values]
+        if any(answer is None for answer in answers):
+            return None
+        joined = all(answers) if isinstance(test.op, ast.And) else any(answers)
+        return joined != negated
+    if not isinstance(test, ast.Call) or not isinstance(test.func, ast.Attribute):
+        return None
+    if test.func.attr not in FILE_SYSTEM_PROBES:
+        return None
+    return negated

@@ -663,3 +663,20 @@ def image_model_trainer(target: str | None) -> str | None:
     if IMAGE_MODEL_TRAINER.match(name) is None:
         return None
     return f"{name} is diffusers' trainer of an image model, not a language model"
+
+
+# the last part of a path or hub id that names a language model: a family's name or a size
+MODEL_NAME_WORDS = re.compile(
+    r"(?i)(llama|qwen|mistral|mixtral|gemma|phi-?\d|deepseek|baichuan|internlm|chatglm|glm-?\d|"
+    r"olmo|smollm|falcon|bloom|pythia|starcoder|yi-\d|gpt-?(2|j|neo|oss)|(?<![\w.])\d+(\.\d+)?[bm]"
+    r"(?![a-z]))"
+)
+
+
+def reads_as_model(text: str) -> bool:
+    """Whether a word reads as a model reference (`/data/models/Qwen2.5-3B-Instruct`,
+    `org/Name-7B`): not a flag, not a config or data file, and its last part names a model."""
+    if not text or text.startswith("-") or text.endswith(CONFIG_SUFFIXES + (".jsonl", ".py")):
+        return False
+    last = text.rstrip("/").rsplit("/", 1)[-1]
+    return MODEL_NAME_WORDS.search(last) is not None

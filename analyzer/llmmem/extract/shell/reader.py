@@ -42,6 +42,7 @@ from llmmem.extract.shell.launchers import (
     option_name,
     parse_override_value,
     program_options,
+    reads_as_model,
 )
 from llmmem.extract.shell.lexer import (
     HereDocument,
@@ -261,6 +262,7 @@ class ShellPlanReader(LaunchOptionReader):
                 f"'{launch.target.text}' not found next to this file; only the command line "
                 "is read",
             )
+            self.positional_model(positionals)
         config_path = target_path if launch.target_kind == "config" else None
         if config_path is None and launch.launcher != "swift":
             config_path = self.positional_config(positionals, directory)
@@ -699,6 +701,23 @@ class ShellPlanReader(LaunchOptionReader):
             if found is not None:
                 return found, [other for other in overrides if other is not override]
         return None, overrides
+
+    def positional_model(self, positionals: list[WordSlice]) -> None:
+        """`python train.py "$MODEL_NAME" --lr 5e-6` with the script not here: a positional
+        argument that reads as a model (`/data/models/Qwen2.5-3B-Instruct`, `org/Name-7B`) is
+        taken for the one the script trains, since nothing else names it."""
+        for positional in positionals:
+            if positional.is_known and reads_as_model(positional.text):
+                self.settings.append(
+                    Setting(
+                        "model_id",
+                        positional.text,
+                        Provenance.EXPLICIT,
+                        self.slice_range(positional),
+                        "a positional argument of the script, read as its model",
+                    )
+                )
+                return
 
     def positional_config(self, positionals: list[WordSlice], directory: Path) -> Path | None:
         """`python train.py config.yaml` (HfArgumentParser.parse_yaml_file) and friends."""
