@@ -567,6 +567,15 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 66,
         "type_vocab_size": 1,
     },
+    "distilbert": {
+        "model_type": "distilbert",
+        "vocab_size": 320,
+        "dim": 64,
+        "n_layers": 3,
+        "n_heads": 4,
+        "hidden_dim": 96,
+        "max_position_embeddings": 64,
+    },
     "t5-v1.0-relu-tied": {
         "model_type": "t5",
         "d_model": 64,
@@ -620,6 +629,7 @@ BLOCK_LISTS = (
     "gpt_neox.layers",
     "bert.encoder.layer",
     "roberta.encoder.layer",
+    "distilbert.transformer.layer",
     "encoder.block",
     "decoder.block",
 )
@@ -651,7 +661,7 @@ def build_on_meta(config: dict[str, Any], spec: ModelSpec) -> nn.Module:
             model = Llama4ForCausalLM(Llama4TextConfig.from_dict(text))
         else:
             hf_config = CONFIG_MAPPING[model_type].from_dict(config)
-            if model_type in ("bert", "roberta"):
+            if model_type in ("bert", "roberta", "distilbert"):
                 model = AutoModelForMaskedLM.from_config(hf_config)
             elif model_type in ("t5", "mt5"):
                 model = AutoModelForSeq2SeqLM.from_config(hf_config)
@@ -730,7 +740,7 @@ def real_role_totals(model: nn.Module) -> Counter[str]:
             role = "experts"
         elif kind.endswith("Router") or name.endswith("shared_expert_gate.weight"):
             role = "router"
-        elif name.startswith(("lm_head.", "cls.")):
+        elif name.startswith(("lm_head.", "cls.", "vocab_transform.", "vocab_projector.")):
             role = "head"
         else:
             role = "rest"

@@ -50,7 +50,7 @@ FAMILY_OF_MODEL_TYPE: dict[str, str] = {
     **dict.fromkeys(
         ("gpt2", "gpt_bigcode", "gpt_neox", "gptj", "opt", "falcon", "bloom", "phi"), "gpt_style"
     ),
-    **dict.fromkeys(("bert", "roberta"), "masked_lm"),
+    **dict.fromkeys(("bert", "roberta", "distilbert"), "masked_lm"),
     **dict.fromkeys(("t5", "mt5"), "t5"),
     **dict.fromkeys(("qwen", "baichuan", "internlm2", "chatglm"), "remote_code"),
     **dict.fromkeys(("glm", "glm4"), "glm"),
