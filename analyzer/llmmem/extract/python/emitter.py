@@ -188,6 +188,15 @@ class PlanEmitter:
         self.emit_optimizer(trainer, config)
         if config is None and trainer is None:
             self.emit_plain_loop()
+            if model is None and model_string is None and reader.launched_command is not None:
+                command, node = reader.launched_command
+                self.builder.set(
+                    "launch",
+                    command,
+                    Provenance.EXPLICIT,
+                    self.source.range_of(node),
+                    "a training command the script runs",
+                )
         self.emit_sequence_hints()
 
         framework = "hf"

@@ -50,6 +50,8 @@ class Findings:
         self.returned_trainer = False  # a function returns a trainer it built (a helper)
         # `model = torch.nn.Linear(20, 1)`: the script's model is a bare torch layer
         self.bare_torch_model: str | None = None
+        # `subprocess.run(['llamafactory-cli', 'train', path])`: the command and where it is
+        self.launched_command: tuple[str, ast.AST] | None = None
 
     def problem(self, node: ast.AST | None, text: str) -> None:
         where = self.source.range_of(node)

@@ -40,7 +40,7 @@ from llmmem.extract.python.local_modules import LocalModules
 from llmmem.extract.python.loops import counted_range, forget_fields, run_for, run_while
 from llmmem.extract.python.source import SourceMap
 from llmmem.extract.python.token_cuts import read_token_cut
-from llmmem.extract.python.training_evidence import bare_torch_model, updated_arguments
+from llmmem.extract.python.training_evidence import module_evidence, updated_arguments
 from llmmem.extract.python.values import (
     _EXIT_CALLS,
     _STOP_WHEN,
@@ -125,7 +125,7 @@ class ScriptReader(Findings):
             for node in ast.walk(module)
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
         )
-        self.bare_torch_model = bare_torch_model(module)
+        module_evidence(self, module)  # a bare torch model, a command run through subprocess
         try:
             self.exec_block(module.body, self.module_scope)
             # functions nothing in the file calls (entry points for fire/typer/click, callbacks

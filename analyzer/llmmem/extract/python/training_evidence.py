@@ -105,3 +105,81 @@ def updated_arguments(leaf: str, args: CallArgs) -> Value | None:
     if isinstance(first, (DataclassInstance, NamespaceObject)):
         return first
     return None
+
+
+# the programs a script starts training with through subprocess or os.system
+_LAUNCHER_PROGRAMS = frozenset(
+    {
+        "llamafactory-cli",
+        "accelerate",
+        "torchrun",
+        "deepspeed",
+        "tune",
+        "axolotl",
+        "litgpt",
+        "swift",
+        "trl",
+        "python",
+        "python3",
+    }
+)
+
+
+def launched_command(module: ast.Module) -> tuple[str, ast.AST] | None:
+    """A training command the script hands to subprocess or os.system (`['llamafactory-cli',
+    'train', config_path]`): its text (a value not written as text reads as its name) and
+    where it is written; None where there is none."""
+    nodes = list(ast.walk(module))
+    # a command written as one string counts where a call is given it (os.system("...")), not
+    # in a usage text or a docstring
+    given = {id(call.args[0]) for call in nodes if isinstance(call, ast.Call) and call.args}
+    for node in nodes:
+        words: list[str] = []
+        if isinstance(node, (ast.List, ast.Tuple)) and node.elts:
+            words = [_word(element) for element in node.elts]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) in given:
+            words = node.value.split()
+        if not words or words[0].rsplit("/", 1)[-1] not in _LAUNCHER_PROGRAMS:
+            continue
+        if _starts_training(words):
+            return " ".join(words), node
+    return None
+
+
+# what follows a launcher's program for it to train (`accelerate launch`, `tune run`)
+_TRAINING_SUBCOMMANDS = {
+    "llamafactory-cli": {"train"},
+    "accelerate": {"launch"},
+    "tune": {"run"},
+    "axolotl": {"train"},
+    "litgpt": {"finetune", "finetune_lora", "finetune_full", "finetune_adapter", "pretrain"},
+    "swift": {"sft", "rlhf", "pt"},
+    "trl": {"sft", "dpo", "grpo", "kto", "reward", "rloo", "orpo"},
+}
+_TRAINING_SCRIPT_WORDS = ("train", "finetune", "fine_tune", "sft", "dpo", "grpo", "ppo", "lora")
+
+
+def _starts_training(words: list[str]) -> bool:
+    """`llamafactory-cli train x.yaml`, `accelerate launch train.py`, `torchrun ... sft.py`,
+    `python train.py`: a launcher's training subcommand, or a script named like training."""
+    program = words[0].rsplit("/", 1)[-1]
+    if len(words) < 2 or program not in _LAUNCHER_PROGRAMS:
+        return False
+    subcommands = _TRAINING_SUBCOMMANDS.get(program)
+    if subcommands is not None:
+        return words[1] in subcommands
+    scripts = [word.rsplit("/", 1)[-1].lower() for word in words[1:] if word.endswith(".py")]
+    return any(word in script for script in scripts[:1] for word in _TRAINING_SCRIPT_WORDS)
+
+
+def module_evidence(found: Findings, module: ast.Module) -> None:
+    """What the whole module shows before it is run: a bare torch layer as its model, a
+    training command it hands to subprocess."""
+    found.bare_torch_model = bare_torch_model(module)
+    found.launched_command = launched_command(module)
+
+
+def _word(node: ast.expr) -> str:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    return ast.unparse(node).replace(" ", "")[:60] or "_"
