@@ -465,12 +465,8 @@ def predict_release(case: Any, size: str, trl: str) -> dict[str, int]:
     from unittest import mock
 
     from llmmem.budget import fused_head
-    from llmmem.budget.preference import (
-        Objective,
-        PreferenceSetup,
-        Reference,
-        estimate_preference_budget,
-    )
+    from llmmem.budget.preference import estimate_preference_budget
+    from llmmem.budget.preference_setup import Objective, PreferenceSetup, Reference
     from llmmem.verify.preference_grid import setup_of, spec_of
 
     pref = PreferenceSetup(

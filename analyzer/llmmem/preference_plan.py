@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from llmmem.budget.preference import Objective, PreferenceSetup, Reference
+from llmmem.budget.preference_setup import Objective, PreferenceSetup, Reference
 from llmmem.budget.setup import Precision, SetupError, TrainingSetup
 from llmmem.plan import Sourced, TrainingPlan
 
@@ -394,7 +394,7 @@ REFERENCE_TEXT = {
 def reference_row(plan: TrainingPlan, method: Any) -> Sourced[str] | None:
     """The reference model as explain shows it, with where it was decided; `method` is the
     setup's Method (full, lora, qlora) or None when the setup could not be built."""
-    from llmmem.budget.preference import WITH_REFERENCE
+    from llmmem.budget.preference_setup import WITH_REFERENCE
     from llmmem.plan import Provenance
 
     objective = objective_of(plan)
@@ -526,8 +526,8 @@ def trl_release_note(versions: dict[str, Any]) -> str | None:
     `add_fused_lm_head`), which the budget sizes (llmmem.budget.fused_head), for DPO and KTO
     over every position, where a GPU scores only the labelled ones. 1.0 to 1.5 run 0.29's
     code: no note."""
-    from llmmem.budget.fused_head import FIRST_RELEASE
-    from llmmem.budget.preference import SAME_DPO_UNTIL
+    from llmmem.budget.fused_head_bytes import FIRST_RELEASE
+    from llmmem.budget.preference_setup import SAME_DPO_UNTIL
     from llmmem.budget.setup import release
 
     found = versions.get("trl")

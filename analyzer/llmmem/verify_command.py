@@ -201,11 +201,8 @@ def run_verify(args: argparse.Namespace) -> int:
     )
     budget = estimate_budget(spec, setup, analysis.gpu)
     if preference is not None:
-        from llmmem.budget.preference import (
-            Objective,
-            estimate_preference_budget,
-            reference_for,
-        )
+        from llmmem.budget.preference import estimate_preference_budget, reference_for
+        from llmmem.budget.preference_setup import Objective
         from llmmem.verify.preference_step import check_preference_request
 
         objective = preference.objective.value

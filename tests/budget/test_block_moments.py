@@ -10,7 +10,8 @@ from dataclasses import replace
 import pytest
 
 from llmmem.budget.activations import backward_workspace, estimate_activations
-from llmmem.budget.preference import Objective, PreferenceSetup, estimate_preference_budget
+from llmmem.budget.preference import estimate_preference_budget
+from llmmem.budget.preference_setup import Objective, PreferenceSetup
 from llmmem.budget.result import Component, Phase
 from llmmem.budget.setup import AttnImpl, LoraSetup, SetupError, TrainingSetup
 from llmmem.models.architectures import spec_from_config

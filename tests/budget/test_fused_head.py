@@ -18,11 +18,8 @@ import pytest
 import torch
 
 from llmmem.budget.fused_head import head_bytes, uses_fused_head
-from llmmem.budget.preference import (
-    Objective,
-    PreferenceSetup,
-    estimate_preference_budget,
-)
+from llmmem.budget.preference import estimate_preference_budget
+from llmmem.budget.preference_setup import Objective, PreferenceSetup
 from llmmem.budget.result import Component, Phase
 from llmmem.budget.setup import Method, Precision, TrainingSetup
 from llmmem.models.architectures import spec_from_config

@@ -20,11 +20,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from llmmem.budget.grpo import GrpoSetup, estimate_grpo_budget  # noqa: E402
-from llmmem.budget.preference import (  # noqa: E402
-    Objective,
-    PreferenceSetup,
-    estimate_preference_budget,
-)
+from llmmem.budget.preference import estimate_preference_budget  # noqa: E402
+from llmmem.budget.preference_setup import Objective, PreferenceSetup  # noqa: E402
 from llmmem.budget.result import Component, GpuTarget, Phase  # noqa: E402
 from llmmem.budget.setup import SetupError, TrainingSetup  # noqa: E402
 from llmmem.verify.grpo_grid import (  # noqa: E402

@@ -18,11 +18,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from llmmem.budget.preference import (  # noqa: E402
-    Objective,
-    PreferenceSetup,
-    estimate_preference_budget,
-)
+from llmmem.budget.preference import estimate_preference_budget  # noqa: E402
+from llmmem.budget.preference_setup import Objective, PreferenceSetup  # noqa: E402
 from llmmem.budget.result import Component, Phase  # noqa: E402
 from llmmem.budget.setup import Method, Precision, TrainingSetup  # noqa: E402
 from llmmem.models.architectures import spec_from_config  # noqa: E402

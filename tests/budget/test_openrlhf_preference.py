@@ -196,7 +196,7 @@ def test_a_plans_mixed_precision_reaches_the_preference_setup(tmp_path: Path) ->
     autocast = replace(plan, precision=replace(plan.precision, value="bf16"))
     assert mixed_precision_of(autocast) is True
     # OpenRLHF trains under DeepSpeed: accelerate's native AMP is off, no fp32 outputs
-    from llmmem.budget.preference import fp32_outputs
+    from llmmem.budget.preference_setup import fp32_outputs
     from llmmem.budget.setup import DistributedSetup, TrainingSetup
 
     dpo = extract_shell_plan(DPO)

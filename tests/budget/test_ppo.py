@@ -21,12 +21,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from llmmem.budget.ppo import PpoSetup, estimate_ppo_budget  # noqa: E402
-from llmmem.budget.preference import (  # noqa: E402
-    Objective,
-    PreferenceSetup,
-    Reference,
-    estimate_preference_budget,
-)
+from llmmem.budget.preference import estimate_preference_budget  # noqa: E402
+from llmmem.budget.preference_setup import Objective, PreferenceSetup, Reference  # noqa: E402
 from llmmem.budget.result import Component, Phase  # noqa: E402
 from llmmem.budget.setup import SetupError, TrainingSetup  # noqa: E402
 from llmmem.verify.ppo_grid import Case, measure, ppo_of, predict, setup_of, spec_of  # noqa: E402

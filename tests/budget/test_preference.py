@@ -20,12 +20,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from llmmem.budget.preference import (  # noqa: E402
-    Objective,
-    PreferenceSetup,
-    Reference,
-    estimate_preference_budget,
-)
+from llmmem.budget.preference import estimate_preference_budget  # noqa: E402
+from llmmem.budget.preference_setup import Objective, PreferenceSetup, Reference  # noqa: E402
 from llmmem.budget.result import Component, Phase  # noqa: E402
 from llmmem.budget.setup import SetupError, TrainingSetup  # noqa: E402
 from llmmem.models.architectures import spec_from_config
@@ -255,7 +251,8 @@ def test_sft_step_is_unchanged_by_the_fp32_outputs() -> None:
 def test_under_fsdp_the_reference_copy_keeps_its_compute_dtype_logits() -> None:
     """TRL prepares a reference copy with prepare_fsdp under FSDP, not prepare_model: its
     forward is not wrapped, so its logits stay in bf16 while the policy's come back in fp32."""
-    from llmmem.budget.preference import log_prob_moments, reference_fp32_outputs
+    from llmmem.budget.preference import log_prob_moments
+    from llmmem.budget.preference_setup import reference_fp32_outputs
     from llmmem.budget.setup import DistributedSetup, FsdpShard
 
     spec = _spec("qwen2")

@@ -32,7 +32,7 @@ from llmmem.budget.fused_head_bytes import (
     shapes,
     torch_fold_bytes,
 )
-from llmmem.budget.preference import TRL_RELEASE, LogProbMoments, Objective, PreferenceSetup
+from llmmem.budget.preference_setup import TRL_RELEASE, LogProbMoments, Objective, PreferenceSetup
 from llmmem.budget.setup import TrainingSetup, release
 from llmmem.models.spec import ModelSpec
 from llmmem.units import format_count

@@ -79,19 +79,21 @@ from llmmem.budget import fused_head
 from llmmem.budget.activations import dtypes_for
 from llmmem.budget.generation import decode_attention_copies, kv_cache_term
 from llmmem.budget.phases import estimate_budget
-from llmmem.budget.preference import (
+from llmmem.budget.preference_moments import (
+    backward_phase,
+    budget_from_phases,
+    last_block_moment,
+    later_backward_moments,
+    reference_copy_term,
+    replace_logits,
+    with_terms,
+)
+from llmmem.budget.preference_setup import (
     LogProbMoments,
     Objective,
     Reference,
-    _backward_phase,
-    _budget,
-    _last_block_moment,
-    _later_backward_moments,
-    _replace_logits,
-    _with,
     fp32_outputs,
     policy_under_autocast,
-    reference_copy_term,
 )
 from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
 from llmmem.budget.setup import (
@@ -128,7 +130,7 @@ class GrpoSetup:
     steps_per_generation: int | None = None  # None: gradient_accumulation_steps
     num_iterations: int = 1
     # accelerate's mixed precision (bf16=True): the prepared policy's (and reference's)
-    # logits come back in fp32; None: llmmem.budget.preference.fp32_outputs's default
+    # logits come back in fp32; None: llmmem.budget.preference_setup.fp32_outputs's default
     mixed_precision: bool | None = None
     # whether the advantage compares a prompt's completions with each other (GRPO; OpenRLHF's
     # rloo, reinforce_baseline, group_norm, dr_grpo): then num_generations must be 2 or more.
@@ -628,15 +630,15 @@ def estimate_grpo_budget(
             no_grad = alternative
     if no_grad is not None:
         phases.append(no_grad)
-    policy_forward = _replace_logits(
+    policy_forward = replace_logits(
         forward,
         "end of the policy's forward: completion log-probabilities and entropies taken",
         lp.forward_end,
         training_extra,
     )
     phases.append(policy_forward)
-    last_block = _last_block_moment(spec, policy_setup, forward)
-    later = _later_backward_moments(spec, policy_setup, forward, step)
+    last_block = last_block_moment(spec, policy_setup, forward)
+    later = later_backward_moments(spec, policy_setup, forward, step)
     moments = LogProbMoments(
         lp.forward_end.bytes,
         lp.no_grad.bytes,
@@ -647,9 +649,9 @@ def estimate_grpo_budget(
         lp.backward_peak.formula,
     )
     phases.append(
-        _backward_phase(backward, policy_forward, moments, training_extra, last_block, later)
+        backward_phase(backward, policy_forward, moments, training_extra, last_block, later)
     )
-    phases.append(_with(step, training_extra))
+    phases.append(with_terms(step, training_extra))
 
     notes = list(sft.notes)
     rows = generation_rows(grpo, setup)
@@ -685,7 +687,7 @@ def estimate_grpo_budget(
             "ZeRO-3/FSDP: generation gathers the whole model on each device "
             "(ds3_gather_for_generation); that gather is not counted"
         )
-    budget = _budget(sft, phases, notes, spec, policy_setup, reference)
+    budget = budget_from_phases(sft, phases, notes, spec, policy_setup, reference)
     return _with_first_step(budget, spec, setup, grpo, gpu)
 
 

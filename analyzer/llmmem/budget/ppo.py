@@ -80,13 +80,13 @@ from llmmem.budget.activations import (
 )
 from llmmem.budget.generation import kv_cache_term
 from llmmem.budget.phases import estimate_budget
-from llmmem.budget.preference import (
-    Reference,
-    _budget,
-    fp32_outputs,
+from llmmem.budget.preference_moments import (
+    budget_from_phases,
+    later_backward_moments,
     reference_copy_term,
     reward_spec,
 )
+from llmmem.budget.preference_setup import Reference, fp32_outputs
 from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
 from llmmem.budget.setup import (
     AttnImpl,
@@ -124,7 +124,7 @@ class PpoSetup:
     num_mini_batches: int = 1
     keep_scores: bool = True  # TRL 0.29.1 keeps the rollout's generation scores
     # accelerate's mixed precision (bf16=True): the prepared wrapper's outputs come back in
-    # fp32; None: llmmem.budget.preference.fp32_outputs's default
+    # fp32; None: llmmem.budget.preference_setup.fp32_outputs's default
     mixed_precision: bool | None = None
     # the queries of a batch differ in length and the collator left-pads them to the longest:
     # the attention mask `forward` builds (`query_responses != pad_token_id`) has zeros, so
@@ -135,7 +135,8 @@ class PpoSetup:
     # what the notes call the value and reward models (a hub id, "the policy's size")
     value_name: str = ""
     reward_name: str = ""
-    # the reference copy as the trainer loads it (see llmmem.budget.preference.PreferenceSetup)
+    # the reference copy as the trainer loads it (see
+    # llmmem.budget.preference_setup.PreferenceSetup)
     reference_bytes: int | None = None
     reference_sharded: bool = False
     reference_offloaded: bool = False
@@ -794,7 +795,7 @@ def estimate_ppo_budget(
             "LLaMA-Factory's PPO step is sized with TRL 0.29.1's phases, its own models and "
             "TRL 0.9's fp32 logits as read in its code; not checked against a run"
         )
-    budget = _budget(sft, phases, notes, spec, policy_setup, reference)
+    budget = budget_from_phases(sft, phases, notes, spec, policy_setup, reference)
     if setup.first_step or budget.first_step_allocated_peak_bytes is None:
         return budget
     # the first update: no optimizer states, no scores kept from an update before
@@ -986,8 +987,6 @@ def _later_moments(
     model's with the policy's gradients complete. Autograd runs the policy's nodes first: they
     were made after the value backbone's. The micro-batch's output (its logits, KV cache and
     hidden states) stays alive throughout."""
-    from llmmem.budget.preference import _later_backward_moments
-
     kept = train.get(Component.LOGITS, Term(0, ""))
     output = Term(
         bytes=kept.bytes + caches.bytes,
@@ -1000,12 +999,12 @@ def _later_moments(
         value_acts = value_forward.components.get(Component.ACTIVATIONS, Term(0, ""))
         value_acts = Term(bytes=value_acts.bytes + score_input.bytes, formula=value_acts.formula)
         value_setup = replace(setup, method=Method.FULL, lora=None, quant=None)
-        value_moments = _later_backward_moments(
+        value_moments = later_backward_moments(
             models.value, value_setup, value_forward, value_sft.phase(Phase.OPTIMIZER_STEP)
         )
     policy_grads = step.components.get(Component.GRADIENTS, Term(0, ""))
     out = []
-    for moment in _later_backward_moments(spec, setup, forward, step):
+    for moment in later_backward_moments(spec, setup, forward, step):
         parts = dict(held)
         for comp in (Component.GRADIENTS, Component.TEMPORARIES):
             if comp in moment.components:

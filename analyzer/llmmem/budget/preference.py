@@ -56,169 +56,48 @@ reward model, generation inside the step) in llmmem.budget.ppo, through `Prefere
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from enum import Enum
-from typing import Any
+from dataclasses import replace
 
+from llmmem.budget import fused_head
 from llmmem.budget.activations import (
-    backward_workspace,
     dtypes_for,
     eager_mask_kinds,
     estimate_activations,
     linear_position,
     trainability_for,
 )
-from llmmem.budget.overheads import overhead_terms, reserved_and_device_total
+from llmmem.budget.fused_head import uses_fused_head
+from llmmem.budget.grpo import GrpoSetup, estimate_grpo_budget
+from llmmem.budget.grpo import reference_of as grpo_reference
 from llmmem.budget.phases import estimate_budget
-from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
-from llmmem.budget.setup import (
-    Method,
-    Precision,
-    SetupError,
-    TrainingSetup,
-    check_release,
-    release,
+from llmmem.budget.ppo import PpoSetup, estimate_ppo_budget
+from llmmem.budget.ppo import reference_of as ppo_reference
+from llmmem.budget.preference_moments import (
+    backward_phase,
+    budget_from_phases,
+    last_block_moment,
+    later_backward_moments,
+    reference_copy_term,
+    replace_logits,
+    reward_spec,
+    with_terms,
 )
-from llmmem.budget.weights import build_inventory
+from llmmem.budget.preference_setup import (
+    MODELLED,
+    TRL_RELEASE,
+    WITH_REFERENCE,
+    LogProbMoments,
+    Objective,
+    PreferenceSetup,
+    Reference,
+    fp32_outputs,
+    policy_under_autocast,
+    reference_fp32_outputs,
+)
+from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
+from llmmem.budget.setup import Method, SetupError, TrainingSetup, release
 from llmmem.models.spec import ModelSpec
 from llmmem.units import format_bytes, format_count
-
-# the TRL release whose trainers these budgets follow
-TRL_RELEASE = "0.29"
-# the first release whose DPOTrainer no longer copies the shifted logits: from 1.6 to 1.14 it
-# takes the log-probabilities on views of the logits (then 1.15's fused head)
-SAME_DPO_UNTIL = (1, 6)
-# the trainers whose preference steps are told apart (PreferenceSetup.trainer)
-TRAINERS = ("trl", "llamafactory")
-
-
-class Objective(str, Enum):
-    SFT = "sft"
-    DPO = "dpo"  # DPO and its loss variants (IPO, hinge, robust, ...): same forward
-    ORPO = "orpo"
-    CPO = "cpo"  # CPO and SimPO (CPOConfig(loss_type="simpo"))
-    KTO = "kto"
-    REWARD = "reward"
-    GRPO = "grpo"
-    PPO = "ppo"
-
-
-class Reference(str, Enum):
-    COPY = "copy"  # a second frozen model (full fine-tuning, or ref_model= given)
-    ADAPTER = "adapter"  # the policy with its LoRA adapter disabled: no copy
-    PRECOMPUTED = "precomputed"  # precompute_ref_log_probs: no reference during training
-    NONE = "none"  # the objective has no reference model
-
-
-# the objectives whose step this module models
-MODELLED = frozenset(
-    {Objective.DPO, Objective.ORPO, Objective.CPO, Objective.KTO, Objective.REWARD}
-)
-# the objectives that compare with a reference model
-WITH_REFERENCE = frozenset({Objective.DPO, Objective.KTO})
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PreferenceSetup:
-    objective: Objective = Objective.DPO
-    reference: Reference | None = None  # None: what TRL does for the objective and the method
-    num_labels: int = 1  # reward models: TRL requires 1
-    # accelerate's mixed precision (bf16=True / fp16=True): the prepared models return fp32
-    # outputs. None: on for 16-bit compute (TRL's configs default to bf16=True), off under
-    # DeepSpeed; see `fp32_outputs`
-    mixed_precision: bool | None = None
-    # the reference copy as the trainer loads it: bytes per weight (None: the policy's dtype,
-    # TRL's `ref_model_init_kwargs.setdefault("dtype", self.model.dtype)`), partitioned across
-    # the data-parallel ranks (ZeRO-3: OpenRLHF's eval config takes the training's stage 3) or
-    # with its weights on the CPU (OpenRLHF's --ref_offload under ZeRO-3)
-    reference_bytes: int | None = None
-    reference_sharded: bool = False
-    reference_offloaded: bool = False
-    # GRPO: a llmmem.budget.grpo.GrpoSetup (None: GRPOConfig's defaults)
-    grpo: Any = None
-    # PPO: a llmmem.budget.ppo.PpoSetup (None: PPOConfig's defaults, every model the policy's size)
-    ppo: Any = None
-    # the TRL release the trainer runs (None: TRL_RELEASE, the one these budgets follow); the
-    # moments that are one release's own (DPO's metrics after the loss, ORPO's and CPO's
-    # log-probabilities on a view of the logits) are counted for that release only
-    trl_release: str | None = None
-    # whose trainer runs the step: "trl" (TRL's, at `trl_release`) or "llamafactory"
-    # (LLaMA-Factory's own CustomDPOTrainer, read at 0.9.5: the logits cast to fp32 and a full
-    # log_softmax gathered from, the policy before the reference; ORPO and SimPO without a
-    # cross-entropy; its KTO trainer likewise). Its reward trainer is sized as TRL's so far
-    trainer: str = "trl"
-    # CPO's weight of the chosen half's NLL (CPOConfig.cpo_alpha; None: TRL's default 1.0).
-    # 0 (SimPO as its paper writes it, `loss_type="alphapo"` too) skips the cross-entropy
-    cpo_alpha: float | None = None
-
-    def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "objective", Objective(self.objective))
-            if self.reference is not None:
-                object.__setattr__(self, "reference", Reference(self.reference))
-        except ValueError as err:
-            raise SetupError(str(err)) from None
-        if self.num_labels < 1:
-            raise SetupError(f"num_labels must be at least 1, got {self.num_labels}")
-        if self.reference_bytes is not None and self.reference_bytes not in (1, 2, 4):
-            raise SetupError(f"reference_bytes is 1, 2 or 4, got {self.reference_bytes}")
-        if self.trainer not in TRAINERS:
-            raise SetupError(f"trainer is one of {', '.join(TRAINERS)}, got '{self.trainer}'")
-        if self.trl_release is not None:
-            check_release(self.trl_release, "trl_release", "0.29.1")
-
-    @property
-    def follows_trl_release(self) -> bool:
-        """Whether the trainer runs the DPO code these budgets restate: 0.29's, which 1.0 to 1.5
-        keep (`_compute_loss`' `.contiguous()` shifted copies and `entropy_from_logits`, read
-        in each minor release's trl/trainer/dpo_trainer.py); 1.6 takes the log-probabilities on
-        views, 1.15 through the fused head."""
-        return release(TRL_RELEASE) <= release(self.trl_release or TRL_RELEASE) < SAME_DPO_UNTIL
-
-    @property
-    def dpo_on_views(self) -> bool:
-        """TRL 1.6 to 1.14's DPOTrainer: `selective_log_softmax` of the views
-        `logits[..., :-1, :]` (no `.contiguous()` copies), its metrics still 0.29's."""
-        from llmmem.budget.fused_head import FIRST_RELEASE
-
-        found = release(self.trl_release or TRL_RELEASE)
-        return (
-            self.objective is Objective.DPO
-            and self.trainer == "trl"
-            and SAME_DPO_UNTIL <= found < FIRST_RELEASE
-        )
-
-
-def fp32_outputs(mixed_precision: bool | None, setup: TrainingSetup) -> bool:
-    """Whether the trainer's prepared models hand back fp32 outputs (logits) from a 16-bit
-    compute: accelerate's `convert_outputs_to_fp32`, applied by `prepare_model` when its
-    `native_amp` is on, i.e. `mixed_precision` bf16/fp16 outside DeepSpeed (accelerate 1.15.0
-    `Accelerator.__init__`). Autocast over fp32 weights is that mixed precision; with 16-bit
-    weights it is on when the config says `bf16=True` (TRL's configs' default), so None means
-    on. fp32 compute has nothing to convert."""
-    if dtypes_for(setup).compute == 4:
-        return False
-    if setup.distributed.zero_stage:
-        return False
-    return True if mixed_precision is None else bool(mixed_precision)
-
-
-def policy_under_autocast(setup: TrainingSetup, mixed_precision: bool | None) -> TrainingSetup:
-    """The setup the policy's activations are sized with: accelerate's mixed precision runs the
-    forward under autocast, over bf16 weights too (bf16-autocast)."""
-    if setup.precision is Precision.BF16_TRUE and fp32_outputs(mixed_precision, setup):
-        return replace(setup, precision=Precision.BF16_AUTOCAST)
-    return setup
-
-
-def reference_fp32_outputs(
-    mixed_precision: bool | None, setup: TrainingSetup, reference: Reference
-) -> bool:
-    """The same for the reference's outputs: a copy goes through `prepare_fsdp` under FSDP
-    (not `prepare_model`: no conversion); the adapter-disabled policy is the prepared policy."""
-    if reference is Reference.COPY and setup.distributed.fsdp is not None:
-        return False
-    return fp32_outputs(mixed_precision, setup)
 
 
 def reference_for(pref: PreferenceSetup, setup: TrainingSetup) -> Reference:
@@ -226,13 +105,8 @@ def reference_for(pref: PreferenceSetup, setup: TrainingSetup) -> Reference:
     with `ref_model=None` TRL disables the adapter (trl/trainer/dpo_trainer.py: `use_adapter`);
     in full fine-tuning it loads a second copy of the model. GRPO's follows `beta`."""
     if pref.objective is Objective.GRPO:
-        from llmmem.budget.grpo import GrpoSetup, reference_of
-
-        return reference_of(pref.grpo or GrpoSetup(), setup)
+        return grpo_reference(pref.grpo or GrpoSetup(), setup)
     if pref.objective is Objective.PPO:
-        from llmmem.budget.ppo import PpoSetup
-        from llmmem.budget.ppo import reference_of as ppo_reference
-
         ppo = pref.ppo or PpoSetup()
         if pref.reference is not None and ppo.reference is None:
             ppo = replace(ppo, reference=pref.reference)
@@ -247,29 +121,6 @@ def reference_for(pref: PreferenceSetup, setup: TrainingSetup) -> Reference:
             )
         return pref.reference
     return Reference.COPY if setup.method is Method.FULL else Reference.ADAPTER
-
-
-@dataclass(frozen=True)
-class LogProbMoments:
-    """The log-probability computation's memory, in bytes, at the step's moments."""
-
-    forward_end: int  # the policy's logits, their shifted copy and what autograd keeps
-    reference: int  # the reference's logits and shifted copy, beside the policy's
-    # of `reference` (of `forward_end` for ORPO and CPO: no reference): one row's temporary
-    # made inside an aten kernel (fp32 logsumexp), which a GPU allocates and a dispatch-level
-    # storage counter does not see
-    inside_kernel: int
-    backward_peak: int  # inside the log-softmax backward
-    formula_forward: str
-    formula_reference: str
-    formula_backward: str
-    # of `forward_end` where the policy has a reference after it too (LLaMA-Factory's full
-    # log_softmax over a strided view: the contiguous copy CUDA's kernel makes of its input)
-    inside_forward: int = 0
-    # what the policy still holds when the reference starts, where that is not `forward_end`
-    # less `inside_forward` (LLaMA-Factory's KTO: its KL batch's logits are gone by then)
-    kept_for_reference: int | None = None
-    formula_kept: str = ""
 
 
 def log_prob_moments(
@@ -811,20 +662,6 @@ def _with_lm_head(phase: PhaseBudget, spec: ModelSpec, setup: TrainingSetup) -> 
     return replace(phase, components=parts)
 
 
-def reward_spec(spec: ModelSpec, num_labels: int) -> ModelSpec:
-    """The model as AutoModelForSequenceClassification builds it: the vocabulary head replaced
-    by a score head of hidden × num_labels (no bias), no vocabulary logits."""
-    params = replace(spec.params, head=spec.hidden_size * num_labels)
-    architecture = spec.architecture.replace("ForCausalLM", "ForSequenceClassification")
-    return replace(
-        spec,
-        params=params,
-        architecture=architecture,
-        is_causal_lm=False,
-        tie_word_embeddings=False,
-    )
-
-
 def estimate_preference_budget(
     spec: ModelSpec,
     setup: TrainingSetup,
@@ -835,16 +672,12 @@ def estimate_preference_budget(
     log-probability computation in place of the causal-LM loss, the reference model beside
     it, and the reference forward as its own phase. GRPO's step is llmmem.budget.grpo's."""
     if pref.objective is Objective.GRPO:
-        from llmmem.budget.grpo import GrpoSetup, estimate_grpo_budget
-
         grpo = pref.grpo or GrpoSetup()
         if pref.mixed_precision is not None and grpo.mixed_precision is None:
             grpo = replace(grpo, mixed_precision=pref.mixed_precision)
         grpo = replace(grpo, trl_release=grpo.trl_release or pref.trl_release)
         return estimate_grpo_budget(spec, setup, grpo, gpu)
     if pref.objective is Objective.PPO:
-        from llmmem.budget.ppo import PpoSetup, estimate_ppo_budget
-
         ppo = pref.ppo or PpoSetup()
         if pref.reference is not None and ppo.reference is None:
             ppo = replace(ppo, reference=pref.reference)
@@ -880,7 +713,7 @@ def estimate_preference_budget(
     backward = sft.phase(Phase.BACKWARD)
     step = sft.phase(Phase.OPTIMIZER_STEP)
 
-    last_block = _last_block_moment(policy_spec, policy_setup, forward)
+    last_block = last_block_moment(policy_spec, policy_setup, forward)
     ref_weights = (
         reference_copy_term(
             spec,
@@ -904,7 +737,7 @@ def estimate_preference_budget(
         # moments count it out only beside a vocabulary head)
         candidates += [
             _embedding_last(moment, spec, setup)
-            for moment in _later_backward_moments(policy_spec, policy_setup, forward, step)
+            for moment in later_backward_moments(policy_spec, policy_setup, forward, step)
         ]
         norm_forward, norm_backward = _final_norm_moments(policy_spec, policy_setup, forward)
         candidates += [norm_backward] if norm_backward else []
@@ -918,7 +751,7 @@ def estimate_preference_budget(
             logits_moment = _value_head_logits_moment(spec, policy_setup, sft.phase(Phase.FORWARD))
             if logits_moment.allocated_bytes > forward.allocated_bytes:
                 forward = logits_moment
-        phases = [_with(p, extra) for p in (forward, backward, step)]
+        phases = [with_terms(p, extra) for p in (forward, backward, step)]
         if pref.trainer == "llamafactory":
             phases = [_with_lm_head(p, spec, policy_setup) for p in phases]
             notes.append(
@@ -935,7 +768,7 @@ def estimate_preference_budget(
                 f"of the {format_count(spec.vocab_size)}-token vocabulary head; no vocabulary "
                 "logits"
             )
-        budget = _budget(sft, phases, notes, policy_spec, policy_setup, reference)
+        budget = budget_from_phases(sft, phases, notes, policy_spec, policy_setup, reference)
         return _with_first_step(budget, spec, setup, pref, gpu)
 
     fp32 = fp32_outputs(pref.mixed_precision, setup)
@@ -964,12 +797,10 @@ def estimate_preference_budget(
         cross_entropy=not (pref.objective is Objective.CPO and pref.cpo_alpha == 0),
         views=pref.dpo_on_views,
     )
-    from llmmem.budget.fused_head import fused_head_moments, uses_fused_head
-
     fused = uses_fused_head(pref)
     if fused:
         # TRL 1.x: the log-probabilities through the fused, tiled LM head, no logits
-        lp = fused_head_moments(
+        lp = fused_head.fused_head_moments(
             spec, policy_setup, rows, pref.objective, reference is Reference.ADAPTER
         )
         notes.append(
@@ -995,7 +826,7 @@ def estimate_preference_budget(
             "mixed precision: accelerate returns the prepared models' logits in fp32 "
             "(convert_outputs_to_fp32), 4 B per logit"
         )
-    policy_forward = _replace_logits(
+    policy_forward = replace_logits(
         _autocast_cache_cleared(forward, spec, policy_setup, fp32),
         "end of the policy's forward: per-token log-probabilities taken",
         Term(bytes=lp.forward_end, formula=lp.formula_forward),
@@ -1026,9 +857,9 @@ def estimate_preference_budget(
             "precompute_ref_log_probs: the reference log-probabilities are read from the "
             "dataset; the reference model runs once before training, not in the step"
         )
-    later = _later_backward_moments(policy_spec, policy_setup, forward, step)
-    phases.append(_backward_phase(backward, policy_forward, lp, extra, last_block, later))
-    phases.append(_with(step, extra))
+    later = later_backward_moments(policy_spec, policy_setup, forward, step)
+    phases.append(backward_phase(backward, policy_forward, lp, extra, last_block, later))
+    phases.append(with_terms(step, extra))
     phases = _inside_kernels(phases, lp)
     if pref.objective in (Objective.ORPO, Objective.CPO) and not llamafactory:
         notes.append(
@@ -1044,39 +875,8 @@ def estimate_preference_budget(
                 "own copy is not counted)"
             )
         )
-    budget = _budget(sft, phases, notes, policy_spec, policy_setup, reference)
+    budget = budget_from_phases(sft, phases, notes, policy_spec, policy_setup, reference)
     return _with_first_step(budget, spec, setup, pref, gpu)
-
-
-def reference_copy_term(
-    spec: ModelSpec,
-    setup: TrainingSetup,
-    size: int | None = None,
-    sharded: bool = False,
-    offloaded: bool = False,
-    what: str = "the frozen reference copy",
-) -> Term:
-    """A reference copy's weights on one device. TRL loads it in the policy's dtype
-    (trl/trainer/dpo_trainer.py: `ref_model_init_kwargs.setdefault("dtype",
-    self.model.dtype)`), whole on every device; OpenRLHF (0.11.0, cli/train_dpo.py and
-    trainer/ray/launcher.py `ReferenceModelActor`) loads it in `--param_dtype` and initialises
-    it with `get_ds_eval_config`, ZeRO stage 3 when the training runs stage 3 (partitioned
-    across the ranks, each layer gathered as the forward reaches it), else stage 0 (whole);
-    `--ref_offload` keeps the partitions on the CPU."""
-    size = size or setup.precision.weight_bytes
-    world = setup.distributed.world_size
-    if offloaded:
-        return Term(bytes=0, formula=f"{what}: its weights offloaded to the CPU")
-    if sharded and world > 1:
-        return Term(
-            bytes=-(-spec.total_params * size // world),
-            formula=f"{format_count(spec.total_params)} params × {size} B / {world} ranks "
-            f"({what}, ZeRO-3 partitioned)",
-        )
-    return Term(
-        bytes=spec.total_params * size,
-        formula=f"{format_count(spec.total_params)} params × {size} B ({what})",
-    )
 
 
 def _reference_phase(
@@ -1105,8 +905,6 @@ def _reference_phase(
         )
         parts[Component.LOGITS] = logits
     e = 4 if fp32_outputs(pref.mixed_precision, setup) else dtypes_for(setup).compute
-    from llmmem.budget.fused_head import uses_fused_head
-
     # (TRL 1.x's fused head: no logits to free)
     if (
         pref.objective is Objective.KTO
@@ -1162,33 +960,6 @@ def _inside_kernels(phases: list[PhaseBudget], lp: LogProbMoments) -> list[Phase
     return out
 
 
-def _backward_phase(
-    sft_backward: PhaseBudget,
-    policy_forward: PhaseBudget,
-    lp: LogProbMoments,
-    extra: dict[Component, Term],
-    last_block: PhaseBudget | None,
-    later: list[PhaseBudget],
-) -> PhaseBudget:
-    """The larger of the log-softmax backward (the policy forward's tensors, with the
-    log-probability backward's in place of the logits) and the SFT step's other backward
-    moments (a recomputed block, the end of backward), which the log-probabilities do not
-    touch."""
-    start = _replace_logits(
-        policy_forward,
-        "backward of the log-probabilities",
-        Term(bytes=lp.backward_peak, formula=lp.formula_backward),
-        {},
-    )
-    others = ([last_block] if last_block else []) + later
-    if not sft_backward.moment.startswith(("start of backward", "head backward")):
-        others.append(sft_backward)
-    # the policy forward's parts carry the reference copy already; the others get it here
-    candidates = [start] + [_with(moment, extra) for moment in others]
-    chosen = max(candidates, key=lambda p: p.allocated_bytes)
-    return replace(chosen, phase=Phase.BACKWARD)
-
-
 def _autocast_cache_cleared(
     phase: PhaseBudget, spec: ModelSpec, setup: TrainingSetup, fp32: bool
 ) -> PhaseBudget:
@@ -1214,95 +985,6 @@ def _autocast_cache_cleared(
         formula="autocast's 16-bit cast of the head, kept for its input gradient (the blocks' "
         "casts gone with autocast's cache when the prepared forward returned)",
     )
-    return PhaseBudget(phase=phase.phase, moment=phase.moment, components=parts)
-
-
-def _later_backward_moments(
-    spec: ModelSpec, setup: TrainingSetup, forward: PhaseBudget, step: PhaseBudget
-) -> list[PhaseBudget]:
-    """The backward moments after the log-probabilities' (the SFT step's, which the SFT
-    budget reports only when they are its largest): the last block recomputed with the head's
-    gradient made (checkpointing), the first block's backward without the embedding's gradient
-    yet, and the end of backward with every gradient (a tied weight's two gradients summed into
-    a third)."""
-    if not spec.blocks:
-        return []
-    gradients = step.components.get(Component.GRADIENTS, Term(0, "none"))
-    kept = gradients.bytes if setup.grad_accum > 1 else 0
-    full = setup.method is Method.FULL
-    weight = setup.precision.weight_bytes
-    head = spec.vocab_size * spec.hidden_size * weight if full and spec.is_causal_lm else 0
-    acts = estimate_activations(spec, setup)
-    workspace, work_text = backward_workspace(spec, setup)
-    held: dict[Component, Term] = {
-        k: v
-        for k, v in forward.components.items()
-        if k in (Component.WEIGHTS, Component.OPTIMIZER_STATES, Component.REFERENCE_MODEL)
-    }
-    moments = []
-    if setup.grad_ckpt:
-        moments.append(
-            PhaseBudget(
-                phase=Phase.BACKWARD,
-                moment="recompute of the last block",
-                components={
-                    **held,
-                    Component.GRADIENTS: Term(
-                        bytes=kept or head, formula="the head's gradient" if not kept else ""
-                    ),
-                    # the final norm's and the head's backward have given theirs back
-                    Component.ACTIVATIONS: Term(
-                        bytes=forward.components.get(Component.ACTIVATIONS, Term(0, "")).bytes
-                        - acts.final_bytes,
-                        formula="the checkpointed blocks' inputs",
-                    ),
-                    Component.TEMPORARIES: Term(
-                        bytes=acts.largest_block_bytes + workspace,
-                        formula=f"one block recomputed + {work_text}",
-                    ),
-                },
-            )
-        )
-    else:
-        embedding = head if not kept and not setup.distributed.is_multi_gpu else 0
-        moments.append(
-            PhaseBudget(
-                phase=Phase.BACKWARD,
-                moment="backward of the first block",
-                components={
-                    **held,
-                    Component.GRADIENTS: Term(
-                        bytes=gradients.bytes - embedding,
-                        formula=gradients.formula
-                        + (" − the token embedding's (still to come)" if embedding else ""),
-                    ),
-                    Component.ACTIVATIONS: Term(
-                        bytes=acts.largest_block_bytes, formula="the first block's saved tensors"
-                    ),
-                    Component.TEMPORARIES: Term(bytes=workspace, formula=work_text),
-                },
-            )
-        )
-    tied = 2 * head if spec.tie_word_embeddings and not kept else 0
-    moments.append(
-        PhaseBudget(
-            phase=Phase.BACKWARD,
-            moment="end of backward: every gradient complete",
-            components={
-                **held,
-                Component.GRADIENTS: gradients,
-                Component.TEMPORARIES: Term(
-                    bytes=tied, formula="the tied weight's two gradients, summed into it"
-                ),
-            },
-        )
-    )
-    return [_nonzero(m) for m in moments]
-
-
-def _nonzero(phase: PhaseBudget) -> PhaseBudget:
-    keep = (Component.WEIGHTS,)
-    parts = {k: v for k, v in phase.components.items() if v.bytes or k in keep}
     return PhaseBudget(phase=phase.phase, moment=phase.moment, components=parts)
 
 
@@ -1548,90 +1230,6 @@ def _checkpointed_block_moment(
     )
     return PhaseBudget(
         phase=Phase.FORWARD, moment="forward of the last block (checkpointed)", components=parts
-    )
-
-
-def _last_block_moment(
-    spec: ModelSpec, setup: TrainingSetup, forward: PhaseBudget
-) -> PhaseBudget | None:
-    """The last block's backward as it starts (no checkpointing): the head and the final norm
-    have given back what they saved, every block's saved tensors are alive, and the block's
-    input gradients are in flight. A causal LM's logits moment is larger; a reward model's
-    score head leaves this one the peak."""
-    if setup.grad_ckpt or not spec.blocks:
-        return None
-    acts = estimate_activations(spec, setup)
-    outside = acts.outside.evaluate(acts.dims)
-    workspace, work_text = backward_workspace(spec, setup)
-    parts: dict[Component, Term] = {
-        k: v
-        for k, v in forward.components.items()
-        if k not in (Component.LOGITS, Component.ACTIVATIONS, Component.TEMPORARIES)
-    }
-    parts[Component.ACTIVATIONS] = Term(
-        bytes=acts.full_bytes - outside,
-        formula="every block's saved tensors (the head's and the final norm's given back)",
-    )
-    temporaries = forward.components.get(Component.TEMPORARIES)
-    parts[Component.TEMPORARIES] = Term(
-        bytes=workspace + (temporaries.bytes if temporaries else 0),
-        formula=work_text,
-    )
-    return PhaseBudget(
-        phase=Phase.BACKWARD, moment="backward of the last block, as it starts", components=parts
-    )
-
-
-def _replace_logits(
-    phase: PhaseBudget, moment: str, logits: Term, extra: dict[Component, Term]
-) -> PhaseBudget:
-    parts: dict[Component, Term] = {
-        k: v for k, v in phase.components.items() if k is not Component.LOGITS
-    }
-    parts[Component.LOGITS] = logits
-    parts.update(extra)
-    return PhaseBudget(phase=phase.phase, moment=moment, components=parts)
-
-
-def _with(phase: PhaseBudget, extra: dict[Component, Term]) -> PhaseBudget:
-    return PhaseBudget(
-        phase=phase.phase, moment=phase.moment, components={**phase.components, **extra}
-    )
-
-
-def _budget(
-    sft: Budget,
-    phases: list[PhaseBudget],
-    notes: list[str],
-    spec: ModelSpec,
-    setup: TrainingSetup,
-    reference: Reference,
-) -> Budget:
-    """The budget of the phases, with what sits beside the allocated peak worked out again:
-    the churn of the new peak, and the reference copy's tensors among the large ones. The SFT
-    loss's 16-bit logits hole is not there: these logits are never upcast whole, and the
-    backward's 16-bit tensors reuse their blocks."""
-    peak = max(phases, key=lambda p: p.allocated_bytes)
-    transient = sum(
-        term.bytes
-        for comp, term in peak.components.items()
-        if comp in (Component.ACTIVATIONS, Component.TEMPORARIES, Component.WEIGHT_COPIES)
-    )
-    inventory = build_inventory(spec, setup)
-    live = sum(g.tensors for g in inventory.groups if g.numel * g.bytes_per_param > 2**20)
-    if reference is Reference.COPY:
-        live *= 2
-    overheads = overhead_terms(setup, transient, live, 0)
-    reserved, device_total = reserved_and_device_total(peak.allocated_bytes, overheads)
-    return replace(
-        sft,
-        phases=phases,
-        peak_phase=peak.phase,
-        allocated_peak_bytes=peak.allocated_bytes,
-        overheads=overheads,
-        reserved_peak_bytes=reserved,
-        device_total_bytes=device_total,
-        notes=notes,
     )
 
 

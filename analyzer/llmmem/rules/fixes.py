@@ -209,7 +209,7 @@ def _kept(analysis: Analysis, name: str) -> object:
 
 def _precompute_applies(analysis: Analysis) -> bool:
     """DPO and KTO (the objectives with a reference model) whose reference runs in the step."""
-    from llmmem.budget.preference import WITH_REFERENCE, Reference
+    from llmmem.budget.preference_setup import WITH_REFERENCE, Reference
     from llmmem.preference_plan import objective_of, reference_of
 
     if objective_of(analysis.plan) not in WITH_REFERENCE:
@@ -222,7 +222,7 @@ def _own_reference_applies(analysis: Analysis) -> bool:
     """LoRA/QLoRA DPO or KTO given a reference model of its own (`ref_model=`): without it
     TRL takes the reference from the policy with its adapter disabled, no second copy. In full
     fine-tuning TRL would load the copy itself: nothing to gain there."""
-    from llmmem.budget.preference import WITH_REFERENCE, Reference
+    from llmmem.budget.preference_setup import WITH_REFERENCE, Reference
     from llmmem.preference_plan import objective_of, reference_of
 
     if analysis.setup is None or analysis.setup.method is Method.FULL:
@@ -323,7 +323,7 @@ def _drop_reference_edit(analysis: Analysis, text: str) -> list[TextEdit] | None
 
 def _grpo(analysis: Analysis) -> object | None:
     """The plan's GrpoSetup when it generates with a colocated vLLM engine, else None."""
-    from llmmem.budget.preference import Objective
+    from llmmem.budget.preference_setup import Objective
     from llmmem.preference_plan import grpo_setup, objective_of
 
     if objective_of(analysis.plan) is not Objective.GRPO:

@@ -677,12 +677,8 @@ def setup_of(case: Case) -> Any:
 
 def predict(case: Case, size: str = "small") -> dict[str, int]:
     """The budget's allocated bytes per phase, less what no storage counter sees."""
-    from llmmem.budget.preference import (
-        Objective,
-        PreferenceSetup,
-        Reference,
-        estimate_preference_budget,
-    )
+    from llmmem.budget.preference import estimate_preference_budget
+    from llmmem.budget.preference_setup import Objective, PreferenceSetup, Reference
 
     spec = spec_of(case, size)
     setup = setup_of(case)
