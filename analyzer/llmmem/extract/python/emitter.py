@@ -90,6 +90,10 @@ GRPO_DEFAULT_NOTES: dict[str, str] = {
 }
 
 
+# the task heads a model class may carry in place of its vocabulary head
+TASK_HEADS = ("SequenceClassification", "TokenClassification", "QuestionAnswering")
+
+
 class PlanEmitter:
     """Feeds what the script reader found to a PlanBuilder, choosing the objects that reach the
     trainer: its `args`, its `model`, its `peft_config`, its optimizer."""
@@ -435,6 +439,28 @@ class PlanEmitter:
             self.set_known("use_cache", model.use_cache)
         if model.attention is not None:
             self.set_known("attn_implementation", model.attention)
+        self.emit_task_head(model)
+
+    def emit_task_head(self, model: ModelObject) -> None:
+        """`AutoModelForSequenceClassification.from_pretrained(..., num_labels=3)`: the task
+        head the model is loaded with (none for a language-model class), and its labels
+        (transformers' default 2 where the call gives none)."""
+        func = model.call.func
+        owner = func.value if isinstance(func, ast.Attribute) else func
+        class_name = ast.unparse(owner).rsplit(".", 1)[-1]
+        task = next(
+            (task for task in TASK_HEADS if class_name.endswith(f"For{task}")),
+            None,
+        )
+        if task is None:
+            return
+        where = self.source.range_of(model.call)
+        self.builder.set("task_head", task, Provenance.EXPLICIT, where, f"{class_name}")
+        labels = settle(model.keywords.get("num_labels"))
+        if labels is not None and isinstance(labels.value, int):
+            self.set_known("num_labels", labels)
+        else:
+            self.builder.set("num_labels", 2, Provenance.DEFAULT, where, "transformers' default")
 
     # -- the trainer and its arguments -------------------------------------------------------
 
