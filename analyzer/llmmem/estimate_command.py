@@ -36,6 +36,7 @@ from llmmem.budget.stacks import stack_for
 from llmmem.budget.weights import default_lora_targets
 from llmmem.errors import UsageError
 from llmmem.models.spec import ModelSpec
+from llmmem.parallel_flags import add_parallel_flags, parallel_from_args, parallel_line
 from llmmem.units import format_bytes
 from llmmem.vision_flags import add_vision_flags, vision_from_args, vision_line
 
@@ -171,6 +172,7 @@ def add_plan_flags(parser: argparse.ArgumentParser) -> None:
     add_grpo_flags(parser)
     add_ppo_flags(parser)
     add_vision_flags(parser)
+    add_parallel_flags(parser)
 
 
 def _count(text: str) -> int:
@@ -738,6 +740,7 @@ def build_setup(
             prov["loss"] = "torchtune's configs' CEWithChunkedOutputLoss (8 chunks)"
         prov["framework"] = _framework_provenance(args, setup)
         setup = vision_from_args(args, spec, setup, prov)
+        setup = parallel_from_args(args, setup, prov)
         stack = stack_for(setup.framework)
         stack.check(setup)
         setup = stack.prepare(setup)
@@ -877,6 +880,9 @@ def setup_lines(
     images = vision_line(setup, prov)
     if images is not None:
         lines.append(images)
+    context = parallel_line(setup, prov)
+    if context is not None:
+        lines.append(context)
     if setup.lora:
         lines.append(
             (

@@ -16,6 +16,7 @@ from llmmem.budget.phases import estimate_budget
 from llmmem.budget.result import Budget, GpuTarget
 from llmmem.budget.setup import (
     AttnImpl,
+    ContextParallel,
     DistributedSetup,
     Framework,
     FsdpShard,
@@ -156,6 +157,7 @@ def setup_from_plan(plan: TrainingPlan, spec: ModelSpec) -> TrainingSetup:
             modules_to_save=list(lp.modules_to_save.value or []),
             dora=bool(lp.dora.value),
             dropout=float(lp.dropout.value or 0.0),
+            adapter_bytes=_adapter_bytes(plan),
         )
         method = Method.QLORA if quant is not None and quant.bits == 4 else Method.LORA
     elif quant is not None:
@@ -180,6 +182,7 @@ def setup_from_plan(plan: TrainingPlan, spec: ModelSpec) -> TrainingSetup:
         param_persistence_threshold=_elements_or_auto(d.param_persistence_threshold.value),
         sub_group_size=int(d.sub_group_size.value),
     )
+    distributed = with_context_parallel_of(plan, distributed)
     return TrainingSetup(
         method=method,
         batch=max(1, int(plan.per_device_train_batch_size.value)),
@@ -196,14 +199,41 @@ def setup_from_plan(plan: TrainingPlan, spec: ModelSpec) -> TrainingSetup:
         use_cache=bool(plan.use_cache.value) if plan.use_cache is not None else False,
         optimizer_in_backward=_extra_flag(plan, "optimizer_in_bwd"),
         packing=packing_of(plan),
-        activation_offload=_offloads_activations(plan),
+        activation_offload=_offloads_activations(plan) or _unsloth_offloads(plan),
         reentrant_checkpointing=_reentrant(plan),
         # TrainingArguments/axolotl `torch_compile`, torchtune `compile`
         compile=_extra_flag(plan, "torch_compile") or _extra_flag(plan, "compile"),
-        framework=PLAN_STACKS.get(str(plan.framework), Framework.HF),
+        framework=Framework.UNSLOTH
+        if _extra_flag(plan, "unsloth")
+        else PLAN_STACKS.get(str(plan.framework), Framework.HF),
         loss_chunks=_whole_extra(plan, "num_output_chunks", 8),
         vision=vision_of(plan, spec),
     )
+
+
+# the keys that divide each sequence over a group of ranks, and how each framework attends
+CONTEXT_PARALLEL_KEYS = (
+    ("sequence_parallel_degree", ContextParallel.RING_FLASH),  # axolotl: ring-flash-attn
+    ("cp_size", ContextParallel.RING),  # accelerate ParallelismConfig: torch's
+    ("sp_size", ContextParallel.ULYSSES),  # accelerate ParallelismConfig: DeepSpeed's
+    ("sequence_parallel_size", ContextParallel.RING_FLASH),  # LLaMA-Factory: zigzag ring
+)
+
+
+def with_context_parallel_of(plan: TrainingPlan, d: DistributedSetup) -> DistributedSetup:
+    """The context-parallel group the plan's framework keys ask for; the world grows to hold
+    it where the plan states fewer ranks."""
+    for key, scheme in CONTEXT_PARALLEL_KEYS:
+        size = _whole_extra(plan, key, 1)
+        if size <= 1:
+            continue
+        mode = plan.extra.get("sequence_parallel_mode")
+        mode_text = str(mode.value if isinstance(mode, Sourced) else mode or "").lower()
+        if key == "sequence_parallel_size" and "ulysses" in mode_text:
+            scheme = ContextParallel.ULYSSES
+        world = d.world_size if d.world_size % size == 0 else size
+        return replace(d, world_size=world, cp_size=size, cp_scheme=scheme)
+    return d
 
 
 # LLaMA-Factory's ProcessorArguments: image_max_pixels 768·768, image_min_pixels 32·32
@@ -277,7 +307,26 @@ def _extra_bool(plan: TrainingPlan, name: str, default: bool) -> bool:
 
 # the plans whose framework trains with a stack of its own (llmmem.budget.stacks); the rest
 # run transformers' models under the HF Trainer or a loop of their own
-PLAN_STACKS = {"torchtune": Framework.TORCHTUNE}
+PLAN_STACKS = {"torchtune": Framework.TORCHTUNE, "swift": Framework.SWIFT}
+
+
+def _adapter_bytes(plan: TrainingPlan) -> int:
+    """The LoRA weights' bytes: fp32 (peft's autocast_adapter_dtype) unless the reader kept a
+    16-bit `lora_dtype` (ms-swift's `--lora_dtype bfloat16`)."""
+    kept = plan.extra.get("lora_dtype")
+    value = kept.value if isinstance(kept, Sourced) else kept
+    return 2 if str(value).lower() in ("bfloat16", "bf16") else 4
+
+
+def _unsloth_offloads(plan: TrainingPlan) -> bool:
+    """unsloth's `use_gradient_checkpointing="unsloth"` (its default): the checkpointed layers'
+    inputs wait on the host; the reader says so in the checkpointing's provenance."""
+    note = plan.gradient_checkpointing.note or ""
+    return (
+        _extra_flag(plan, "unsloth")
+        and bool(plan.gradient_checkpointing.value)
+        and "unsloth's offloaded gradient checkpointing" in note
+    )
 
 
 def _whole_extra(plan: TrainingPlan, name: str, default: int) -> int:

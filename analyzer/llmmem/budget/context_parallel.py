@@ -15,6 +15,11 @@ attention, which needs every token's keys and values:
   fp32 (`zeros_like(..., dtype=float32)`) and passes dK and dV round the ring (a send and a
   receive buffer, fp32). Torch's ring dispatch covers the CUDA SDPA kernels only (flash,
   memory-efficient, cuDNN): it is not measured on this machine's CPU.
+- **ring-flash-attn** (0.1.x `ring_flash_attn_func`, what axolotl's `sequence_parallel_degree`
+  runs): K and V go rank to rank, the next pair received while the current one is used, the
+  output and its log-sum-exp kept in fp32 across the steps; backward keeps dQ in fp32, dK and
+  dV in fp32 with the pair in transit. It needs flash-attention's CUDA kernels: not measured
+  on this machine.
 - **ulysses** (DeepSpeed 0.19.8 `UlyssesSPAttentionHF`): before attention an all-to-all turns
   the local tokens of every head into every token of `heads / cp` heads, after it another turns
   them back. Attention then saves the head-sharded Q, K and V (as many values as the local
@@ -48,7 +53,7 @@ def with_context_parallel(spec: ModelSpec, setup: TrainingSetup) -> tuple[Traini
             f"context-parallel group of {cp}"
         )
     # torch's load balancing cuts each sequence in 2·cp chunks; both schemes pad to a multiple
-    unit = 2 * cp if d.cp_scheme is ContextParallel.RING else cp
+    unit = 2 * cp if d.cp_scheme is not ContextParallel.ULYSSES else cp
     padded = math.ceil(setup.seq / unit) * unit
     local = padded // cp
     notes = [
@@ -99,6 +104,22 @@ def attention_in_flight(
                 formula=f"ring attention backward: fp32 dQ,dK,dV accumulators, K,V gathered "
                 f"again, dK,dV passed round the ring (fp32, sent and received) and one step's "
                 f"gradients = {format_bytes(backward)}",
+            ),
+        )
+    if d.cp_scheme is ContextParallel.RING_FLASH:
+        forward = 2 * e * kv * n + 4 * n * q + e * n * q
+        backward = 4 * n * (q + kv) + 2 * e * kv * n + 2 * 4 * kv * n + e * n * (q + kv)
+        return AttentionInFlight(
+            forward=Term(
+                bytes=forward,
+                formula=f"ring-flash-attn: the next K,V received beside the current, "
+                f"2·e·2kvd·N_l, the fp32 output 4·Q·N_l and one step's e·Q·N_l (N_l {n}) = "
+                f"{format_bytes(forward)}",
+            ),
+            backward=Term(
+                bytes=backward,
+                formula=f"ring-flash-attn backward: fp32 dQ,dK,dV, the K,V and dK,dV pairs in "
+                f"transit and one step's gradients = {format_bytes(backward)}",
             ),
         )
     replicated = max(1, cp // max(1, spec.num_kv_heads))

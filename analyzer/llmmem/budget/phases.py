@@ -726,22 +726,29 @@ def estimate_budget(
             )
         )
     backward_moments += vision_backward
-    if in_flight is not None:
-        backward_moments.append(
-            (
-                "attention backward of the last block, context parallel",
-                {
-                    Component.GRADIENTS: Term(bytes=grads_between, formula=grads_text),
-                    Component.ACTIVATIONS: activations,
-                    Component.WEIGHT_COPIES: Term(bytes=copies_bwd, formula=copies_text),
-                    Component.TEMPORARIES: plus_term(temp_fwd, in_flight.backward),
-                },
-            )
-        )
     backward_candidates = []
     for moment, parts in backward_moments:
         full = {Component.WEIGHTS: st.weights, Component.OPTIMIZER_STATES: states, **parts}
         backward_candidates.append(phase(Phase.BACKWARD, moment, full))
+    if in_flight is not None:
+        # a block's backward runs its attention's backward: the keys and values in flight
+        # come on top of what each moment inside a block holds
+        no_temporaries = Term(bytes=0, formula="")
+        backward_candidates += [
+            phase(
+                Phase.BACKWARD,
+                f"{candidate.moment}, its attention's keys and values in flight",
+                {
+                    **candidate.components,
+                    Component.TEMPORARIES: plus_term(
+                        candidate.components.get(Component.TEMPORARIES, no_temporaries),
+                        in_flight.backward,
+                    ),
+                },
+            )
+            for candidate in backward_candidates
+            if "block" in candidate.moment
+        ]
     backward = max(backward_candidates, key=lambda p: p.allocated_bytes)
 
     step_parts = {

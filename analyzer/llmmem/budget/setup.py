@@ -272,7 +272,8 @@ class FsdpShard(str, Enum):
 class ContextParallel(str, Enum):
     """How a context-parallel group attends over the whole sequence."""
 
-    RING = "ring"  # K and V passed around the ring (torch context_parallel, ring-flash-attn)
+    RING = "ring"  # torch's context_parallel: K and V all-gathered once (its default rotation)
+    RING_FLASH = "ring-flash-attn"  # ring-flash-attn (axolotl): K and V passed rank to rank
     ULYSSES = "ulysses"  # all-to-all to whole sequences of a share of the heads (DeepSpeed)
 
 

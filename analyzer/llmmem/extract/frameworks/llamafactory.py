@@ -43,7 +43,11 @@ LLAMAFACTORY_KEYS = frozenset(
 )
 
 
+# and the context parallelism of its sequence-parallel releases (sequence_parallel_mode:
+# zigzag-ring, the default, or ulysses)
 LLAMAFACTORY_VISION_KEYS = (
+    "sequence_parallel_size",
+    "sequence_parallel_mode",
     "image_max_pixels",
     "image_min_pixels",
     "freeze_vision_tower",

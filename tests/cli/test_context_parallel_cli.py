@@ -1,0 +1,152 @@
+"""Context parallelism as a user asks for it: `--cp N --cp-scheme ...` on the command line, and
+the keys of axolotl, accelerate and LLaMA-Factory configs that divide each sequence over a
+group of ranks. Each changes the budget (a rank's share of the sequence, and the attention's
+keys and values in flight) or is refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmmem.cli import main
+
+LONG = ("--model", "meta-llama/Llama-3.1-8B", "--seq", "32768", "--batch", "1", "--grad-ckpt")
+
+
+def estimate(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    code = main(["estimate", "--offline", "--format", "json", "--gpu", "H100-80GB", *args])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    report: dict[str, Any] = json.loads(out)
+    return report
+
+
+def refused(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    try:
+        code = main(["estimate", "--offline", *args])
+    except SystemExit as exit:
+        code = int(exit.code or 0)
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    return err
+
+
+def test_cp_divides_the_sequence_over_the_group(capsys: pytest.CaptureFixture[str]) -> None:
+    whole = estimate(capsys, *LONG, "--world-size", "8", "--fsdp")
+    divided = estimate(capsys, *LONG, "--world-size", "8", "--fsdp", "--cp", "4")
+    # the shards are the same (FSDP over the 8 ranks either way); the activations and the
+    # logits of 8,192 tokens instead of 32,768
+    assert divided["components"]["weights"] == whole["components"]["weights"]
+    assert divided["components"]["activations"] * 3.5 < whole["components"]["activations"]
+    assert any("each holds 8192 of each sample's 32768 tokens" in n for n in divided["notes"])
+    assert divided["setup"]["values"]["distributed"]["cp_size"] == 4
+
+
+def test_the_schemes_differ_where_attention_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ("--model", "meta-llama/Llama-3.1-8B", "--seq", "131072", "--batch", "1")
+    common = (*args, "--grad-ckpt", "--world-size", "8", "--fsdp", "--cp", "8", "--loss", "liger")
+    ring = estimate(capsys, *common, "--cp-scheme", "ring")
+    ulysses = estimate(capsys, *common, "--cp-scheme", "ulysses")
+    # torch's ring gathers the whole sequence's K and V at each attention: more than Ulysses'
+    # exchanged copies of the local ones
+    ring_moments = ring["phases"]
+    assert ring["allocated_peak_bytes"] > ulysses["allocated_peak_bytes"], ring_moments
+
+
+def test_cp_alone_makes_its_group_the_world(capsys: pytest.CaptureFixture[str]) -> None:
+    report = estimate(capsys, *LONG, "--cp", "2")
+    distributed = report["setup"]["values"]["distributed"]
+    assert distributed["world_size"] == 2 and distributed["cp_size"] == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--cp-scheme", "ulysses"), "give the group's size"),
+        (("--cp", "3", "--world-size", "8"), "does not divide 8"),
+        (("--cp", "4", "--objective", "dpo"), "supervised fine-tuning"),
+        (("--cp", "0"), "1 to 4096"),
+        (("--cp", "3", "--cp-scheme", "ulysses"), "query heads (32)"),
+    ],
+)
+def test_cp_that_would_say_nothing_is_refused(
+    capsys: pytest.CaptureFixture[str], args: tuple[str, ...], message: str
+) -> None:
+    assert message in refused(capsys, "--model", "meta-llama/Llama-3.1-8B", *args)
+
+
+AXOLOTL = """\
+base_model: meta-llama/Llama-3.1-8B
+sequence_len: 32768
+micro_batch_size: 1
+gradient_checkpointing: true
+flash_attention: true
+bf16: true
+sequence_parallel_degree: 4
+"""
+
+ACCELERATE = """\
+compute_environment: LOCAL_MACHINE
+distributed_type: FSDP
+num_processes: 8
+fsdp_config:
+  fsdp_version: 2
+parallelism_config:
+  parallelism_config_dp_shard_size: 4
+  parallelism_config_cp_size: 2
+"""
+
+LLAMAFACTORY = """\
+model_name_or_path: meta-llama/Llama-3.1-8B
+stage: sft
+do_train: true
+finetuning_type: full
+cutoff_len: 32768
+per_device_train_batch_size: 1
+bf16: true
+sequence_parallel_size: 4
+sequence_parallel_mode: ulysses
+"""
+
+
+def explain(capsys: pytest.CaptureFixture[str], path: Path) -> dict[str, Any]:
+    code = main(["explain", str(path), "--format", "json", "--gpu", "H100-80GB"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    budget: dict[str, Any] = json.loads(out)["budget"]
+    return budget
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "said"),
+    [
+        ("axolotl.yaml", AXOLOTL, "(ring-flash-attn) over 4 ranks: each holds 8192"),
+        ("llamafactory.yaml", LLAMAFACTORY, "(ulysses) over 4 ranks: each holds 8192"),
+    ],
+)
+def test_config_keys_divide_the_sequence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, text: str, said: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    divided = explain(capsys, path)
+    assert any(said in note for note in divided["notes"]), divided["notes"]
+    path.write_text(
+        "\n".join(line for line in text.splitlines() if "sequence_parallel" not in line)
+    )
+    whole = explain(capsys, path)
+    assert divided["components"]["activations"] * 3 < whole["components"]["activations"]
+
+
+def test_an_accelerate_config_beside_a_script_reads_its_cp_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from llmmem.extract import extract_plan  # the reader lint and explain use
+
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(ACCELERATE)
+    plan = extract_plan(path)
+    assert plan.extra["cp_size"].value == 2
