@@ -24,7 +24,7 @@ not fatal. Printed, as Markdown tables:
   model it cannot size, or that no model was found);
 - sized where the file names its model, and sized from a name guess (the resolved ModelSpec's
   source is `guess`: only a size read from the name, `models/resolve.py`);
-- findings on files that do not train;
+- findings on files that do not train; the files that name their model and are not sized;
 - field accuracy over the stated values, field by field: a value counts as found when llmmem
   gives it a source other than a framework default or its own assumption, and as correct when
   that value equals the label. Labels: a plain value (written in the file or passed literally by
@@ -637,6 +637,29 @@ def report(
             )
         )
         if flagged
+        else "none"
+    )
+    unsized = [r for r in named if not r["result"]["sized"]]
+    print(f"\n## Files that name their model, not sized ({len(unsized)})\n")
+    print(
+        "\n".join(
+            table(
+                ["file", "why (model error or first problem)"],
+                [
+                    [
+                        f"{r['row']['repo']}/{r['row']['path']}",
+                        short(
+                            r["result"]["model_error"]
+                            or (r["result"]["problems"] or ["(none given)"])[0],
+                            110,
+                        ),
+                    ]
+                    for r in unsized
+                ],
+                "ll",
+            )
+        )
+        if unsized
         else "none"
     )
     unanswered = [r for r in training if not r["result"]["answered"]]
