@@ -1,8 +1,9 @@
 """The estimate flags of parallelism beyond data parallelism: context parallelism (`--cp N`,
-`--cp-scheme ring|ulysses`).
+`--cp-scheme ring|ring-flash-attn|ulysses`) and tensor parallelism (`--tp N`).
 
-They become the setup's `DistributedSetup.cp_size` and `cp_scheme` (llmmem.budget.setup); the
-budget's context-parallel rules are in llmmem.budget.context_parallel. Where the budget does
+They become the setup's `DistributedSetup.cp_size`, `cp_scheme` and `tp_size`
+(llmmem.budget.setup); the budget's rules are in llmmem.budget.context_parallel and
+llmmem.budget.tensor_parallel. Where the budget does
 not model a flag's combination (a preference or RL objective, generation) the flag is
 refused: an accepted flag that changes nothing would be a lie."""
 
@@ -28,7 +29,16 @@ def _group(text: str) -> int:
 
 
 def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("context parallelism")
+    group = parser.add_argument_group("context and tensor parallelism")
+    group.add_argument(
+        "--tp",
+        type=_group,
+        default=None,
+        metavar="N",
+        help="split each block's Linears over N ranks as transformers' tensor-parallel plan "
+        "does (accelerate's ParallelismConfig tp_size, axolotl's tensor_parallel_size); part "
+        "of --world-size (default: N × --cp), FSDP or ZeRO shard over the rest",
+    )
     group.add_argument(
         "--cp",
         type=_group,
@@ -52,46 +62,59 @@ def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
 def parallel_from_args(
     args: argparse.Namespace, setup: TrainingSetup, prov: dict[str, str]
 ) -> TrainingSetup:
-    """The setup with the context-parallel group the flags ask for."""
+    """The setup with the context- and tensor-parallel groups the flags ask for."""
     cp = getattr(args, "cp", None)
+    tp = getattr(args, "tp", None)
     scheme = getattr(args, "cp_scheme", None)
-    if cp is None:
-        if scheme is not None:
-            raise UsageError("--cp-scheme: give the group's size with --cp N")
+    if scheme is not None and cp is None:
+        raise UsageError("--cp-scheme: give the group's size with --cp N")
+    if cp is None and tp is None:
         return setup
+    flags = " and ".join(flag for flag, value in (("--cp", cp), ("--tp", tp)) if value)
     objective = getattr(args, "objective", None)
     method = getattr(args, "method", None)
     if objective not in SUPERVISED or method not in (None, "full", "lora", "qlora"):
         raise UsageError(
-            "--cp: context parallelism is sized for supervised fine-tuning; the preference "
-            "and RL budgets do not divide the sequence"
+            f"{flags}: context and tensor parallelism are sized for supervised fine-tuning; "
+            "the preference and RL budgets do not divide the model or the sequence"
         )
     if setup.mode is Mode.GENERATE:
-        raise UsageError("--cp: context parallelism is sized for training, not generation")
+        raise UsageError(f"{flags}: sized for training, not generation")
+    if tp and setup.quant is not None:
+        raise UsageError("--tp: tensor parallelism of k-bit (bitsandbytes) weights is not sized")
     d = setup.distributed
     world = d.world_size
     if getattr(args, "world_size", None) is None:
-        world = cp
-        prov["world_size"] = "the context-parallel group (--cp)"
+        world = (cp or 1) * (tp or 1)
+        prov["world_size"] = f"the parallel groups ({flags})"
     try:
         distributed = replace(
             d,
             world_size=world,
-            cp_size=cp,
+            cp_size=cp or 1,
             cp_scheme=ContextParallel(scheme or "ring"),
+            tp_size=tp or 1,
         )
     except SetupError as err:
-        raise UsageError(f"--cp: {err}") from None
-    prov["cp"] = "flag" + ("" if scheme else " (ring, the default scheme)")
+        raise UsageError(f"{flags}: {err}") from None
+    if cp:
+        prov["cp"] = "flag" + ("" if scheme else " (ring, the default scheme)")
+    if tp:
+        prov["tp"] = "flag"
     return replace(setup, distributed=distributed)
 
 
 def parallel_line(setup: TrainingSetup, prov: dict[str, str]) -> tuple[str, str, str] | None:
     d = setup.distributed
-    if d.cp_size <= 1:
+    if d.cp_size <= 1 and d.tp_size <= 1:
         return None
+    parts = []
+    if d.cp_size > 1:
+        parts.append(f"context {d.cp_size} ({d.cp_scheme.value})")
+    if d.tp_size > 1:
+        parts.append(f"tensor {d.tp_size}")
     return (
-        "context parallel",
-        f"{d.cp_size} ranks a sequence, {d.cp_scheme.value}; {d.data_parallel} data-parallel",
-        prov.get("cp", ""),
+        "parallel groups",
+        ", ".join(parts) + f"; {d.data_parallel} data-parallel",
+        ", ".join(prov[key] for key in ("cp", "tp") if key in prov),
     )

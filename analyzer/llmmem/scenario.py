@@ -214,6 +214,7 @@ def setup_from_plan(plan: TrainingPlan, spec: ModelSpec) -> TrainingSetup:
 # the keys that divide each sequence over a group of ranks, and how each framework attends
 CONTEXT_PARALLEL_KEYS = (
     ("sequence_parallel_degree", ContextParallel.RING_FLASH),  # axolotl: ring-flash-attn
+    ("context_parallel_size", ContextParallel.RING_FLASH),  # axolotl 0.12+
     ("cp_size", ContextParallel.RING),  # accelerate ParallelismConfig: torch's
     ("sp_size", ContextParallel.ULYSSES),  # accelerate ParallelismConfig: DeepSpeed's
     ("sequence_parallel_size", ContextParallel.RING_FLASH),  # LLaMA-Factory: zigzag ring
@@ -221,8 +222,12 @@ CONTEXT_PARALLEL_KEYS = (
 
 
 def with_context_parallel_of(plan: TrainingPlan, d: DistributedSetup) -> DistributedSetup:
-    """The context-parallel group the plan's framework keys ask for; the world grows to hold
-    it where the plan states fewer ranks."""
+    """The context- and tensor-parallel groups the plan's framework keys ask for; the world
+    grows to hold them where the plan states fewer ranks."""
+    tp = max(_whole_extra(plan, "tp_size", 1), _whole_extra(plan, "tensor_parallel_size", 1))
+    if tp > 1:
+        world = d.world_size if d.world_size % tp == 0 else tp
+        d = replace(d, world_size=world, tp_size=tp)
     for key, scheme in CONTEXT_PARALLEL_KEYS:
         size = _whole_extra(plan, key, 1)
         if size <= 1:
@@ -231,7 +236,8 @@ def with_context_parallel_of(plan: TrainingPlan, d: DistributedSetup) -> Distrib
         mode_text = str(mode.value if isinstance(mode, Sourced) else mode or "").lower()
         if key == "sequence_parallel_size" and "ulysses" in mode_text:
             scheme = ContextParallel.ULYSSES
-        world = d.world_size if d.world_size % size == 0 else size
+        groups = size * d.tp_size
+        world = d.world_size if d.world_size % groups == 0 else groups
         return replace(d, world_size=world, cp_size=size, cp_scheme=scheme)
     return d
 
@@ -504,6 +510,7 @@ def analyze(
     except ModelResolutionError as err:
         analysis.model_error = str(err)
         return analysis
+    analysis.spec = _with_plan_task_head(plan, analysis.spec, analysis.problems)
     try:
         analysis.setup = setup_from_plan(plan, analysis.spec)
         analysis.setup = apply_to_setup(analysis.setup, analysis.versions)
@@ -566,3 +573,22 @@ def analyze(
     except (SetupError, ValueError) as err:
         analysis.problems.append(str(err).removeprefix("Value error, "))
     return analysis
+
+
+def _with_plan_task_head(plan: TrainingPlan, spec: ModelSpec, problems: list[str]) -> ModelSpec:
+    """The model as the file's `AutoModelFor{SequenceClassification,TokenClassification,
+    QuestionAnswering}` builds it: its task head, no vocabulary logits
+    (llmmem.models.task_heads)."""
+    task = plan.extra.get("task_head")
+    if not isinstance(task, Sourced):
+        return spec
+    from llmmem.models.spec import ModelSpecError
+    from llmmem.models.task_heads import with_task_head
+
+    labels = plan.extra.get("num_labels")
+    count = labels.value if isinstance(labels, Sourced) and isinstance(labels.value, int) else 2
+    try:
+        return with_task_head(spec, task.value, count)
+    except ModelSpecError as err:
+        problems.append(str(err))
+        return spec

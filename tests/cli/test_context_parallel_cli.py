@@ -150,3 +150,48 @@ def test_an_accelerate_config_beside_a_script_reads_its_cp_size(
     path.write_text(ACCELERATE)
     plan = extract_plan(path)
     assert plan.extra["cp_size"].value == 2
+
+
+def test_tp_splits_the_blocks_and_keeps_the_residual_stream(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ("--model", "meta-llama/Llama-3.1-8B", "--seq", "4096", "--batch", "1")
+    whole = estimate(capsys, *args, "--grad-ckpt", "--world-size", "8", "--fsdp")
+    split = estimate(capsys, *args, "--grad-ckpt", "--world-size", "8", "--fsdp", "--tp", "2")
+    # each rank trains half of every block's Linears (and of the head): the parameters FSDP
+    # shards over the 4 other ranks are half as many
+    assert split["trainable_params"] < 0.6 * whole["trainable_params"]
+    # the checkpointed block inputs are the residual stream, whole on every rank
+    assert split["components"]["activations"] == whole["components"]["activations"]
+    assert any("tensor parallelism over 2 ranks" in note for note in split["notes"])
+    alone = estimate(capsys, *args, "--tp", "4")
+    assert alone["setup"]["values"]["distributed"]["world_size"] == 4
+
+
+@pytest.mark.parametrize(
+    ("model", "args", "message"),
+    [
+        ("meta-llama/Llama-3.1-8B", ("--tp", "3"), "query heads"),
+        ("meta-llama/Llama-3.1-8B", ("--tp", "16"), "key and value heads"),
+        ("Qwen/Qwen3-30B-A3B", ("--tp", "2"), "expert parallelism"),
+        ("meta-llama/Llama-3.1-8B", ("--tp", "2", "--method", "qlora"), "k-bit"),
+        ("meta-llama/Llama-3.1-8B", ("--tp", "2", "--world-size", "3"), "do not divide 3"),
+    ],
+)
+def test_tp_that_cannot_be_sized_is_refused(
+    capsys: pytest.CaptureFixture[str], model: str, args: tuple[str, ...], message: str
+) -> None:
+    assert message in refused(capsys, "--model", model, *args)
+
+
+def test_an_axolotl_config_reads_its_parallel_sizes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "nd.yaml"
+    path.write_text(
+        AXOLOTL.replace("sequence_parallel_degree: 4", "context_parallel_size: 2")
+        + "tensor_parallel_size: 2\n"
+    )
+    budget = explain(capsys, path)
+    notes = " ".join(budget["notes"])
+    assert "over 2 ranks: each holds 16384" in notes and "tensor parallelism over 2" in notes

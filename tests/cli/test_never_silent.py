@@ -271,7 +271,11 @@ def test_select_and_ignore_take_known_codes_only(project: Path) -> None:
             ["estimate", "--model", "meta-llama/Llama-3.1-8B", "--grad-acc", "2"],
             "--grad-acc",
         ),
-        ("llmmem", ["estimate", "--model", "meta-llama/Llama-3.1-8B", "--cp", "0"], "--cp"),
+        (
+            "llmmem",
+            ["estimate", "--model", "meta-llama/Llama-3.1-8B", "--cpo-al", "0.5"],
+            "--cpo-al",
+        ),
         ("llmmem-lint", ["train.py", "--sel", "LLM001"], "--sel"),
         ("llmmem-lint", ["train.py", "--fail", "error"], "--fail"),
         ("llmmem-lsp", ["--std"], "--std"),

@@ -496,7 +496,7 @@ def block_tally(ctx: BlockContext, group: BlockGroup) -> Tally:
     return tally
 
 
-POST_NORM_TYPES = {"bert", "roberta"}
+POST_NORM_TYPES = {"bert", "roberta", "distilbert"}
 # rotary embeddings applied by concatenating a rotated part and a pass-through part: q comes
 # out contiguous per head, the attention output takes that layout, and the output projection
 # reads a transposed copy of it instead of the output itself (GPT-J, which transposes q after
@@ -601,7 +601,9 @@ def estimate_activations(
     # a decoder's causal masks: a causal LM's, or a decoder under a score head (a reward
     # model, AutoModelForSequenceClassification), which builds them the same way
     decoder = spec.is_causal_lm or (
-        spec.architecture.endswith("ForSequenceClassification")
+        spec.architecture.endswith(
+            ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering")
+        )
         and spec.model_type not in POST_NORM_TYPES
     )
     eager = decoder and (setup.attn is AttnImpl.EAGER or not spec.supports_sdpa)

@@ -74,7 +74,7 @@ class Sharding:
 
 def sharding_for(setup: TrainingSetup) -> Sharding:
     d = setup.distributed
-    world = d.world_size
+    world = d.shard_world  # a tensor-parallel group holds one model between its ranks
     if world == 1 and not d.zero_stage and d.fsdp is None:
         return Sharding(1, 1, 1, 1, "single device")
     if d.zero_stage:
@@ -160,7 +160,7 @@ def persistent_groups(
     `stage3_param_persistence_threshold` elements — norms and biases at real sizes, whole
     projections in a small model, LoRA adapters. Each also keeps its partition."""
     d = setup.distributed
-    if d.zero_stage != 3 or d.world_size == 1:
+    if d.zero_stage != 3 or d.shard_world == 1:
         return []
     threshold = persistence_threshold(setup, hidden_size)
     return [g for g in groups if g.numel <= threshold]
@@ -265,6 +265,6 @@ def zero3_largest_sub_group(
     sub_group_size: int = DEEPSPEED_SUB_GROUP_SIZE,
 ) -> int:
     """The elements of the largest sub-group ZeRO-3 steps at once on one rank."""
-    world = max(1, setup.distributed.world_size)
+    world = max(1, setup.distributed.shard_world)
     groups = zero3_partition_order(spec, trainable, world)
     return max((largest_sub_group(sizes, sub_group_size) for sizes in groups), default=0)

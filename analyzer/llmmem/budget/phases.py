@@ -68,6 +68,7 @@ from llmmem.budget.step_terms import (
     temporaries_text,
     weight_copy_terms,
 )
+from llmmem.budget.tensor_parallel import logits_shard, tensor_parallel_spec
 from llmmem.budget.vision import (
     vision_activations,
     vision_phase_parts,
@@ -136,6 +137,11 @@ def estimate_budget(
     offloaded = bool(offloaded) or exact_offload
     whole = setup  # each rank's share of the sequence under context parallelism, below
     setup, cp_notes = with_context_parallel(spec, setup)
+    whole_model = spec  # one rank's share of each block under tensor parallelism, below
+    if setup.distributed.tp_size > 1 and setup.quant is not None:
+        raise SetupError("tensor parallelism of k-bit (bitsandbytes) weights is not sized")
+    spec, tp_notes = tensor_parallel_spec(spec, setup.distributed.tp_size)
+    cp_notes += tp_notes
     shard = sharding_for(setup)
     if shard.master_weights:
         # DeepSpeed casts the whole model, adapters too, to 16 bits and runs it without
@@ -310,7 +316,11 @@ def estimate_budget(
         bytes=extra_fwd + ddp_buckets + always,
         formula=temporaries_text(gathered, ddp_buckets, shard, zero.text if always else ""),
     )
-    forward_only = forward_only_terms(spec, run, inv) + ([vision.forward_only] if vision else [])
+    forward_only = (
+        forward_only_terms(spec, run, inv)
+        + ([vision.forward_only] if vision else [])
+        + logits_shard(whole_model, run, dt.compute)
+    )
     forward_temp = Term(
         bytes=temp_fwd.bytes + sum(t.bytes for t in forward_only),
         formula=" + ".join(
@@ -796,7 +806,7 @@ def estimate_budget(
     peak = max(phases, key=lambda p: p.allocated_bytes)
     first_step_peak = None
     if with_first_step and not setup.first_step:
-        first = estimate_budget(spec, replace(setup, first_step=True), gpu)
+        first = estimate_budget(whole_model, replace(whole, first_step=True), gpu)
         first_step_peak = first.allocated_peak_bytes
 
     transient = sum(

@@ -305,15 +305,25 @@ class DistributedSetup:
     # context_parallel, ring-flash-attn) or Ulysses' all-to-all (DeepSpeed)
     cp_size: int = 1
     cp_scheme: ContextParallel = ContextParallel.RING
+    # tensor parallelism: each block's Linears split over this many of the world's ranks
+    # (llmmem.budget.tensor_parallel); FSDP or ZeRO shard over the rest
+    tp_size: int = 1
 
     def __post_init__(self) -> None:
         _set(self, "world_size", _whole(self.world_size, "world_size", at_least=1))
         _set(self, "cp_size", _whole(self.cp_size, "context-parallel size", at_least=1))
         _set(self, "cp_scheme", _as_enum(ContextParallel, self.cp_scheme, "cp_scheme"))
+        _set(self, "tp_size", _whole(self.tp_size, "tensor-parallel size", at_least=1))
         if self.world_size % self.cp_size:
             raise SetupError(
                 f"a context-parallel group of {self.cp_size} does not divide {self.world_size} "
                 "devices"
+            )
+        if self.world_size % (self.cp_size * self.tp_size):
+            raise SetupError(
+                f"a tensor-parallel group of {self.tp_size}"
+                + (f" and a context-parallel one of {self.cp_size}" if self.cp_size > 1 else "")
+                + f" do not divide {self.world_size} devices"
             )
         _set(self, "sub_group_size", _whole(self.sub_group_size, "sub_group_size", at_least=0))
         if self.reduce_bucket_size is not None:
@@ -348,7 +358,12 @@ class DistributedSetup:
     def data_parallel(self) -> int:
         """Ranks that each take micro-batches of their own (the context-parallel ones share
         one)."""
-        return self.world_size // self.cp_size
+        return self.world_size // (self.cp_size * self.tp_size)
+
+    @property
+    def shard_world(self) -> int:
+        """Ranks FSDP or ZeRO shard one tensor-parallel slice of the model over."""
+        return self.world_size // self.tp_size
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -78,9 +78,9 @@ def read_accelerate(reader: DocumentReader) -> None:
                 follow_deepspeed_file(reader, reference, (*block, "deepspeed_config_file"))
     if kind == "FSDP" or reader.is_set(("fsdp_config",)):
         read_accelerate_fsdp(reader, ("fsdp_config",))
-    # accelerate 1.10+ ParallelismConfig: torch's context parallelism (cp_size) and DeepSpeed's
-    # Ulysses (sp_size)
-    for key in ("cp_size", "sp_size"):
+    # accelerate 1.10+ ParallelismConfig: torch's context parallelism (cp_size), DeepSpeed's
+    # Ulysses (sp_size), tensor parallelism (tp_size)
+    for key in ("cp_size", "sp_size", "tp_size"):
         reader.keep(key, ("parallelism_config", f"parallelism_config_{key}"))
 
 

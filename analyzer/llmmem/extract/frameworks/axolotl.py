@@ -51,8 +51,16 @@ def read_axolotl(reader: DocumentReader) -> None:
                 "batch_size / micro_batch_size",
             )
     reader.take(("sequence_len",), "max_seq_length", as_int)
-    # image_size: a multimodal config's images, resized so before the model's processor
-    for name in ("sample_packing", "pad_to_sequence_len", "sequence_parallel_degree", "image_size"):
+    # image_size: a multimodal config's images, resized so before the model's processor;
+    # context_parallel_size (sequence_parallel_degree before axolotl 0.12), tensor_parallel_size
+    for name in (
+        "sample_packing",
+        "pad_to_sequence_len",
+        "sequence_parallel_degree",
+        "context_parallel_size",
+        "tensor_parallel_size",
+        "image_size",
+    ):
         reader.keep(name, (name,))
     read_axolotl_objective(reader)
     read_axolotl_checkpointing(reader)
