@@ -251,7 +251,7 @@ def test_sft_step_is_unchanged_by_the_fp32_outputs() -> None:
 def test_under_fsdp_the_reference_copy_keeps_its_compute_dtype_logits() -> None:
     """TRL prepares a reference copy with prepare_fsdp under FSDP, not prepare_model: its
     forward is not wrapped, so its logits stay in bf16 while the policy's come back in fp32."""
-    from llmmem.budget.preference import log_prob_moments
+    from llmmem.budget.preference_log_probs import log_prob_moments
     from llmmem.budget.preference_setup import reference_fp32_outputs
     from llmmem.budget.setup import DistributedSetup, FsdpShard
 

@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 
-from llmmem.budget.preference import estimate_preference_budget, log_prob_moments
+from llmmem.budget.preference import estimate_preference_budget
+from llmmem.budget.preference_log_probs import log_prob_moments
 from llmmem.budget.preference_setup import Objective, PreferenceSetup
 from llmmem.budget.result import Phase
 from llmmem.budget.setup import Method, Precision, SetupError, TrainingSetup

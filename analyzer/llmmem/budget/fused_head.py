@@ -62,7 +62,7 @@ def fused_head_moments(
     scored: int | None = None,
 ) -> LogProbMoments:
     """The fused head's bytes at the preference step's moments, in place of the logits term
-    (`preference._log_prob_moments`' shape): `forward_end` is the policy's head while its
+    (`preference_log_probs.log_prob_moments`' shape): `forward_end` is the policy's head while its
     tiles run (the largest moment of its forward), `reference` what the reference's head
     adds beside the policy's saved tensors (the policy's tiles given back), `backward_peak`
     the Function's backward. `sequences` rows of `setup.seq` tokens go through the policy and

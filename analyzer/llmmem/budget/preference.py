@@ -52,6 +52,12 @@ DPO's and KTO's log-probabilities are llmmem.budget.fused_head's instead.
 GRPO (generation inside the step, vLLM) is budgeted in llmmem.budget.grpo, reached from here
 through `PreferenceSetup.grpo`; PPO (a value model trained beside the policy, a reference and a
 reward model, generation inside the step) in llmmem.budget.ppo, through `PreferenceSetup.ppo`.
+
+This module places the moments in the step's phases. The setup it starts from is
+llmmem.budget.preference_setup's; the log-probabilities' bytes are
+llmmem.budget.preference_log_probs's, a reward model's moments
+llmmem.budget.reward_model_moments's, and the moments GRPO and PPO share with this step
+llmmem.budget.preference_moments's.
 """
 
 from __future__ import annotations
@@ -59,19 +65,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from llmmem.budget import fused_head
-from llmmem.budget.activations import (
-    dtypes_for,
-    eager_mask_kinds,
-    estimate_activations,
-    linear_position,
-    trainability_for,
-)
+from llmmem.budget.activations import dtypes_for
 from llmmem.budget.fused_head import uses_fused_head
 from llmmem.budget.grpo import GrpoSetup, estimate_grpo_budget
 from llmmem.budget.grpo import reference_of as grpo_reference
 from llmmem.budget.phases import estimate_budget
 from llmmem.budget.ppo import PpoSetup, estimate_ppo_budget
 from llmmem.budget.ppo import reference_of as ppo_reference
+from llmmem.budget.preference_log_probs import KERNEL_COPY_TEXT, log_prob_moments
 from llmmem.budget.preference_moments import (
     backward_phase,
     budget_from_phases,
@@ -95,6 +96,14 @@ from llmmem.budget.preference_setup import (
     reference_fp32_outputs,
 )
 from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
+from llmmem.budget.reward_model_moments import (
+    checkpointed_block_moment,
+    embedding_last,
+    final_norm_moments,
+    running_block_moments,
+    value_head_logits_moment,
+    with_lm_head,
+)
 from llmmem.budget.setup import Method, SetupError, TrainingSetup, release
 from llmmem.models.spec import ModelSpec
 from llmmem.units import format_bytes, format_count
@@ -121,411 +130,6 @@ def reference_for(pref: PreferenceSetup, setup: TrainingSetup) -> Reference:
             )
         return pref.reference
     return Reference.COPY if setup.method is Method.FULL else Reference.ADAPTER
-
-
-def log_prob_moments(
-    spec: ModelSpec,
-    setup: TrainingSetup,
-    sequences: int,
-    fp32: bool = False,
-    reference_fp32: bool | None = None,
-    chosen_nll: bool = False,
-    trainer: str = "trl",
-    cross_entropy: bool = True,
-    views: bool = False,
-) -> LogProbMoments:
-    """`selective_log_softmax` over `sequences` rows of `setup.seq` tokens (trl 0.29.1,
-    trl/trainer/utils.py), measured on CPU in tests/budget/test_preference.py.
-
-    L = rows × s × V logits in the compute dtype e (the model is called without labels: no
-    loss upcasts them), or in fp32 when `fp32` (accelerate's mixed precision converts the
-    prepared model's outputs; `reference_fp32` the same for the reference's, default `fp32`);
-    L' = rows × (s − 1) × V for the shifted copy. At the end of the loss call the
-    logits (held by the output), the shifted copy and, for 16-bit logits, the per-row
-    log-softmax autograd keeps are alive. In backward fp32 logits peak at four L'-sized fp32
-    tensors (the saved copy, the gather's scattered gradient, the per-row logsumexp gradients
-    accumulated into one buffer, and the next row's); 16-bit ones at two (the saved
-    log-softmax and the gradient buffer).
-
-    `chosen_nll`: ORPO's and CPO's step at TRL 0.29 (trl/experimental/orpo/orpo_trainer.py,
-    cpo/cpo_trainer.py `concatenated_forward` and `get_batch_logps`), which `_orpo_moments`
-    follows instead; `cross_entropy=False` is CPO's with `cpo_alpha=0`, whose
-    `concatenated_forward` skips the chosen half's cross-entropy. `trainer="llamafactory"`:
-    LLaMA-Factory's own trainer, which `_llamafactory_moments` follows."""
-    if trainer == "llamafactory-kto":
-        moments = _llamafactory_kto_moments(spec, setup, sequences)
-    elif trainer == "llamafactory":
-        moments = _llamafactory_moments(spec, setup, sequences, fp32, reference_fp32)
-    elif views:
-        moments = _dpo_view_moments(spec, setup, sequences, fp32, reference_fp32)
-    else:
-        moments = _log_prob_moments(
-            spec, setup, sequences, fp32, reference_fp32, chosen_nll, cross_entropy
-        )
-    if spec.final_logit_softcapping is None:
-        return moments
-    # Gemma-2's soft-capped logits (`tanh(logits / cap) * cap` inside the model's forward):
-    # the policy's tanh output, in the model's compute dtype, is kept for backward from the
-    # forward's end until the capping's backward runs, after the log-probabilities'
-    compute = dtypes_for(setup).compute
-    capped = compute * sequences * setup.seq * spec.vocab_size
-    text = f" + {compute} B × L (the soft-capping's tanh, kept)"
-    kept = moments.kept_for_reference
-    return replace(
-        moments,
-        forward_end=moments.forward_end + capped,
-        backward_peak=moments.backward_peak + capped,
-        formula_forward=moments.formula_forward + text,
-        formula_backward=moments.formula_backward + text,
-        kept_for_reference=None if kept is None else kept + capped,
-        formula_kept=moments.formula_kept + (text if kept is not None else ""),
-    )
-
-
-def _logit_sizes(
-    spec: ModelSpec,
-    setup: TrainingSetup,
-    sequences: int,
-    fp32: bool,
-    reference_fp32: bool | None,
-) -> tuple[int, int, int, int, int, int, str]:
-    """The log-probabilities' sizes: the compute dtype's bytes, the policy's and the
-    reference's bytes per logit, L = rows × s × V and L' = rows × (s − 1) × V elements, one
-    row's (s − 1) × V, and L's text."""
-    compute = dtypes_for(setup).compute
-    e = 4 if fp32 else compute
-    r = 4 if (fp32 if reference_fp32 is None else reference_fp32) else compute
-    vocab = spec.vocab_size
-    row = max(setup.seq - 1, 0) * vocab
-    count = f"L = {sequences}×{setup.seq}×{format_count(vocab)}"
-    return compute, e, r, sequences * setup.seq * vocab, sequences * row, row, count
-
-
-def _log_prob_moments(
-    spec: ModelSpec,
-    setup: TrainingSetup,
-    sequences: int,
-    fp32: bool,
-    reference_fp32: bool | None,
-    chosen_nll: bool,
-    cross_entropy: bool = True,
-) -> LogProbMoments:
-    compute, e, r, whole, shifted, row, count = _logit_sizes(
-        spec, setup, sequences, fp32, reference_fp32
-    )
-    converted = " (accelerate's fp32 outputs)" if compute != 4 else ""
-    if chosen_nll:
-        pairs = sequences // 2
-        text = count + (converted if e == 4 else "")
-        if not cross_entropy:
-            return _view_moments(e, whole, shifted, row, text, compute if e != compute else 0)
-        return _orpo_moments(e, whole, shifted, pairs, row, text)
-    if e == 4:
-        forward = 4 * whole + 4 * shifted
-        forward_text = f"4 B × {count} (fp32 logits{converted}) + 4 B × L' (the shifted copy, kept)"
-        backward = 16 * shifted
-        backward_text = (
-            "16 B × L' (the saved shifted copy, the gather's gradient, the logsumexp "
-            "gradients' buffer and one row's)"
-        )
-    else:
-        forward = e * whole + 2 * e * shifted
-        forward_text = (
-            f"{e} B × {count} (logits) + {e} B × L' (shifted copy) + {e} B × L' "
-            "(per-row log-softmax, kept)"
-        )
-        backward = 2 * e * shifted
-        backward_text = f"{2 * e} B × L' (the saved log-softmax and its gradient buffer)"
-    # one row at a time: fp32 logsumexp makes a row-sized temporary inside the kernel
-    # (aten's logsumexp: `(self - maxes).exp_()` before the sum); a 16-bit row's log_softmax
-    # is its own output
-    row_bytes = 4 * row if r == 4 else r * row
-    reference = r * whole + r * shifted + row_bytes
-    reference_text = f"{r} B × L (the reference's logits) + {r} B × L' (their shifted copy) + " + (
-        "one row's logsumexp temporary" if r == 4 else "one row's log-softmax"
-    )
-    return LogProbMoments(
-        forward,
-        reference,
-        row_bytes if r == 4 else 0,
-        backward,
-        forward_text,
-        reference_text,
-        backward_text,
-    )
-
-
-KERNEL_COPY_TEXT = " + 4 B × L' (the kernel's contiguous copy of the strided view)"
-
-
-def _llamafactory_moments(
-    spec: ModelSpec,
-    setup: TrainingSetup,
-    sequences: int,
-    fp32: bool,
-    reference_fp32: bool | None,
-) -> LogProbMoments:
-    """LLaMA-Factory 0.9.5's log-probabilities (llamafactory/train/dpo/trainer.py
-    `concatenated_forward`: `model(...).logits.to(torch.float32)`; trainer_utils.py
-    `get_batch_logps`: `torch.gather(logits[:, :-1, :].log_softmax(-1), 2, labels)`), the
-    policy's with gradient, then the reference's under `no_grad` (`compute_reference_log_probs`,
-    its outputs freed as it returns). With L = rows × s × V and L' = rows × (s − 1) × V, all
-    fp32 whatever the compute dtype (the cast makes an fp32 copy of 16-bit logits, which die
-    with the model's output; accelerate's mixed precision has made them fp32 already):
-
-    - the policy keeps its logits (returned, and read by the metrics' means) and the
-      log_softmax (saved by its backward; the gather saves only its index): 4 B × (L + L');
-    - the log_softmax runs on a strided view (two or more rows): CUDA's kernel
-      (aten/src/ATen/native/cuda/SoftMax.cu `host_softmax`: `input_.contiguous()`) first makes
-      a contiguous copy, 4 B × L', inside the kernel: a dispatch-level counter cannot see it;
-    - the reference adds the same beside the policy's: its fp32 logits, the log_softmax and
-      the kernel's copy (16-bit reference logits not converted by accelerate: their fp32 cast
-      beside them first, which is smaller);
-    - backward: the saved log_softmax, the gather's gradient (scattered into zeros) and the
-      log_softmax's input gradient, 12 B × L'; the slicing's gradient (4 B × L, zeros with
-      the L' rows copied in) comes after the first two are freed.
-
-    Measured on the CPU with the step restated (llmmem.verify.preference_grid, trainer
-    "llamafactory") and against LLaMA-Factory's own trainer (bench/llamafactory_trainers.py)."""
-    compute = dtypes_for(setup).compute
-    vocab = spec.vocab_size
-    whole = sequences * setup.seq * vocab
-    shifted = sequences * max(setup.seq - 1, 0) * vocab
-    strided = sequences > 1
-    inside = 4 * shifted if strided else 0
-    r16 = not (fp32 if reference_fp32 is None else reference_fp32) and compute != 4
-    count = f"L = {sequences}×{setup.seq}×{format_count(vocab)}"
-    copy_text = KERNEL_COPY_TEXT if strided else ""
-    forward = 4 * whole + 4 * shifted + inside
-    forward_text = (
-        f"4 B × {count} (fp32 logits) + 4 B × L' (the full log_softmax, kept)" + copy_text
-    )
-    reference = 4 * whole + 4 * shifted + inside
-    reference_text = (
-        "4 B × L (the reference's fp32 logits"
-        + (", cast from 16-bit" if r16 else "")
-        + ") + 4 B × L' (its log_softmax)"
-        + copy_text
-    )
-    backward = 12 * shifted
-    backward_text = (
-        "12 B × L' (the saved log_softmax, the gather's gradient and the log_softmax's input "
-        "gradient)"
-    )
-    return LogProbMoments(
-        forward,
-        reference,
-        inside,
-        backward,
-        forward_text,
-        reference_text,
-        backward_text,
-        inside_forward=inside,
-    )
-
-
-def _llamafactory_kto_moments(spec: ModelSpec, setup: TrainingSetup, rows: int) -> LogProbMoments:
-    """LLaMA-Factory 0.9.5's KTO step (llamafactory/train/kto/trainer.py): `forward` casts each
-    batch's logits to fp32 and takes `get_batch_logps`' full log_softmax of their shifted view;
-    `concatenated_forward` runs the completions with gradient, then the KL batch under
-    `no_grad`, then copies the completions' logits by boolean masks (chosen, rejected);
-    `compute_reference_log_probs` runs the same under `no_grad`. With L = rows × s × V and
-    L' = rows × (s − 1) × V (rows: the completions; the KL batch has as many), all fp32:
-
-    - the policy peaks inside the KL batch's log_softmax: the completions' logits and their
-      kept log_softmax, the KL batch's logits and log_softmax, and the kernel's contiguous
-      copy of the strided view (two or more rows; inside the kernel): 4 B × (2L + 2L') + 4 B × L';
-    - when the reference starts the policy holds the masked copies of its logits (L) and the
-      kept log_softmax (L');
-    - the reference peaks inside its KL batch's log_softmax, its completions' logits alive:
-      4 B × (2L + L') + the kernel's copy;
-    - backward is DPO's: 12 B × L'."""
-    vocab = spec.vocab_size
-    whole = rows * setup.seq * vocab
-    shifted = rows * max(setup.seq - 1, 0) * vocab
-    inside = 4 * shifted if rows > 1 else 0
-    copy_text = KERNEL_COPY_TEXT if inside else ""
-    count = f"L = {rows}×{setup.seq}×{format_count(vocab)}"
-    reference = 8 * whole + 4 * shifted
-    reference_text = (
-        "4 B × 2L (the reference's completion and KL logits) + 4 B × L' (the KL batch's "
-        "log_softmax)" + copy_text
-    )
-    # on the GPU the larger of the moments; a storage counter sees the kernel's copy in none
-    total, visible = reference + inside, reference
-    if spec.final_logit_softcapping is not None:
-        # Gemma-2's capping (`logits / cap`, `tanh`, `* cap`) in the KL batch's forward: its
-        # head's output and the division's, beside the completions' fp32 logits
-        compute = dtypes_for(setup).compute
-        capping = 4 * whole + 2 * compute * whole
-        visible = max(visible, capping)
-        if capping > total:
-            total = capping
-            reference_text = (
-                f"4 B × L (the reference's completion logits) + 2 × {compute} B × L (the KL "
-                "batch's head output and its division by the cap)"
-            )
-    return LogProbMoments(
-        8 * whole + 8 * shifted + inside,
-        total,
-        total - visible,
-        12 * shifted,
-        f"4 B × 2 × {count} (the completions' and the KL batch's fp32 logits) + 4 B × 2 × L' "
-        "(their log_softmax, the completions' kept)" + copy_text,
-        reference_text,
-        "12 B × L' (the saved log_softmax, the gather's gradient and the log_softmax's input "
-        "gradient)",
-        inside_forward=inside,
-        kept_for_reference=4 * whole + 4 * shifted,
-        formula_kept=f"4 B × {count} (the masked copies of the policy's logits) + 4 B × L' "
-        "(the kept log_softmax)",
-    )
-
-
-def _orpo_moments(
-    e: int, whole: int, shifted: int, pairs: int, row: int, count: str
-) -> LogProbMoments:
-    """ORPO's (and CPO's, `cpo_alpha` > 0) log-probabilities at TRL 0.29.1: the chosen half's
-    NLL is `nn.CrossEntropyLoss` over `logits[:n_chosen][..., :-1, :].contiguous()` (a copy
-    of that half, freed when the loss is made; its log_softmax kept for backward), and
-    `get_batch_logps` takes `selective_log_softmax` of the view `logits[:, :-1, :]`: no
-    shifted copy. With e-byte logits, L' = rows × (s − 1) × V and H = L'/2 (the chosen half),
-    as measured on the CPU, on the grid's restated step (tests/budget/test_preference.py) and
-    on TRL's own trainer (bench/trl_trainers.py):
-
-    - fp32 logits: the forward peaks inside the cross-entropy (L, the copy H and its
-      log_softmax H); backward at L (kept by the per-row logsumexp's saved rows) + H (the
-      saved log_softmax) + three L'-sized gradients (the gather's, the rows' logsumexp
-      gradients stacked, and their sum);
-    - 16-bit logits: the per-row log_softmax outputs (L') are kept beside the logits and the
-      cross-entropy's H; backward peaks at three L-sized gradients of the logits (the
-      log-probabilities', the cross-entropy's, and their sum), the saved tensors given back.
-
-    With one pair the chosen half's slice is already contiguous and `.contiguous()` copies
-    nothing; the fp32 forward then peaks at the per-row logsumexp of the view, whose
-    row-sized temporary (aten's `(self - maxes).exp_()`, inside the kernel) is as large as the
-    copy would be: the same bytes, of which `inside_kernel` is what a dispatch-level counter
-    cannot see. There is no reference model: `reference` is 0."""
-    half = pairs * row
-    inside = 0
-    if e == 4:
-        forward = 4 * whole + 8 * half
-        forward_text = (
-            f"4 B × {count} (fp32 logits) + 4 B × L'/2 (the chosen half's shifted copy, inside "
-            "its cross-entropy) + 4 B × L'/2 (that cross-entropy's log_softmax, kept)"
-        )
-        if pairs == 1:
-            inside = 4 * row
-            forward_text = (
-                f"4 B × {count} (fp32 logits) + 4 B × L'/2 (the chosen sequence's "
-                "cross-entropy log_softmax, kept) + 4 B × (s − 1) × V (one row's logsumexp "
-                "temporary)"
-            )
-        backward = 4 * whole + 12 * shifted + 4 * half
-        backward_text = (
-            "4 B × L (kept by the per-row logsumexp's saved rows) + 4 B × L'/2 (the "
-            "cross-entropy's log_softmax) + 12 B × L' (the gather's gradient, the rows' "
-            "logsumexp gradients stacked, and their sum)"
-        )
-    else:
-        forward = e * whole + e * half + e * shifted
-        forward_text = (
-            f"{e} B × {count} (logits) + {e} B × L'/2 (the chosen half's cross-entropy "
-            f"log_softmax, kept) + {e} B × L' (per-row log-softmax of the view, kept)"
-        )
-        backward = 3 * e * whole
-        backward_text = (
-            f"{3 * e} B × L (the logits' gradients from the log-probabilities and from the "
-            "cross-entropy, and their sum)"
-        )
-    return LogProbMoments(forward, 0, inside, backward, forward_text, "", backward_text)
-
-
-def _view_moments(
-    e: int, whole: int, shifted: int, row: int, count: str, converted: int = 0
-) -> LogProbMoments:
-    """CPO's log-probabilities with `cpo_alpha=0` at TRL 0.29.1
-    (trl/experimental/cpo/cpo_trainer.py `concatenated_forward`: `nll_loss =
-    torch.tensor(0.0)`; `get_batch_logps`: `selective_log_softmax` of the view
-    `logits[:, :-1, :]`): ORPO's moments without the chosen half's cross-entropy, as measured
-    on the CPU (llmmem.verify.preference_grid, objective "simpo"):
-
-    - fp32 logits: the logits, kept by the per-row logsumexp's saved rows, and one row's
-      logsumexp temporary inside the kernel; backward at L + three L'-sized gradients (the
-      gather's, the rows' logsumexp gradients stacked, and their sum);
-    - 16-bit logits: the per-row log_softmax outputs (L') kept beside the logits; backward at
-      the logits' gradient (L) beside the saved outputs (L').
-
-    Without the cross-entropy's copy the forward can peak earlier, where accelerate's
-    `convert_outputs_to_fp32` makes the fp32 logits while the model's 16-bit ones (`converted`
-    bytes a logit) are still alive."""
-    if e == 4:
-        inside = 4 * row
-        if converted * whole > inside:
-            return LogProbMoments(
-                4 * whole + converted * whole,
-                0,
-                0,
-                4 * whole + 12 * shifted,
-                f"4 B × {count} + {converted} B × L (the model's {8 * converted}-bit logits, "
-                "alive while accelerate converts them)",
-                "",
-                "4 B × L (kept by the per-row logsumexp's saved rows) + 12 B × L' (the "
-                "gather's gradient, the rows' logsumexp gradients stacked, and their sum)",
-            )
-        return LogProbMoments(
-            4 * whole + inside,
-            0,
-            inside,
-            4 * whole + 12 * shifted,
-            f"4 B × {count} (fp32 logits, kept by the per-row logsumexp) + 4 B × (s − 1) × V "
-            "(one row's logsumexp temporary)",
-            "",
-            "4 B × L (kept by the per-row logsumexp's saved rows) + 12 B × L' (the gather's "
-            "gradient, the rows' logsumexp gradients stacked, and their sum)",
-        )
-    return LogProbMoments(
-        e * whole + e * shifted,
-        0,
-        0,
-        e * whole + e * shifted,
-        f"{e} B × {count} (logits) + {e} B × L' (per-row log-softmax of the view, kept)",
-        "",
-        f"{e} B × L (the logits' gradient) + {e} B × L' (the saved per-row log-softmax)",
-    )
-
-
-def _dpo_view_moments(
-    spec: ModelSpec,
-    setup: TrainingSetup,
-    sequences: int,
-    fp32: bool,
-    reference_fp32: bool | None,
-) -> LogProbMoments:
-    """TRL 1.6 to 1.14's DPOTrainer (trl/trainer/dpo_trainer.py `_compute_loss`):
-    `selective_log_softmax(outputs.logits[..., :-1, :], ...)` for the policy and under
-    `no_grad` for the reference, on views, no shifted copies. The policy's moments are CPO's
-    without its cross-entropy (`_view_moments`: the same call on the same view, measured on the
-    CPU as the grid's "simpo" step); the reference adds its logits and one row's temporary."""
-    compute, e, r, whole, shifted, row, count = _logit_sizes(
-        spec, setup, sequences, fp32, reference_fp32
-    )
-    policy = _view_moments(e, whole, shifted, row, count, compute if e != compute else 0)
-    reference = r * whole + (4 * row if r == 4 else r * row)
-    # what the policy still holds when the reference runs: its logits (and, in 16 bits, the
-    # per-row log-softmax outputs), not the model's 16-bit logits accelerate converted from
-    kept = e * whole + (e * shifted if e != 4 else 0)
-    return replace(
-        policy,
-        reference=reference,
-        inside_kernel=4 * row if r == 4 else 0,
-        inside_forward=policy.inside_kernel,
-        kept_for_reference=kept,
-        formula_kept=f"{e} B × {count} (the policy's logits)"
-        + (f" + {e} B × L' (its per-row log-softmax, kept)" if e != 4 else ""),
-        formula_reference=f"{r} B × L (the reference's logits) + "
-        + ("one row's logsumexp temporary" if r == 4 else "one row's log-softmax"),
-    )
 
 
 def dpo_metrics_bytes(spec: ModelSpec, setup: TrainingSetup, sequences: int, e: int) -> int:
@@ -590,76 +194,6 @@ def sequences_per_step(pref: PreferenceSetup, setup: TrainingSetup) -> int:
     if pref.objective is Objective.KTO:
         return setup.batch
     return 2 * setup.batch
-
-
-def _value_head_logits_moment(
-    spec: ModelSpec, setup: TrainingSetup, forward_end: PhaseBudget
-) -> PhaseBudget:
-    """The end of the value-head model's forward (TRL 0.24, trl/models/modeling_value_head.py
-    `AutoModelForCausalLMWithValueHead.forward`, as LLaMA-Factory 0.9.5's rm stage runs it): the
-    causal LM's full logits in the compute dtype, the log_softmax of its own cross-entropy (the
-    pairwise collator passes `labels`: transformers' ForCausalLMLoss upcasts and takes it, and
-    the unread loss keeps it) and the logits' fp32 upcast (`lm_logits.float()`), all alive
-    until it returns, beside every tensor the forward saved; with fp32 weights under autocast,
-    autocast's 16-bit cast of the head's weight too."""
-    compute = dtypes_for(setup).compute
-    whole = setup.batch * setup.seq * spec.vocab_size
-    logits = compute * whole + 4 * whole + (4 * whole if compute != 4 else 0)
-    count = f"{setup.batch}×{setup.seq}×{format_count(spec.vocab_size)}"
-    text = (
-        f"{compute} B × L = {count} (the LM logits) + 4 B × L (the log_softmax of the causal "
-        "LM's own cross-entropy over the collator's labels, kept by that unread loss)"
-        + (" + 4 B × L (the logits' fp32 upcast)" if compute != 4 else "")
-    )
-    if spec.final_logit_softcapping is not None:
-        # Gemma-2's capping keeps its tanh for a backward that never comes, until the logits go
-        logits += compute * whole
-        text += f" + {compute} B × L (the soft-capping's tanh, kept by the graph)"
-    parts = dict(forward_end.components)
-    parts[Component.LOGITS] = Term(bytes=logits, formula=text)
-    # the value head's input: the last hidden state (kept by the output's hidden_states)
-    # through dropout (CUDA's fused kernel: a 1-byte mask) in the hidden states' dtype, cast
-    # to the head's fp32 where it differs, kept by the head's matmul
-    tokens = setup.batch * setup.seq * spec.hidden_size
-    residual = 4 if setup.precision.weight_bytes == 4 else 2
-    head_input = tokens * (1 + residual + residual + (4 if residual != 4 else 0))
-    temporaries = parts.get(Component.TEMPORARIES, Term(0, ""))
-    parts[Component.TEMPORARIES] = Term(
-        bytes=temporaries.bytes + head_input,
-        formula=(temporaries.formula + " + " if temporaries.bytes else "")
-        + "the value head's input: the last hidden state, its dropout mask and output"
-        + (" and fp32 cast" if residual != 4 else ""),
-    )
-    if setup.precision.is_autocast and setup.precision.weight_bytes == 4:
-        copies = parts.get(Component.WEIGHT_COPIES, Term(0, ""))
-        head = 2 * spec.vocab_size * spec.hidden_size
-        parts[Component.WEIGHT_COPIES] = Term(
-            bytes=copies.bytes + head,
-            formula=(copies.formula + " + " if copies.bytes else "")
-            + "2 B × V × h (autocast's cast of the LM head)",
-        )
-    return PhaseBudget(
-        phase=Phase.FORWARD,
-        moment="end of the value-head model's forward: the LM logits made and upcast, unread",
-        components=parts,
-    )
-
-
-def _with_lm_head(phase: PhaseBudget, spec: ModelSpec, setup: TrainingSetup) -> PhaseBudget:
-    """`phase` with the value-head model's LM head among the weights (untied: a tied head is
-    the embedding, counted already): trainable in full fine-tuning, upcast with the rest, but
-    never given a gradient, so neither gradients nor optimizer states."""
-    weights = phase.components.get(Component.WEIGHTS)
-    if weights is None or spec.tie_word_embeddings:
-        return phase
-    size = 2 if setup.quant is not None else setup.precision.weight_bytes
-    head = size * spec.vocab_size * spec.hidden_size
-    parts = dict(phase.components)
-    parts[Component.WEIGHTS] = Term(
-        bytes=weights.bytes + head,
-        formula=weights.formula + f" + V × h × {size} B (the LM head, no gradient)",
-    )
-    return replace(phase, components=parts)
 
 
 def estimate_preference_budget(
@@ -731,29 +265,29 @@ def estimate_preference_budget(
 
     if pref.objective is Objective.REWARD:
         # the score is hidden × num_labels per sequence: nothing vocabulary-sized to replace
-        candidates = [_embedding_last(backward, spec, setup)]
+        candidates = [embedding_last(backward, spec, setup)]
         candidates += [last_block] if last_block else []
         # the token embedding's gradient comes last under a score head too (the later
         # moments count it out only beside a vocabulary head)
         candidates += [
-            _embedding_last(moment, spec, setup)
+            embedding_last(moment, spec, setup)
             for moment in later_backward_moments(policy_spec, policy_setup, forward, step)
         ]
-        norm_forward, norm_backward = _final_norm_moments(policy_spec, policy_setup, forward)
+        norm_forward, norm_backward = final_norm_moments(policy_spec, policy_setup, forward)
         candidates += [norm_backward] if norm_backward else []
         backward = max(candidates, key=lambda p: p.allocated_bytes)
-        in_block = _checkpointed_block_moment(policy_spec, policy_setup, forward)
-        running = _running_block_moments(policy_spec, policy_setup, forward)
+        in_block = checkpointed_block_moment(policy_spec, policy_setup, forward)
+        running = running_block_moments(policy_spec, policy_setup, forward)
         for moment in (in_block, norm_forward, *running):
             if moment is not None and moment.allocated_bytes > forward.allocated_bytes:
                 forward = moment
         if pref.trainer == "llamafactory":
-            logits_moment = _value_head_logits_moment(spec, policy_setup, sft.phase(Phase.FORWARD))
+            logits_moment = value_head_logits_moment(spec, policy_setup, sft.phase(Phase.FORWARD))
             if logits_moment.allocated_bytes > forward.allocated_bytes:
                 forward = logits_moment
         phases = [with_terms(p, extra) for p in (forward, backward, step)]
         if pref.trainer == "llamafactory":
-            phases = [_with_lm_head(p, spec, policy_setup) for p in phases]
+            phases = [with_lm_head(p, spec, policy_setup) for p in phases]
             notes.append(
                 "reward model: LLaMA-Factory's rm stage trains TRL's "
                 "AutoModelForCausalLMWithValueHead: a value head of "
@@ -986,251 +520,6 @@ def _autocast_cache_cleared(
         "casts gone with autocast's cache when the prepared forward returned)",
     )
     return PhaseBudget(phase=phase.phase, moment=phase.moment, components=parts)
-
-
-def _embedding_last(phase: PhaseBudget, spec: ModelSpec, setup: TrainingSetup) -> PhaseBudget:
-    """The token embedding is the last weight backward reaches: while the first block's
-    gradients are computed its gradient does not exist yet, under a score head as under an LM
-    head (the SFT step counts this for causal LMs)."""
-    if phase.moment != "backward of the first block" or setup.method is not Method.FULL:
-        return phase
-    if setup.grad_accum > 1 or setup.distributed.is_multi_gpu:
-        return phase
-    gradients = phase.components.get(Component.GRADIENTS)
-    if gradients is None:
-        return phase
-    embedding = spec.vocab_size * spec.hidden_size * setup.precision.weight_bytes
-    parts = dict(phase.components)
-    parts[Component.GRADIENTS] = Term(
-        bytes=max(gradients.bytes - embedding, 0),
-        formula=gradients.formula + " − the token embedding's (still to come)",
-    )
-    return PhaseBudget(phase=phase.phase, moment=phase.moment, components=parts)
-
-
-def _running_block_moments(
-    spec: ModelSpec, setup: TrainingSetup, forward: PhaseBudget
-) -> list[PhaseBudget]:
-    """Under a score head the forward can peak inside the last block, whose tensors that
-    nothing keeps for backward are alive while it runs (transformers' decoder layers: the
-    residual is a local, each sub-layer's input a local until it returns):
-
-    - its MLP, as the down projection's output is made: the residual (not kept when the
-      norm keeps an fp32 copy of a 16-bit one), the MLP's input and act(gate) · up where no
-      Linear keeps them; under checkpointing nothing is kept, and act(gate), up and their
-      product are alive together;
-    - its eager attention, as the fp32 softmax is made: the masked scores and their fp32
-      upcast (a 16-bit model), beside the masks transformers builds once per forward; under
-      checkpointing the softmax's output and the block's q, k and v too.
-
-    Below them every earlier block's saved tensors (without checkpointing), or the
-    checkpointed inputs."""
-    if not spec.blocks or spec.mlp != "gated":
-        return []
-    from llmmem.budget.activations import ABSOLUTE_POSITION_TYPES, BlockContext, Tally
-    from llmmem.budget.setup import AttnImpl
-
-    dt = dtypes_for(setup)
-    train = trainability_for(spec, setup)
-    ctx = BlockContext(spec, setup, dt, train)
-    acts = estimate_activations(spec, setup)
-    group = spec.blocks[-1]
-    dims = acts.dims
-    d, e = dt.residual, dt.linear_out_bytes
-    n_h, n_i = dims["N·h"], dims["N·I"]
-    ckpt = setup.grad_ckpt
-    held: dict[Component, Term] = {
-        k: v
-        for k, v in forward.components.items()
-        if k not in (Component.LOGITS, Component.TEMPORARIES, Component.ACTIVATIONS)
-    }
-    final = Tally()
-    ctx.norm(final)
-    final_norm = final.evaluate(dims)
-    if ckpt:
-        below = forward.components.get(Component.ACTIVATIONS, Term(0, "")).bytes - final_norm
-        below_text = "the checkpointed blocks' inputs"
-    else:
-        below = acts.full_bytes - acts.outside.evaluate(dims)
-        below_text = "every block's saved tensors"
-    # the residual stream's tensor: kept when the norm's fp32 view of it is itself
-    residual_kept = d == 4 and spec.norm != "layernorm" and not ckpt
-    residual = 0 if residual_kept else d * n_h
-    mlp_in = [lin for lin in group.linears if linear_position(lin) == "mlp_in"]
-    down = [lin for lin in group.linears if linear_position(lin) == "mlp_out"]
-    scratch = Tally()
-    input_kept = not ckpt and ctx.consumers_save(scratch, d, "N·h", mlp_in)
-    product_kept = not ckpt and ctx.consumers_save(scratch, e, "N·I", down)
-    if ckpt:
-        mlp_live = residual + d * n_h + 3 * e * n_i + e * n_h
-        mlp_text = f"{d}·N·h residual + {d}·N·h MLP input + 3·{e}·N·I + {e}·N·h output"
-    else:
-        mlp_live = (
-            residual + (0 if input_kept else d * n_h) + (0 if product_kept else e * n_i) + e * n_h
-        )
-        mlp_text = "the MLP's tensors no Linear keeps + its output"
-    eager = setup.attn is AttnImpl.EAGER or not spec.supports_sdpa
-    masks = eager_mask_kinds(spec) * d * dims["b·s²"] if eager else 0
-    moments = [
-        PhaseBudget(
-            phase=Phase.FORWARD,
-            moment="the last block's MLP (no vocabulary logits)",
-            components={
-                **held,
-                Component.ACTIVATIONS: Term(bytes=round(below), formula=below_text),
-                Component.TEMPORARIES: Term(
-                    bytes=round(mlp_live + (0 if ckpt else masks)), formula=mlp_text
-                ),
-            },
-        )
-    ]
-    if eager:
-        c = dt.compute
-        scores = dims["b·a·s²"]
-        # the scores plus the mask: type promotion makes them fp32 under autocast over fp32
-        # weights (an fp32 mask); softmax(dtype=float32) upcasts 16-bit ones first
-        m = max(c, d)
-        upcast = 4 if m != 4 else 0
-        if ckpt:
-            # the residual is the block's input, a checkpointed one; repeat_kv copies K and V
-            # to every head where the model groups them
-            # (rotary embeddings multiply q and k by cos and sin in the residual stream's
-            # dtype: fp32 q and k under autocast over fp32 weights)
-            r = max(c, d) if spec.model_type not in ABSOLUTE_POSITION_TYPES else c
-            qkv = r * dims["N·q"] + r * dims["N·kvd"] + c * dims["N·kvd"]
-            if spec.num_kv_heads < spec.num_attention_heads:
-                qkv += (r + c) * dims["N·q"]
-            live = d * n_h + qkv + (m + upcast + 4) * scores
-            text = (
-                "attention input, q, k, v (repeated per head) + the masked scores, upcast and "
-                "softmax"
-            )
-        else:
-            # the last block has kept only what comes before its softmax: its norm's, its
-            # projections' inputs, q and the (repeated) K and V
-            kv_width = "N·q" if spec.num_kv_heads < spec.num_attention_heads else "N·kvd"
-            before = Tally()
-            ctx.norm(before)
-            attn_in = [lin for lin in group.linears if linear_position(lin) == "attn_in"]
-            ctx.consumers_save(before, d, "N·h", attn_in)
-            before.add(c, "N·q")
-            before.add(2 * c, kv_width)
-            below -= acts.per_block_bytes(group) - before.evaluate(dims)
-            live = residual + masks + (m + upcast + 4) * scores
-            text = "the masked scores, their fp32 upcast and softmax + the masks"
-        moments.append(
-            PhaseBudget(
-                phase=Phase.FORWARD,
-                moment="the last block's eager attention (no vocabulary logits)",
-                components={
-                    **held,
-                    Component.ACTIVATIONS: Term(bytes=round(below), formula=below_text),
-                    Component.TEMPORARIES: Term(bytes=round(live), formula=text),
-                },
-            )
-        )
-    return moments
-
-
-def _final_norm_moments(
-    spec: ModelSpec, setup: TrainingSetup, forward: PhaseBudget
-) -> tuple[PhaseBudget | None, PhaseBudget | None]:
-    """Under a score head nothing vocabulary-sized outweighs the final RMSNorm, whose forward
-    and backward are then the model's peaks outside the blocks. transformers' RMSNorm
-    (Llama's, Qwen2's: `x.to(float32)`, `x * rsqrt(x.pow(2).mean(-1) + eps)`, `weight *
-    x.to(input_dtype)`) runs written out:
-
-    - forward, as its output is made: the input (still the caller's), its fp32 copy, the
-      fp32 normalised tensor (the function's local), its cast back and the output; under
-      autocast over fp32 weights, once it has returned, the output (the model's local until
-      its forward returns) beside the score head's 16-bit cast of it;
-    - backward, in the `pow` branch: the gradient of the fp32 input from the rsqrt product
-      waits in autograd's buffer while the mean's expanded gradient, `x.pow(1)`, its double
-      and their product are made: five fp32 tensors of N·h, beside every block's saved
-      tensors and the fp32 input the `pow` keeps.
-
-    Gemma's RMSNorm runs the same way in fp32 and casts its product back; LayerNorm's fused
-    kernel is left to the blocks' moments."""
-    if spec.norm == "layernorm" or not spec.blocks:
-        return None, None
-    dt = dtypes_for(setup)
-    n_h = setup.tokens * spec.hidden_size
-    d = dt.residual
-    copies = d != 4  # x.to(float32) copies a 16-bit input; an fp32 one is returned as is
-    trains = trainability_for(spec, setup).base_trains
-    if spec.norm == "gemma_rmsnorm":
-        # Gemma's `(x.float() normalised) * (1 + weight.float())`, then `.type_as(x)`: the
-        # fp32 product and, for a 16-bit input, the input and the product's cast back
-        making = d + 4 + d if copies else 4 + (0 if trains else 4)
-        normalised = 4
-    else:
-        # (a frozen weight's product keeps no normalised tensor: alive only as it is read)
-        making = (d + 4 if copies else 0) + d + (0 if trains else d)
-        normalised = d
-    returned = d + (2 if dt.autocast and not copies else 0)
-    held: dict[Component, Term] = {
-        k: v
-        for k, v in forward.components.items()
-        if k not in (Component.LOGITS, Component.TEMPORARIES)
-    }
-    in_forward = PhaseBudget(
-        phase=Phase.FORWARD,
-        moment="the final norm's forward (no vocabulary logits)",
-        components={
-            **held,
-            Component.TEMPORARIES: Term(
-                bytes=max(making, returned) * n_h,
-                formula=(
-                    f"{d}·N·h input + 4·N·h fp32 normalised + {d}·N·h output"
-                    if making >= returned
-                    else f"{d}·N·h output + 2·N·h the score head's cast of it"
-                ),
-            ),
-        },
-    )
-    acts = forward.components.get(Component.ACTIVATIONS, Term(0, ""))
-    # the weight product's backward has run: the normalised tensor it kept is gone
-    saved = max(acts.bytes - (normalised * n_h if trains else 0), 0)
-    in_backward = PhaseBudget(
-        phase=Phase.BACKWARD,
-        moment="the final norm's backward (no vocabulary logits)",
-        components={
-            **held,
-            Component.ACTIVATIONS: Term(
-                bytes=saved, formula=acts.formula + " (the norm's weight product done)"
-            ),
-            Component.TEMPORARIES: Term(
-                bytes=5 * 4 * n_h, formula="5·4·N·h (the pow branch of the norm's backward)"
-            ),
-        },
-    )
-    return in_forward, in_backward
-
-
-def _checkpointed_block_moment(
-    spec: ModelSpec, setup: TrainingSetup, forward: PhaseBudget
-) -> PhaseBudget | None:
-    """With checkpointing a block's forward keeps nothing for backward, but its MLP's
-    intermediates live while it runs: act(gate), up and their product for a gated MLP
-    (`down_proj(act_fn(gate_proj(x)) * up_proj(x))`), fc1's output and its activation for a
-    plain one. Without vocabulary logits (a reward model's score head) this is the forward's
-    peak."""
-    if not setup.grad_ckpt or not spec.blocks:
-        return None
-    dt = dtypes_for(setup)
-    n_i = setup.tokens * spec.intermediate_size
-    alive = 3 if spec.mlp == "gated" else 2
-    parts: dict[Component, Term] = {
-        k: v for k, v in forward.components.items() if k is not Component.LOGITS
-    }
-    temporaries = forward.components.get(Component.TEMPORARIES)
-    parts[Component.TEMPORARIES] = Term(
-        bytes=alive * dt.linear_out_bytes * n_i + (temporaries.bytes if temporaries else 0),
-        formula=f"{alive}·{dt.linear_out_bytes}·N·I (the running block's MLP intermediates)",
-    )
-    return PhaseBudget(
-        phase=Phase.FORWARD, moment="forward of the last block (checkpointed)", components=parts
-    )
 
 
 def _with_first_step(
