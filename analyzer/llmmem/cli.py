@@ -195,7 +195,17 @@ def _add_estimate_parser(sub: Any) -> None:
     p.add_argument("--loss", choices=["standard", "chunked", "liger"], default=None)
     p.add_argument(
         "--framework",
-        choices=["hf", "trl", "axolotl", "llamafactory", "torchtune", "litgpt", "plain"],
+        choices=[
+            "hf",
+            "trl",
+            "axolotl",
+            "llamafactory",
+            "torchtune",
+            "litgpt",
+            "plain",
+            "swift",
+            "unsloth",
+        ],
         default=None,
         help="the training code around the model (default hf): torchtune runs its own model "
         "code (bf16 adapters, torchao NF4, its chunked loss, its activation offload); litgpt "

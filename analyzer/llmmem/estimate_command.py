@@ -69,6 +69,8 @@ FRAMEWORK_STACKS: dict[str, Framework] = {
     "torchtune": Framework.TORCHTUNE,
     "litgpt": Framework.LITGPT,
     "plain": Framework.PLAIN,
+    "swift": Framework.SWIFT,
+    "unsloth": Framework.UNSLOTH,
 }
 # the values that run the HF Trainer (or TRL's trainers on it) around transformers' models
 HF_TRAINER_FRAMEWORKS = {"trl": "TRL", "axolotl": "axolotl", "llamafactory": "LLaMA-Factory"}

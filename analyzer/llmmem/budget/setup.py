@@ -147,6 +147,10 @@ class Framework(str, Enum):
     # TRL's SFTTrainer around transformers models: the HF stack with its release's own loss
     # and metrics (llmmem.budget.stacks.trl; `trl_version` says which release)
     TRL = "trl"
+    # ms-swift's `swift sft|pt|rlhf` on the HF Trainer (llmmem.budget.stacks.swift)
+    SWIFT = "swift"
+    # unsloth's patched models and trainers (llmmem.budget.stacks.unsloth)
+    UNSLOTH = "unsloth"
 
 
 class Mode(str, Enum):

@@ -15,8 +15,10 @@ from __future__ import annotations
 from llmmem.budget.setup import Framework, TrainingSetup
 from llmmem.budget.stacks.hf import HF_STACK, Stack
 from llmmem.budget.stacks.litgpt import LITGPT_STACK
+from llmmem.budget.stacks.swift import SWIFT_STACK
 from llmmem.budget.stacks.torchtune import TORCHTUNE_STACK
 from llmmem.budget.stacks.trl import TRL_STACK
+from llmmem.budget.stacks.unsloth import UNSLOTH_STACK
 from llmmem.budget.weights import Inventory
 from llmmem.models.spec import ModelSpec
 
@@ -24,6 +26,8 @@ STACKS: dict[Framework, Stack] = {
     Framework.TORCHTUNE: TORCHTUNE_STACK,
     Framework.LITGPT: LITGPT_STACK,
     Framework.TRL: TRL_STACK,
+    Framework.SWIFT: SWIFT_STACK,
+    Framework.UNSLOTH: UNSLOTH_STACK,
 }
 
 

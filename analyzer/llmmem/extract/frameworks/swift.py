@@ -15,7 +15,17 @@ read too:
 - `--quant_method bnb --quant_bits 4` (nf4 and double quantization by default);
 - `--deepspeed zero2|zero3|zero2_offload|zero3_offload` are swift's own files (zero2_offload
   moves the optimizer to the CPU, zero3_offload the parameters too), else a path;
-- `swift rlhf --rlhf_type dpo|orpo|simpo|kto|cpo|rm|ppo|grpo|gkd` (default dpo).
+- `swift rlhf --rlhf_type dpo|orpo|simpo|kto|cpo|rm|ppo|grpo|gkd` (default dpo);
+- `--lora_dtype bfloat16` keeps the adapters in bf16 (tuners/peft.py `_cast_adapter_dtype_hook`;
+  float16 ones are cast to fp32 by pipelines/train/tuner.py :403-407, None leaves peft's fp32);
+- no `prepare_model_for_kbit_training` anywhere in swift (outside Megatron-SWIFT): a 4-bit
+  model is not prepared (pipelines/train/tuner.py `prepare_model`);
+- `--gradient_checkpointing_kwargs '{"use_reentrant": false}'` (a JSON text or a YAML mapping,
+  trainers/arguments.py :299-300) says the checkpointing's kind; without it swift picks
+  (budget.stacks.swift);
+- `--use_liger_kernel true` is Liger's fused loss, as in the HF Trainer.
+
+The plan's framework is "swift", so the budget is ms-swift's stack (budget.stacks.swift).
 
 A launcher passes the flags as overrides of an empty document (see `extract/shell/reader.py`);
 a YAML or JSON file given as swift's first argument holds the same keys.
@@ -23,6 +33,7 @@ a YAML or JSON file given as swift's first argument holds the same keys.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -65,6 +76,10 @@ SWIFT_DEEPSPEED_FILES: dict[str, tuple[int, bool, bool]] = {
     "zero3_offload": (3, True, True),
 }
 
+# `--lora_dtype` (arguments/tuner_args.py :137)
+SWIFT_LORA_DTYPES = ("float16", "bfloat16", "float32", "none")
+SWIFT_LORA_DTYPES_TEXT = "float16, bfloat16, float32"
+
 SWIFT_ATTENTION = {"flash_attn": "flash_attention_2", "flash_attention_2": "flash_attention_2"}
 
 SWIFT_DEFAULTS: tuple[tuple[str, Any, str], ...] = (
@@ -100,6 +115,7 @@ def read_swift(reader: DocumentReader) -> None:
             reader.problem(("attn_impl",), f"unknown attn_impl '{attention}'")
     read_swift_tuner(reader)
     read_swift_quantization(reader)
+    read_swift_training_switches(reader)
     read_swift_deepspeed(reader)
     read_swift_objective(reader)
     for key, value, note in SWIFT_DEFAULTS:
@@ -173,6 +189,36 @@ def read_swift_quantization(reader: DocumentReader) -> None:
     reader.take(("bnb_4bit_compute_dtype",), "quantization.compute_dtype", as_dtype)
     reader.default("quantization.quant_type", "nf4", "ms-swift bnb_4bit_quant_type default")
     reader.default("quantization.double_quant", True, "ms-swift bnb_4bit_use_double_quant")
+    reader.default(
+        "quantization.prepare_for_kbit_training",
+        False,
+        "ms-swift does not call peft's prepare_model_for_kbit_training",
+    )
+
+
+def read_swift_training_switches(reader: DocumentReader) -> None:
+    """The adapters' dtype, the checkpointing's kind and Liger's loss, as swift takes them."""
+    dtype = reader.converted(("lora_dtype",), as_text)
+    if dtype is not None:
+        name = dtype.strip().lower()
+        if name not in SWIFT_LORA_DTYPES:
+            reader.problem(("lora_dtype",), f"lora_dtype must be one of {SWIFT_LORA_DTYPES_TEXT}")
+        elif name != "none":
+            trained = "bfloat16" if name == "bfloat16" else "float32"
+            note = "" if trained == name else f"swift trains {name} adapters in fp32"
+            reader.put("lora_dtype", trained, ("lora_dtype",), note)
+    path = ("gradient_checkpointing_kwargs",)
+    raw = reader.get(path) if reader.is_set(path) else None
+    if isinstance(raw, str) and raw.strip():
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            reader.problem(path, "gradient_checkpointing_kwargs must be a JSON object")
+            raw = None
+    if isinstance(raw, dict) and isinstance(raw.get("use_reentrant"), bool):
+        reader.put("use_reentrant", raw["use_reentrant"], path)
+    if reader.converted(("use_liger_kernel",), as_bool):
+        reader.put("loss", "liger", ("use_liger_kernel",), "use_liger_kernel: true")
 
 
 def read_swift_deepspeed(reader: DocumentReader) -> None:

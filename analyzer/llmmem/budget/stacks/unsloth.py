@@ -1,0 +1,153 @@
+"""unsloth's stack: transformers' models patched by unsloth (`FastLanguageModel.from_pretrained`,
+`FastLanguageModel.get_peft_model`), trained by TRL's trainers under unsloth's patches.
+
+Unmeasured here: unsloth's kernels are Triton and CUDA (its import stops without an
+accelerator), so no step of its own runs on this project's CPU benches; every number below is
+read from its code, not measured. Read in unsloth 2026.10.9 and unsloth_zoo 2026.10.9 (the
+wheels' sources; file:line at those releases):
+
+What it loads and casts
+- `get_peft_model` prepares the model with unsloth_zoo's `prepare_model_for_training`
+  (training_utils.py :328-470): the LoRA weights train in fp32 (`upcast = True` for
+  `.lora_A.`/`.lora_B.`), every other parameter is frozen and keeps its loaded dtype. There is
+  no peft k-bit preparation: a 4-bit model's norms, embeddings and head stay 16-bit, with no
+  fp32 copy (the HF budget's QLoRA counts that preparation).
+
+Its checkpointing: `use_gradient_checkpointing="unsloth"` (get_peft_model's default)
+- `apply_unsloth_gradient_checkpointing` (unsloth/models/_utils.py :502-515) keeps it only for
+  `max_seq_length` 512 or more; below, it is transformers' checkpointing (True).
+- `UnslothCheckpointFunction.forward` (unsloth_zoo/gradient_checkpointing.py :1337-1520) copies
+  each checkpointed layer's input of more than 2 MiB (`MINIMUM_SIZE`, :1326) into a host buffer
+  on a side stream and saves nothing of it on the device, except the last layer's input, which
+  it leaves where it is (`LAST_GC_INDEX`: "skips offloading it", :1393-1399). In backward each
+  input comes back into a device buffer (`GPU_BUFFERS`, grown with `resize_` to the largest
+  input, :1455-1480, and kept for the run; a second one, `GPU_BUFFERS_B`, only once double
+  buffering turns on after the first pass with free memory to spare, :1309-1314, :1444). The
+  budget counts one buffer, there from the first backward on, so in every phase of the step.
+
+Its loss
+- unsloth's Llama forward returns no logits in training (`UNSLOTH_RETURN_LOGITS` unset,
+  models/llama.py :2087-2122) and computes `unsloth_fused_ce_loss` (unsloth_zoo/fused_losses/
+  cross_entropy_loss.py): the positions in chunks, each chunk's head output upcast to fp32 with
+  its cross-entropy, and the input gradient made in forward (`grad_inputs`). The chunk count is
+  the smallest multiple of 4 that keeps a chunk's transient, 16 B a logit
+  (`_CE_BYTES_PER_LOGIT`, :225), within a target of half the free memory capped at 4 GiB
+  (`_CE_TARGET_GB_CAP`, :229; `get_chunk_size`, :290-303). The budget takes the cap (a GPU with
+  8 GiB or more free when the loss runs); with less free memory the chunks are smaller.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from llmmem.budget.activations import ActivationEstimate, dtypes_for
+from llmmem.budget.logits import LogitsMoments
+from llmmem.budget.result import Term
+from llmmem.budget.setup import LossImpl, SetupError, TrainingSetup
+from llmmem.budget.stacks.hf import LossMoments, OffloadedActivations, Stack
+from llmmem.models.spec import ModelSpec
+from llmmem.units import format_bytes, format_count
+
+RELEASE = "2026.10.9"
+CE_BYTES_PER_LOGIT = 16  # unsloth_zoo's `_CE_BYTES_PER_LOGIT`
+CE_TARGET_CAP = 4 * 2**30  # `_CE_TARGET_GB_CAP`: 4 GiB
+OFFLOAD_MIN_SEQ = 512  # below this max_seq_length "unsloth" is plain checkpointing
+
+
+def fused_ce_chunks(tokens: int, vocab: int, target: int = CE_TARGET_CAP) -> int:
+    """`get_chunk_size`: a multiple of 4 chunks, each within `target` at 16 B a logit."""
+    exact = tokens * vocab * CE_BYTES_PER_LOGIT / target
+    if exact <= 1.0:
+        return 1
+    return min(math.ceil(exact / 4) * 4, tokens)
+
+
+def fused_ce_loss(spec: ModelSpec, setup: TrainingSetup) -> LossMoments:
+    """unsloth_fused_ce_loss: one chunk's transient beside the input gradient made in forward."""
+    e = dtypes_for(setup).compute
+    tokens = setup.tokens
+    chunks = fused_ce_chunks(tokens, spec.vocab_size)
+    rows = math.ceil(tokens / chunks)
+    transient = CE_BYTES_PER_LOGIT * rows * spec.vocab_size
+    grad_input = e * tokens * spec.hidden_size
+    gradient_text = f"{e} B × N·h (the input gradient, made in forward)"
+    moments = LogitsMoments(
+        forward_end=transient + grad_input,
+        backward_start=grad_input,
+        head_backward=grad_input,
+        formula_forward=f"{CE_BYTES_PER_LOGIT} B × {format_count(rows)} positions × V (one of "
+        f"{chunks} chunks, within unsloth's 4 GiB target) + {gradient_text}",
+        formula_backward=gradient_text,
+        formula_head=gradient_text,
+    )
+    return LossMoments(moments, 0)
+
+
+class UnslothStack(Stack):
+    name = "unsloth"
+    offload_is_exact = True
+
+    def check(self, setup: TrainingSetup) -> None:
+        if setup.activation_offload and not setup.grad_ckpt:
+            raise SetupError(
+                "unsloth offloads the inputs of checkpointed layers "
+                '(use_gradient_checkpointing="unsloth"): add --grad-ckpt'
+            )
+
+    def prepare(self, setup: TrainingSetup) -> TrainingSetup:
+        if setup.quant is not None and setup.quant.prepare_for_kbit_training:
+            setup = replace(setup, quant=replace(setup.quant, prepare_for_kbit_training=False))
+        if setup.lora is not None and setup.lora.adapter_bytes != 4:
+            setup = replace(setup, lora=replace(setup.lora, adapter_bytes=4))
+        if setup.activation_offload and setup.seq < OFFLOAD_MIN_SEQ:
+            setup = replace(setup, activation_offload=False)
+        return setup
+
+    def loss(self, spec: ModelSpec, setup: TrainingSetup) -> LossMoments | None:
+        if not spec.is_causal_lm or setup.loss is not LossImpl.STANDARD:
+            return None
+        return fused_ce_loss(spec, setup)
+
+    def offloaded(
+        self, spec: ModelSpec, setup: TrainingSetup, acts: ActivationEstimate
+    ) -> OffloadedActivations | None:
+        d = dtypes_for(setup).residual
+        layer_input = d * setup.tokens * spec.hidden_size
+        outside = acts.outside.evaluate(acts.dims)
+        buffer_text = f"unsloth's device buffer for a layer input coming back ({d}·N·h)"
+        return OffloadedActivations(
+            in_forward=Term(
+                bytes=layer_input,
+                formula=buffer_text + "; the earlier layers' inputs are on the host",
+            ),
+            after_forward=Term(
+                bytes=2 * layer_input + outside,
+                formula=f"{buffer_text} + the last layer's input (not offloaded, {d}·N·h) + "
+                f"final norm and head input ({format_bytes(outside)})",
+            ),
+            in_backward=Term(bytes=layer_input, formula=buffer_text),
+        )
+
+    def notes(self, spec: ModelSpec, setup: TrainingSetup) -> list[str]:
+        parts = []
+        if setup.quant is not None:
+            parts.append("no k-bit preparation (frozen weights keep their dtype)")
+        if setup.lora is not None:
+            parts.append("fp32 adapters")
+        if setup.activation_offload:
+            parts.append(
+                "offloaded checkpointing: every layer input but the last on the host, one "
+                "device buffer to bring them back"
+            )
+        elif setup.grad_ckpt and setup.seq < OFFLOAD_MIN_SEQ:
+            parts.append(f"plain checkpointing (unsloth offloads from {OFFLOAD_MIN_SEQ} tokens)")
+        if spec.is_causal_lm and setup.loss is LossImpl.STANDARD:
+            parts.append("its fused cross-entropy (no logits kept)")
+        return [
+            f"unsloth {RELEASE}'s stack, read from its code and unmeasured here (its kernels "
+            "need CUDA): " + "; ".join(parts)
+        ]
+
+
+UNSLOTH_STACK = UnslothStack()
