@@ -35,6 +35,7 @@ from llmmem.budget.setup import (
 from llmmem.budget.stacks import stack_for
 from llmmem.budget.weights import default_lora_targets
 from llmmem.errors import UsageError
+from llmmem.fp8_flags import add_fp8_flags, fp8_from_args
 from llmmem.models.spec import ModelSpec
 from llmmem.parallel_flags import add_parallel_flags, parallel_from_args, parallel_line
 from llmmem.units import format_bytes
@@ -175,6 +176,7 @@ def add_plan_flags(parser: argparse.ArgumentParser) -> None:
     add_ppo_flags(parser)
     add_vision_flags(parser)
     add_parallel_flags(parser)
+    add_fp8_flags(parser)
 
 
 def _count(text: str) -> int:
@@ -743,6 +745,7 @@ def build_setup(
         prov["framework"] = _framework_provenance(args, setup)
         setup = vision_from_args(args, spec, setup, prov)
         setup = parallel_from_args(args, setup, prov)
+        setup = fp8_from_args(args, setup, gpu, prov)
         stack = stack_for(setup.framework)
         stack.check(setup)
         setup = stack.prepare(setup)
@@ -885,6 +888,8 @@ def setup_lines(
     context = parallel_line(setup, prov)
     if context is not None:
         lines.append(context)
+    if setup.float8:
+        lines.append(("fp8", "torchao float8 Linears in the blocks", prov.get("fp8", "")))
     if setup.lora:
         lines.append(
             (

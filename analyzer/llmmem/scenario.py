@@ -208,7 +208,14 @@ def setup_from_plan(plan: TrainingPlan, spec: ModelSpec) -> TrainingSetup:
         else PLAN_STACKS.get(str(plan.framework), Framework.HF),
         loss_chunks=_whole_extra(plan, "num_output_chunks", 8),
         vision=vision_of(plan, spec),
+        float8=_extra_text(plan, "fp8_backend") == "AO" and lora is None and quant is None,
     )
+
+
+def _extra_text(plan: TrainingPlan, name: str) -> str:
+    kept = plan.extra.get(name)
+    value = kept.value if isinstance(kept, Sourced) else kept
+    return str(value) if value is not None else ""
 
 
 # the keys that divide each sequence over a group of ranks, and how each framework attends
@@ -542,6 +549,13 @@ def analyze(
         unmodelled = unmodelled_objective_problem(plan)
         if unmodelled:
             analysis.problems.append(unmodelled)
+        backend = _extra_text(plan, "fp8_backend")
+        if backend and not analysis.setup.float8:
+            analysis.problems.append(
+                f"accelerate's fp8 with the {backend} backend"
+                + (" under LoRA or k-bit weights" if backend == "AO" else "")
+                + " is not sized: the step is sized as bf16 autocast"
+            )
         if preference is not None:
             from llmmem.preference_plan import autocast_as_mixed_precision
 

@@ -32,6 +32,7 @@ from llmmem.budget.distributed import (
     prefetch_elements,
     sharding_for,
 )
+from llmmem.budget.float8 import float8_text
 from llmmem.budget.fsdp_moments import (
     fsdp1_retained_inputs,
     fsdp_block_moments,
@@ -212,6 +213,8 @@ def estimate_budget(
     copies_text = (
         own_copies.formula
         if own_copies is not None
+        else float8_text()
+        if setup.float8
         else (
             "one dequantized k-bit weight (the largest Linear)"
             + (

@@ -479,6 +479,8 @@ class TrainingSetup:
     # a vision-language model's images per sample and what of its image side trains (None: no
     # images; the vision tower only holds its weights)
     vision: VisionSetup | None = None
+    # torchao's float8 Linears in the blocks (llmmem.budget.float8): full fine-tuning only
+    float8: bool = False
 
     def __post_init__(self) -> None:
         _set(self, "mode", _as_enum(Mode, self.mode, "mode"))
@@ -494,6 +496,11 @@ class TrainingSetup:
         _set(self, "grad_accum", _whole(self.grad_accum, "grad_accum", at_least=1))
         _set(self, "new_tokens", _whole(self.new_tokens, "new_tokens", at_least=0))
         _set(self, "loss_chunks", _whole(self.loss_chunks, "loss_chunks", at_least=1))
+        if self.float8 and (self.method is not Method.FULL or self.quant is not None):
+            raise SetupError(
+                "float8 training is sized for full fine-tuning: torchao's float8 Linears under "
+                "LoRA adapters or k-bit weights are not"
+            )
         check_release(self.torch_version, "torch_version", "2.4")
         check_release(self.transformers_version, "transformers_version", "4.48")
         if self.trl_version is not None:

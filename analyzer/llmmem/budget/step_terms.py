@@ -16,6 +16,7 @@ from llmmem.budget.activations import (
 from llmmem.budget.distributed import (
     Sharding,
 )
+from llmmem.budget.float8 import float8_weight_copy_terms
 from llmmem.budget.logits import LogitsMoments, logits_count
 from llmmem.budget.overheads import (
     CachedAtLoss,
@@ -33,6 +34,8 @@ def weight_copy_terms(
     """Bytes of weight copies alive (through forward, at the start of backward, while the last
     block is recomputed under checkpointing)."""
     dt = dtypes_for(setup)
+    if setup.float8:
+        return float8_weight_copy_terms(spec, setup)
     # autocast copies weights only where they are fp32 (AMP); bf16 weights are used as they are
     if setup.precision.is_autocast and setup.method is Method.FULL:
         linear = sum(g.params for g in inv.groups if g.kind in ("linear", "head"))

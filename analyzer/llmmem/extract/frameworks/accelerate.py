@@ -44,11 +44,26 @@ FSDP_STRATEGY_NAMES = {
 
 
 def read_accelerate(reader: DocumentReader) -> None:
-    distributed_type = reader.converted(("distributed_type",), as_text)
+    # `distributed_type: NO` reads as YAML 1.1's false: accelerate means no distribution
+    if reader.get(("distributed_type",)) is False:
+        distributed_type: str | None = "NO"
+    else:
+        distributed_type = reader.converted(("distributed_type",), as_text)
     kind = (distributed_type or "").upper()
     reader.take(("num_processes",), "distributed.world_size", as_int)
     reader.keep("num_machines", ("num_machines",))
     mixed = reader.converted(("mixed_precision",), as_text)
+    if mixed is not None and mixed.lower() == "fp8":
+        # FP8 matmuls under bf16 autocast; fp8_config.backend says whose (AO: torchao's float8
+        # Linears, TE: TransformerEngine, MSAMP)
+        reader.put("bf16", True, ("mixed_precision",), "accelerate fp8 runs under bf16 autocast")
+        backend = reader.converted(("fp8_config", "backend"), as_text)
+        reader.put(
+            "fp8_backend",
+            (backend or "TE").upper(),
+            ("fp8_config", "backend") if backend else ("mixed_precision",),
+            "" if backend else "accelerate's default FP8 backend (TransformerEngine)",
+        )
     if mixed is not None and mixed.lower() in ("bf16", "fp16"):
         # the autocast flag, not the precision itself: weights loaded in bf16 stay pure bf16
         reader.put(
