@@ -226,7 +226,7 @@ def ppo_setup(plan: TrainingPlan) -> Any:
     policy), full (the reward_model, sized) or api, max_new_tokens (default 1024), a
     mini-batch generated at a time. Other frameworks' PPO (verl, OpenRLHF: actor, critic,
     reference and reward in separate workers) is not sized: SetupError."""
-    from llmmem.budget.ppo import PpoSetup
+    from llmmem.budget.ppo_setup import PpoSetup
     from llmmem.budget.setup import SetupError
 
     framework = plan.framework
@@ -286,7 +286,7 @@ def _openrlhf_ppo(plan: TrainingPlan) -> Any:
     `colocate_all_models` (a `remote_rm_url` reward is a server); the reference (KL
     coefficient above 0) with `colocate_all_models` or `colocate_actor_ref`, loaded as
     OpenRLHF loads it; vLLM engines colocated or on GPUs of their own."""
-    from llmmem.budget.ppo import PpoSetup
+    from llmmem.budget.ppo_setup import PpoSetup
 
     colocated = _truthy(_kept(plan, "colocate_all_models"))
     values: dict[str, Any] = {"trainer": "openrlhf", "keep_scores": False}

@@ -20,7 +20,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from llmmem.budget.ppo import PpoSetup, estimate_ppo_budget  # noqa: E402
+from llmmem.budget.ppo import estimate_ppo_budget  # noqa: E402
+from llmmem.budget.ppo_setup import PpoSetup  # noqa: E402
 from llmmem.budget.preference import estimate_preference_budget  # noqa: E402
 from llmmem.budget.preference_setup import Objective, PreferenceSetup, Reference  # noqa: E402
 from llmmem.budget.result import Component, Phase  # noqa: E402

@@ -69,218 +69,41 @@ that path is not checked against a run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from math import ceil
 
-from llmmem.budget.activations import (
-    dtypes_for,
-    eager_mask_kinds,
-    head_input_dtype,
-    trainability_for,
-)
+from llmmem.budget.activations import dtypes_for, trainability_for
 from llmmem.budget.generation import kv_cache_term
 from llmmem.budget.phases import estimate_budget
-from llmmem.budget.preference_moments import (
-    budget_from_phases,
-    later_backward_moments,
-    reference_copy_term,
-    reward_spec,
+from llmmem.budget.ppo_models import (
+    PpoModels,
+    frozen_term,
+    model_lines,
+    models_of,
+    policy_and_value,
+    score_input_term,
+    sum_terms,
+    weights_term,
 )
-from llmmem.budget.preference_setup import Reference, fp32_outputs
+from llmmem.budget.ppo_rollout import (
+    decoder_blocks,
+    generation_phase,
+    hidden_states_bytes,
+    rollout_bytes,
+    rollout_phase,
+    rollout_setup,
+    vllm_engine_term,
+)
+from llmmem.budget.ppo_setup import TRL_RELEASE, PpoSetup, check_ppo, local_batch, reference_of
+from llmmem.budget.preference_moments import budget_from_phases, later_backward_moments
+from llmmem.budget.preference_setup import fp32_outputs
 from llmmem.budget.result import Budget, Component, GpuTarget, Phase, PhaseBudget, Term
-from llmmem.budget.setup import (
-    AttnImpl,
-    Method,
-    Mode,
-    Packing,
-    Precision,
-    SetupError,
-    TrainingSetup,
-)
+from llmmem.budget.setup import Method, Packing, TrainingSetup
 from llmmem.models.spec import ModelSpec
-from llmmem.units import format_bytes, format_count
+from llmmem.units import format_count
 
-# the TRL release whose PPOTrainer this budget follows
-TRL_RELEASE = "0.29.1"
-REWARD_KINDS = ("model", "adapter", "api")
-# "remote": a critic on GPUs of its own (OpenRLHF without --colocate_all_models)
-VALUE_KINDS = ("model", "head", "remote")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PpoSetup:
-    """PPOConfig's fields (TRL 0.29.1 defaults) and the models that change the memory."""
-
-    value_model: ModelSpec | None = None  # None: the policy's size
-    reward_model: ModelSpec | None = None  # None: the policy's size
-    value: str = "model"  # "model": a separate value model (TRL); "head": on the policy
-    reward: str = "model"  # "model", "adapter" (LLaMA-Factory lora) or "api"
-    reference: Reference | None = None  # None: a copy in full fine-tuning, else the adapter
-    query_length: int | None = None  # the longest query (None: the setup's sequence length)
-    response_length: int = 53
-    # None: per_device_train_batch_size (LLaMA-Factory generates a mini-batch at a time)
-    local_rollout_forward_batch_size: int | None = 64
-    num_ppo_epochs: int = 4
-    num_mini_batches: int = 1
-    keep_scores: bool = True  # TRL 0.29.1 keeps the rollout's generation scores
-    # accelerate's mixed precision (bf16=True): the prepared wrapper's outputs come back in
-    # fp32; None: llmmem.budget.preference_setup.fp32_outputs's default
-    mixed_precision: bool | None = None
-    # the queries of a batch differ in length and the collator left-pads them to the longest:
-    # the attention mask `forward` builds (`query_responses != pad_token_id`) has zeros, so
-    # transformers hands SDPA a mask, and SDPA a mask repeats K and V to every query head.
-    # False: every query is as long and no generated token is the pad token (no mask)
-    padded_queries: bool = True
-    trainer: str = "trl"  # "trl", "llamafactory" or "openrlhf"
-    # what the notes call the value and reward models (a hub id, "the policy's size")
-    value_name: str = ""
-    reward_name: str = ""
-    # the reference copy as the trainer loads it (see
-    # llmmem.budget.preference_setup.PreferenceSetup)
-    reference_bytes: int | None = None
-    reference_sharded: bool = False
-    reference_offloaded: bool = False
-    # OpenRLHF's vLLM engines: None (the policy generates), "colocate" (an engine on this GPU
-    # holding `vllm_gpu_memory_utilization` of it, released outside generation with
-    # `vllm_enable_sleep`) or "server" (engines on GPUs of their own)
-    vllm: str | None = None
-    vllm_gpu_memory_utilization: float = 0.9
-    vllm_enable_sleep_mode: bool = False
-
-    def __post_init__(self) -> None:
-        for name in (
-            "query_length",
-            "response_length",
-            "local_rollout_forward_batch_size",
-            "num_ppo_epochs",
-            "num_mini_batches",
-        ):
-            value = getattr(self, name)
-            if value is None and name in ("query_length", "local_rollout_forward_batch_size"):
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SetupError(f"{name} must be a whole number of at least 1, got {value!r}")
-        if self.reward not in REWARD_KINDS:
-            raise SetupError(f"the reward model is model, adapter or api, got {self.reward!r}")
-        if self.value not in VALUE_KINDS:
-            raise SetupError(f"the value model is model or head, got {self.value!r}")
-        if self.reference is not None:
-            try:
-                object.__setattr__(self, "reference", Reference(self.reference))
-            except ValueError as err:
-                raise SetupError(str(err)) from None
-            if self.reference is Reference.PRECOMPUTED:
-                raise SetupError(
-                    "PPO's reference is a copy, the policy with its adapter disabled, or none "
-                    "on this GPU (a model on GPUs of its own)"
-                )
-        if self.vllm is not None and self.vllm not in ("colocate", "server"):
-            raise SetupError(f"vllm is colocate or server, got {self.vllm!r}")
-        if not 0 < self.vllm_gpu_memory_utilization <= 1:
-            raise SetupError(
-                "vllm_gpu_memory_utilization is a fraction of the GPU's memory, above 0 and at "
-                f"most 1, got {self.vllm_gpu_memory_utilization}"
-            )
-
-    def resolved(self, setup: TrainingSetup) -> PpoSetup:
-        """The lengths and the rollout chunk the setup leaves open, filled in from it."""
-        return replace(
-            self,
-            query_length=self.query_length or setup.seq,
-            local_rollout_forward_batch_size=self.local_rollout_forward_batch_size or setup.batch,
-        )
-
-    @property
-    def seq(self) -> int:
-        return (self.query_length or 0) + self.response_length
-
-
-def local_batch(setup: TrainingSetup) -> int:
-    """`local_batch_size`: the queries one device rolls out per update."""
-    return setup.batch * setup.grad_accum
-
-
-def check_ppo(ppo: PpoSetup, setup: TrainingSetup) -> None:
-    """PPOTrainer.__init__'s checks that concern the sizes."""
-    if setup.mode is Mode.GENERATE:
-        raise SetupError("PPO is a training objective: drop --mode generate")
-    if local_batch(setup) % ppo.num_mini_batches:
-        raise SetupError(
-            f"local_batch_size ({setup.batch} × {setup.grad_accum} = {local_batch(setup)}) must "
-            f"be a multiple of num_mini_batches ({ppo.num_mini_batches})"
-        )
-
-
-def reference_of(ppo: PpoSetup, setup: TrainingSetup) -> Reference:
-    if ppo.reference is Reference.ADAPTER and setup.method is Method.FULL:
-        raise SetupError(
-            "the reference can be the adapter-disabled policy only with LoRA/QLoRA: full "
-            "fine-tuning keeps a reference copy"
-        )
-    if ppo.reference is not None:
-        return ppo.reference
-    return Reference.COPY if setup.method is Method.FULL else Reference.ADAPTER
-
-
-def _rollout_bytes(setup: TrainingSetup) -> int:
-    """The dtype the rollout computes in: the weights' under mixed precision (the unwrapped
-    models run outside autocast), the compute dtype otherwise."""
-    dt = dtypes_for(setup)
-    if setup.precision.is_autocast and setup.quant is None:
-        return setup.precision.weight_bytes
-    return dt.compute
-
-
-def _rollout_setup(setup: TrainingSetup) -> TrainingSetup:
-    """The setup the rollout's models compute under: outside autocast."""
-    if setup.precision is Precision.BF16_AUTOCAST and setup.quant is None:
-        return replace(setup, precision=Precision.BF16_TRUE)
-    if setup.precision.is_autocast and setup.quant is None:
-        return replace(
-            setup,
-            precision=Precision.FP32 if setup.precision.weight_bytes == 4 else setup.precision,
-        )
-    return setup
-
-
-def _hidden_states(spec: ModelSpec, rows: int, seq: int, size: int) -> int:
-    """`output_hidden_states=True`: the embeddings' output and every block's, the last one
-    normalised: blocks + 1 tensors of rows × seq × hidden."""
-    blocks = sum(g.count for g in spec.blocks if g.name != "encoder")
-    return (blocks + 1) * rows * seq * spec.hidden_size * size
-
-
-def _eager_attention(spec: ModelSpec, setup: TrainingSetup, rows: int, seq: int, size: int) -> int:
-    """One layer's eager attention without gradient (0 under SDPA): the scores in `size`, their
-    fp32 copy (16-bit) and fp32 softmax (`softmax(..., dtype=float32)`), the masks transformers
-    builds once per forward and per kind of layer (Gemma-2: full and sliding), and grouped K/V
-    heads repeated to every query head (`repeat_kv`)."""
-    if setup.attn is not AttnImpl.EAGER and spec.supports_sdpa:
-        return 0
-    kinds = eager_mask_kinds(spec)
-    square = rows * seq * seq
-    scores = (size + (4 if size != 4 else 0) + 4) * spec.num_attention_heads * square
-    grouped = spec.num_kv_heads < spec.num_attention_heads
-    repeated = 2 * size * rows * seq * spec.q_dim if grouped else 0
-    return scores + kinds * size * square + repeated
-
-
-def _block(spec: ModelSpec, rows: int, seq: int, size: int) -> int:
-    """One block's intermediates without gradient."""
-    return size * rows * seq * (3 * spec.intermediate_size + 4 * spec.hidden_size)
-
-
-@dataclass(frozen=True)
-class _Models:
-    policy: ModelSpec
-    value: ModelSpec | None  # None: a value head on the policy
-    reward: ModelSpec | None  # None: no separate reward model
-
-
-def _models(spec: ModelSpec, ppo: PpoSetup) -> _Models:
-    value = reward_spec(ppo.value_model or spec, 1) if ppo.value == "model" else None
-    reward = reward_spec(ppo.reward_model or spec, 1) if ppo.reward == "model" else None
-    return _Models(spec, value, reward)
+# PpoSetup and local_batch are ppo_setup's: estimate_command still imports them from here
+__all__ = ["PpoSetup", "estimate_ppo_budget", "local_batch", "unseen_by_a_counter"]
 
 
 def unseen_by_a_counter(
@@ -290,7 +113,7 @@ def unseen_by_a_counter(
     counter does not see: fp32 logsumexp's row temporary (response_length × V), where the
     rollout's peak is the reference's log-probabilities."""
     rollout = budget.phase(Phase.REFERENCE_FORWARD)
-    if _rollout_bytes(setup) != 4 or "logits" not in rollout.moment:
+    if rollout_bytes(setup) != 4 or "logits" not in rollout.moment:
         return {}
     return {Phase.REFERENCE_FORWARD.value: 4 * ppo.response_length * spec.vocab_size}
 
@@ -308,7 +131,7 @@ def estimate_ppo_budget(
     ppo = ppo.resolved(setup)
     check_ppo(ppo, setup)
     reference = reference_of(ppo, setup)
-    models = _models(spec, ppo)
+    models = models_of(spec, ppo)
     q, r_len = ppo.query_length or setup.seq, ppo.response_length
     seq = ppo.seq
     # TRL's PPOTrainer runs its own loop: `gradient_checkpointing=True` is never applied. The
@@ -330,7 +153,6 @@ def estimate_ppo_budget(
 
     e = dtypes_for(policy_setup).compute
     residual = dtypes_for(policy_setup).residual
-    e_roll = _rollout_bytes(setup)
     vocab = spec.vocab_size
     rows_local = local_batch(setup)
     chunk = min(ppo.local_rollout_forward_batch_size or setup.batch, rows_local)
@@ -342,14 +164,14 @@ def estimate_ppo_budget(
 
     # -- what every phase holds
     held: dict[Component, Term] = {}
-    held[Component.WEIGHTS] = _weights_term(forward, value_sft, models, ppo)
-    frozen = _frozen_term(spec, setup, models, reference, ppo)
+    held[Component.WEIGHTS] = weights_term(forward, value_sft, models, ppo)
+    frozen = frozen_term(spec, setup, models, reference, ppo)
     if frozen.bytes:
         held[Component.REFERENCE_MODEL] = frozen
-    engine = _vllm_engine(ppo, gpu)
+    engine = vllm_engine_term(ppo, gpu)
     # the optimizer states as the forward finds them (none before the first step)
-    states = _policy_and_value(forward, value_sft, Phase.FORWARD, Component.OPTIMIZER_STATES)
-    step_states = _policy_and_value(
+    states = policy_and_value(forward, value_sft, Phase.FORWARD, Component.OPTIMIZER_STATES)
+    step_states = policy_and_value(
         step, value_sft, Phase.OPTIMIZER_STEP, Component.OPTIMIZER_STATES
     )
     if states.bytes:
@@ -365,7 +187,7 @@ def estimate_ppo_budget(
     # -- 1. generation
     if ppo.vllm is None:
         phases = [
-            _generation_phase(
+            generation_phase(
                 spec,
                 policy_setup,
                 ppo,
@@ -392,98 +214,11 @@ def estimate_ppo_budget(
         held[Component.VLLM_ENGINE] = engine  # reserved through the whole update
 
     # -- 2. the rollout forwards, one chunk of `chunk` rows
-    rollout = dict(held)
-    if kept.bytes:
-        rollout[Component.LOGITS] = kept
-    candidates: list[tuple[int, str, str]] = []
-    ref_hidden = _hidden_states(spec, chunk, seq, e_roll if residual != 4 else 4)
-    ref_logits = chunk * seq * vocab * e_roll
-    ref_cache = kv_cache_term(
-        spec, replace(_rollout_setup(setup), batch=chunk, seq=seq, new_tokens=0)
-    )
-    row_temp = r_len * vocab * (4 if e_roll == 4 else e_roll)
-    row_text = "one row's " + ("fp32 logsumexp temporary" if e_roll == 4 else "log-softmax")
-    if ppo.trainer == "llamafactory":
-        # TRL 0.9.6's batched_forward_pass: the logits upcast to fp32 beside the model's, and
-        # a whole fp32 log_softmax
-        row_temp = 2 * 4 * chunk * seq * vocab
-        row_text = "2 × 4 B × the logits (TRL 0.9: their fp32 upcast and whole log-softmax)"
-    elif ppo.trainer == "openrlhf":
-        # OpenRLHF 0.11.0 models/actor.py: `output["logits"].to(torch.float32)`, then a
-        # chunked logsumexp or flash-attn's cross-entropy over them
-        row_temp = 4 * chunk * seq * vocab
-        row_text = "4 B × the logits (OpenRLHF's actor: their fp32 copy)"
-    # OpenRLHF with the reference on GPUs of its own: the actor's own (old) log-probabilities
-    whose = "the actor's" if reference is Reference.NONE else "the reference"
-    candidates.append(
-        (
-            ref_hidden + ref_cache.bytes + ref_logits + row_temp,
-            f"{whose} forward's logits: its hidden states, the whole sequence's logits "
-            "and their log-softmax",
-            f"({_blocks(spec)} + 1) × {chunk}×{seq}×{spec.hidden_size} hidden states + "
-            f"{e_roll} B × {chunk}×{seq}×{format_count(vocab)} logits + its unused KV cache ("
-            + ref_cache.formula
-            + ") + "
-            + row_text,
-        )
-    )
-    if spec.final_logit_softcapping is not None:
-        # Gemma-2's soft-capped head (`logits / cap`, tanh, `* cap`): each step a new
-        # whole-sequence tensor beside the one before; the first, the head's output beside its
-        # division by the cap, can outweigh the log-softmax's moment
-        candidates.append(
-            (
-                ref_hidden + ref_cache.bytes + 2 * ref_logits,
-                f"{whose} forward's soft-capped head: its hidden states and two "
-                "whole-sequence copies",
-                f"({_blocks(spec)} + 1) × {chunk}×{seq}×{spec.hidden_size} hidden states + "
-                f"2 × {e_roll} B × {chunk}×{seq}×{format_count(vocab)} (the head's output and "
-                f"its division by the cap) + its unused KV cache ({ref_cache.formula})",
-            )
-        )
-    ref_eager = _eager_attention(spec, setup, chunk, seq, e_roll)
-    if ref_eager:
-        candidates.append(
-            (
-                ref_hidden + ref_cache.bytes + ref_eager,
-                f"{whose} forward's eager attention",
-                f"({_blocks(spec)} + 1) × {chunk}×{seq}×{spec.hidden_size} hidden states + its "
-                f"KV cache ({ref_cache.formula}) + one layer's scores, their fp32 softmax, "
-                "the masks and K/V repeated to every head",
-            )
-        )
-    for name, model in (("value", models.value), ("reward", models.reward)):
-        if model is None:
-            continue
-        size = e_roll if residual != 4 else 4
-        hidden = _hidden_states(model, chunk, seq, size)
-        block = _block(model, chunk, seq, e_roll)
-        eager = _eager_attention(model, setup, chunk, seq, e_roll)
-        candidates.append(
-            (
-                hidden + max(block, eager),
-                f"the {name} model's backbone",
-                f"({_blocks(model)} + 1) hidden states of {chunk}×{seq}×{model.hidden_size} + "
-                + (
-                    "one layer's eager attention (scores, fp32 softmax, masks, K/V repeated)"
-                    if eager > block
-                    else "one block's intermediates"
-                ),
-            )
-        )
-    best = max(candidates, key=lambda c: c[0])
-    rollout[Component.ACTIVATIONS] = Term(bytes=best[0], formula=best[2])
-    phases.append(
-        PhaseBudget(
-            phase=Phase.REFERENCE_FORWARD,
-            moment=f"rollout, {chunk} queries at a time without gradient: {best[1]}",
-            components=rollout,
-        )
-    )
+    phases.append(rollout_phase(spec, setup, ppo, models, reference, held, kept, chunk, residual))
 
     # -- 3. training: the wrapper's forward on one micro-batch
     train = dict(held)
-    copies = _policy_and_value(forward, value_sft, Phase.FORWARD, Component.WEIGHT_COPIES)
+    copies = policy_and_value(forward, value_sft, Phase.FORWARD, Component.WEIGHT_COPIES)
     if copies.bytes:
         train[Component.WEIGHT_COPIES] = copies
     policy_acts = forward.components.get(Component.ACTIVATIONS, Term(0, ""))
@@ -492,13 +227,13 @@ def estimate_ppo_budget(
         if value_sft
         else Term(0, "")
     )
-    score_input = _score_input(models.value, policy_setup, micro, seq)
+    score_input = score_input_term(models.value, policy_setup, micro, seq)
     if score_input.bytes:
         value_acts = Term(
             bytes=value_acts.bytes + score_input.bytes,
             formula=f"{value_acts.formula} + {score_input.formula}",
         )
-    train[Component.ACTIVATIONS] = _sum_terms(
+    train[Component.ACTIVATIONS] = sum_terms(
         policy_acts, value_acts, "the policy's", "the value backbone's"
     )
     # accelerate's mixed precision converts the prepared wrapper's outputs to fp32: the
@@ -508,7 +243,7 @@ def estimate_ppo_budget(
         ppo.trainer == "trl" and fp32_outputs(ppo.mixed_precision, policy_setup)
     ) or ppo.trainer == "openrlhf"
     hidden_copies = (
-        _hidden_states(spec, micro, seq, 4)
+        hidden_states_bytes(spec, micro, seq, 4)
         if out32 and residual != 4 and ppo.trainer == "trl"
         else 0
     )
@@ -517,7 +252,7 @@ def estimate_ppo_budget(
         train[Component.ACTIVATIONS] = Term(
             bytes=acts.bytes + hidden_copies,
             formula=acts.formula
-            + f" + ({_blocks(spec)} + 1) × {micro}×{seq}×{spec.hidden_size} × 4 B (the "
+            + f" + ({decoder_blocks(spec)} + 1) × {micro}×{seq}×{spec.hidden_size} × 4 B (the "
             "output's hidden states, converted to fp32)",
         )
     # `output_hidden_states=True` with a 16-bit residual stream: an RMS norm saves its fp32 copy
@@ -526,7 +261,7 @@ def estimate_ppo_budget(
     # keeps) are held by the policy's output alone, until accelerate's conversion ends (mixed
     # precision) or the output is deleted
     unsaved = (
-        _blocks(spec) * micro * seq * spec.hidden_size * residual
+        decoder_blocks(spec) * micro * seq * spec.hidden_size * residual
         if residual != 4 and spec.norm != "layernorm" and ppo.trainer == "trl"
         else 0
     )
@@ -535,7 +270,7 @@ def estimate_ppo_budget(
         train[Component.ACTIVATIONS] = Term(
             bytes=acts.bytes + unsaved,
             formula=acts.formula
-            + f" + {_blocks(spec)} × {micro}×{seq}×{spec.hidden_size} × {residual} B (the "
+            + f" + {decoder_blocks(spec)} × {micro}×{seq}×{spec.hidden_size} × {residual} B (the "
             "output's hidden states autograd does not keep)",
         )
     compute = e
@@ -599,8 +334,8 @@ def estimate_ppo_budget(
         policy_forward = head
     phases.append(policy_forward)
 
-    grads = _policy_and_value(step, value_sft, Phase.OPTIMIZER_STEP, Component.GRADIENTS)
-    tuple_bytes = hidden_copies or _hidden_states(spec, micro, seq, residual)
+    grads = policy_and_value(step, value_sft, Phase.OPTIMIZER_STEP, Component.GRADIENTS)
+    tuple_bytes = hidden_copies or hidden_states_bytes(spec, micro, seq, residual)
     # with several micro-batches a mini-batch, the one before is alive through the next one's
     # forward (its output is replaced only as that forward returns, its softmax only after
     # the next step); with gradient accumulation the gradients live between steps
@@ -693,13 +428,13 @@ def estimate_ppo_budget(
     # the hidden states `output_hidden_states` holds (the saved tensors are freed)
     kept_hidden = Term(
         bytes=tuple_bytes,
-        formula=f"({_blocks(spec)} + 1) × {micro}×{seq}×{spec.hidden_size} × "
+        formula=f"({decoder_blocks(spec)} + 1) × {micro}×{seq}×{spec.hidden_size} × "
         f"{4 if hidden_copies else residual} B (the policy's hidden states, kept by its output)",
     )
     step_parts = dict(held)
     step_parts[Component.OPTIMIZER_STATES] = step_states
     step_parts[Component.GRADIENTS] = grads
-    step_parts[Component.TEMPORARIES] = _policy_and_value(
+    step_parts[Component.TEMPORARIES] = policy_and_value(
         step, value_sft, Phase.OPTIMIZER_STEP, Component.TEMPORARIES
     )
     step_parts[Component.LOGITS] = Term(
@@ -761,9 +496,7 @@ def estimate_ppo_budget(
             "mixed precision: accelerate returns the training forward's logits in fp32 "
             "(convert_outputs_to_fp32), 4 B per logit"
         )
-    notes.append(
-        "ppo: four models: " + "; ".join(_model_lines(spec, setup, ppo, models, reference))
-    )
+    notes.append("ppo: four models: " + "; ".join(model_lines(spec, setup, ppo, models, reference)))
     if setup.grad_ckpt and not ckpt:
         notes.append(
             "gradient_checkpointing: PPOTrainer (TRL 0.29.1) runs its own loop and never enables "
@@ -803,179 +536,13 @@ def estimate_ppo_budget(
     return replace(budget, first_step_allocated_peak_bytes=first_budget.allocated_peak_bytes)
 
 
-def _blocks(spec: ModelSpec) -> int:
-    return sum(g.count for g in spec.blocks if g.name != "encoder")
-
-
-def _policy_and_value(
-    policy: PhaseBudget, value_sft: Budget | None, phase: Phase, component: Component
-) -> Term:
-    """`component` of the policy's phase and of the value model's same phase, summed."""
-    value = value_sft.phase(phase).components.get(component) if value_sft else None
-    return _sum_terms(policy.components.get(component), value, "the policy's", "the value model's")
-
-
-def _sum_terms(a: Term | None, b: Term | None, what_a: str, what_b: str) -> Term:
-    parts = [(t, w) for t, w in ((a, what_a), (b, what_b)) if t is not None and t.bytes]
-    return Term(
-        bytes=sum(t.bytes for t, _ in parts),
-        formula=" + ".join(f"{t.formula} ({w})" for t, w in parts) or "none",
-    )
-
-
-def _weights_term(
-    forward: PhaseBudget, value_sft: Budget | None, models: _Models, ppo: PpoSetup
-) -> Term:
-    policy = forward.components[Component.WEIGHTS]
-    if value_sft is None:
-        return Term(
-            bytes=policy.bytes,
-            formula=policy.formula
-            + " (the policy"
-            + (", its value head" if ppo.value == "head" else "")
-            + ")",
-        )
-    value = value_sft.phase(Phase.FORWARD).components[Component.WEIGHTS]
-    return _sum_terms(policy, value, "the policy", "the value model, trained in full")
-
-
-def _frozen_term(
-    spec: ModelSpec, setup: TrainingSetup, models: _Models, reference: Reference, ppo: PpoSetup
-) -> Term:
-    size = setup.precision.weight_bytes
-    parts = []
-    if reference is Reference.COPY:
-        copy = reference_copy_term(
-            spec, setup, ppo.reference_bytes, ppo.reference_sharded, ppo.reference_offloaded
-        )
-        if copy.bytes:
-            parts.append((copy.bytes, copy.formula))
-    if models.reward is not None:
-        parts.append(
-            (
-                models.reward.total_params * size,
-                f"{format_count(models.reward.total_params)} params × {size} B (the reward model)",
-            )
-        )
-    return Term(bytes=sum(b for b, _ in parts), formula=" + ".join(f for _, f in parts) or "none")
-
-
-def _vllm_engine(ppo: PpoSetup, gpu: GpuTarget | None) -> Term | None:
-    """The colocated vLLM engines' reservation on this GPU (None: no engine here)."""
-    if ppo.vllm != "colocate":
-        return None
-    if gpu is None:
-        raise SetupError(
-            "colocated vLLM engines reserve a fraction of the GPU's memory "
-            "(vllm_gpu_memory_utilization): name the GPU (--gpu NAME or a capacity such as "
-            "80GiB)"
-        )
-    return Term(
-        bytes=int(ppo.vllm_gpu_memory_utilization * gpu.capacity_bytes),
-        formula=f"vllm_gpu_memory_utilization {ppo.vllm_gpu_memory_utilization:g} × "
-        f"{format_bytes(gpu.capacity_bytes)} ({gpu.name}): the colocated engines' weights and "
-        "KV cache",
-    )
-
-
-def _generation_phase(
-    spec: ModelSpec,
-    setup: TrainingSetup,
-    ppo: PpoSetup,
-    held: dict[Component, Term],
-    kept: Term,
-    first: bool,
-    rows_local: int,
-    chunk: int,
-    last_chunk: int,
-    padded_rows: int,
-) -> PhaseBudget:
-    """The larger of the last chunk's last generated token and the padding of the chunks'
-    scores into one tensor."""
-    q, r_len = ppo.query_length or setup.seq, ppo.response_length
-    vocab = spec.vocab_size
-    score_row = r_len * vocab * 4
-    old = 0 if first else kept.bytes
-    parts = dict(held)
-    if not ppo.keep_scores:
-        old = 0
-    # the padding: the chunks' stacked scores, the padded copy, the update before's
-    pad = (rows_local + padded_rows) * score_row if ppo.keep_scores else 0
-    # the last chunk's scores stacked while `generate`'s output (its scores and its KV cache)
-    # is alive; without kept scores, its last generated token
-    blocks = _blocks(spec)
-    cached = max(q + r_len - 1, 1)
-    kv = kv_cache_term(
-        spec, replace(_rollout_setup(setup), batch=last_chunk, seq=cached, new_tokens=0)
-    )
-    ids = 8 * last_chunk * (q + r_len) * 2
-    before = (rows_local - last_chunk) * score_row if ppo.keep_scores else 0
-    if ppo.keep_scores:
-        own = 2 * last_chunk * score_row
-        own_text = (
-            f"2 × 4 B × {last_chunk} rows × {r_len} × {format_count(vocab)} (the chunk's scores "
-            "and their stacked copy)"
-        )
-    else:
-        one_layer = kv.bytes // max(2 * blocks, 1) if blocks else 0
-        own = one_layer + 4 * last_chunk * vocab * 3
-        own_text = "one layer's keys copied as the cache grows + 3 × 4 B × rows × V (the last "
-        "position's fp32 logits, processed scores and sampling probabilities)"
-    last = kv.bytes + ids + own + before
-    # the last chunk's prefill: the queries' cache and one block's intermediates
-    rollout = _rollout_setup(setup)
-    prefill_cache = kv_cache_term(spec, replace(rollout, batch=last_chunk, seq=q, new_tokens=0))
-    block = _block(spec, last_chunk, q, dtypes_for(rollout).compute)
-    prefill = prefill_cache.bytes + block + before
-    if prefill > max(pad, last):
-        parts[Component.KV_CACHE] = Term(
-            bytes=prefill_cache.bytes, formula=f"the queries' cache ({q} tokens)"
-        )
-        parts[Component.ACTIVATIONS] = Term(
-            bytes=block, formula=f"N = {last_chunk}×{q}: one block's intermediates at the prefill"
-        )
-        if before + old:
-            parts[Component.LOGITS] = Term(
-                bytes=before + old,
-                formula="the chunks before's scores" + (" and the update before's" if old else ""),
-            )
-        moment = f"prefill of the last chunk ({last_chunk} queries)"
-    elif pad >= last:
-        parts[Component.LOGITS] = Term(
-            bytes=pad + old,
-            formula=f"4 B × ({rows_local} + {padded_rows}) rows × {r_len} × "
-            f"{format_count(vocab)} (the chunks' scores and their padded copy)"
-            + (" + the update before's, still kept" if old else ""),
-        )
-        moment = "the generation scores padded into one tensor"
-    else:
-        parts[Component.KV_CACHE] = kv
-        parts[Component.LOGITS] = Term(
-            bytes=own + before + old,
-            formula=own_text
-            + (
-                f" + 4 B × {rows_local - last_chunk} rows × {r_len} × V (the chunks before's)"
-                if before
-                else ""
-            )
-            + (" + the update before's scores, still kept" if old else ""),
-        )
-        parts[Component.TEMPORARIES] = Term(bytes=ids, formula="the token ids and mask (int64)")
-        moment = (
-            f"the last chunk's ({last_chunk} queries) scores stacked, its KV cache alive"
-            if ppo.keep_scores
-            else f"last generated token of the last chunk ({last_chunk} queries)"
-        )
-    return PhaseBudget(phase=Phase.GENERATE, moment=moment, components=parts)
-
-
 def _later_moments(
     spec: ModelSpec,
     setup: TrainingSetup,
     forward: PhaseBudget,
     step: PhaseBudget,
     value_sft: Budget | None,
-    models: _Models,
+    models: PpoModels,
     held: dict[Component, Term],
     train: dict[Component, Term],
     caches: Term,
@@ -1040,25 +607,10 @@ def _later_moments(
     return out
 
 
-def _score_input(value: ModelSpec | None, setup: TrainingSetup, rows: int, seq: int) -> Term:
-    """The value model's score head (hidden × 1) runs over every position
-    (`self.value_model.score(output.hidden_states[-1])` in `PolicyAndValueWrapper.forward`) and
-    keeps its input for the weight's gradient: the final norm's output, rows × seq × hidden in
-    the residual stream's dtype (autocast's 16-bit cast of it under mixed precision). A
-    sequence-classification model's activations leave it out (no vocabulary head)."""
-    if value is None:
-        return Term(0, "")
-    size = head_input_dtype(dtypes_for(setup))
-    return Term(
-        bytes=size * rows * seq * value.hidden_size,
-        formula=f"{size} B × {rows}×{seq}×{value.hidden_size} (the value score head's input)",
-    )
-
-
 def _head_moment(
     spec: ModelSpec,
     setup: TrainingSetup,
-    models: _Models,
+    models: PpoModels,
     train: dict[Component, Term],
     micro: int,
     seq: int,
@@ -1124,45 +676,6 @@ def _training_caches(spec: ModelSpec, setup: TrainingSetup, rows: int, seq: int)
     """The wrapper calls the policy without `use_cache=False`: it builds a KV cache (fp32 under
     autocast: the rotary output) that the micro-batch's output keeps until it is deleted. The
     value backbone's dies with its output, inside the wrapper's forward."""
-    cache_setup = replace(_rollout_setup(setup), batch=rows, seq=seq, new_tokens=0)
+    cache_setup = replace(rollout_setup(setup), batch=rows, seq=seq, new_tokens=0)
     policy = kv_cache_term(spec, cache_setup)
     return Term(bytes=policy.bytes, formula=policy.formula + " (the policy's, never read)")
-
-
-def _model_lines(
-    spec: ModelSpec, setup: TrainingSetup, ppo: PpoSetup, models: _Models, reference: Reference
-) -> list[str]:
-    """The four models, one line each: what they are and whether they train."""
-    policy = spec.model_id + (" (its LoRA adapter trains)" if setup.lora else " (trains in full)")
-    if ppo.value == "remote":
-        value = (ppo.value_name or "a critic") + " on GPUs of its own (nothing on this GPU)"
-    elif models.value is None:
-        value = "a value head on the policy (hidden × 1, trains)"
-    else:
-        name = ppo.value_name or "the policy's size"
-        value = (
-            f"{name}, a sequence-classification model of "
-            f"{format_count(models.value.total_params)} params, trains in full"
-        )
-    ref = {
-        Reference.COPY: "a frozen copy ("
-        + reference_copy_term(
-            spec,
-            setup,
-            ppo.reference_bytes,
-            ppo.reference_sharded,
-            ppo.reference_offloaded,
-            "on this GPU",
-        ).formula
-        + ")",
-        Reference.ADAPTER: "the policy with its adapter disabled (no copy)",
-        Reference.NONE: "on GPUs of its own (nothing on this GPU)",
-    }.get(reference, reference.value)
-    if models.reward is not None:
-        name = ppo.reward_name or "the policy's size"
-        reward = f"{name}, frozen ({format_count(models.reward.total_params)} params)"
-    elif ppo.reward == "adapter":
-        reward = "a second adapter on the policy (no copy)"
-    else:
-        reward = (ppo.reward_name or "a reward server") + " (nothing on this GPU)"
-    return [f"policy {policy}", f"value model {value}", f"reference {ref}", f"reward {reward}"]

@@ -70,8 +70,9 @@ from llmmem.budget.fused_head import uses_fused_head
 from llmmem.budget.grpo import GrpoSetup, estimate_grpo_budget
 from llmmem.budget.grpo import reference_of as grpo_reference
 from llmmem.budget.phases import estimate_budget
-from llmmem.budget.ppo import PpoSetup, estimate_ppo_budget
-from llmmem.budget.ppo import reference_of as ppo_reference
+from llmmem.budget.ppo import estimate_ppo_budget
+from llmmem.budget.ppo_setup import PpoSetup
+from llmmem.budget.ppo_setup import reference_of as ppo_reference
 from llmmem.budget.preference_log_probs import KERNEL_COPY_TEXT, log_prob_moments
 from llmmem.budget.preference_moments import (
     backward_phase,

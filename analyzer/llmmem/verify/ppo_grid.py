@@ -134,7 +134,7 @@ def setup_of(case: Case) -> Any:
 
 
 def ppo_of(case: Case, size: str = "small") -> Any:
-    from llmmem.budget.ppo import PpoSetup
+    from llmmem.budget.ppo_setup import PpoSetup
 
     value = None if case.value == "same" else spec_of(case, size, "value")
     return PpoSetup(
