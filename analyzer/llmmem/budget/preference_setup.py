@@ -71,7 +71,8 @@ class PreferenceSetup:
     reference_offloaded: bool = False
     # GRPO: a llmmem.budget.grpo.GrpoSetup (None: GRPOConfig's defaults)
     grpo: Any = None
-    # PPO: a llmmem.budget.ppo.PpoSetup (None: PPOConfig's defaults, every model the policy's size)
+    # PPO: a llmmem.budget.ppo_setup.PpoSetup (None: PPOConfig's defaults, every model the
+    # policy's size)
     ppo: Any = None
     # the TRL release the trainer runs (None: TRL_RELEASE, the one these budgets follow); the
     # moments that are one release's own (DPO's metrics after the loss, ORPO's and CPO's
