@@ -57,6 +57,9 @@ class Sharding:
     kbit_blocks: bool = False  # the blocks' linears are k-bit (QLoRA / LoRA over a k-bit base)
     kbit_experts: bool = False  # routed experts are k-bit too (transformers 4's nn.Linear ones)
     fused_experts: bool = True  # routed experts are 3-D tensors (transformers 5), not Linears
+    # expert parallelism: the ranks holding the same routed experts, which FSDP shards them
+    # over (transformers' `efsdp`, shard_group ÷ ep); 0: the experts shard like the rest
+    expert_group: int = 0
 
     def share(self, group: ParameterGroup, fraction: float) -> float:
         """The fraction of `group` one rank holds, where the states it belongs to are
@@ -66,10 +69,14 @@ class Sharding:
         if group.quantized and fraction < 1:
             packed = min(self.kbit_sharded_bytes / group.bytes_per_param, 1.0)
             return packed * fraction + (1 - packed)
+        ranks = self.shard_group
+        if group.shard_rows and self.expert_group and fraction < 1:
+            # this rank's experts, sharded over the ranks that hold the same ones
+            fraction, ranks = fraction * ranks / self.expert_group, self.expert_group
         if fraction >= 1 or not self.pads_each_parameter:
-            return fraction
+            return min(fraction, 1.0)
         rows = group.shard_rows or group.rows
-        return math.ceil(rows / self.shard_group) / rows if rows else fraction
+        return math.ceil(rows / ranks) / rows if rows else fraction
 
 
 def sharding_for(setup: TrainingSetup) -> Sharding:
@@ -129,6 +136,7 @@ def sharding_for(setup: TrainingSetup) -> Sharding:
             kbit_blocks=quant is not None,
             kbit_experts=quant is not None and setup.experts_are_linears,
             fused_experts=not setup.experts_are_linears,
+            expert_group=group // d.ep_size if d.ep_size > 1 else 0,
         )
     return Sharding(1, 1, 1, 1, f"DDP over {world} devices", gradient_buckets=True)
 
@@ -206,11 +214,12 @@ def gathered_block_params(block: BlockGroup, shard: Sharding) -> int:
             # the packed values in a 16-bit storage dtype: bits/16 of a 16-bit weight
             gathered = round(lin.params * shard.kbit_sharded_bytes / 2)
             params -= lin.params - gathered
-    if not shard.pads_each_parameter or shard.shard_group <= 1 or not shard.fused_experts:
+    ranks = shard.expert_group or shard.shard_group
+    if not shard.pads_each_parameter or ranks <= 1 or not shard.fused_experts:
         return params
     for lin in block.linears:
         if lin.role == "expert" and lin.count:
-            padded = math.ceil(lin.count / shard.shard_group) * shard.shard_group
+            padded = math.ceil(lin.count / ranks) * ranks
             params += (padded - lin.count) * lin.params // lin.count
     return params
 

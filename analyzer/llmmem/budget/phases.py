@@ -32,6 +32,7 @@ from llmmem.budget.distributed import (
     prefetch_elements,
     sharding_for,
 )
+from llmmem.budget.expert_parallel import expert_parallel_spec
 from llmmem.budget.float8 import float8_text
 from llmmem.budget.fsdp_moments import (
     fsdp1_retained_inputs,
@@ -142,7 +143,8 @@ def estimate_budget(
     if setup.distributed.tp_size > 1 and setup.quant is not None:
         raise SetupError("tensor parallelism of k-bit (bitsandbytes) weights is not sized")
     spec, tp_notes = tensor_parallel_spec(spec, setup.distributed.tp_size)
-    cp_notes += tp_notes
+    spec, ep_notes = expert_parallel_spec(spec, setup)  # E / ep experts of each MoE layer
+    cp_notes += tp_notes + ep_notes
     shard = sharding_for(setup)
     if shard.master_weights:
         # DeepSpeed casts the whole model, adapters too, to 16 bits and runs it without

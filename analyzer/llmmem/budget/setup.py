@@ -312,6 +312,9 @@ class DistributedSetup:
     # tensor parallelism: each block's Linears split over this many of the world's ranks
     # (llmmem.budget.tensor_parallel); FSDP or ZeRO shard over the rest
     tp_size: int = 1
+    # expert parallelism: a MoE layer's routed experts divided over this many of the
+    # data-parallel ranks, tokens exchanged all-to-all (llmmem.budget.expert_parallel)
+    ep_size: int = 1
 
     def __post_init__(self) -> None:
         _set(self, "world_size", _whole(self.world_size, "world_size", at_least=1))
@@ -328,6 +331,12 @@ class DistributedSetup:
                 f"a tensor-parallel group of {self.tp_size}"
                 + (f" and a context-parallel one of {self.cp_size}" if self.cp_size > 1 else "")
                 + f" do not divide {self.world_size} devices"
+            )
+        _set(self, "ep_size", _whole(self.ep_size, "expert-parallel size", at_least=1))
+        if self.data_parallel % self.ep_size:
+            raise SetupError(
+                f"an expert-parallel group of {self.ep_size} does not divide the "
+                f"{self.data_parallel} data-parallel ranks it is made of"
             )
         _set(self, "sub_group_size", _whole(self.sub_group_size, "sub_group_size", at_least=0))
         if self.reduce_bucket_size is not None:
