@@ -33,6 +33,7 @@ from llmmem.budget.setup import (
 )
 from llmmem.models.spec import ModelSpec
 from llmmem.plan import Provenance, Sourced, TrainingPlan
+from llmmem.release_defaults import with_release_defaults
 
 DTYPE_BYTES = {
     "bfloat16": 2,
@@ -521,6 +522,9 @@ def analyze(
     try:
         analysis.setup = setup_from_plan(plan, analysis.spec)
         analysis.setup = apply_to_setup(analysis.setup, analysis.versions)
+        analysis.setup, release_notes = with_release_defaults(
+            plan, analysis.spec, analysis.setup, analysis.versions
+        )
         trl_note = _trl_on_kbit(plan, analysis)
         _trl_checkpointing(plan, analysis)
         _trl_sft_stack(plan, analysis)
@@ -579,6 +583,7 @@ def analyze(
                 analysis.budget.notes.append(assumed)
         if trl_note:
             analysis.budget.notes.append(trl_note)
+        analysis.budget.notes.extend(release_notes)
         from llmmem.calibration.store import with_local_evidence
 
         analysis.budget = with_local_evidence(analysis.budget, Path(plan.path), plan.framework)
