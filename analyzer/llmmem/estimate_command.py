@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from llmmem.budget.limits import largest_batch, largest_seq
+from llmmem.budget.lora_targets import default_lora_targets
 from llmmem.budget.optimizers import find_optimizer
 from llmmem.budget.phases import estimate_budget
 from llmmem.budget.result import Budget, GpuTarget
@@ -33,7 +34,6 @@ from llmmem.budget.setup import (
     release,
 )
 from llmmem.budget.stacks import stack_for
-from llmmem.budget.weights import default_lora_targets
 from llmmem.errors import UsageError
 from llmmem.fp8_flags import add_fp8_flags, fp8_from_args
 from llmmem.models.spec import ModelSpec

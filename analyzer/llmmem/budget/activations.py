@@ -164,7 +164,7 @@ class Trainability:
 
 
 def trainability_for(spec: ModelSpec, setup: TrainingSetup) -> Trainability:
-    from llmmem.budget.weights import lora_target_linears
+    from llmmem.budget.lora_targets import lora_target_linears
 
     if setup.method is Method.FULL or setup.lora is None:
         return Trainability(True, frozenset(), False, False)

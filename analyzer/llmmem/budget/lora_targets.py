@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 
+from llmmem.budget.setup import SetupError
 from llmmem.models.spec import BlockGroup, LinearModule, ModelSpec
 
 # characters that make a target a regular expression rather than a module name
@@ -137,3 +138,43 @@ def regex_reaches_vision(spec: ModelSpec, pattern: str) -> bool:
         for group in tower.encoder.blocks
         for lin in group.linears
     ) or any(regex_matches_projector(pattern, lin) for lin in tower.projector_linears)
+
+
+def default_lora_targets(spec: ModelSpec) -> list[str]:
+    """PEFT's per-architecture default: the query and value projections (or the fused qkv)."""
+    names = {lin.name for group in spec.blocks for lin in group.linears}
+    for pair in (["q_proj", "v_proj"], ["query", "value"], ["q", "v"]):
+        if set(pair) <= names:
+            return pair
+    for fused in ("c_attn", "query_key_value", "qkv_proj", "Wqkv"):
+        if fused in names:
+            return [fused]
+    return ["all-linear"]
+
+
+def lora_target_linears(spec: ModelSpec, targets: list[str] | None) -> list[LinearModule]:
+    """The block linears PEFT would adapt for `target_modules` (leaf names or path suffixes);
+    None means PEFT's default for the architecture."""
+    every = [lin for group in spec.blocks for lin in group.linears]
+    if not targets:
+        targets = default_lora_targets(spec)
+    if any(t.lower() == "all-linear" for t in targets):
+        return every
+    if is_regex(targets):
+        matched = [
+            lin
+            for group in spec.blocks
+            for lin in group.linears
+            if regex_layers(targets[0], group, lin, vision=False)
+        ]
+        if not matched and regex_reaches_vision(spec, targets[0]):
+            return []  # the adapters are all in the vision encoder or the projector
+    else:
+        matched = [lin for lin in every if name_matches(lin, targets)]
+    if not matched:
+        names = sorted({lin.name for lin in every})
+        raise SetupError(
+            f"LoRA targets {', '.join(targets)} match no Linear module of {spec.model_id}; "
+            f"its modules are: {', '.join(names)} (or use all-linear)"
+        )
+    return matched

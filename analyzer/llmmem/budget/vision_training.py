@@ -18,13 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmmem.budget.lora_targets import (
+    default_lora_targets,
     is_regex,
     name_matches,
     regex_layers,
     regex_matches_projector,
 )
 from llmmem.budget.setup import Method, TrainingSetup
-from llmmem.budget.weights import default_lora_targets
 from llmmem.models.spec import BlockGroup, LinearModule, ModelSpec
 
 

@@ -10,14 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from llmmem.budget.lora_targets import (
-    is_regex,
-    name_matches,
-    partial_regex_notes,
-    regex_layers,
-    regex_reaches_vision,
-)
+from llmmem.budget.lora_targets import lora_target_linears, partial_regex_notes
 from llmmem.budget.setup import Method, QuantSetup, QuantType, SetupError, TrainingSetup
+from llmmem.budget.vision_training import VisionTraining, vision_training
 from llmmem.models.spec import LinearModule, ModelSpec
 
 GroupKind = Literal[
@@ -105,46 +100,6 @@ class Inventory:
     @property
     def largest_trainable_bytes(self) -> int:
         return max((round(g.numel * g.bytes_per_param) for g in self.trainable), default=0)
-
-
-def default_lora_targets(spec: ModelSpec) -> list[str]:
-    """PEFT's per-architecture default: the query and value projections (or the fused qkv)."""
-    names = {lin.name for group in spec.blocks for lin in group.linears}
-    for pair in (["q_proj", "v_proj"], ["query", "value"], ["q", "v"]):
-        if set(pair) <= names:
-            return pair
-    for fused in ("c_attn", "query_key_value", "qkv_proj", "Wqkv"):
-        if fused in names:
-            return [fused]
-    return ["all-linear"]
-
-
-def lora_target_linears(spec: ModelSpec, targets: list[str] | None) -> list[LinearModule]:
-    """The block linears PEFT would adapt for `target_modules` (leaf names or path suffixes);
-    None means PEFT's default for the architecture."""
-    every = [lin for group in spec.blocks for lin in group.linears]
-    if not targets:
-        targets = default_lora_targets(spec)
-    if any(t.lower() == "all-linear" for t in targets):
-        return every
-    if is_regex(targets):
-        matched = [
-            lin
-            for group in spec.blocks
-            for lin in group.linears
-            if regex_layers(targets[0], group, lin, vision=False)
-        ]
-        if not matched and regex_reaches_vision(spec, targets[0]):
-            return []  # the adapters are all in the vision encoder or the projector
-    else:
-        matched = [lin for lin in every if name_matches(lin, targets)]
-    if not matched:
-        names = sorted({lin.name for lin in every})
-        raise SetupError(
-            f"LoRA targets {', '.join(targets)} match no Linear module of {spec.model_id}; "
-            f"its modules are: {', '.join(names)} (or use all-linear)"
-        )
-    return matched
 
 
 def base_weight_bytes(setup: TrainingSetup, spec: ModelSpec) -> float:
@@ -263,8 +218,6 @@ def build_inventory(
         notes.extend(partial_regex_notes(spec, setup.lora.targets))
     groups.extend(buffers)
     if spec.vision is not None:  # a vision-language model's encoder and projector
-        from llmmem.budget.vision import vision_parameter_groups
-
         groups.extend(vision_parameter_groups(spec, setup, quantized_bytes))
     return Inventory(groups=groups, base_bytes_per_param=base, notes=notes)
 
@@ -411,3 +364,134 @@ def _modules_to_save(
                     )
                 )
     return copies
+
+
+# --- the image side of a vision-language model ------------------------------------------------
+
+
+def vision_parameter_groups(
+    spec: ModelSpec, setup: TrainingSetup, quantized_bytes: QuantizedBytes
+) -> list[ParameterGroup]:
+    """The encoder's and the projector's parameters as the setup holds them, and the LoRA
+    adapters PEFT puts on their Linears."""
+    tower = spec.vision
+    if tower is None:
+        return []
+    training = vision_training(spec, setup)
+    base = base_weight_bytes(setup, spec)
+    quant = setup.quant
+    # prepare_model_for_kbit_training upcasts every parameter bitsandbytes left alone
+    unquantized = 4.0 if quant is not None and quant.prepare_for_kbit_training else base
+    encoder = tower.encoder
+    groups: list[ParameterGroup] = []
+
+    def linear_groups(
+        prefix: str, lin: LinearModule, count: int, trains: bool
+    ) -> list[ParameterGroup]:
+        weight = quantized_bytes(quant, lin.in_features, lin.out_features) if quant else base
+        found = [
+            ParameterGroup(
+                name=f"{prefix}.{lin.path}",
+                kind="linear",
+                tensors=count * lin.count,
+                rows=lin.out_features,
+                cols=lin.in_features,
+                bytes_per_param=weight,
+                trainable=trains,
+                quantized=quant is not None,
+            )
+        ]
+        if lin.bias:
+            found.append(
+                ParameterGroup(
+                    name=f"{prefix}.{lin.path}.bias",
+                    kind="bias",
+                    tensors=count * lin.count,
+                    rows=lin.out_features,
+                    cols=1,
+                    bytes_per_param=unquantized if quant else base,
+                    trainable=trains,
+                )
+            )
+        return found
+
+    in_blocks = 0
+    for group in encoder.blocks:
+        for lin in group.linears:
+            groups += linear_groups("vision", lin, group.count, training.encoder_trains)
+        rest = group.norm_params + group.other_params
+        in_blocks += group.params_per_block * group.count
+        if rest:
+            groups.append(
+                ParameterGroup(
+                    name=f"vision.{group.name} norms",
+                    kind="norm",
+                    tensors=group.count,
+                    rows=rest,
+                    cols=1,
+                    bytes_per_param=unquantized if quant else base,
+                    trainable=training.encoder_trains,
+                )
+            )
+    outside = encoder.params.total - in_blocks
+    if outside:
+        groups.append(
+            ParameterGroup(
+                name="vision.embeddings and norms",
+                kind="other",
+                tensors=1,
+                rows=outside,
+                cols=1,
+                bytes_per_param=unquantized if quant else base,
+                trainable=training.encoder_trains,
+            )
+        )
+    projector_linears = 0
+    for lin in tower.projector_linears:
+        groups += linear_groups("projector", lin, 1, training.projector_trains)
+        projector_linears += lin.params
+    if tower.projector_params > projector_linears:
+        groups.append(
+            ParameterGroup(
+                name="projector.rest",
+                kind="other",
+                tensors=1,
+                rows=tower.projector_params - projector_linears,
+                cols=1,
+                bytes_per_param=unquantized if quant else base,
+                trainable=training.projector_trains,
+            )
+        )
+    groups += vision_adapters(spec, setup, training)
+    return groups
+
+
+def vision_adapters(
+    spec: ModelSpec, setup: TrainingSetup, training: VisionTraining
+) -> list[ParameterGroup]:
+    lora = setup.lora
+    tower = spec.vision
+    if lora is None or tower is None:
+        return []
+    found: list[ParameterGroup] = []
+    placed = [
+        (lin, group.count)
+        for group in tower.encoder.blocks
+        for lin in group.linears
+        if lin.path in training.encoder_adapted
+    ] + [(lin, 1) for lin in tower.projector_linears if lin.path in training.projector_adapted]
+    for lin, count in placed:
+        shapes = [("lora_A", lora.r, lin.in_features), ("lora_B", lin.out_features, lora.r)]
+        found += [
+            ParameterGroup(
+                name=f"vision.{part}.{lin.path}",
+                kind="adapter",
+                tensors=count,
+                rows=rows,
+                cols=cols,
+                bytes_per_param=float(lora.adapter_bytes),
+                trainable=True,
+            )
+            for part, rows, cols in shapes
+        ]
+    return found

@@ -11,9 +11,9 @@ from __future__ import annotations
 import difflib
 import re
 
+from llmmem.budget.lora_targets import lora_target_linears
 from llmmem.budget.optimizers import ALIASES, OPTIMIZERS, find_optimizer
 from llmmem.budget.setup import SetupError
-from llmmem.budget.weights import lora_target_linears
 from llmmem.plan import SourceRange
 from llmmem.rules.finding import Finding, Fix, Severity, TextEdit
 from llmmem.rules.fit import anchor
