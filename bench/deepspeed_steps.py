@@ -39,24 +39,20 @@ Where the CPU differs from a GPU:
 Each rank's peak per phase, MiB, measured / budget / error (both ranks read the same):
 
     case          rank    forward                  backward                 optimizer_step
-    z2               0    43.07   43.02  -0.1%     45.06   45.02  -0.1%     44.00   40.61  -7.7%
-    z2-ckpt          0    37.87   37.82  -0.1%     39.87   39.82  -0.1%     44.00   40.61  -7.7%
+    z2               0    43.07   43.02  -0.1%     45.06   45.02  -0.1%     44.00   43.99  -0.0%
+    z2-ckpt          0    37.87   37.82  -0.1%     39.87   39.82  -0.1%     44.00   43.99  -0.0%
     z2-lora          0    21.09   21.17  +0.4%     22.96   23.17  +0.9%      6.94    6.93  -0.1%
     z3               0    49.96   49.91  -0.1%     51.96   51.91  -0.1%     40.74   40.73  -0.0%
     z3-ckpt          0    44.76   44.72  -0.1%     46.76   46.72  -0.1%     40.74   40.73  -0.0%
     z3-lora          0    24.48   23.72  -3.1%     26.47   25.72  -2.8%      4.45    4.40  -1.1%
     z3-subgroup      0    49.96   49.91  -0.1%     51.96   51.91  -0.1%     32.55   32.54  -0.0%
 
-Every phase within 5% but ZeRO-2's full optimizer step (not the step's peak: backward is), -7.7%.
-What is alive there (LLMMEM_BENCH_DETAIL): the 16-bit weights, the fp32 master partition and
-its two moments, the step's fp32 gradient partition, `_foreach_sqrt` over the fp32 master
-(7.09 MB each), and the 16-bit contiguous gradient partition (`copy_grads_in_partition`,
-stage_1_and_2.py, 3.55 MB), which the trainer's path still holds during the step. The budget
-sizes the foreach buffer in the parameters' 16-bit bytes (3.55 MB) rather than over the fp32
-master it runs on; `llmmem verify`'s own loop around `deepspeed.initialize` (bench/zero_grid.py)
-reads -0.3% on the same plan, because there the 16-bit partition is gone by the step and the two
-cancel. z3-subgroup (sub_group_size 2e5) read +25.1% before the script reader took
-`sub_group_size`.
+Every phase within 3.1%. ZeRO-2's full step read -7.7% while the budget sized it as one
+parameter group: the trainer hands DeepSpeed two (the weights, then the biases and norms), and
+while the weights' group steps the norms' views keep the whole 16-bit contiguous gradient
+partition (`copy_grads_in_partition`, stage_1_and_2.py, 3.38 MiB) alive beside that group's fp32
+gradient and `_foreach_sqrt` over its fp32 master (6.77 MiB each; budget.zero12_step).
+z3-subgroup (sub_group_size 2e5) read +25.1% before the script reader took `sub_group_size`.
 """
 
 from __future__ import annotations

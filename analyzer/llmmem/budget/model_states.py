@@ -41,6 +41,7 @@ from llmmem.budget.optimizers import OptimizerSpec
 from llmmem.budget.result import Term
 from llmmem.budget.setup import TrainingSetup
 from llmmem.budget.weights import Inventory, ParameterGroup
+from llmmem.budget.zero12_step import zero12_step_temporaries
 from llmmem.models.spec import ModelSpec
 from llmmem.units import format_bytes, format_count
 
@@ -165,6 +166,16 @@ def model_state_terms(
     zero3 = setup.distributed.zero_stage == 3 and shard.master_weights
     if zero3 and not shard.offload_states:
         step = zero3_step_temporaries(spec, setup, trainable, optim, shard)
+    elif shard.master_weights and not shard.offload_states:
+        # ZeRO-1/2: the fp32 gradient and the optimizer's buffers over each group's fp32 master
+        # partition, beside the 16-bit gradient partition (budget.zero12_step)
+        step = zero12_step_temporaries(
+            trainable,
+            optim,
+            shard.shard_group,
+            gradients.bytes,
+            setup.distributed.contiguous_gradients,
+        )
     # the gradients that exist once the head's backward is done: the head's own (an untied
     # embedding's comes only at the very end of backward; a tied one is the head's), and the
     # trainable copies of modules_to_save
@@ -290,7 +301,7 @@ class ZeroBuffers:
     text: str = ""
     persistent: bool = False  # ZeRO-3: allocated with the optimizer, kept
     persistent_gradients: bool = False  # ZeRO-3: one flat gradient partition, kept
-    grad_fp32: int = 0  # ZeRO-1/2 in 16 bits: the step's fp32 copy of the gradient partition
+    grad_fp32: int = 0  # ZeRO-3 over its kept partition: the step's fp32 copy of it
 
 
 def zero_buffers(
@@ -311,11 +322,12 @@ def zero_buffers(
         + f"reduce_bucket_size {format_count(elements)}{auto} × {size} B"
     )
     stage3 = d.zero_stage == 3
-    # ZeRO-1/2 copy the whole 16-bit gradient partition to fp32 for the step; ZeRO-3 does it one
-    # sub-group at a time (in the step's temporaries)
+    # ZeRO-1/2 copy each parameter group's 16-bit gradient partition to fp32 as the group
+    # steps (budget.zero12_step), ZeRO-3 one sub-group at a time: both in the step's
+    # temporaries
     grad_fp32 = (
         2 * st.gradients.bytes
-        if shard.master_weights and not shard.offload_states and not st.zero3_sub_groups
+        if stage3 and shard.master_weights and not shard.offload_states and not st.zero3_sub_groups
         else 0
     )
     return ZeroBuffers(
@@ -360,15 +372,6 @@ def step_temporaries(st: StateTerms, ddp_buckets: int, zero: ZeroBuffers, always
         # ZeRO-3 copies its (kept) 16-bit gradient partition to fp32 for the optimizer
         total = zero.grad_fp32 + step.bytes
         parts = ["DeepSpeed's fp32 copy of the gradient partition"] + parts
-    elif zero.grad_fp32:
-        # DeepSpeed flattens the 16-bit gradient partition, copies it to fp32 for the
-        # optimizer, then frees the 16-bit ones before the optimizer runs
-        total = zero.grad_fp32 + max(step.bytes - st.gradients.bytes, st.gradients.bytes)
-        parts = [
-            "DeepSpeed's fp32 copy of the gradient partition + the larger of the "
-            f"optimizer's step buffers ({format_bytes(step.bytes)}, once the 16-bit gradients "
-            "are freed) and the flattened 16-bit partition"
-        ]
     if ddp_buckets:
         total += ddp_buckets
         parts.append("DDP gradient buckets")

@@ -416,6 +416,16 @@ def _make_loop(
     if request.optimizer_in_backward and deepspeed_config is None and request.world_size == 1:
         return _InBackwardLoop(torch, model, request)
     trainable = [p for p in model.parameters() if p.requires_grad]
+    if deepspeed_config is not None:
+        # the HF Trainer's two groups, as it gives them to DeepSpeed (weights that decay, then
+        # biases and norms): ZeRO-1/2 steps one group at a time (llmmem.budget.zero12_step).
+        # The Trainer's own rule; the method reads only `model`
+        from transformers import Trainer
+
+        decay = set(Trainer.get_decay_parameter_names(None, model))  # type: ignore[arg-type]
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        split = [[p for n, p in named if n in decay], [p for n, p in named if n not in decay]]
+        trainable = [{"params": g} for g in split if g]
     optimizer = make_optimizer(torch, request, trainable)
     if deepspeed_config is not None:
         deepspeed = _deepspeed(request)
