@@ -23,10 +23,7 @@ MAX_LINES = 1000
 KNOWN_CIRCLES: dict[frozenset[str], str] = {}
 
 # Modules known to be over MAX_LINES, each with why it is not split yet.
-KNOWN_BIG_MODULES: dict[str, str] = {
-    "llmmem.estimate_command": "being reworked in a change under way (issue 34: the flags to "
-    "take the file's road), which is to bring it under the limit",
-}
+KNOWN_BIG_MODULES: dict[str, str] = {}
 
 
 def _modules() -> dict[str, Path]:
