@@ -167,7 +167,7 @@ def ppo_from_args(args: argparse.Namespace, objective: str | None) -> Any:
         if given:
             raise UsageError(f"{', '.join(given)}: only with --objective ppo")
         return None
-    from llmmem.budget.ppo import PpoSetup
+    from llmmem.budget.ppo_setup import PpoSetup
 
     values: dict[str, Any] = {}
     for dest, name in (("value_model", "value"), ("reward_model", "reward")):
@@ -296,7 +296,7 @@ def grpo_values(grpo: Any, setup: TrainingSetup) -> dict[str, Any]:
 def preference_from_args(args: argparse.Namespace) -> Any:
     """The preference objective the flags ask for (None: SFT); `--method dpo` is short for
     `--objective dpo` with full fine-tuning."""
-    from llmmem.budget.preference import Objective, PreferenceSetup, Reference
+    from llmmem.budget.preference_setup import Objective, PreferenceSetup, Reference
 
     objective = getattr(args, "objective", None)
     if args.method not in (None, "full", "lora", "qlora"):
@@ -354,7 +354,7 @@ def preference_from_args(args: argparse.Namespace) -> Any:
 
 def ppo_values(ppo: Any, setup: TrainingSetup) -> dict[str, Any]:
     """PPO's part of the JSON setup: the lengths, the rollout and the models beside the policy."""
-    from llmmem.budget.ppo import local_batch
+    from llmmem.budget.ppo_setup import local_batch
 
     ppo = ppo.resolved(setup)
     return {

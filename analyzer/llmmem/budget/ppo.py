@@ -102,9 +102,6 @@ from llmmem.budget.setup import Method, Packing, TrainingSetup
 from llmmem.models.spec import ModelSpec
 from llmmem.units import format_count
 
-# PpoSetup and local_batch are ppo_setup's: estimate_command still imports them from here
-__all__ = ["PpoSetup", "estimate_ppo_budget", "local_batch", "unseen_by_a_counter"]
-
 
 def unseen_by_a_counter(
     budget: Budget, spec: ModelSpec, setup: TrainingSetup, ppo: PpoSetup
