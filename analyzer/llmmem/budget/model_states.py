@@ -285,6 +285,19 @@ def shard_suffix(
     text = f" ÷ {shard.shard_group} ({shard.label})"
     even = sum(size(g) for g in groups) * fraction
     padding = held_bytes(groups, shard, fraction, size) - even
+    if shard.expert_group:
+        # expert parallelism: this rank's own experts, sharded over the ranks holding the
+        # same ones only; what that adds over an even share is not padding
+        experts = [g for g in groups if g.shard_rows]
+        beside = (
+            held_bytes(experts, shard, fraction, size) - sum(size(g) for g in experts) * fraction
+        )
+        if beside > 0:
+            text += (
+                f" + {format_bytes(round(beside))}: its experts sharded over the "
+                f"{shard.expert_group} rank(s) that hold the same ones"
+            )
+            padding -= beside
     if padding > 0.005 * even:
         text += (
             f" + {format_bytes(round(padding))} padding (FSDP gives every rank ceil(rows ÷ "
