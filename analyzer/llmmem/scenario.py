@@ -225,6 +225,7 @@ CONTEXT_PARALLEL_KEYS = (
     ("context_parallel_size", ContextParallel.RING_FLASH),  # axolotl 0.12+
     ("cp_size", ContextParallel.RING),  # accelerate ParallelismConfig: torch's
     ("sp_size", ContextParallel.ULYSSES),  # accelerate ParallelismConfig: DeepSpeed's
+    ("deepspeed_sequence_parallel_size", ContextParallel.ULYSSES),  # a DeepSpeed config's
     ("sequence_parallel_size", ContextParallel.RING_FLASH),  # LLaMA-Factory: zigzag ring
 )
 

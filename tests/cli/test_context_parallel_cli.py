@@ -195,3 +195,32 @@ def test_an_axolotl_config_reads_its_parallel_sizes(
     budget = explain(capsys, path)
     notes = " ".join(budget["notes"])
     assert "over 2 ranks: each holds 16384" in notes and "tensor parallelism over 2" in notes
+
+
+DEEPSPEED_SCRIPT = """\
+from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+model = AutoModelForCausalLM.from_pretrained("meta-llama/Llama-3.1-8B")
+args = TrainingArguments(
+    output_dir="o",
+    per_device_train_batch_size=1,
+    gradient_checkpointing=True,
+    bf16=True,
+    deepspeed="ds.json",
+)
+Trainer(model=model, args=args).train()
+"""
+
+
+def test_a_deepspeed_configs_sequence_parallel_size_is_ulysses(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "train.py").write_text(DEEPSPEED_SCRIPT)
+    config = {"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}}
+    (tmp_path / "ds.json").write_text(json.dumps(config))
+    whole = explain(capsys, tmp_path / "train.py")
+    (tmp_path / "ds.json").write_text(json.dumps({**config, "sequence_parallel_size": 4}))
+    divided = explain(capsys, tmp_path / "train.py")
+    notes = " ".join(divided["notes"])
+    assert "(ulysses) over 4 ranks: each holds 256 of each sample's 1024" in notes, notes
+    kept = [report["phases"]["forward"]["components"]["activations"] for report in (divided, whole)]
+    assert kept[0] * 3 < kept[1]

@@ -138,6 +138,8 @@ def read_deepspeed(reader: DocumentReader, prefix: KeyPath = ()) -> dict[str, Ke
         name, built = deepspeed_optimizer(optimizer, offloaded_optimizer, bool(torch_adam))
         reader.put("optim", name, optimizer_type, f"DeepSpeed optimizer {optimizer}: {built}")
     reader.keep("deepspeed_activation_checkpointing", (*prefix, "activation_checkpointing"))
+    # Ulysses' group in a DeepSpeed config (the HF integration's ALST: sequence_parallel_size)
+    reader.keep("deepspeed_sequence_parallel_size", (*prefix, "sequence_parallel_size"))
     return auto_keys
 
 

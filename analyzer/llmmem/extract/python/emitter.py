@@ -633,6 +633,10 @@ class PlanEmitter:
             self.emit_deepspeed_settings(document, config_known, f"from {known.value}")
 
     def emit_deepspeed_settings(self, document: dict[Any, Any], origin: Known, note: str) -> None:
+        sequence = document.get("sequence_parallel_size")  # Ulysses' group (DeepSpeed's ALST)
+        if isinstance(sequence, int) and not isinstance(sequence, bool):
+            known = replace(origin, value=sequence)
+            self.set_known("deepspeed_sequence_parallel_size", known, note)
         zero = document.get("zero_optimization")
         if not isinstance(zero, dict):
             return
