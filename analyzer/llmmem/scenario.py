@@ -234,6 +234,12 @@ def with_context_parallel_of(plan: TrainingPlan, d: DistributedSetup) -> Distrib
     """The context- and tensor-parallel groups the plan's framework keys ask for; the world
     grows to hold them where the plan states fewer ranks."""
     tp = max(_whole_extra(plan, "tp_size", 1), _whole_extra(plan, "tensor_parallel_size", 1))
+    # accelerate's ParallelismConfig names every dimension: the world is their product
+    named = 1
+    for key in ("dp_replicate_size", "dp_shard_size", "cp_size", "sp_size", "tp_size"):
+        named *= _whole_extra(plan, key, 1)
+    if named > d.world_size:
+        d = replace(d, world_size=named)
     if tp > 1:
         world = d.world_size if d.world_size % tp == 0 else tp
         d = replace(d, world_size=world, tp_size=tp)

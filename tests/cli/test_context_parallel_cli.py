@@ -224,3 +224,33 @@ def test_a_deepspeed_configs_sequence_parallel_size_is_ulysses(
     assert "(ulysses) over 4 ranks: each holds 256 of each sample's 1024" in notes, notes
     kept = [report["phases"]["forward"]["components"]["activations"] for report in (divided, whole)]
     assert kept[0] * 3 < kept[1]
+
+
+PARALLELISM_SCRIPT = """\
+from accelerate.parallelism_config import ParallelismConfig
+from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+model = AutoModelForCausalLM.from_pretrained("meta-llama/Llama-3.1-8B")
+parallelism = ParallelismConfig(dp_shard_size=2, cp_size=2, tp_size=2)
+args = TrainingArguments(
+    output_dir="o",
+    per_device_train_batch_size=1,
+    gradient_checkpointing=True,
+    bf16=True,
+    fsdp="full_shard",
+    parallelism_config=parallelism,
+)
+Trainer(model=model, args=args).train()
+"""
+
+
+def test_a_scripts_parallelism_config_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "train.py").write_text(PARALLELISM_SCRIPT)
+    budget = explain(capsys, tmp_path / "train.py")
+    notes = " ".join(budget["notes"])
+    assert "context parallelism (ring) over 2 ranks: each holds 512 of each sample's 1024" in notes
+    assert "tensor parallelism over 2 ranks" in notes
+    # the world is 2 × 2 × 2: FSDP shards each tensor-parallel slice over the other 4
+    assert "FSDP full_shard over 4 of 4 devices" in notes

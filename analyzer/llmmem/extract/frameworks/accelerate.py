@@ -95,7 +95,7 @@ def read_accelerate(reader: DocumentReader) -> None:
         read_accelerate_fsdp(reader, ("fsdp_config",))
     # accelerate 1.10+ ParallelismConfig: torch's context parallelism (cp_size), DeepSpeed's
     # Ulysses (sp_size), tensor parallelism (tp_size)
-    for key in ("cp_size", "sp_size", "tp_size"):
+    for key in ("dp_replicate_size", "dp_shard_size", "cp_size", "sp_size", "tp_size"):
         reader.keep(key, ("parallelism_config", f"parallelism_config_{key}"))
 
 

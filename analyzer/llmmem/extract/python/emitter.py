@@ -490,6 +490,9 @@ class PlanEmitter:
         if name == "fsdp":
             self.emit_fsdp(value)
             return
+        if name == "parallelism_config":
+            self.emit_parallelism(value)
+            return
         if name == "model_init_kwargs":
             if model_loaded_by_trainer and isinstance(value, DictValue):
                 self.emit_loading_keywords(value.entries, "trl")
@@ -662,6 +665,20 @@ class PlanEmitter:
         ):
             if name in zero:
                 self.set_known(f"distributed.{key}", replace(origin, value=zero[name]), note)
+
+    def emit_parallelism(self, value: Value) -> None:
+        """accelerate's ParallelismConfig: the context (cp_size: torch's ring; sp_size:
+        DeepSpeed's Ulysses) and tensor-parallel groups (llmmem.scenario reads them)."""
+        if not isinstance(value, DictValue):
+            self.unread("parallelism_config", value)
+            return
+        for key in ("dp_replicate_size", "dp_shard_size", "cp_size", "sp_size", "tp_size"):
+            entry = value.entries.get(key)
+            known = settle(entry) if entry is not None else None
+            if known is not None and isinstance(known.value, int):
+                self.set_known(key, known)
+            elif entry is not None:
+                self.unread(f"ParallelismConfig.{key}", entry)
 
     def emit_fsdp(self, value: Value) -> None:
         known = settle(value)

@@ -20,6 +20,7 @@ from llmmem.extract.python.values import (
     CallArgs,
     ConfigObject,
     DataLoaderObject,
+    DictValue,
     Known,
     ListValue,
     LoraObject,
@@ -484,7 +485,18 @@ BITSANDBYTES_CALLS: dict[str, Handler] = {"BitsAndBytesConfig": bitsandbytes_con
 
 # torch (optimizer classes are matched by `optimizer`, after every table) and accelerate
 TORCH_CALLS: dict[str, Handler] = {"DataLoader": data_loader, "autocast": autocast}
-ACCELERATE_CALLS: dict[str, Handler] = {"Accelerator": accelerator}
+
+
+def parallelism_config(found: Findings, callee: Symbol, args: CallArgs) -> Value:
+    """accelerate's `ParallelismConfig(dp_shard_size=..., cp_size=..., tp_size=...)`: its sizes
+    as a dict, for `TrainingArguments(parallelism_config=...)` to pass on."""
+    return DictValue(entries=dict(args.keywords), node=args.node, unread=list(args.unread))
+
+
+ACCELERATE_CALLS: dict[str, Handler] = {
+    "Accelerator": accelerator,
+    "ParallelismConfig": parallelism_config,
+}
 
 CALLS_BY_LEAF: dict[str, Handler] = {
     **TRANSFORMERS_CALLS,
