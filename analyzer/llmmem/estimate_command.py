@@ -452,7 +452,8 @@ def build_setup(
             if framework_name == "trl" and supervised:
                 # that release's SFTTrainer: its loss and metrics (llmmem.budget.stacks.trl)
                 setup = replace(setup, framework=Framework.TRL)
-        setup = _trl_on_kbit(args, setup, prov)
+        setup = _with_release_defaults(args, spec, setup, prov)
+        setup = _sft_trainer_rules(args, setup, prov, supervised=supervised)
         if setup.framework is Framework.LITGPT and getattr(args, "loss", None) is None:
             # litgpt's finetune scripts compute chunked_cross_entropy (128 positions a chunk)
             setup = replace(setup, loss=LossImpl.CHUNKED)
@@ -469,6 +470,36 @@ def build_setup(
     except SetupError as err:
         raise UsageError(str(err)) from None
     return setup, prov
+
+
+# the plan's names of the settings the releases may restate, as estimate's flags name them
+RESTATED_FLAGS = {"optim": "optim", "attn_implementation": "attn", "max_seq_length": "seq"}
+
+
+def _with_release_defaults(
+    args: argparse.Namespace, spec: ModelSpec, setup: TrainingSetup, prov: dict[str, str]
+) -> TrainingSetup:
+    """The flags not given take the defaults of the releases the run uses, as a file's
+    do (llmmem.release_defaults)."""
+    from llmmem.release_defaults import Unstated, release_defaults
+
+    flagged = parse_versions(getattr(args, "versions", None))
+    torch_found = found_versions(args).get("torch")
+    made = release_defaults(
+        spec,
+        setup,
+        Unstated(
+            optim=getattr(args, "optim", None) is None,
+            attn=getattr(args, "attn", None) is None,
+            seq=getattr(args, "seq", None) is None,
+        ),
+        torch_build=str(torch_found.version)
+        if torch_found is not None and "torch" not in flagged
+        else None,
+    )
+    for name, (_, note) in made.restated.items():
+        prov[RESTATED_FLAGS[name]] = note
+    return made.setup
 
 
 def _framework_provenance(args: argparse.Namespace, setup: TrainingSetup) -> str:
@@ -527,35 +558,32 @@ def _torchtune_targets(spec: ModelSpec) -> list[str]:
     return chosen if len(chosen) == len(TORCHTUNE_LORA_TARGETS) else default_lora_targets(spec)
 
 
-def _trl_on_kbit(
+def _sft_trainer_rules(
     args: argparse.Namespace,
     setup: TrainingSetup,
     prov: dict[str, str],
+    *,
+    supervised: bool,
 ) -> TrainingSetup:
-    """--framework trl: the checkpointing the run's TRL release asks for and, over a k-bit
-    base, the preparation and the adapters' dtype as it leaves them
-    (llmmem.budget.trl_rules), unless a flag says otherwise."""
-    if getattr(args, "framework", None) != "trl":
-        return setup
+    """--framework trl of a supervised step: the rules of the run's TRL release's SFTTrainer
+    (llmmem.sft_trainer_rules, as a file's SFTTrainer has them), unless a flag says otherwise."""
     trl = setup.trl_version  # the flag's release, else the one found beside the file
-    if trl is None:
+    if getattr(args, "framework", None) != "trl" or not supervised or trl is None:
         return setup
-    from llmmem.budget.trl_rules import sft_trainer_checkpointing, sft_trainer_on_kbit
+    from llmmem.sft_trainer_rules import with_sft_trainer
 
-    setup, ckpt_note = sft_trainer_checkpointing(setup, trl)
-    if ckpt_note:
-        prov["grad_ckpt"] = ckpt_note
-    if setup.quant is None or setup.lora is None:
-        return setup
-    if getattr(args, "kbit_prepare", None) is not None or getattr(args, "adapter_dtype", None):
-        return setup
-
-    sharded = setup.distributed.fsdp is not None and setup.quant.storage_shardable
-    setup, note = sft_trainer_on_kbit(setup, trl, sharded=sharded)
-    if note:
-        prov["quant"] = note
-        prov["adapter_dtype"] = note
-    return setup
+    made = with_sft_trainer(
+        setup,
+        trl,
+        kbit_stated=getattr(args, "kbit_prepare", None) is not None
+        or bool(getattr(args, "adapter_dtype", None)),
+    )
+    if made.checkpointing_note:
+        prov["grad_ckpt"] = made.checkpointing_note
+    if made.kbit_note:
+        prov["quant"] = made.kbit_note
+        prov["adapter_dtype"] = made.kbit_note
+    return made.setup
 
 
 def setup_lines(

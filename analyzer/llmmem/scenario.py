@@ -73,27 +73,12 @@ class Analysis:
         return Path(self.plan.path)
 
 
-def _trl_on_kbit(plan: TrainingPlan, analysis: Analysis) -> str | None:
-    """A script that hands a k-bit model and a LoRA config to TRL's SFTTrainer, with the TRL
-    release of its environment or lock files known: the preparation and the adapters' dtype as
-    that release leaves them (llmmem.budget.trl_rules). A preparation the script calls itself
-    stays as written."""
-    setup = analysis.setup
-    found = analysis.versions.get("trl")
-    trainer = plan.extra.get("trainer")
-    name = getattr(trainer, "value", trainer)
-    if setup is None or found is None or name != "SFTTrainer" or plan.quantization is None:
-        return None
-    if plan.quantization.prepare_for_kbit_training.source is not Provenance.DEFAULT:
-        return None
-    from llmmem.budget.trl_rules import sft_trainer_on_kbit
-
-    analysis.setup, note = sft_trainer_on_kbit(setup, str(found.version))
-    return note
-
-
-def _trl_checkpointing(plan: TrainingPlan, analysis: Analysis) -> None:
-    """TRL's SFTTrainer from 0.28 checkpoints non-reentrant unless the script says otherwise."""
+def _sft_trainer_rules(plan: TrainingPlan, analysis: Analysis) -> str | None:
+    """A script that hands its model to TRL's SFTTrainer, with the TRL release of its
+    environment or lock files known: that release's checkpointing and, over a k-bit model with
+    a LoRA config, the preparation and the adapters' dtype as it leaves them
+    (llmmem.sft_trainer_rules); a preparation the script calls itself stays as written. The
+    k-bit rule's note, if it changed anything."""
     found = analysis.versions.get("trl")
     trainer = plan.extra.get("trainer")
     if (
@@ -101,10 +86,17 @@ def _trl_checkpointing(plan: TrainingPlan, analysis: Analysis) -> None:
         or found is None
         or getattr(trainer, "value", trainer) != "SFTTrainer"
     ):
-        return
-    from llmmem.budget.trl_rules import sft_trainer_checkpointing
+        return None
+    from llmmem.sft_trainer_rules import with_sft_trainer
 
-    analysis.setup, _ = sft_trainer_checkpointing(analysis.setup, str(found.version))
+    q = plan.quantization
+    made = with_sft_trainer(
+        analysis.setup,
+        str(found.version),
+        kbit_stated=q is not None and q.prepare_for_kbit_training.source is not Provenance.DEFAULT,
+    )
+    analysis.setup = made.setup
+    return made.kbit_note
 
 
 def _trl_sft_stack(plan: TrainingPlan, analysis: Analysis) -> None:
@@ -532,8 +524,7 @@ def analyze(
         analysis.setup, release_notes = with_release_defaults(
             plan, analysis.spec, analysis.setup, analysis.versions
         )
-        trl_note = _trl_on_kbit(plan, analysis)
-        _trl_checkpointing(plan, analysis)
+        trl_note = _sft_trainer_rules(plan, analysis)
         _trl_sft_stack(plan, analysis)
         note = loaded_dtype_note(plan, analysis.spec)
         if note and analysis.setup.transformers_release < (5, 0):
