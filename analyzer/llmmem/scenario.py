@@ -185,7 +185,12 @@ def setup_from_plan(plan: TrainingPlan, spec: ModelSpec) -> TrainingSetup:
         precision=Precision(plan.precision.value),
         optim=str(plan.optim.value),
         attn=ATTN_NAMES.get(str(plan.attn_implementation.value), AttnImpl.SDPA),
-        loss=LossImpl(plan.loss.value) if plan.loss is not None else LossImpl.STANDARD,
+        loss=LossImpl(plan.loss.value)
+        if plan.loss is not None
+        # litgpt's finetune scripts compute chunked_cross_entropy (128 positions a chunk)
+        else LossImpl.CHUNKED
+        if plan.framework == "litgpt"
+        else LossImpl.STANDARD,
         lora=lora,
         quant=quant,
         distributed=distributed,
@@ -320,7 +325,11 @@ def _extra_bool(plan: TrainingPlan, name: str, default: bool) -> bool:
 
 # the plans whose framework trains with a stack of its own (llmmem.budget.stacks); the rest
 # run transformers' models under the HF Trainer or a loop of their own
-PLAN_STACKS = {"torchtune": Framework.TORCHTUNE, "swift": Framework.SWIFT}
+PLAN_STACKS = {
+    "torchtune": Framework.TORCHTUNE,
+    "swift": Framework.SWIFT,
+    "litgpt": Framework.LITGPT,
+}
 
 
 def _adapter_bytes(plan: TrainingPlan) -> int:

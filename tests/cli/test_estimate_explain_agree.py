@@ -68,10 +68,6 @@ GRPO = (
     "GRPO: its generation settings (num_generations, prompt and completion lengths, vLLM) are "
     "not turned into --num-generations, --max-*-length and --vllm here yet"
 )
-ONE_ROAD_LITGPT = (
-    "one road only: a LitGPT file is sized with the HF stack (scenario.PLAN_STACKS has no "
-    "litgpt), --framework litgpt with LitGPT's own (bf16 adapters, its head, chunked loss)"
-)
 ONE_ROAD_UNSLOTH = (
     "one road only: unsloth's offloaded checkpointing (scenario._unsloth_offloads) and the "
     "SFTTrainer's bf16 adapters are the file's; --framework unsloth has neither"
@@ -95,8 +91,6 @@ NO_FLAG: dict[str, str] = {
     "flag for the k-bit compute dtype",
     "tests/fixtures/noise/orpo_trainer_qlora.py": "one road only: the file's ORPOTrainer over a "
     "k-bit model is read unprepared, estimate prepares it (--kbit-prepare's default)",
-    "tests/fixtures/configs/litgpt_lora.yaml": ONE_ROAD_LITGPT,
-    "tests/fixtures/shell/launch_litgpt.sh": ONE_ROAD_LITGPT,
     "tests/fixtures/noise/unsloth_qlora.py": ONE_ROAD_UNSLOTH,
     "tests/fixtures/python/unsloth_sft.py": ONE_ROAD_UNSLOTH,
     "tests/fixtures/python/followed/unsloth_fastmodel.py": ONE_ROAD_UNSLOTH
