@@ -289,9 +289,14 @@ export class ServerController implements ServerRequests, vscode.Disposable {
 
   /** One message: the server stopped at start, why, and [Show Log]. */
   private startFailed(cause: string): void {
+    // the same cause as the start before (a restart that changed nothing): said once
+    const repeated = this.startFailure === cause;
     this.startFailure = cause;
     this.log(`the server stopped at start: ${cause}`);
     this.onStarted(); // the status bar says it too
+    if (repeated) {
+      return;
+    }
     void vscode.window
       .showErrorMessage(`llmmem: the language server stopped at start: ${cause}`, 'Show Log')
       .then((choice) => choice && this.output.show());
@@ -309,7 +314,12 @@ export class ServerController implements ServerRequests, vscode.Disposable {
       } catch (error) {
         this.log(`stopping the server: ${String(error)}`);
       }
-      await client.dispose();
+      try {
+        await client.dispose();
+      } catch (error) {
+        // a client whose server stopped at start cannot be stopped again: nothing to end
+        this.log(`disposing the stopped client: ${String(error)}`);
+      }
     }
   }
 

@@ -196,6 +196,25 @@ describe('activate', () => {
     assert.deepEqual(closed, { action: 1, handled: true });
   });
 
+  it('a restart after a failed start ends the failed client quietly and says the same cause once', async () => {
+    starting.with = async (client) => {
+      client.clientOptions.outputChannel!.append('llmmem-lsp: error: this interpreter refuses to start\n');
+      throw new Error('Pending response rejected since connection got disposed');
+    };
+    activateExtension();
+    await waitFor(() => assert.equal(window.showErrorMessage.calls.length, 1), 3_000);
+    // vscode-languageclient refuses to dispose a client whose start failed
+    clients[0]!.dispose.doesOnce(async () => {
+      throw new Error("Client is not running and can't be stopped. It's current state is: startFailed");
+    });
+    const restart = commands.registerCommand.calls.find((call) => call[0] === 'llmmem.restart')![1];
+    await restart();
+    await waitFor(() => assert.equal(clients[1]?.start.calls.length, 1), 3_000);
+    await new Promise((resolve) => setTimeout(resolve, 400));
+    const messages = window.showErrorMessage.calls.map((call) => call[0]);
+    assert.deepEqual(messages, ['llmmem: the language server stopped at start: llmmem-lsp: error: this interpreter refuses to start']);
+  });
+
   it('does not install anything when the user declines', async () => {
     check.doesOnce(async () => ({ ok: false, reason: 'not-installed', detail: "No module named 'llmmem_lsp'" }));
     activateExtension();
