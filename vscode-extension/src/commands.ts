@@ -129,15 +129,19 @@ async function verifyRun(
     { location: vscode.ProgressLocation.Notification, title, cancellable: true },
     async (progress, cancel) => {
       try {
-        if (server.executeWithProgress) {
-          return await server.executeWithProgress<VerifyOutcome>(
-            SERVER_COMMANDS.verify,
-            args,
-            (message) => progress.report({ message }),
-            cancel,
-          );
+        const outcome = server.executeWithProgress
+          ? await server.executeWithProgress<VerifyOutcome>(
+              SERVER_COMMANDS.verify,
+              args,
+              (message) => progress.report({ message }),
+              cancel,
+            )
+          : await server.executeCommand<VerifyOutcome>(SERVER_COMMANDS.verify, args);
+        // the server may end a cancelled run with its own answer rather than an error
+        if (outcome?.cancelled) {
+          log.appendLine('verify cancelled');
         }
-        return await server.executeCommand<VerifyOutcome>(SERVER_COMMANDS.verify, args);
+        return outcome;
       } catch (error) {
         if (cancel.isCancellationRequested || isCancellation(error)) {
           log.appendLine('verify cancelled');

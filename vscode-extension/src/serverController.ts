@@ -282,6 +282,13 @@ export class ServerController implements ServerRequests, vscode.Disposable {
       this.startFailed(watch.cause() ?? (error instanceof Error ? error.message : String(error)));
       return;
     }
+    if (!client.isRunning()) {
+      // vscode-languageclient's start() can resolve although the process ended before it
+      // answered initialize (its state is then startFailed): the same failure, said the same way
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      this.startFailed(watch.cause() ?? 'the server process ended as it started');
+      return;
+    }
     running = true;
     this.startFailure = undefined;
     this.onStarted();

@@ -32,16 +32,18 @@ export interface BuiltClient {
 /** Every client built since the last `clients.length = 0`. */
 export const clients: LanguageClient[] = [];
 
-/** How the next clients' `start` behaves (a test sets it; undefined: it starts). */
-export const starting: { with: ((client: LanguageClient) => Promise<void>) | undefined } = { with: undefined };
+/** How the next clients' `start` behaves (a test sets it; undefined: it starts). A `with` that
+ * resolves to 'ended' makes `start` resolve with the client not running, as the real client's
+ * start can when the process ends before it answers initialize. */
+export const starting: { with: ((client: LanguageClient) => Promise<void | 'ended'>) | undefined } = {
+  with: undefined,
+};
 
 export class LanguageClient implements BuiltClient {
   running = false;
   readonly start = spy(async () => {
-    if (starting.with) {
-      await starting.with(this);
-    }
-    this.running = true;
+    const outcome = starting.with ? await starting.with(this) : undefined;
+    this.running = outcome !== 'ended';
   });
   readonly stop = spy(async (_timeout?: number) => {
     this.running = false;

@@ -448,49 +448,71 @@ export async function scenario({ browser, url, workspace, artifacts, userData, i
   await step('Verify runs in a notification with Cancel, its files outside the workspace', async () => {
     await focusScript();
     const before = fs.readdirSync(workspace).sort();
-    await runCommand('llmmem: Verify on GPU');
-    const progress = await until('the verify notification', () => {
-      const toast = [...document.querySelectorAll('.notifications-toasts .notification-toast')].find((element) =>
-        /verifying qlora_sft\.py/.test(element.innerText),
-      );
-      if (!toast) {
-        return false;
+    // where no CUDA device is found the verify ends within a second or two: Cancel can miss
+    // it, so a run that ended first is started again (at most three times)
+    let outcome = false;
+    let attempt = 0;
+    let sawNotification = false;
+    while (outcome !== 'cancelled' && attempt < 3) {
+      attempt += 1;
+      const logged = outputChannelLog().length;
+      const ended = () => /verify: (no measurement|measured)/.test(outputChannelLog().slice(logged));
+      await runCommand('llmmem: Verify on GPU');
+      let progress = false;
+      const shown = Date.now();
+      while (!progress && !ended() && Date.now() - shown < 60_000) {
+        progress = await page.evaluate(() => {
+          const toast = [...document.querySelectorAll('.notifications-toasts .notification-toast')].find((element) =>
+            /verifying qlora_sft\.py/.test(element.innerText),
+          );
+          return toast
+            ? { text: toast.innerText, buttons: [...toast.querySelectorAll('.monaco-button')].map((button) => button.textContent) }
+            : false;
+        });
+        await sleep(100);
       }
-      return {
-        text: toast.innerText,
-        buttons: [...toast.querySelectorAll('.monaco-button')].map((button) => button.textContent),
-      };
-    });
-    log(`  notification: ${progress.text.replace(/\n/g, ' / ')} [${progress.buttons.join(', ')}]`);
-    check.ok(progress.buttons.includes('Cancel'), 'the verify notification has Cancel');
-    await sleep(1_500);
-    const during = fs.readdirSync(workspace).sort();
-    check.ok(JSON.stringify(during) === JSON.stringify(before), `nothing new in the workspace while verify runs (${during.join(', ')})`);
-    await screenshot('verify-notification');
-    await page.evaluate(() => {
-      const toast = [...document.querySelectorAll('.notifications-toasts .notification-toast')].find((element) =>
-        /verifying qlora_sft\.py/.test(element.innerText),
-      );
-      [...(toast?.querySelectorAll('.monaco-button') ?? [])].find((button) => button.textContent === 'Cancel')?.click();
-    });
-    const gone = await until(
-      'the verify notification gone after Cancel',
-      () => ![...document.querySelectorAll('.notifications-toasts .notification-toast')].some((element) => /verifying qlora_sft\.py/.test(element.innerText)),
-      undefined,
-      20_000,
-    ).catch(() => false);
-    check.ok(gone, 'Cancel ends the verify');
-    const cancelled = await (async () => {
+      if (!progress) {
+        check.ok(ended(), "the verify notification, or the verify's end, within 60 s");
+        log(`  run ${attempt}: the verify ended before its notification was seen`);
+        await runCommand('Notifications: Clear All Notifications');
+        continue;
+      }
+      if (!sawNotification) {
+        sawNotification = true;
+        log(`  notification: ${progress.text.replace(/\n/g, ' / ')} [${progress.buttons.join(', ')}]`);
+        check.ok(progress.buttons.includes('Cancel'), 'the verify notification has Cancel');
+        await sleep(300);
+        const during = fs.readdirSync(workspace).sort();
+        check.ok(JSON.stringify(during) === JSON.stringify(before), `nothing new in the workspace while verify runs (${during.join(', ')})`);
+        await screenshot('verify-notification');
+      }
+      await page.evaluate(() => {
+        const toast = [...document.querySelectorAll('.notifications-toasts .notification-toast')].find((element) =>
+          /verifying qlora_sft\.py/.test(element.innerText),
+        );
+        [...(toast?.querySelectorAll('.monaco-button') ?? [])].find((button) => button.textContent === 'Cancel')?.click();
+      });
+      const gone = await until(
+        'the verify notification gone after Cancel',
+        () => ![...document.querySelectorAll('.notifications-toasts .notification-toast')].some((element) => /verifying qlora_sft\.py/.test(element.innerText)),
+        undefined,
+        20_000,
+      ).catch(() => false);
+      check.ok(gone, `Cancel ends the verify (run ${attempt})`);
       const started = Date.now();
-      while (Date.now() - started < 10_000) {
-        if (/verify cancelled/.test(outputChannelLog())) {
-          return true;
-        }
+      outcome = false;
+      while (!outcome && Date.now() - started < 10_000) {
+        const text = outputChannelLog().slice(logged);
+        outcome = /verify cancelled/.test(text) ? 'cancelled' : /verify: (no measurement|measured)/.test(text) ? 'ended' : false;
         await sleep(300);
       }
-      return false;
-    })();
-    check.ok(cancelled, 'the output channel says the verify was cancelled');
+      if (outcome === 'ended') {
+        log(`  run ${attempt}: the verify ended before Cancel reached it`);
+        await runCommand('Notifications: Clear All Notifications');
+      }
+    }
+    check.ok(sawNotification, 'the verify notification was seen');
+    check.ok(outcome === 'cancelled', `the output channel says the verify was cancelled (${attempt} run(s))`);
     await runCommand('Notifications: Clear All Notifications');
     await focusScript();
   });

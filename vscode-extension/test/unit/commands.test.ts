@@ -175,6 +175,24 @@ describe('Verify on GPU', () => {
     assert.equal(window.showWarningMessage.calls.length, 0);
   });
 
+  it('says in the log that a verify was cancelled when the server answers the cancel itself', async () => {
+    window.activeTextEditor = { document: fakeDocument('/work/train.py') };
+    // the server ended the run and answered before the client saw its cancellation
+    const executeWithProgress = spy(
+      (_command: string, _args: unknown[], _report: unknown, cancel: { onCancellationRequested(l: () => void): unknown }) =>
+        new Promise((resolve) => {
+          cancel.onCancellationRequested(() => resolve({ ok: false, cancelled: true, message: 'verify cancelled' }));
+        }),
+    );
+    const server = { ...fakeServer(), executeWithProgress } as never;
+    const running = verifyActive(server, log);
+    await new Promise((resolve) => setTimeout(resolve, 10));
+    cancelProgress();
+    assert.deepEqual(await running, { ok: false, cancelled: true, message: 'verify cancelled' });
+    assert.ok(log.lines.includes('verify cancelled'), log.lines.join('\n'));
+    assert.equal(window.showWarningMessage.calls.length, 0);
+  });
+
   it('does not offer a simulated step where none can run the plan, and says why', async () => {
     window.activeTextEditor = { document: fakeDocument('/work/qlora.py') };
     const why = 'its k-bit layers are bitsandbytes kernels, which do not run on fake tensors';

@@ -215,6 +215,18 @@ describe('activate', () => {
     assert.deepEqual(messages, ['llmmem: the language server stopped at start: llmmem-lsp: error: this interpreter refuses to start']);
   });
 
+  it('says why when start() resolves but the server ended as it started', async () => {
+    starting.with = async (client) => {
+      client.clientOptions.outputChannel!.append('llmmem-lsp: error: this interpreter refuses to start\n');
+      return 'ended';
+    };
+    activateExtension();
+    await waitFor(() => assert.equal(window.showErrorMessage.calls.length, 1), 3_000);
+    const [message, ...items] = window.showErrorMessage.calls[0]!;
+    assert.equal(message, 'llmmem: the language server stopped at start: llmmem-lsp: error: this interpreter refuses to start');
+    assert.deepEqual(items, ['Show Log']);
+  });
+
   it('does not install anything when the user declines', async () => {
     check.doesOnce(async () => ({ ok: false, reason: 'not-installed', detail: "No module named 'llmmem_lsp'" }));
     activateExtension();
