@@ -7,10 +7,6 @@ measured here."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +14,7 @@ import pytest
 pytest.importorskip("deepspeed")
 pytest.importorskip("transformers")
 
+from rank_steps import measured_ranks  # noqa: E402
 from ulysses_rank_step import LLAMA, SEQ  # noqa: E402
 
 from llmmem.budget.phases import estimate_budget  # noqa: E402
@@ -25,29 +22,11 @@ from llmmem.budget.setup import DistributedSetup, TrainingSetup  # noqa: E402
 from llmmem.models.architectures import spec_from_config  # noqa: E402
 from llmmem.models.spec import ModelSource  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
-
 
 def measured(ranks: int, out: Path) -> list[dict[str, int]]:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            str(ranks),
-            "--master-port",
-            str(29600 + ranks),
-            str(HERE / "ulysses_rank_step.py"),
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "ULYSSES_SEQ": str(SEQ)},
+    return measured_ranks(
+        "ulysses_rank_step.py", ranks, out, port=29600 + ranks, env={"ULYSSES_SEQ": str(SEQ)}
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(ranks)]
 
 
 def predicted(ranks: int) -> dict[str, int]:

@@ -7,10 +7,6 @@ rank whose experts are chosen more often receives more rows; a random router her
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,6 +15,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from ep_rank_step import QWEN3_MOE, SEQ  # noqa: E402
+from rank_steps import measured_ranks  # noqa: E402
 
 from llmmem.budget.distributed import gathered_block_params, sharding_for  # noqa: E402
 from llmmem.budget.expert_parallel import expert_parallel_spec  # noqa: E402
@@ -28,7 +25,6 @@ from llmmem.budget.setup import DistributedSetup, SetupError, TrainingSetup  # n
 from llmmem.models.architectures import spec_from_config  # noqa: E402
 from llmmem.models.spec import ModelSource  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
 SPEC = spec_from_config(
     dict(QWEN3_MOE, model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"]),
     model_id="tiny-qwen3-moe",
@@ -37,25 +33,9 @@ SPEC = spec_from_config(
 
 
 def measured(ranks: int, out: Path) -> list[dict[str, int]]:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            str(ranks),
-            "--master-port",
-            str(29750 + ranks),
-            str(HERE / "ep_rank_step.py"),
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "EP_SEQ": str(SEQ)},
+    return measured_ranks(
+        "ep_rank_step.py", ranks, out, port=29750 + ranks, env={"EP_SEQ": str(SEQ)}
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(ranks)]
 
 
 def setup_for(ranks: int, ep: int, **changes: object) -> TrainingSetup:

@@ -5,16 +5,13 @@ every phase within 5% of the budget (the whole model's budget is 104-187% over).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("transformers")
 
+from rank_steps import measured_ranks  # noqa: E402
 from tp_rank_step import LLAMA, SEQ  # noqa: E402
 
 from llmmem.budget.phases import estimate_budget  # noqa: E402
@@ -22,29 +19,11 @@ from llmmem.budget.setup import DistributedSetup, TrainingSetup  # noqa: E402
 from llmmem.models.architectures import spec_from_config  # noqa: E402
 from llmmem.models.spec import ModelSource  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
-
 
 def measured(ranks: int, out: Path) -> list[dict[str, int]]:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            str(ranks),
-            "--master-port",
-            str(29700 + ranks),
-            str(HERE / "tp_rank_step.py"),
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "TP_SEQ": str(SEQ)},
+    return measured_ranks(
+        "tp_rank_step.py", ranks, out, port=29700 + ranks, env={"TP_SEQ": str(SEQ)}
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(ranks)]
 
 
 def predicted(ranks: int) -> dict[str, int]:
