@@ -524,8 +524,12 @@ def analyze(
             base_dir=Path(plan.path).parent,
         )
     except ModelResolutionError as err:
-        analysis.model_error = str(err)
-        return analysis
+        analysis.spec = _written_in_project(
+            str(model.value), plan, hub=hub, hub_timeout_s=hub_timeout_s, error=err
+        )
+        if analysis.spec is None:
+            analysis.model_error = str(err)
+            return analysis
     analysis.spec = _with_plan_task_head(plan, analysis.spec, analysis.problems)
     try:
         analysis.setup = setup_from_plan(plan, analysis.spec)
@@ -599,6 +603,59 @@ def analyze(
     except (SetupError, ValueError) as err:
         analysis.problems.append(str(err).removeprefix("Value error, "))
     return analysis
+
+
+def _written_in_project(
+    ref: str, plan: TrainingPlan, *, hub: bool, hub_timeout_s: float, error: Exception
+) -> ModelSpec | None:
+    """The spec of the model another training file of the project trains into the folder `ref`
+    names (llmmem.project_outputs), for a reference nothing else resolved; None where no file
+    writes it. A stage that loads a folder an earlier stage writes itself is followed up to
+    MAX_STAGES files back. Where files disagree, `error`'s message says so."""
+    from llmmem.models.resolve import ModelResolutionError, resolve_model
+    from llmmem.project_outputs import find_project_writer, writer_note
+
+    if "/" not in ref and "\\" not in ref:
+        return None
+    notes: list[str] = []
+    path = Path(plan.path)
+    for _ in range(MAX_STAGES):
+        writer, disagreement = find_project_writer(ref, path)
+        if writer is None:
+            if disagreement:
+                error.args = (f"{error.args[0]}; {disagreement}", *error.args[1:])
+            return None
+        notes.append(writer_note(ref, writer, path))
+        if len(notes) == 1 and _takes_writers_adapter(plan, writer):
+            plan.lora = writer.lora
+            notes.append(
+                f"the k-bit model here can train only through the adapter "
+                f"{writer.path.name} saves in that folder: its LoRA settings are used"
+            )
+        try:
+            spec = resolve_model(
+                writer.model, hub=hub, hub_timeout_s=hub_timeout_s, base_dir=writer.path.parent
+            )
+        except ModelResolutionError:
+            ref, path = writer.model, writer.path
+            continue
+        return replace(spec, notes=[*notes, *spec.notes])
+    return None
+
+
+MAX_STAGES = 3  # earlier stages followed back through the folders they write
+
+
+def _takes_writers_adapter(plan: TrainingPlan, writer: Any) -> bool:
+    """A k-bit model with no adapter of its own, loaded from the folder where an earlier stage
+    saves its adapter (not a merged copy): that adapter is what trains (a k-bit model cannot be
+    trained in full, so a file that trains it trains the adapter it loads)."""
+    return (
+        plan.lora is None
+        and plan.quantization is not None
+        and writer.lora is not None
+        and not writer.merged
+    )
 
 
 def _with_plan_task_head(plan: TrainingPlan, spec: ModelSpec, problems: list[str]) -> ModelSpec:
