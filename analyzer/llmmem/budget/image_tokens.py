@@ -17,6 +17,10 @@ these):
   thumbnail when there are several;
 - Idefics3, SmolVLM: the longest edge brought to 4 tiles' length, each side rounded up to whole
   tiles, the tiles and a downscaled whole image;
+- Phi-3-vision, Phi-3.5-vision (`HD_transform`): the image scaled to the widest grid of 336-pixel
+  crops within num_crops that keeps its aspect, its height padded to whole crops; the crops and a
+  336-pixel global image, every one of the num_crops + 1 crops through the encoder (the batch is
+  padded to that many), 144 tokens per crop after a 2×2 merge, one separator after each row;
 - Mllama: the canvas of at most max_num_tiles tiles that scales the image least; the text holds
   one token per image, the cross-attention blocks read every tile's patches and class token.
 
@@ -189,6 +193,23 @@ def llava_next_features(
     return rows_of_tiles * cols_of_tiles, current_height * current_width + current_height + base
 
 
+def phi3_hd_size(height: int, width: int, crops: int, crop: int = 336) -> tuple[int, int]:
+    """(height, width) of an image after Phi-3-vision's HD_transform with at most `crops`
+    crops: the longer side's grid as wide as `crops` allows at the image's aspect, the shorter
+    side scaled with it and padded up to whole crops."""
+    transposed = width < height
+    if transposed:
+        height, width = width, height
+    ratio = width / height
+    scale = 1
+    while scale * math.ceil(scale / ratio) <= crops:
+        scale += 1
+    scale -= 1
+    new_width = int(scale * crop)
+    new_height = math.ceil(int(new_width / ratio) / crop) * crop
+    return (new_width, new_height) if transposed else (new_height, new_width)
+
+
 def image_tokens(
     tower: VisionTower,
     images: VisionSetup,
@@ -264,6 +285,25 @@ def image_tokens(
             "each in the text)",
             longest_unit=tiles * padded,
             square=count * (tiles * padded) ** 2,
+        )
+    if g.rule == "hd_crops":
+        size = g.image_size or 336
+        h, w = phi3_hd_size(height, width, g.max_tiles, size)
+        rows, cols = h // size, w // size
+        crops = g.max_tiles + 1  # the processor pads every image to num_crops + 1 crops
+        per_crop = per_side * per_side + cls
+        merged_per_crop = g.tokens_per_image or 0
+        side_tokens = per_side // g.merge
+        lm_per_image = (rows * cols + 1) * merged_per_crop + 1 + (rows + 1) * side_tokens
+        return ImageTokens(
+            units=count * crops,
+            encoder_tokens=count * crops * per_crop,
+            merged_tokens=count * (rows * cols + 1) * merged_per_crop,
+            lm_tokens=count * lm_per_image,
+            formula=f"{count} × ({h}×{w} px: {rows}×{cols} crops of {size} and a global one, "
+            f"{crops} through the encoder; {lm_per_image} tokens per image)",
+            longest_unit=per_crop,
+            square=count * crops * per_crop * per_crop,
         )
     # tiles
     size = g.image_size or 448

@@ -234,7 +234,7 @@ class ModelSpec:
 #   whole-image tile (InternVL, Idefics3, LLaVA-NeXT's grid);
 # - cross_attention: the text holds one token per image; the language model's cross-attention
 #   blocks read the encoder's tiles (Llama 3.2 Vision)
-ImageRule = Literal["grid", "fixed", "tiles", "cross_attention"]
+ImageRule = Literal["grid", "fixed", "tiles", "cross_attention", "hd_crops"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -249,7 +249,7 @@ class ImageGeometry:
     temporal_patch_size: int = 1  # frames folded into one patch (Qwen: an image is repeated)
     tokens_per_image: int | None = None  # fixed: language-model tokens per image
     class_token: bool = False  # the encoder prepends one token per image or tile
-    max_tiles: int = 1  # tiles, cross_attention: tiles per image at most
+    max_tiles: int = 1  # tiles, cross_attention, hd_crops: tiles per image at most
     # Qwen2.5-VL: the side, in patches, of the windows most blocks attend within (None: every
     # block attends over the whole image)
     window_patches: int | None = None

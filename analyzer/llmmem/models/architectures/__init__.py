@@ -76,6 +76,7 @@ VISION_FAMILY_OF_MODEL_TYPE: dict[str, str] = dict.fromkeys(
     "vision_language",
 )
 VISION_FAMILY_OF_MODEL_TYPE["mllama"] = "mllama"
+VISION_FAMILY_OF_MODEL_TYPE["phi3_v"] = "phi3_vision"
 VISION_LANGUAGE_MODEL_TYPES: tuple[str, ...] = tuple(sorted(VISION_FAMILY_OF_MODEL_TYPE))
 
 
