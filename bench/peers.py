@@ -10,7 +10,10 @@ The rows:
   softmax and the LitGPT scatter on measured.jsonl's rows; the transformers loss releases, TRL's
   k-bit preparation, the FSDP1 retention and the allocator replay on measured-wide.jsonl's).
 - held out: bench/held_out_rows.jsonl, published measurements found for this bench, each with
-  its source, configuration and metric; nothing here was fitted or tuned to them.
+  its source, configuration and metric; nothing here was fitted or tuned to them. A row run on
+  torchtune, ms-swift or unsloth is sized with that framework's own stack, as `llmmem estimate
+  --framework` sizes it, and may state `attn`, `loss` and `adapter_dtype` where its release
+  fixed them (with_stated_stack).
 
 No row of either set is in a peer's own calibration (fitcheck-llm and torch-preflight were
 fitted to runs of their own on a Tesla T4; no row here is a T4 run).
@@ -33,7 +36,7 @@ import sys
 import tempfile
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -63,6 +66,7 @@ from peer_estimators import (  # noqa: E402
 )
 
 from llmmem.budget.phases import estimate_budget  # noqa: E402
+from llmmem.budget.setup import AttnImpl, Framework, LossImpl  # noqa: E402
 
 IN_SAMPLE = "in-sample"
 HELD_OUT = "held out"
@@ -92,13 +96,42 @@ class Skipped:
     reason: str
 
 
+# a held-out row's framework whose own stack llmmem sizes (llmmem.budget.stacks), as
+# `llmmem estimate --framework` names it
+STACK_FRAMEWORKS = {
+    "torchtune": Framework.TORCHTUNE,
+    "ms-swift": Framework.SWIFT,
+    "unsloth": Framework.UNSLOTH,
+}
+
+
+def with_stated_stack(case: CalibrationCase) -> CalibrationCase:
+    """The row's own stack and the settings it states beyond measured-wide.jsonl's fields:
+    `attn` (eager, sdpa, flash_attention_2), `loss` (standard, chunked) and `adapter_dtype`
+    (bf16: adapters in the base's dtype, as peft before 0.12 kept them)."""
+    row = case.row
+    changes: dict[str, object] = {}
+    framework = STACK_FRAMEWORKS.get(str(row.get("framework", "")).lower())
+    if framework is not None:
+        changes["framework"] = framework
+    if "attn" in row:
+        changes["attn"] = AttnImpl(row["attn"])
+    if "loss" in row:
+        changes["loss"] = LossImpl(row["loss"])
+    if row.get("adapter_dtype") == "bf16" and case.setup.lora is not None:
+        changes["lora"] = replace(case.setup.lora, adapter_bytes=2)
+    if not changes:
+        return case
+    return replace(case, setup=replace(case.setup, **changes))  # type: ignore[arg-type]
+
+
 def bench_rows() -> tuple[list[Row], list[Skipped]]:
     rows = [Row(case_from_row(row), IN_SAMPLE) for row in load_rows(CALIBRATION_FILE)]
     skipped: list[Skipped] = []
     for path, sample in ((WIDE_CALIBRATION_FILE, IN_SAMPLE), (HELD_OUT_FILE, HELD_OUT)):
         for row in load_rows(path):
             try:
-                rows.append(Row(wide_case_from_row(row), sample))
+                rows.append(Row(with_stated_stack(wide_case_from_row(row)), sample))
             except RowSkipped as reason:
                 skipped.append(Skipped(str(row["id"]), str(row["method"]), sample, str(reason)))
     return rows, skipped
