@@ -1,9 +1,9 @@
 """The releases of the training stack a file will run with, and where each was read.
 
 A step's memory depends on a few library releases (transformers 5 keeps MoE experts as 3-D
-parameters that bitsandbytes does not quantize; bitsandbytes before 0.43 keeps the 4-bit matmul's
-input; torch before 2.0 zeroes gradients instead of freeing them). For a file, each library's
-release is looked up, first source that names it wins:
+parameters that bitsandbytes does not quantize; bitsandbytes before 0.43.2 keeps the 4-bit
+matmul's input; torch before 2.0 zeroes gradients instead of freeing them). For a file, each
+library's release is looked up, first source that names it wins:
 
 1. the environment the file will run in, read from its installed distributions' metadata (the
    `*.dist-info` folders and their METADATA `Version:` line; nothing is imported or run):

@@ -10,8 +10,8 @@ FakeTensorMode, see `MEMORY-MODEL.md`):
   Linears reading the same tensor share one saved copy, except under autocast, where each one
   saves its own low-precision cast of an fp32 input;
 - a LoRA adapter saves its (fp32-cast) input and the rank-r output of `lora_A`;
-- a bitsandbytes 4-bit Linear keeps only its packed weight (bitsandbytes 0.43 on; before, also its
-  input cast to the compute dtype; LLM.int8 keeps its input) and returns its input's dtype, so
+- a bitsandbytes 4-bit Linear keeps only its packed weight (bitsandbytes 0.43.2 on; before, also
+  its input cast to the compute dtype; LLM.int8 keeps its input) and returns its input's dtype, so
   after `prepare_model_for_kbit_training` the MLP runs in fp32, under autocast too;
 - HF's RMSNorm upcasts its input to fp32 and saves that copy; it saves the normalised tensor only
   when its weight trains; LayerNorm saves its input;

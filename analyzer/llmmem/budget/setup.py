@@ -9,6 +9,7 @@ also accept their values as text ("qlora", "bf16-true").
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, TypeVar
@@ -194,6 +195,19 @@ def release(version: str) -> tuple[int, int]:
     return int(major), int(minor.split(".")[0] or 0)
 
 
+# a release named without its patch ("0.43") stands for that minor release's newest patch, what
+# `pip install "bitsandbytes==0.43.*"` installs; above any patch a rule names
+NEWEST_PATCH = 10**6
+
+
+def patch_release(version: str) -> tuple[int, int, int]:
+    """`"0.43.2"` as (0, 43, 2); `"0.43"`, which names no patch, as 0.43's newest patch."""
+    major, minor = release(version)
+    parts = version.split(".")
+    patch = re.match(r"\d+", parts[2]) if len(parts) > 2 else None
+    return major, minor, int(patch.group()) if patch else NEWEST_PATCH
+
+
 def check_release(version: str, name: str, example: str) -> None:
     """A clear SetupError where `version` is not a release like `example`."""
     try:
@@ -226,7 +240,8 @@ class QuantSetup:
     # with bf16=True) casts the embeddings and the head, which the preparation upcast to fp32,
     # back to bf16; the norms stay fp32
     embeddings_16bit: bool = False
-    # the bitsandbytes release, "major.minor": what its matmuls keep for backward changed
+    # the bitsandbytes release, "major.minor" or "major.minor.patch": what its 4-bit matmul
+    # keeps for backward changed in a patch release (0.43.2)
     bitsandbytes_version: str = "0.50"
     # bnb_4bit_quant_storage: the dtype the packed 4-bit values are stored in. uint8 (the
     # default) or a float dtype (bfloat16, float16, float32) that FSDP can flatten and shard with
@@ -253,11 +268,19 @@ class QuantSetup:
         return release(self.bitsandbytes_version)
 
     @property
+    def bitsandbytes_patch_release(self) -> tuple[int, int, int]:
+        return patch_release(self.bitsandbytes_version)
+
+    @property
     def matmul_keeps_input(self) -> bool:
         """Whether the k-bit matmul keeps its input for backward though its weight is frozen:
-        LLM.int8 always does; the 4-bit one did up to bitsandbytes 0.42 (its input cast to the
-        compute dtype) and keeps only the packed weight since 0.43."""
-        return self.quant_type is QuantType.INT8 or self.bitsandbytes_release < (0, 43)
+        LLM.int8 always does; the 4-bit one did up to bitsandbytes 0.43.1 (its input cast to the
+        compute dtype, held as `ctx.tensors = (A, B)`: MatMul4Bit.forward,
+        autograd/_functions.py:523 from 0.41.0 to 0.43.0, :516 in 0.43.1) and keeps only the
+        packed weight since 0.43.2 (`ctx.tensors = (None, B)`, :516; bitsandbytes #1270).
+        The input is an attribute of the autograd context, not a saved tensor: backward does not
+        free it, it lives as long as the step's graph."""
+        return self.quant_type is QuantType.INT8 or self.bitsandbytes_patch_release < (0, 43, 2)
 
     @property
     def bits(self) -> int:
