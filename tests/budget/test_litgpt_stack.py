@@ -94,10 +94,11 @@ def test_each_chunk_dequantizes_the_whole_head(
 ) -> None:
     """bitsandbytes 0.42's forward dequantizes to fp16 and casts to bf16 (4 B a value alive);
     from 0.46 `gemm_4bit` dequantizes straight to bf16 (2 B); backward does fp16 and the cast
-    in both."""
+    in both. The first step, with no previous step's tensors beside its head
+    (test_bitsandbytes_releases.py)."""
     head = llama32_1b.vocab_size * llama32_1b.hidden_size
     stack = stack_for(Framework.LITGPT)
-    setup = stack.prepare(litgpt("qlora", bnb))
+    setup = stack.prepare(litgpt("qlora", bnb, first_step=True))
     spec = stack.model(llama32_1b, setup)  # type: ignore[attr-defined]
     moments = stack.loss(spec, setup)
     assert moments is not None

@@ -39,13 +39,38 @@ Its loss
 Its blocks
 - The attention's fused qkv and LoRA's zero-padded q/v output (`index_copy`, whose backward keeps
   its source) are the shared block rules' LitGPT cases (budget.activations).
+
+Its loop: the previous step's graph
+- `fit` binds the step's outputs to `logits` (finetune/lora.py:276 at 5895df10, :287 in the 0.4.0
+  wheel) and the name is bound again only when the next step's model call returns: through the
+  next step's forward, the previous step's logits are alive, and with them its autograd graph.
+  Backward freed that graph's saved tensors, not what a custom autograd function keeps as a
+  plain attribute of its context: bitsandbytes' `MatMul4Bit` keeps its input so (`ctx.tensors =
+  (A, B)`, autograd/_functions.py:523 from 0.41.0 to 0.43.0, :516 in 0.43.1; `(None, B)` from
+  0.43.2). Up to bitsandbytes 0.43.1, every 4-bit Linear's input of the previous step (those that
+  need a gradient: not the first block's attention input, made from the frozen embeddings) is
+  alive when the next step's head runs, beside that step's own.
+- lit-gpt's scripts before LitGPT's first release ran the longest sample as the first step
+  (`get_batch(..., longest_seq_ix if iter_num == 0 else None)`, finetune/lora.py:212 at 8641822),
+  with no step before it; their published runs used bitsandbytes 0.41 (0.41.1 in the resource
+  tables of 2023-10; the pyproject pinned 0.41.0 until #946 pinned 0.42.0, the day #950 brought
+  the DataLoader loop). Every LitGPT release, 0.2.0 on, shuffles its batches through a
+  DataLoader and pins bitsandbytes 0.42.0 (pyproject.toml:35 at 5895df10). The setup names no
+  LitGPT release, so a k-bit run's bitsandbytes release stands for the loop: below 0.42, lit-gpt's
+  scripts, whose longest step has no previous step's graph beside it.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from llmmem.budget.activations import dtypes_for
+from llmmem.budget.activations import (
+    TWO_NORM_PARALLEL_TYPES,
+    Trainability,
+    dtypes_for,
+    linear_position,
+    trainability_for,
+)
 from llmmem.budget.logits import (
     CHUNK_POSITIONS,
     LogitsMoments,
@@ -53,15 +78,17 @@ from llmmem.budget.logits import (
     logits_hole,
     logits_moments,
 )
-from llmmem.budget.setup import LossImpl, Method, TrainingSetup
+from llmmem.budget.setup import LossImpl, Method, QuantType, TrainingSetup
 from llmmem.budget.stacks.hf import LossMoments, Stack, WeightCopies
 from llmmem.budget.weights import Inventory, ParameterGroup, bitsandbytes_bytes
-from llmmem.models.spec import ModelSpec
+from llmmem.models.spec import BlockGroup, LinearModule, ModelSpec
 from llmmem.units import format_bytes, format_count
 
 RELEASE = "0.4.0"
 # Lightning quantizes every weight from fp16 (plugins/precision/bitsandbytes.py:335)
 QUANT_STATE_BYTES = 2
+# the bitsandbytes release of LitGPT's first pin (0.42.0); lit-gpt's scripts ran 0.41
+RELEASES_BITSANDBYTES = (0, 42)
 
 
 def dequantized_bytes(setup: TrainingSetup, values: int, *, backward: bool) -> int:
@@ -74,6 +101,77 @@ def dequantized_bytes(setup: TrainingSetup, values: int, *, backward: bool) -> i
     if direct or compute == QUANT_STATE_BYTES and not setup.precision.uses_bf16:
         return compute * values
     return (QUANT_STATE_BYTES + compute) * values
+
+
+def _block_kept_inputs(
+    spec: ModelSpec, group: BlockGroup, train: Trainability, grad_in: bool
+) -> tuple[int, bool]:
+    """The input values one block's 4-bit Linears keep on their autograd context (those inputs
+    that need a gradient), and whether the block's output needs one."""
+
+    def of(position: str) -> list[LinearModule]:
+        return [lin for lin in group.linears if linear_position(lin) == position]
+
+    attn_in, attn_out, mlp_in, mlp_out = (
+        of(p) for p in ("attn_in", "attn_out", "mlp_in", "mlp_out")
+    )
+
+    def width(linears: list[LinearModule]) -> int:
+        return linears[0].in_features if linears else 0
+
+    def adapted(linears: list[LinearModule]) -> bool:
+        return any(train.adapter(lin) for lin in linears)
+
+    kept = width(attn_in) if grad_in else 0
+    attention = grad_in or adapted(attn_in)
+    kept += width(attn_out) if attention else 0
+    attention = attention or adapted(attn_out)
+    # a parallel block's MLP reads the block input (normalised once more by GPT-NeoX, the same
+    # normalised tensor as the attention's by Falcon); a sequential one the attention's sum
+    mlp = grad_in if spec.parallel_residual else attention
+    shared = spec.parallel_residual and spec.model_type not in TWO_NORM_PARALLEL_TYPES
+    kept += width(mlp_in) if mlp and not shared else 0
+    mlp = mlp or adapted(mlp_in)
+    kept += width(mlp_out) if mlp else 0
+    return kept, attention or mlp or adapted(mlp_out)
+
+
+def kept_matmul_inputs(spec: ModelSpec, setup: TrainingSetup) -> int:
+    """Bytes of the inputs a step's 4-bit Linears keep on their autograd contexts (bitsandbytes
+    up to 0.43.1): each block's in forward order, from the first input that needs a gradient
+    (the embeddings are frozen), and the head's."""
+    quant = setup.quant
+    if quant is None or quant.quant_type is QuantType.INT8 or not quant.matmul_keeps_input:
+        return 0
+    train = trainability_for(spec, setup)
+    values, grad = 0, False
+    for group in spec.blocks:
+        for _ in range(group.count):
+            kept, grad = _block_kept_inputs(spec, group, train, grad)
+            values += kept
+    if grad and spec.is_causal_lm:
+        values += spec.hidden_size  # the final norm's output, split into the head's chunks
+    return quant.compute_dtype_bytes * setup.tokens * values
+
+
+def previous_step_bytes(spec: ModelSpec, setup: TrainingSetup) -> tuple[int, str]:
+    """What the previous step's graph holds while a later step's head runs (the loop's `logits`
+    keep it until the model returns): its logits and the inputs its 4-bit Linears kept. None
+    before the first step, nor in lit-gpt's scripts (bitsandbytes 0.41), whose longest step was
+    the first."""
+    quant = setup.quant
+    if setup.first_step or quant is None or quant.bitsandbytes_release < RELEASES_BITSANDBYTES:
+        return 0, ""
+    e = dtypes_for(setup).compute
+    logits = e * logits_count(spec, setup)
+    inputs = kept_matmul_inputs(spec, setup)
+    text = f"the previous step's logits ({e} B × N·V)"
+    if inputs:
+        text += (
+            f" and its 4-bit Linears' inputs, kept on their autograd contexts by bitsandbytes "
+            f"{quant.bitsandbytes_version} ({format_bytes(inputs)})"
+        )
+    return logits + inputs, text + ", alive until the model returns"
 
 
 def chunked_loss(spec: ModelSpec, setup: TrainingSetup) -> LogitsMoments:
@@ -171,14 +269,16 @@ class LitgptStack(Stack):
         backward = dequantized_bytes(setup, head, backward=True)
         logits = e * logits_count(spec, setup)
         count = f"{format_count(head)} values"
-        at_head = logits + forward
+        previous, previous_text = previous_step_bytes(spec, setup)
+        at_head = logits + forward + previous
         moments = replace(
             shared,
             forward_end=max(shared.forward_end, at_head),
             formula_forward=shared.formula_forward
             if shared.forward_end >= at_head
             else f"{e} B × N·V (the chunks' logits) + the 4-bit head dequantized for the last "
-            f"chunk ({count}: {format_bytes(forward)})",
+            f"chunk ({count}: {format_bytes(forward)})"
+            + (f" + {previous_text}" if previous else ""),
             head_backward=shared.head_backward + backward,
             formula_head=shared.formula_head
             + f" + the 4-bit head dequantized to fp16 and cast for a chunk's input gradient "
