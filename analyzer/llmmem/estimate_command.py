@@ -36,7 +36,7 @@ from llmmem.budget.setup import (
 from llmmem.budget.stacks import stack_for
 from llmmem.errors import UsageError
 from llmmem.fp8_flags import add_fp8_flags, fp8_from_args
-from llmmem.model_flags import hub_wanted, resolve_spec
+from llmmem.model_flags import add_task_flags, hub_wanted, resolve_spec, with_task_flags
 from llmmem.models.spec import ModelSpec
 from llmmem.objective_flags import (
     add_grpo_flags,
@@ -183,6 +183,7 @@ def add_plan_flags(parser: argparse.ArgumentParser) -> None:
         "environment.yml), else the releases the tests pin",
     )
 
+    add_task_flags(parser)
     add_grpo_flags(parser)
     add_ppo_flags(parser)
     add_vision_flags(parser)
@@ -635,6 +636,14 @@ def setup_lines(
         lines.append(context)
     if setup.float8:
         lines.append(("fp8", "torchao float8 Linears in the blocks", prov.get("fp8", "")))
+    if setup.float8_te:
+        lines.append(
+            (
+                "fp8",
+                "TransformerEngine te.Linear (DelayedScaling; unmeasured: needs CUDA)",
+                prov.get("fp8", ""),
+            )
+        )
     if setup.lora:
         lines.append(
             (
@@ -676,7 +685,7 @@ def setup_lines(
 
 def run_estimate(args: argparse.Namespace) -> int:
     gpu, gpu_prov = resolve_gpu(args.gpu)
-    spec = resolve_spec(args.model, hub_wanted(args))
+    spec = with_task_flags(args, resolve_spec(args.model, hub_wanted(args)))
     preference = preference_from_args(args)
     grpo = getattr(preference, "grpo", None)
     if grpo is not None:

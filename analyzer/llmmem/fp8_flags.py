@@ -1,6 +1,7 @@
 """The estimate flag of FP8 training: `--fp8 torchao` (torchao's float8 Linears,
-llmmem.budget.float8). `--fp8 te` (TransformerEngine) is refused with the reason: its cached
-FP8 weights and FP8 saved inputs are not sized."""
+llmmem.budget.float8) and `--fp8 te` (TransformerEngine's te.Linear as accelerate converts the
+model, llmmem.budget.float8_te). Either is refused, in one line, on a GPU without FP8 tensor
+cores, and under LoRA or k-bit weights."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ def add_fp8_flags(parser: argparse.ArgumentParser) -> None:
         choices=["torchao", "te"],
         default=None,
         help="FP8 training: torchao's float8 Linears in the blocks (convert_to_float8_training, "
-        "accelerate's fp8 with the AO backend); te (TransformerEngine) is not sized",
+        "accelerate's fp8 with the AO backend); te: TransformerEngine's te.Linear in place of "
+        "every nn.Linear that divides by 16 (accelerate's fp8 with the TE backend; unmeasured: "
+        "needs CUDA)",
     )
 
 
@@ -28,13 +31,10 @@ def fp8_from_args(
     choice = getattr(args, "fp8", None)
     if choice is None:
         return setup
-    if choice == "te":
-        raise UsageError(
-            "--fp8 te: TransformerEngine's FP8 is not sized (te.Linear caches FP8 copies of the "
-            "weights between micro-batches and saves FP8 inputs for backward); --fp8 torchao is"
-        )
     if setup.method is not Method.FULL:
-        raise UsageError("--fp8: float8 training is sized for full fine-tuning, not LoRA or QLoRA")
+        raise UsageError(
+            f"--fp8 {choice}: FP8 training is sized for full fine-tuning, not LoRA or QLoRA"
+        )
     if gpu is not None:
         from llmmem.gpus import find_gpu
 
@@ -45,12 +45,14 @@ def fp8_from_args(
         # a capacity given as a number has no architecture to check
         if known is not None and known.compute_capability is not None and not known.fp8:
             raise UsageError(
-                f"--fp8: {gpu.name} has no FP8 tensor cores (float8 matmuls need compute "
+                f"--fp8 {choice}: {gpu.name} has no FP8 tensor cores (float8 matmuls need compute "
                 "capability 8.9 or newer: Ada, Hopper, Blackwell)"
             )
     try:
-        local = replace(setup, float8=True)
+        local = (
+            replace(setup, float8=True) if choice == "torchao" else replace(setup, float8_te=True)
+        )
     except SetupError as err:
-        raise UsageError(f"--fp8: {err}") from None
+        raise UsageError(f"--fp8 {choice}: {err}") from None
     prov["fp8"] = "flag"
     return local

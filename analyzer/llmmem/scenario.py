@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from llmmem.budget.float8_te import te_refusal
 from llmmem.budget.phases import estimate_budget
 from llmmem.budget.result import Budget, GpuTarget
 from llmmem.budget.setup import (
@@ -207,6 +208,7 @@ def setup_from_plan(plan: TrainingPlan, spec: ModelSpec) -> TrainingSetup:
         loss_chunks=_whole_extra(plan, "num_output_chunks", 8),
         vision=vision_of(plan, spec),
         float8=_extra_text(plan, "fp8_backend") == "AO" and lora is None and quant is None,
+        float8_te=_extra_text(plan, "fp8_backend") == "TE" and lora is None and quant is None,
     )
 
 
@@ -565,10 +567,18 @@ def analyze(
         if unmodelled:
             analysis.problems.append(unmodelled)
         backend = _extra_text(plan, "fp8_backend")
-        if backend and not analysis.setup.float8:
+        te_reason = te_refusal(analysis.spec, analysis.setup) if analysis.setup.float8_te else None
+        if te_reason is not None:
+            analysis.setup = replace(analysis.setup, float8_te=False)
+        if backend and not analysis.setup.float8 and not analysis.setup.float8_te:
             analysis.problems.append(
                 f"accelerate's fp8 with the {backend} backend"
-                + (" under LoRA or k-bit weights" if backend == "AO" else "")
+                + (
+                    " under LoRA or k-bit weights"
+                    if backend in ("AO", "TE") and not te_reason
+                    else ""
+                )
+                + (f" ({te_reason})" if te_reason else "")
                 + " is not sized: the step is sized as bf16 autocast"
             )
         if preference is not None:

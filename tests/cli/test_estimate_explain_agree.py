@@ -72,7 +72,6 @@ ONE_ROAD_UNSLOTH = (
     "one road only: unsloth's offloaded checkpointing (scenario._unsloth_offloads) and the "
     "SFTTrainer's bf16 adapters are the file's; --framework unsloth has neither"
 )
-TASK_HEAD = "a task head (AutoModelForSequenceClassification): estimate has no flag for one"
 NO_FLAG: dict[str, str] = {
     "examples/grpo_vllm_colocate.py": GRPO,
     "tests/fixtures/configs/grpo_recipe.yaml": GRPO,
@@ -95,8 +94,6 @@ NO_FLAG: dict[str, str] = {
     "tests/fixtures/python/unsloth_sft.py": ONE_ROAD_UNSLOTH,
     "tests/fixtures/python/followed/unsloth_fastmodel.py": ONE_ROAD_UNSLOTH
     + "; its images too (no --images given here)",
-    "tests/fixtures/longtail/classifier_bert.py": TASK_HEAD,
-    "tests/fixtures/seed/model_memory_anatomy.py": TASK_HEAD,
     "tests/fixtures/shell/launch_tune.sh": "one road only: torchtune's LoRA targets and bf16 "
     "adapters (estimate_command._torchtune_targets) are estimate's; the file reads PEFT's",
 }
@@ -161,6 +158,19 @@ def estimate_flags(plan: TrainingPlan, report: dict[str, Any]) -> list[str]:
     """The estimate flags that say what the plan says."""
     assert plan.model_id is not None
     flags = ["--model", str(plan.model_id.value)]
+    task = _extra(plan, "task_head")
+    if task is not None:
+        flags += [
+            "--task",
+            {
+                "SequenceClassification": "sequence-classification",
+                "TokenClassification": "token-classification",
+                "QuestionAnswering": "question-answering",
+            }[task],
+        ]
+        labels = _extra(plan, "num_labels")
+        if isinstance(labels, int):
+            flags += ["--num-labels", str(labels)]
     objective = str(plan.objective.value).lower() if plan.objective is not None else "sft"
     if objective not in ("sft", "pretrain"):  # a pretraining step is sized as SFT's
         flags += ["--objective", objective]

@@ -1,12 +1,16 @@
-"""FP8 training as a user asks for it: `--fp8 torchao` and accelerate's `mixed_precision: fp8`
-with `fp8_config.backend: AO`. torchao's float8 Linears (torchao 0.18.0) keep no 16-bit copies
+"""FP8 training as a user asks for it: `--fp8 torchao|te` and accelerate's `mixed_precision: fp8`
+with `fp8_config.backend: AO|TE`. torchao's float8 Linears (torchao 0.18.0) keep no 16-bit copies
 of the blocks' weights under autocast, only one matmul's float8 operands at a time; the head
-stays a plain Linear with autocast's copy. TransformerEngine is refused (or said to be sized as
-bf16 from a file), as is a GPU without FP8 tensor cores. CUDA-only: not measured here."""
+stays a plain Linear with autocast's copy. TransformerEngine's te.Linear (accelerate 1.15.0's
+convert_model, transformer_engine 2.20.2) is sized from a flag and from a file alike; what it
+does not size is refused with the reason, as is a GPU without FP8 tensor cores. CUDA-only: not
+measured here."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +56,6 @@ def test_torchao_float8_drops_autocasts_copies_of_the_blocks(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--fp8", "te"), "TransformerEngine"),
         (("--fp8", "torchao", "--method", "lora"), "full fine-tuning"),
         (("--fp8", "torchao", "--gpu", "A100-80GB"), "no FP8 tensor cores"),
     ],
@@ -63,6 +66,39 @@ def test_fp8_that_is_not_sized_is_refused(
     code = main(["estimate", "--offline", "--model", "meta-llama/Llama-3.1-8B", *args])
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err
+
+
+def llmmem(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    command = Path(sys.executable).with_name("llmmem")
+    return subprocess.run(
+        [str(command), *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ("--gpu", "A100-80GB"),
+            "llmmem: error: --fp8 te: A100-80GB has no FP8 tensor cores (float8 matmuls need "
+            "compute capability 8.9 or newer: Ada, Hopper, Blackwell)",
+        ),
+        (("--gpu", "V100-32GB"), "--fp8 te: V100-32GB has no FP8 tensor cores"),
+        (("--method", "lora"), "--fp8 te: FP8 training is sized for full fine-tuning"),
+        (("--grad-ckpt",), "TransformerEngine's FP8: gradient checkpointing is not sized"),
+        (
+            ("--model", "meta-llama/Llama-3.2-1B"),
+            "TransformerEngine's FP8: a tied LM head is not sized",
+        ),
+    ],
+)
+def test_te_that_is_not_sized_is_refused_in_one_line(args: tuple[str, ...], message: str) -> None:
+    done = llmmem(
+        "estimate", "--offline", "--model", "meta-llama/Llama-3.1-8B", "--fp8", "te", *args
+    )
+    assert done.returncode == 2
+    assert message in done.stderr and "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1 and not done.stdout
 
 
 SCRIPT = """\
@@ -97,9 +133,75 @@ def test_accelerates_fp8_config_is_read(tmp_path: Path, capsys: pytest.CaptureFi
         forward[backend] = report["budget"]["phases"]["forward"]["components"].get(
             "weight_copies", 0
         )
-        said = [p for p in report["problems"] if "TE backend is not sized" in p]
+        said = [
+            p
+            for p in report["problems"]
+            if "TE backend (gradient checkpointing is not sized" in p
+            and p.endswith("is not sized: the step is sized as bf16 autocast")
+        ]
         assert bool(said) == (backend == "TE"), report["problems"]
-    # Llama-3.2-1B: 16 blocks of 2048-wide q, o, 512-wide k, v and 8192-wide MLP; under TE's
-    # "sized as bf16" autocast keeps a bf16 copy of each, under torchao none
+    # Llama-3.2-1B: 16 blocks of 2048-wide q, o, 512-wide k, v and 8192-wide MLP; TE under
+    # checkpointing is not sized, so the step is bf16's: autocast keeps a bf16 copy of each,
+    # under torchao none
     blocks = 16 * (2 * 2048 * 2048 + 2 * 2048 * 512 + 3 * 2048 * 8192)
     assert forward["TE"] - forward["AO"] > blocks
+
+
+TE_SCRIPT = """\
+import torch
+from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+model = AutoModelForCausalLM.from_pretrained("meta-llama/Llama-3.1-8B", torch_dtype=torch.float32)
+args = TrainingArguments(output_dir="o", per_device_train_batch_size=2, bf16=True)
+Trainer(model=model, args=args).train()
+"""
+NO_BACKEND = """\
+compute_environment: LOCAL_MACHINE
+distributed_type: NO
+mixed_precision: fp8
+num_processes: 1
+"""
+
+
+def explain_launcher(tmp_path: Path, config: str) -> dict[str, Any]:
+    (tmp_path / "train.py").write_text(TE_SCRIPT)
+    (tmp_path / "fp8.yaml").write_text(config)
+    (tmp_path / "run.sh").write_text("accelerate launch --config_file fp8.yaml train.py\n")
+    done = llmmem("explain", "run.sh", "--format", "json", "--gpu", "H100-80GB", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
+
+
+def test_accelerates_te_backend_reaches_the_budget_of_fp8_te(tmp_path: Path) -> None:
+    """Llama-3.1-8B (its head untied, every Linear dividing by 16), no checkpointing: the file's
+    TE backend and `estimate --fp8 te` at the file's settings give the same budget, phase by
+    phase and term by term, and the breakdown names TransformerEngine's code it is read in."""
+    report = explain_launcher(tmp_path, CONFIG.format(backend="TE"))
+    assert report["problems"] == []
+    seq = report["plan"]["max_seq_length"]["value"]
+    done = llmmem(
+        "estimate", "--offline", "--format", "json", "--gpu", "H100-80GB",
+        "--model", "meta-llama/Llama-3.1-8B", "--batch", "2", "--seq", str(seq),
+        "--fp8", "te",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    flag = json.loads(done.stdout)
+    assert flag["setup"]["values"]["float8_te"] is True
+    budget = report["budget"]
+    assert budget["allocated_peak_bytes"] == flag["allocated_peak_bytes"]
+    assert budget["peak_moment"] == flag["peak_moment"]
+    for phase, parts in flag["phases"].items():
+        assert budget["phases"][phase]["components"] == parts["components"], phase
+    copies = budget["formulas"]["weight_copies"]
+    assert copies.startswith("TransformerEngine FP8 (transformer_engine 2.20.2")
+    assert "unmeasured: needs CUDA" in copies and "module/linear.py:575, :729" in copies
+
+
+def test_fp8_without_a_backend_is_torchaos_as_accelerate_picks_it(tmp_path: Path) -> None:
+    """accelerate 1.15.0 with no fp8_config.backend (ACCELERATE_FP8_BACKEND unset) takes
+    torchao where it is installed: the budget is the AO backend's."""
+    default = explain_launcher(tmp_path, NO_BACKEND)
+    ao = explain_launcher(tmp_path, CONFIG.format(backend="AO"))
+    te = explain_launcher(tmp_path, CONFIG.format(backend="TE"))
+    assert default["problems"] == [] and ao["problems"] == []
+    assert default["budget"]["phases"] == ao["budget"]["phases"] != te["budget"]["phases"]

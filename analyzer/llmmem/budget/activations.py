@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llmmem.budget.float8_te import FP8_INPUT_BYTES, te_converts, te_converts_head
 from llmmem.budget.image_tokens import image_tokens
 from llmmem.budget.setup import (
     AttnImpl,
@@ -228,7 +229,13 @@ class BlockContext:
         stored = self.train.adapter_bytes  # the adapters' own dtype
         kept = 2 if self.dt.autocast else stored  # what lora_A's matmul keeps of its input
         for lin in consumers:
-            if self.train.linear_inputs_saved:
+            if (
+                self.train.linear_inputs_saved
+                and self.setup.float8_te
+                and te_converts(self.spec, lin)
+            ):
+                private += FP8_INPUT_BYTES  # te.Linear's own column-wise FP8 copy
+            elif self.train.linear_inputs_saved:
                 if self.dt.autocast and tensor_dtype == 4:
                     private += 2  # autocast casts an fp32 input to bf16/fp16 for each op
                 else:
@@ -594,7 +601,9 @@ def estimate_activations(
     final = Tally()
     ctx.norm(final)
     if train.linear_inputs_saved and spec.is_causal_lm:
-        final.add(head_input_dtype(dt), "N·h")  # the head's input
+        te_head = setup.float8_te and te_converts_head(spec)
+        # the head's input (a te.Linear head: its column-wise FP8 copy)
+        final.add(FP8_INPUT_BYTES if te_head else head_input_dtype(dt), "N·h")
     outside.extend(final)
     # attention's geometry: a flat packed batch is one row of batch × seq tokens
     b, s = setup.attention_shape

@@ -34,6 +34,7 @@ from llmmem.budget.distributed import (
 )
 from llmmem.budget.expert_parallel import expert_parallel_spec
 from llmmem.budget.float8 import float8_text
+from llmmem.budget.float8_te import te_float8_text, te_head_gradient_bytes, te_refusal
 from llmmem.budget.fsdp_moments import (
     fsdp1_retained_inputs,
     fsdp_block_moments,
@@ -112,6 +113,9 @@ def estimate_budget(
     stack.check(setup)
     setup = stack.prepare(setup)
     spec = own_model(stack, spec, setup)
+    te_reason = te_refusal(spec, setup) if setup.float8_te else None
+    if te_reason is not None:
+        raise SetupError(f"TransformerEngine's FP8: {te_reason}")
     exact_offload = setup.activation_offload and stack.offload_is_exact
     if offloaded is None and ((setup.activation_offload and not exact_offload) or setup.compile):
         kept = estimate_budget(
@@ -217,6 +221,8 @@ def estimate_budget(
         if own_copies is not None
         else float8_text()
         if setup.float8
+        else te_float8_text(spec, setup)
+        if setup.float8_te
         else (
             "one dequantized k-bit weight (the largest Linear)"
             + (
@@ -525,7 +531,11 @@ def estimate_budget(
                 Component.LOGITS: Term(bytes=logits.head_backward, formula=logits.formula_head),
                 Component.GRADIENTS: after_head,
                 Component.ACTIVATIONS: activations,
-                Component.WEIGHT_COPIES: Term(bytes=copies_bwd, formula=copies_text),
+                Component.WEIGHT_COPIES: Term(
+                    bytes=copies_bwd
+                    + (te_head_gradient_bytes(spec, run) if setup.float8_te else 0),
+                    formula=copies_text,
+                ),
                 # FSDP: the root's backward prefetches the last block, in the all-gather
                 # buffer forward's last block left (freed at the root's post-forward)
                 Component.TEMPORARIES: temp_fwd,

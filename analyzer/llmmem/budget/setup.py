@@ -513,6 +513,9 @@ class TrainingSetup:
     vision: VisionSetup | None = None
     # torchao's float8 Linears in the blocks (llmmem.budget.float8): full fine-tuning only
     float8: bool = False
+    # TransformerEngine's te.Linear in place of nn.Linear, as accelerate converts the model
+    # (llmmem.budget.float8_te): full fine-tuning only
+    float8_te: bool = False
 
     def __post_init__(self) -> None:
         _set(self, "mode", _as_enum(Mode, self.mode, "mode"))
@@ -532,6 +535,13 @@ class TrainingSetup:
             raise SetupError(
                 "float8 training is sized for full fine-tuning: torchao's float8 Linears under "
                 "LoRA adapters or k-bit weights are not"
+            )
+        if self.float8 and self.float8_te:
+            raise SetupError("float8 training is torchao's or TransformerEngine's, not both")
+        if self.float8_te and (self.method is not Method.FULL or self.quant is not None):
+            raise SetupError(
+                "TransformerEngine's FP8 is sized for full fine-tuning: te.Linear under LoRA "
+                "adapters or k-bit weights is not"
             )
         check_release(self.torch_version, "torch_version", "2.4")
         check_release(self.transformers_version, "transformers_version", "4.48")

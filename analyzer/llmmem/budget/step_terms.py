@@ -17,6 +17,7 @@ from llmmem.budget.distributed import (
     Sharding,
 )
 from llmmem.budget.float8 import float8_weight_copy_terms
+from llmmem.budget.float8_te import te_weight_copy_terms
 from llmmem.budget.logits import LogitsMoments, logits_count
 from llmmem.budget.overheads import (
     CachedAtLoss,
@@ -36,6 +37,8 @@ def weight_copy_terms(
     dt = dtypes_for(setup)
     if setup.float8:
         return float8_weight_copy_terms(spec, setup)
+    if setup.float8_te:
+        return te_weight_copy_terms(spec, setup)
     # autocast copies weights only where they are fp32 (AMP); bf16 weights are used as they are
     if setup.precision.is_autocast and setup.method is Method.FULL:
         linear = sum(g.params for g in inv.groups if g.kind in ("linear", "head"))

@@ -55,14 +55,19 @@ def read_accelerate(reader: DocumentReader) -> None:
     mixed = reader.converted(("mixed_precision",), as_text)
     if mixed is not None and mixed.lower() == "fp8":
         # FP8 matmuls under bf16 autocast; fp8_config.backend says whose (AO: torchao's float8
-        # Linears, TE: TransformerEngine, MSAMP)
+        # Linears, TE: TransformerEngine's te.Linear, MSAMP). Named by none, accelerate 1.15.0
+        # takes torchao where it is installed, then TransformerEngine, then MS-AMP
+        # (accelerator.py:488-498, ACCELERATE_FP8_BACKEND unset reading as NO)
         reader.put("bf16", True, ("mixed_precision",), "accelerate fp8 runs under bf16 autocast")
         backend = reader.converted(("fp8_config", "backend"), as_text)
         reader.put(
             "fp8_backend",
-            (backend or "TE").upper(),
+            (backend or "AO").upper(),
             ("fp8_config", "backend") if backend else ("mixed_precision",),
-            "" if backend else "accelerate's default FP8 backend (TransformerEngine)",
+            ""
+            if backend
+            else "accelerate 1.15.0's first choice where no backend is named: torchao if "
+            "installed (else TransformerEngine)",
         )
     if mixed is not None and mixed.lower() in ("bf16", "fp16"):
         # the autocast flag, not the precision itself: weights loaded in bf16 stay pure bf16
