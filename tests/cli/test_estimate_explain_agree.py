@@ -64,21 +64,11 @@ NOT_SIZED = {
 
 # the files the two roads still size apart, and why: a setting estimate has no flag for, a
 # setting this test does not map yet, or a rule written on one road only
-GRPO = (
-    "GRPO: its generation settings (num_generations, prompt and completion lengths, vLLM) are "
-    "not turned into --num-generations, --max-*-length and --vllm here yet"
-)
 ONE_ROAD_UNSLOTH = (
     "one road only: unsloth's offloaded checkpointing (scenario._unsloth_offloads) and the "
     "SFTTrainer's bf16 adapters are the file's; --framework unsloth has neither"
 )
 NO_FLAG: dict[str, str] = {
-    "examples/grpo_vllm_colocate.py": GRPO,
-    "tests/fixtures/configs/grpo_recipe.yaml": GRPO,
-    "tests/fixtures/longtail/grpo_launch_positional.sh": GRPO,
-    "tests/fixtures/longtail/grpo_merged_or_given.py": GRPO,
-    "tests/fixtures/python/grpo_helpers.py": GRPO,
-    "tests/fixtures/python/preference/trl_grpo_colocate_default_share.py": GRPO,
     "examples/ppo_lora.py": "PPO: the value and reward models and the rollout batch are not "
     "turned into --value-model, --reward-model and --rollout-batch here yet",
     "examples/llamafactory_dpo.yaml": "LLaMA-Factory's own DPO trainer: --trainer "
@@ -154,6 +144,37 @@ def _precision(plan: TrainingPlan, report: dict[str, Any]) -> str:
     return str(plan.precision.value)
 
 
+def grpo_flags(plan: TrainingPlan) -> list[str]:
+    """GRPO's generation settings as the file's GRPOConfig (or recipe) gives them."""
+    from llmmem.preference_plan import preference_setup
+
+    setup = preference_setup(plan)
+    grpo = getattr(setup, "grpo", None)
+    if grpo is None:
+        return []
+    flags = [
+        "--num-generations",
+        str(grpo.num_generations),
+        "--max-prompt-length",
+        str(grpo.max_prompt_length),
+        "--max-completion-length",
+        str(grpo.max_completion_length),
+        "--beta",
+        f"{grpo.beta:g}",
+        "--num-iterations",
+        str(grpo.num_iterations),
+    ]
+    if grpo.vllm:
+        flags += ["--vllm", grpo.vllm]
+    if grpo.vllm == "colocate":  # a server's share is set where the server starts
+        flags += ["--vllm-gpu-memory-utilization", f"{grpo.vllm_gpu_memory_utilization:g}"]
+        if grpo.vllm_enable_sleep_mode:
+            flags.append("--vllm-sleep-mode")
+    if grpo.steps_per_generation is not None:
+        flags += ["--steps-per-generation", str(grpo.steps_per_generation)]
+    return flags
+
+
 def estimate_flags(plan: TrainingPlan, report: dict[str, Any]) -> list[str]:
     """The estimate flags that say what the plan says."""
     assert plan.model_id is not None
@@ -174,6 +195,7 @@ def estimate_flags(plan: TrainingPlan, report: dict[str, Any]) -> list[str]:
     objective = str(plan.objective.value).lower() if plan.objective is not None else "sft"
     if objective not in ("sft", "pretrain"):  # a pretraining step is sized as SFT's
         flags += ["--objective", objective]
+    flags += grpo_flags(plan)
     if plan.lora is not None:
         lora = plan.lora
         bits = plan.quantization.bits.value if plan.quantization is not None else None
@@ -214,8 +236,8 @@ def estimate_flags(plan: TrainingPlan, report: dict[str, Any]) -> list[str]:
         "--precision",
         _precision(plan, report),
     ]
-    if plan.max_seq_length.source is not Provenance.ASSUMED:
-        flags += ["--seq", str(plan.max_seq_length.value)]
+    if plan.max_seq_length.source is not Provenance.ASSUMED and "--num-generations" not in flags:
+        flags += ["--seq", str(plan.max_seq_length.value)]  # GRPO's is prompt + completion
     # the optimizer and attention a file leaves to its releases are left to them here too
     if _stated(plan.optim) or plan.optim.value != "adamw_torch_fused":
         flags += ["--optim", str(plan.optim.value)]
