@@ -10,6 +10,7 @@ read too:
 - `--torch_dtype` is the weights' dtype, and swift turns mixed precision on from it: bf16 for
   bfloat16, fp16 for float16 and float32 (`ModelArguments._init_mixed_precision`); without it,
   the checkpoint's dtype;
+- optim is HF's TrainingArguments' (swift sets none): adamw_torch_fused on current releases;
 - per_device_train_batch_size 1, gradient_checkpointing on; gradient_accumulation_steps, when
   not given, is ceil(16 / batch / world size); max_length, when not given, the model's length;
 - `--quant_method bnb --quant_bits 4` (nf4 and double quantization by default);
@@ -85,7 +86,15 @@ SWIFT_ATTENTION = {"flash_attn": "flash_attention_2", "flash_attention_2": "flas
 SWIFT_DEFAULTS: tuple[tuple[str, Any, str], ...] = (
     ("per_device_train_batch_size", 1, "ms-swift per_device_train_batch_size default"),
     ("gradient_checkpointing", True, "ms-swift gradient_checkpointing default"),
-    ("optim", "adamw_torch", "HF TrainingArguments optim, as ms-swift keeps it"),
+    # swift leaves `optim` to HF's TrainingArguments (trainers/arguments.py sets none): fused
+    # AdamW from transformers 4.54 with torch 2.8, torch's foreach AdamW before (the release
+    # rule, llmmem.release_defaults); ms-swift 4.6.0 on transformers 5.19 steps adamw_torch_fused
+    (
+        "optim",
+        "adamw_torch_fused",
+        "HF TrainingArguments optim, as ms-swift keeps it (fused from transformers 4.54 with "
+        "torch 2.8)",
+    ),
 )
 SWIFT_LORA_DEFAULTS: tuple[tuple[str, Any, str], ...] = (
     ("lora.r", 8, "ms-swift lora_rank default"),
