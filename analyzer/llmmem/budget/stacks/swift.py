@@ -37,6 +37,13 @@ Its loss
   log-softmax); then `_compute_acc` (trainers/mixin.py :1174-1192) takes
   `logits.argmax(dim=-1)` with the logits still alive: 8 B a position, beside 4 B × V a
   position of fp32 logits, so left out.
+- `use_logits_to_keep` (on where the model's forward takes `logits_to_keep`, trainers/mixin.py
+  :213-225, set in `_prepare_inputs`, trainers/seq2seq_trainer.py :109-111) keeps the logits
+  from the first labelled position on (:1271-1296; only the labelled ones for one row): the
+  budget, which has no prompt length, counts every position (bench/swift_steps.py: 247 of 256
+  kept, +0.8 MiB of its backward).
+- `optim` is HF's TrainingArguments' (swift sets none): adamw_torch_fused on current releases
+  (the reader's default, the release rule before transformers 4.54 / torch 2.8).
 """
 
 from __future__ import annotations
