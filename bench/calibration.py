@@ -155,6 +155,14 @@ def _bitsandbytes_version(row: dict[str, Any]) -> str:
     return stated.group(1) if stated else QuantSetup().bitsandbytes_version
 
 
+def runs_longest_first(row: dict[str, Any]) -> bool:
+    """lit-gpt's scripts before LitGPT's first release (its resource tables of 2023) ran the
+    longest sample as the first step (`get_batch(..., longest_seq_ix if iter_num == 0 else
+    None)`, finetune/lora.py:212 at 8641822): the peak those rows measured is a first step's,
+    with no step before it."""
+    return "resource-tables.md" in str(row.get("source", ""))
+
+
 def case_from_row(row: dict[str, Any]) -> CalibrationCase:
     entry = catalog_entry(row["model"])
     if entry is None:
@@ -211,6 +219,7 @@ def case_from_row(row: dict[str, Any]) -> CalibrationCase:
         cuda_module_loading=_cuda_module_loading(row),
         torch_version=_torch_version(row),
         framework=Framework.LITGPT if is_litgpt else Framework.HF,
+        first_step=runs_longest_first(row),
     )
     gpu_spec = find_gpu(row["gpu"])
     gpu = GpuTarget(name=gpu_spec.name, capacity_bytes=gpu_spec.capacity_bytes, bf16=gpu_spec.bf16)
@@ -341,6 +350,7 @@ def wide_case_from_row(row: dict[str, Any]) -> CalibrationCase:
         torch_version=stack["torch"],
         transformers_version=stack["transformers"],
         framework=_wide_framework(row),
+        first_step=runs_longest_first(row),
     )
     trl_release = None
     if "trl" in stack and "trl" in str(row.get("framework", "")).lower():

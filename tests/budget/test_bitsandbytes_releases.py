@@ -117,15 +117,19 @@ def test_the_first_step_has_no_step_before_it(llama2_7b: ModelSpec) -> None:
     assert later - first == kept_inputs(llama2_7b) + previous_logits
 
 
-def test_lit_gpt_scripts_ran_their_longest_step_first(llama2_7b: ModelSpec) -> None:
-    """lit-gpt's scripts (bitsandbytes 0.41) ran the longest sample as step one
-    (finetune/lora.py:212 at 8641822): the step that sizes the run has no step before it, though
-    bitsandbytes 0.41 keeps the inputs as 0.42 does."""
-    scripts = litgpt_qlora("0.41.3")
-    assert scripts.quant is not None and scripts.quant.matmul_keeps_input
-    assert at_the_head(llama2_7b, scripts) == at_the_head(
-        llama2_7b, litgpt_qlora("0.41.3", first_step=True)
-    )
+def test_lit_gpt_resource_table_rows_are_first_steps() -> None:
+    """lit-gpt's scripts of 2023 ran the longest sample as step one (finetune/lora.py:212 at
+    8641822): the bench sizes their published rows as first steps, whatever bitsandbytes."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from calibration import runs_longest_first
+
+    table = "https://github.com/Lightning-AI/litgpt/blob/0cc02af/tutorials/resource-tables.md"
+    assert runs_longest_first({"source": f"{table} (lit-gpt 8641822, bitsandbytes 0.41.1)"})
+    hub = "https://github.com/Lightning-AI/litgpt/blob/5895df1/config_hub/finetune/README.md"
+    assert not runs_longest_first({"source": hub})
 
 
 def test_the_peak_names_the_previous_steps_tensors(llama2_7b: ModelSpec) -> None:

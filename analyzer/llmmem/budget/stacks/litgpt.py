@@ -52,12 +52,11 @@ Its loop: the previous step's graph
   alive when the next step's head runs, beside that step's own.
 - lit-gpt's scripts before LitGPT's first release ran the longest sample as the first step
   (`get_batch(..., longest_seq_ix if iter_num == 0 else None)`, finetune/lora.py:212 at 8641822),
-  with no step before it; their published runs used bitsandbytes 0.41 (0.41.1 in the resource
-  tables of 2023-10; the pyproject pinned 0.41.0 until #946 pinned 0.42.0, the day #950 brought
-  the DataLoader loop). Every LitGPT release, 0.2.0 on, shuffles its batches through a
-  DataLoader and pins bitsandbytes 0.42.0 (pyproject.toml:35 at 5895df10). The setup names no
-  LitGPT release, so a k-bit run's bitsandbytes release stands for the loop: below 0.42, lit-gpt's
-  scripts, whose longest step has no previous step's graph beside it.
+  with no step before it: their published peaks are first steps (`first_step`, which leaves this
+  term out). Every LitGPT release, 0.2.0 on, shuffles its batches through a DataLoader.
+- Without 4-bit weights the previous step's logits are alive through the next forward as well;
+  that moment (the new chunks' logits beside the old ones, before the model returns) is not
+  added: the LoRA rows' peaks are in backward, where the old logits are gone.
 """
 
 from __future__ import annotations
@@ -87,8 +86,6 @@ from llmmem.units import format_bytes, format_count
 RELEASE = "0.4.0"
 # Lightning quantizes every weight from fp16 (plugins/precision/bitsandbytes.py:335)
 QUANT_STATE_BYTES = 2
-# the bitsandbytes release of LitGPT's first pin (0.42.0); lit-gpt's scripts ran 0.41
-RELEASES_BITSANDBYTES = (0, 42)
 
 
 def dequantized_bytes(setup: TrainingSetup, values: int, *, backward: bool) -> int:
@@ -157,10 +154,9 @@ def kept_matmul_inputs(spec: ModelSpec, setup: TrainingSetup) -> int:
 def previous_step_bytes(spec: ModelSpec, setup: TrainingSetup) -> tuple[int, str]:
     """What the previous step's graph holds while a later step's head runs (the loop's `logits`
     keep it until the model returns): its logits and the inputs its 4-bit Linears kept. None
-    before the first step, nor in lit-gpt's scripts (bitsandbytes 0.41), whose longest step was
-    the first."""
+    before the first step."""
     quant = setup.quant
-    if setup.first_step or quant is None or quant.bitsandbytes_release < RELEASES_BITSANDBYTES:
+    if setup.first_step or quant is None:
         return 0, ""
     e = dtypes_for(setup).compute
     logits = e * logits_count(spec, setup)
