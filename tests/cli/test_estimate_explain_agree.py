@@ -69,12 +69,6 @@ ONE_ROAD_UNSLOTH = (
     "SFTTrainer's bf16 adapters are the file's; --framework unsloth has neither"
 )
 NO_FLAG: dict[str, str] = {
-    "examples/ppo_lora.py": "PPO: the value and reward models and the rollout batch are not "
-    "turned into --value-model, --reward-model and --rollout-batch here yet",
-    "examples/llamafactory_dpo.yaml": "LLaMA-Factory's own DPO trainer: --trainer "
-    "llamafactory is not mapped here yet",
-    "tests/fixtures/python/preference/trl_dpo_lora_own_reference.py": "the script loads a "
-    "reference model of its own: --ref-model copy is not mapped here yet",
     "tests/fixtures/shell/openrlhf_dpo.sh": "OpenRLHF's DPO trainer: --trainer has no openrlhf",
     "tests/fixtures/shell/swift_rlhf_dpo.sh": "bnb_4bit_compute_dtype float32: estimate has no "
     "flag for the k-bit compute dtype",
@@ -175,6 +169,33 @@ def grpo_flags(plan: TrainingPlan) -> list[str]:
     return flags
 
 
+def preference_flags(plan: TrainingPlan) -> list[str]:
+    """A preference objective's reference, trainer and PPO models as the file gives them."""
+    from llmmem.preference_plan import preference_setup
+
+    setup = preference_setup(plan)
+    if setup is None or setup.grpo is not None:
+        return []
+    flags = []
+    if setup.trainer == "llamafactory":
+        flags += ["--trainer", "llamafactory"]
+    ppo = setup.ppo
+    if ppo is None:
+        if setup.reference is not None:
+            flags += ["--ref-model", setup.reference.value]
+        return flags
+    for flag, name in (("--value-model", ppo.value_name), ("--reward-model", ppo.reward_name)):
+        if name:
+            flags += [flag, name]
+    flags += ["--rollout-batch", str(ppo.local_rollout_forward_batch_size)]
+    flags += ["--mini-batches", str(ppo.num_mini_batches)]
+    if ppo.response_length is not None:
+        flags += ["--new-tokens", str(ppo.response_length)]
+    if ppo.reference is not None:
+        flags += ["--ref-model", str(getattr(ppo.reference, "value", ppo.reference))]
+    return flags
+
+
 def estimate_flags(plan: TrainingPlan, report: dict[str, Any]) -> list[str]:
     """The estimate flags that say what the plan says."""
     assert plan.model_id is not None
@@ -195,7 +216,7 @@ def estimate_flags(plan: TrainingPlan, report: dict[str, Any]) -> list[str]:
     objective = str(plan.objective.value).lower() if plan.objective is not None else "sft"
     if objective not in ("sft", "pretrain"):  # a pretraining step is sized as SFT's
         flags += ["--objective", objective]
-    flags += grpo_flags(plan)
+    flags += grpo_flags(plan) + preference_flags(plan)
     if plan.lora is not None:
         lora = plan.lora
         bits = plan.quantization.bits.value if plan.quantization is not None else None
