@@ -10,7 +10,10 @@ The rows:
   softmax and the LitGPT scatter on measured.jsonl's rows; the transformers loss releases, TRL's
   k-bit preparation, the FSDP1 retention and the allocator replay on measured-wide.jsonl's).
 - held out: bench/held_out_rows.jsonl, published measurements found for this bench, each with
-  its source, configuration and metric; nothing here was fitted or tuned to them. A row run on
+  its source, configuration and metric; nothing here was fitted or tuned to them. A row whose
+  residual was studied and explained by a change to the budget carries `seen` (the change and
+  why) and counts as in-sample from then on: LitGPT's config-hub QLoRA rows, which showed the
+  previous step's graph beside the head (budget/stacks/litgpt.py). A row run on
   torchtune, ms-swift or unsloth is sized with that framework's own stack, as `llmmem estimate
   --framework` sizes it, and may state `attn`, `loss` and `adapter_dtype` where its release
   fixed them (with_stated_stack).
@@ -130,8 +133,9 @@ def bench_rows() -> tuple[list[Row], list[Skipped]]:
     skipped: list[Skipped] = []
     for path, sample in ((WIDE_CALIBRATION_FILE, IN_SAMPLE), (HELD_OUT_FILE, HELD_OUT)):
         for row in load_rows(path):
+            seen = sample if not row.get("seen") else IN_SAMPLE
             try:
-                rows.append(Row(with_stated_stack(wide_case_from_row(row)), sample))
+                rows.append(Row(with_stated_stack(wide_case_from_row(row)), seen))
             except RowSkipped as reason:
                 skipped.append(Skipped(str(row["id"]), str(row["method"]), sample, str(reason)))
     return rows, skipped
