@@ -557,8 +557,13 @@ def analyze(
             precision = (
                 Precision.FP16_TRUE
                 if analysis.spec.torch_dtype == "float16"
+                else Precision.BF16_AUTOCAST
+                if analysis.setup.precision is Precision.BF16
                 else Precision.BF16_TRUE
             )
+            if precision is Precision.BF16_AUTOCAST:
+                # the Trainer's bf16=True still autocasts over the 16-bit weights it was given
+                note += "; bf16=True autocasts over them"
             analysis.setup = replace(analysis.setup, precision=precision)
         from llmmem.preference_plan import preference_setup, unmodelled_objective_problem
 

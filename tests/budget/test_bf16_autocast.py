@@ -72,6 +72,36 @@ def test_a_script_loading_bf16_and_training_with_bf16_true_is_read_so(tmp_path: 
     assert "autocast" in (plan.precision.note or "")
 
 
+@pytest.mark.parametrize(("bf16", "precision"), [(True, "bf16-autocast"), (False, "bf16-true")])
+def test_a_script_giving_no_dtype_trains_the_checkpoints_bf16_under_its_autocast(
+    tmp_path: Path, bf16: bool, precision: str
+) -> None:
+    """transformers 5 loads a bf16 checkpoint as bf16 when from_pretrained has no dtype=; the
+    Trainer's bf16=True then autocasts over those weights (the step measured above), and
+    without it the step is pure bf16."""
+    from llmmem.scenario import analyze
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "from peft import LoraConfig, get_peft_model\n"
+        "from transformers import AutoModelForCausalLM, Trainer, TrainingArguments\n"
+        "model = AutoModelForCausalLM.from_pretrained('Qwen/Qwen2.5-0.5B')\n"
+        "model = get_peft_model(model, LoraConfig(r=8, target_modules=['q_proj', 'v_proj']))\n"
+        f"args = TrainingArguments(output_dir='o', bf16={bf16})\n"
+        "Trainer(model=model, args=args).train()\n",
+        encoding="utf-8",
+    )
+    analysis = analyze(extract_plan(script))
+    assert analysis.setup is not None and analysis.budget is not None
+    assert analysis.setup.precision.value == precision
+    as_stated = replace(analysis.setup, precision=Precision(precision))
+    assert analysis.spec is not None
+    assert (
+        estimate_budget(analysis.spec, as_stated).allocated_peak_bytes
+        == analysis.budget.allocated_peak_bytes
+    )
+
+
 def test_each_fp32_adapter_keeps_its_own_16_bit_copy_of_its_input() -> None:
     """bf16 weights under bf16 autocast (the Trainer's bf16=True on a model loaded in bf16), LoRA
     on q, k, v and o: peft's lora.Linear casts its bf16 input to the adapters' fp32

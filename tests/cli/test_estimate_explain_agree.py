@@ -125,7 +125,8 @@ def _stated(value: Sourced[Any]) -> bool:
 
 def _precision(plan: TrainingPlan, report: dict[str, Any]) -> str:
     """The plan's precision; a script that gives from_pretrained no dtype= under transformers 5
-    trains the checkpoint's own 16-bit weights, which estimate names bf16-true (fp16-true)."""
+    trains the checkpoint's own 16-bit weights, which estimate names bf16-true (fp16-true), or
+    bf16-autocast under the Trainer's bf16=True."""
     from llmmem.models.resolve import resolve_model
     from llmmem.scenario import loaded_dtype_note
 
@@ -134,7 +135,10 @@ def _precision(plan: TrainingPlan, report: dict[str, Any]) -> str:
     if int(transformers.split(".")[0]) >= 5:
         spec = resolve_model(str(plan.model_id.value), hub=False, base_dir=ROOT / "examples")
         if loaded_dtype_note(plan, spec):
-            return "fp16-true" if spec.torch_dtype == "float16" else "bf16-true"
+            if spec.torch_dtype == "float16":
+                return "fp16-true"
+            # the Trainer's bf16=True autocasts over the bf16 weights it was given
+            return "bf16-autocast" if plan.precision.value == "bf16" else "bf16-true"
     return str(plan.precision.value)
 
 
