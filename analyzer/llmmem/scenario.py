@@ -468,6 +468,34 @@ def loaded_dtype_note(plan: TrainingPlan, spec: ModelSpec) -> str | None:
     )
 
 
+def _swift_checkpoint_dtype(plan: TrainingPlan, analysis: Analysis) -> str | None:
+    """ms-swift without --torch_dtype loads the checkpoint's own dtype and turns on the mixed
+    precision that goes with it (ModelArguments._init_mixed_precision, ms-swift 4.6.0): a bf16
+    checkpoint trains as bf16 weights under bf16 autocast, an fp32 one under fp16 AMP. The
+    note, where this changed the setup."""
+    spec, setup = analysis.spec, analysis.setup
+    if (
+        plan.framework != "swift"
+        or spec is None
+        or setup is None
+        or "torch_dtype" in plan.extra
+        or plan.precision.source not in (Provenance.DEFAULT, Provenance.ASSUMED)
+        or plan.quantization is not None
+    ):
+        return None
+    if spec.torch_dtype == "bfloat16":
+        precision, said = Precision.BF16_AUTOCAST, "bf16 weights under bf16 autocast"
+    elif spec.torch_dtype == "float32":
+        precision, said = Precision.FP16, "fp32 weights under fp16 autocast"
+    else:
+        return None
+    analysis.setup = replace(setup, precision=precision)
+    return (
+        f"no --torch_dtype: ms-swift loads the checkpoint's {spec.torch_dtype} and turns on the "
+        f"mixed precision that goes with it: {said}"
+    )
+
+
 def resolve_gpu_target(name: str | None) -> tuple[GpuTarget | None, str | None]:
     """A GPU by name, or (None, the error message)."""
     if not name:
@@ -565,6 +593,7 @@ def analyze(
                 # the Trainer's bf16=True still autocasts over the 16-bit weights it was given
                 note += "; bf16=True autocasts over them"
             analysis.setup = replace(analysis.setup, precision=precision)
+        note = note or _swift_checkpoint_dtype(plan, analysis)
         from llmmem.preference_plan import preference_setup, unmodelled_objective_problem
 
         preference = preference_setup(plan)

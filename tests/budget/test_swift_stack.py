@@ -87,3 +87,19 @@ def test_before_fused_adamw_was_the_default_the_line_steps_foreach(tmp_path: Pat
     old = llmmem(project(tmp_path, "transformers==4.46.0\ntorch==2.5.1\n"), "explain", "train.sh")
     assert old["plan"]["optim"]["value"] == "adamw_torch"
     assert abs(optimizer_step(old) / 2**20 - 27.52) > 3
+
+
+def test_a_line_without_torch_dtype_trains_the_checkpoints_bf16_under_autocast(
+    tmp_path: Path,
+) -> None:
+    """Without --torch_dtype ms-swift loads the checkpoint's dtype (bfloat16 here) and turns on
+    bf16 mixed precision for it (ModelArguments._init_mixed_precision): the same budget as the
+    line that names --torch_dtype bfloat16, not an fp32 model's."""
+    folder = project(tmp_path, "ms-swift==4.6.0\ntransformers==5.19.0\ntorch==2.13.0\n")
+    named = llmmem(folder, "explain", "train.sh")
+    (folder / "train.sh").write_text(
+        LINE.format(model=folder / "tiny-llama").replace(" --torch_dtype bfloat16", "")
+    )
+    unnamed = llmmem(folder, "explain", "train.sh")
+    assert unnamed["budget"]["allocated_peak_bytes"] == named["budget"]["allocated_peak_bytes"]
+    assert any("ms-swift loads the checkpoint's bfloat16" in n for n in unnamed["budget"]["notes"])
