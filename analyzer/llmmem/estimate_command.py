@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from llmmem.budget.limits import largest_batch, largest_seq
-from llmmem.budget.lora_targets import default_lora_targets
+from llmmem.budget.lora_targets import default_lora_targets, torchtune_lora_targets
 from llmmem.budget.optimizers import find_optimizer
 from llmmem.budget.phases import estimate_budget
 from llmmem.budget.result import Budget, GpuTarget
@@ -86,10 +86,6 @@ FRAMEWORK_STACKS: dict[str, Framework] = {
 }
 # the values that run the HF Trainer (or TRL's trainers on it) around transformers' models
 HF_TRAINER_FRAMEWORKS = {"trl": "TRL", "axolotl": "axolotl", "llamafactory": "LLaMA-Factory"}
-# torchtune's own defaults where a flag is left out: its configs' dtype and loss, and the LoRA
-# of its LoRA configs (recipes/configs/llama3_1/8B_lora_single_device.yaml, as 89 of its 91
-# LoRA configs: q, v and output projections and the MLP, rank 8)
-TORCHTUNE_LORA_TARGETS = ["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 # the libraries whose release changes what a step holds, as `--versions` names them
@@ -287,7 +283,7 @@ def build_setup(
         targets = (
             [t.strip() for t in targets_text.split(",") if t.strip()]
             if targets_text
-            else _torchtune_targets(spec)
+            else torchtune_lora_targets(spec)
             if torchtune
             else default_lora_targets(spec)
         )
@@ -550,13 +546,6 @@ def _refuse_for_torchtune(args: argparse.Namespace) -> None:
         )
     if getattr(args, "quant_storage", None):
         raise UsageError("--quant-storage: torchtune's NF4 weights are torchao tensors")
-
-
-def _torchtune_targets(spec: ModelSpec) -> list[str]:
-    """torchtune's LoRA configs' targets where the model has them, else PEFT's default."""
-    names = {lin.name for group in spec.blocks for lin in group.linears}
-    chosen = [name for name in TORCHTUNE_LORA_TARGETS if name in names]
-    return chosen if len(chosen) == len(TORCHTUNE_LORA_TARGETS) else default_lora_targets(spec)
 
 
 def _sft_trainer_rules(

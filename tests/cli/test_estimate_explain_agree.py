@@ -78,8 +78,6 @@ NO_FLAG: dict[str, str] = {
     "tests/fixtures/python/unsloth_sft.py": ONE_ROAD_UNSLOTH,
     "tests/fixtures/python/followed/unsloth_fastmodel.py": ONE_ROAD_UNSLOTH
     + "; its images too (no --images given here)",
-    "tests/fixtures/shell/launch_tune.sh": "one road only: torchtune's LoRA targets and bf16 "
-    "adapters (estimate_command._torchtune_targets) are estimate's; the file reads PEFT's",
 }
 
 # the releases estimate's --versions takes (the others change nothing it sizes)

@@ -152,6 +152,20 @@ def default_lora_targets(spec: ModelSpec) -> list[str]:
     return ["all-linear"]
 
 
+# torchtune's LoRA configs (recipes/configs/llama3_1/8B_lora_single_device.yaml, as 89 of its 91
+# LoRA configs: lora_attn_modules q, v and output projections, apply_lora_to_mlp), in the
+# module names its models share with transformers'
+TORCHTUNE_LORA_TARGETS = ["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def torchtune_lora_targets(spec: ModelSpec) -> list[str]:
+    """The LoRA targets of torchtune's built-in configs where the model has those modules (a
+    config that names none, or a built-in one read by name), else PEFT's default."""
+    names = {lin.name for group in spec.blocks for lin in group.linears}
+    chosen = [name for name in TORCHTUNE_LORA_TARGETS if name in names]
+    return chosen if len(chosen) == len(TORCHTUNE_LORA_TARGETS) else default_lora_targets(spec)
+
+
 def lora_target_linears(spec: ModelSpec, targets: list[str] | None) -> list[LinearModule]:
     """The block linears PEFT would adapt for `target_modules` (leaf names or path suffixes);
     None means PEFT's default for the architecture."""

@@ -13,6 +13,7 @@ from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
+from llmmem.budget.lora_targets import TORCHTUNE_LORA_TARGETS
 from llmmem.extract.builder import PlanBuilder
 from llmmem.extract.configs import FRAMEWORK_CONFIG_CLASSES, ConfigReading, Override, read_config
 from llmmem.extract.frameworks.common import Setting
@@ -751,6 +752,18 @@ class ShellPlanReader(LaunchOptionReader):
         method_settings: list[tuple[str, Any]] = []
         if method in ("lora", "qlora", "dora"):
             method_settings.append(("lora.enabled", True))
+            # the LoRA of torchtune's LoRA configs (llmmem.budget.lora_targets), rank 8,
+            # alpha 16, adapters in the model's dtype
+            lora_note = (
+                "torchtune's built-in LoRA configs (89 of 91: rank 8, alpha 16, the q, v and "
+                "output projections and the MLP)"
+            )
+            for key, value in (
+                ("lora.r", 8),
+                ("lora.alpha", 16.0),
+                ("lora.target_modules", list(TORCHTUNE_LORA_TARGETS)),
+            ):
+                self.settings.append(Setting(key, value, Provenance.DEFAULT, located, lora_note))
         if method == "qlora":
             method_settings += [("quantization.bits", 4), ("quantization.quant_type", "nf4")]
         for key, value in method_settings:
