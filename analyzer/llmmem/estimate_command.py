@@ -169,6 +169,14 @@ def add_plan_flags(parser: argparse.ArgumentParser) -> None:
         help="bnb_4bit_quant_storage: a float dtype lets FSDP shard the 4-bit weights",
     )
     parser.add_argument(
+        "--quant-compute-dtype",
+        choices=["bf16", "fp16", "fp32"],
+        default=None,
+        help="bnb_4bit_compute_dtype: the dtype the 4-bit layers compute in, their inputs cast "
+        "to it (and, without k-bit preparation or autocast, the activations between them); "
+        "default bf16",
+    )
+    parser.add_argument(
         "--versions",
         action="append",
         default=None,
@@ -358,6 +366,9 @@ def build_setup(
                 double_quant=double_quant,
                 quant_storage=storage or "uint8",
                 prepare_for_kbit_training=True if prepare is None else bool(prepare),
+                compute_dtype_bytes=4
+                if getattr(args, "quant_compute_dtype", None) == "fp32"
+                else 2,
             )
             bnb_release = _bitsandbytes_release(args)
             if bnb_release:
@@ -378,6 +389,8 @@ def build_setup(
         raise UsageError("--double-quant needs --quant nf4 or fp4 (or --method qlora)")
     elif getattr(args, "quant_storage", None):
         raise UsageError("--quant-storage needs --quant nf4 or fp4 (or --method qlora)")
+    elif getattr(args, "quant_compute_dtype", None):
+        raise UsageError("--quant-compute-dtype needs --quant nf4 or fp4 (or --method qlora)")
     versions = parse_versions(getattr(args, "versions", None))
     found = found_versions(args)
     for library, field_name in (

@@ -70,8 +70,6 @@ ONE_ROAD_UNSLOTH = (
 )
 NO_FLAG: dict[str, str] = {
     "tests/fixtures/shell/openrlhf_dpo.sh": "OpenRLHF's DPO trainer: --trainer has no openrlhf",
-    "tests/fixtures/shell/swift_rlhf_dpo.sh": "bnb_4bit_compute_dtype float32: estimate has no "
-    "flag for the k-bit compute dtype",
     "tests/fixtures/noise/orpo_trainer_qlora.py": "one road only: the file's ORPOTrainer over a "
     "k-bit model is read unprepared, estimate prepares it (--kbit-prepare's default)",
     "tests/fixtures/noise/unsloth_qlora.py": ONE_ROAD_UNSLOTH,
@@ -245,6 +243,9 @@ def estimate_flags(plan: TrainingPlan, report: dict[str, Any]) -> list[str]:
             flags.append("--double-quant")
         if q.quant_storage.value != "uint8":
             flags += ["--quant-storage", str(q.quant_storage.value)]
+        compute = str(q.compute_dtype.value).lower()
+        if compute in ("float32", "fp32", "float16", "fp16"):
+            flags += ["--quant-compute-dtype", "fp32" if "32" in compute else "fp16"]
         kbit = q.prepare_for_kbit_training
         # a reader's own default (LLaMA-Factory prepares no k-bit model) is a flag here; TRL's
         # is its release's rule on both roads
