@@ -104,11 +104,13 @@ def _add_estimate_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--trainer",
-        choices=["trl", "llamafactory"],
+        choices=["trl", "llamafactory", "openrlhf"],
         default=None,
         help="preference objectives: whose trainer runs the step (default trl: TRL 0.29's); "
         "llamafactory is LLaMA-Factory's own DPO/ORPO/SimPO and KTO trainers (fp32 logits, a "
-        "full log_softmax) and its rm stage (a value head over the causal LM)",
+        "full log_softmax) and its rm stage (a value head over the causal LM); openrlhf is "
+        "OpenRLHF's DPO (its own log-probabilities from the full logits, a bf16 reference copy "
+        "partitioned under --zero 3)",
     )
     p.add_argument("--batch", type=_positive_int, default=None, help="micro-batch per device")
     p.add_argument("--seq", type=_positive_int, default=None, help="tokens per sequence")

@@ -338,6 +338,20 @@ def preference_from_args(args: argparse.Namespace) -> Any:
         objective = "cpo"  # TRL's CPOTrainer with loss_type simpo
     grpo = grpo_from_args(args, objective)
     ppo = ppo_from_args(args, objective)
+    openrlhf: dict[str, Any] = {}
+    if trainer == "openrlhf":
+        from llmmem.preference_plan import OWN_LOG_PROBABILITIES_RELEASE, openrlhf_reference_of
+
+        if objective != "dpo":
+            raise UsageError("--trainer openrlhf sizes OpenRLHF's DPO: --objective dpo")
+        # OpenRLHF loads a reference copy of its own, also under LoRA
+        reference = reference or "copy"
+        zero = getattr(args, "zero", None) or 0
+        openrlhf = {
+            **openrlhf_reference_of(int(zero), offload=False),
+            "trl_release": OWN_LOG_PROBABILITIES_RELEASE,
+        }
+        trainer = "trl"
     try:
         return PreferenceSetup(
             objective=Objective(objective),
@@ -347,6 +361,7 @@ def preference_from_args(args: argparse.Namespace) -> Any:
             mixed_precision=mixed,
             trainer=trainer or "trl",
             cpo_alpha=cpo_alpha,
+            **openrlhf,
         )
     except SetupError as err:
         raise UsageError(str(err)) from None

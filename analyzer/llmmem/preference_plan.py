@@ -99,8 +99,14 @@ def openrlhf_reference(plan: TrainingPlan) -> dict[str, Any]:
     if plan.framework != "openrlhf":
         return {}
     stage = plan.distributed.zero_stage.value
-    zero3 = isinstance(stage, int) and stage == 3
     offload = _truthy(_kept(plan, "ref_offload")) or _truthy(_kept(plan, "ref_reward_offload"))
+    return openrlhf_reference_of(stage if isinstance(stage, int) else 0, offload)
+
+
+def openrlhf_reference_of(zero_stage: int, offload: bool) -> dict[str, Any]:
+    """OpenRLHF's reference copy under a ZeRO stage, with or without --ref_offload (the rule of
+    openrlhf_reference, also `llmmem estimate --trainer openrlhf`'s)."""
+    zero3 = zero_stage == 3
     return {
         "reference_bytes": 2,
         "reference_sharded": zero3,
@@ -366,9 +372,15 @@ def preference_setup(plan: TrainingPlan) -> PreferenceSetup | None:
 OWN_LOG_PROBABILITIES = ("openrlhf", "verl")
 
 
+# the TRL release whose moments those frameworks' steps follow
+OWN_LOG_PROBABILITIES_RELEASE = "0.29.1"
+
+
 def own_log_probabilities(plan: TrainingPlan) -> dict[str, Any]:
     """`trl_release` pinned to the release whose moments such a framework's step follows."""
-    return {"trl_release": "0.29.1"} if plan.framework in OWN_LOG_PROBABILITIES else {}
+    if plan.framework not in OWN_LOG_PROBABILITIES:
+        return {}
+    return {"trl_release": OWN_LOG_PROBABILITIES_RELEASE}
 
 
 def cpo_alpha_of(plan: TrainingPlan, objective: Objective) -> dict[str, Any]:

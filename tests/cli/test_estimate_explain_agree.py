@@ -69,7 +69,6 @@ ONE_ROAD_UNSLOTH = (
     "SFTTrainer's bf16 adapters are the file's; --framework unsloth has neither"
 )
 NO_FLAG: dict[str, str] = {
-    "tests/fixtures/shell/openrlhf_dpo.sh": "OpenRLHF's DPO trainer: --trainer has no openrlhf",
     "tests/fixtures/noise/orpo_trainer_qlora.py": "one road only: the file's ORPOTrainer over a "
     "k-bit model is read unprepared, estimate prepares it (--kbit-prepare's default)",
     "tests/fixtures/noise/unsloth_qlora.py": ONE_ROAD_UNSLOTH,
@@ -179,6 +178,8 @@ def preference_flags(plan: TrainingPlan) -> list[str]:
     flags = []
     if setup.trainer == "llamafactory":
         flags += ["--trainer", "llamafactory"]
+    if plan.framework == "openrlhf":
+        flags += ["--trainer", "openrlhf"]
     ppo = setup.ppo
     if ppo is None:
         if setup.reference is not None:
