@@ -186,13 +186,15 @@ def _add_estimate_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--activation-offload",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         default=None,
         help="saved activations copied to the host in forward (TRL's and torchtune's "
         "activation_offloading): with --framework torchtune the estimate is torchtune's "
-        "offloaded step (tensors of 1 KiB and more moved, the 5 latest kept); otherwise the "
-        "estimate is the step without it and its band reaches down to the step with every "
-        "saved tensor on the host",
+        "offloaded step (tensors of 1 KiB and more moved, the 5 latest kept); with "
+        "--framework unsloth and --grad-ckpt it is on unless --no-activation-offload says "
+        'use_gradient_checkpointing=True (unsloth\'s default is "unsloth": the checkpointed '
+        "layers' inputs on the host); otherwise the estimate is the step without it and its "
+        "band reaches down to the step with every saved tensor on the host",
     )
     p.add_argument("--loss", choices=["standard", "chunked", "liger"], default=None)
     p.add_argument(

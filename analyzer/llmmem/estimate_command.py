@@ -447,7 +447,7 @@ def build_setup(
             use_cache=bool(getattr(args, "use_cache", False)),
             optimizer_in_backward=bool(getattr(args, "optimizer_in_backward", False)),
             packing=getattr(args, "packed", None),
-            activation_offload=bool(getattr(args, "activation_offload", False)),
+            activation_offload=_activation_offload(args, framework_name, prov),
             compile=bool(getattr(args, "compile", False)),
             reentrant_checkpointing=getattr(args, "reentrant_ckpt", None),
             transformers_version=versions.get("transformers", TESTED_TRANSFORMERS),
@@ -542,6 +542,23 @@ def _framework_provenance(args: argparse.Namespace, setup: TrainingSetup) -> str
     if name == "plain":
         return "flag: a loop of the script's own (the HF Trainer's FSDP wrapping not assumed)"
     return "flag"
+
+
+def _activation_offload(args: argparse.Namespace, framework: str, prov: dict[str, str]) -> bool:
+    """--activation-offload as given; unsloth's checkpointing offloads by default
+    (get_peft_model's use_gradient_checkpointing="unsloth", llmmem.budget.stacks.unsloth), as
+    a script that leaves it unsaid is read."""
+    given = getattr(args, "activation_offload", None)
+    if given is not None:
+        prov["activation_offload"] = "flag"
+        return bool(given)
+    if framework == "unsloth" and getattr(args, "grad_ckpt", None):
+        prov["activation_offload"] = (
+            'unsloth\'s default: use_gradient_checkpointing="unsloth" keeps the checkpointed '
+            "layers' inputs on the host"
+        )
+        return True
+    return False
 
 
 def _refuse_for_torchtune(args: argparse.Namespace) -> None:

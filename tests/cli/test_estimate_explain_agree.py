@@ -64,17 +64,9 @@ NOT_SIZED = {
 
 # the files the two roads still size apart, and why: a setting estimate has no flag for, a
 # setting this test does not map yet, or a rule written on one road only
-ONE_ROAD_UNSLOTH = (
-    "one road only: unsloth's offloaded checkpointing (scenario._unsloth_offloads) and the "
-    "SFTTrainer's bf16 adapters are the file's; --framework unsloth has neither"
-)
 NO_FLAG: dict[str, str] = {
     "tests/fixtures/noise/orpo_trainer_qlora.py": "one road only: the file's ORPOTrainer over a "
     "k-bit model is read unprepared, estimate prepares it (--kbit-prepare's default)",
-    "tests/fixtures/noise/unsloth_qlora.py": ONE_ROAD_UNSLOTH,
-    "tests/fixtures/python/unsloth_sft.py": ONE_ROAD_UNSLOTH,
-    "tests/fixtures/python/followed/unsloth_fastmodel.py": ONE_ROAD_UNSLOTH
-    + "; its images too (no --images given here)",
 }
 
 # the releases estimate's --versions takes (the others change nothing it sizes)
@@ -197,6 +189,24 @@ def preference_flags(plan: TrainingPlan) -> list[str]:
     return flags
 
 
+def vision_flags(plan: TrainingPlan) -> list[str]:
+    """A vision-language model's images as the file's road assumes or reads them."""
+    from llmmem.scenario import analyze
+
+    vision = analyze(plan).setup
+    images = vision.vision if vision is not None else None
+    if images is None:
+        return []
+    flags = ["--images", str(images.images), "--image-size", f"{images.width}x{images.height}"]
+    if images.min_pixels is not None:
+        flags += ["--min-pixels", str(images.min_pixels)]
+    if images.max_pixels is not None:
+        flags += ["--max-pixels", str(images.max_pixels)]
+    if images.seq_includes_images:
+        flags.append("--seq-includes-images")
+    return flags
+
+
 def estimate_flags(plan: TrainingPlan, report: dict[str, Any]) -> list[str]:
     """The estimate flags that say what the plan says."""
     assert plan.model_id is not None
@@ -217,7 +227,7 @@ def estimate_flags(plan: TrainingPlan, report: dict[str, Any]) -> list[str]:
     objective = str(plan.objective.value).lower() if plan.objective is not None else "sft"
     if objective not in ("sft", "pretrain"):  # a pretraining step is sized as SFT's
         flags += ["--objective", objective]
-    flags += grpo_flags(plan) + preference_flags(plan)
+    flags += grpo_flags(plan) + preference_flags(plan) + vision_flags(plan)
     if plan.lora is not None:
         lora = plan.lora
         bits = plan.quantization.bits.value if plan.quantization is not None else None
