@@ -152,15 +152,11 @@ def default_lora_targets(spec: ModelSpec) -> list[str]:
     return ["all-linear"]
 
 
-# torchtune's LoRA configs (recipes/configs/llama3_1/8B_lora_single_device.yaml, as 89 of its 91
-# LoRA configs: lora_attn_modules q, v and output projections, apply_lora_to_mlp), in the
-# module names its models share with transformers'
-TORCHTUNE_LORA_TARGETS = ["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
 def torchtune_lora_targets(spec: ModelSpec) -> list[str]:
-    """The LoRA targets of torchtune's built-in configs where the model has those modules (a
-    config that names none, or a built-in one read by name), else PEFT's default."""
+    """The LoRA targets of torchtune's built-in configs (the torchtune reader's
+    TORCHTUNE_LORA_TARGETS) where the model has those modules, else PEFT's default."""
+    from llmmem.extract.frameworks.torchtune import TORCHTUNE_LORA_TARGETS
+
     names = {lin.name for group in spec.blocks for lin in group.linears}
     chosen = [name for name in TORCHTUNE_LORA_TARGETS if name in names]
     return chosen if len(chosen) == len(TORCHTUNE_LORA_TARGETS) else default_lora_targets(spec)

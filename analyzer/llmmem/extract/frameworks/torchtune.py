@@ -50,6 +50,10 @@ TORCHTUNE_FIXED_NAMES = {
     "mistral_7b": "mistralai/Mistral-7B-v0.1",
 }
 TORCHTUNE_METHODS = {"qlora_": "qlora", "lora_": "lora", "qdora_": "qlora", "dora_": "lora"}
+# the LoRA of torchtune's LoRA configs (recipes/configs/llama3_1/8B_lora_single_device.yaml, as
+# 89 of its 91 LoRA configs: lora_attn_modules q, v and output projections, apply_lora_to_mlp),
+# in the module names its models share with transformers'
+TORCHTUNE_LORA_TARGETS = ["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 TORCHTUNE_SIZE = re.compile(r"^(?P<size>\d+(?:_\d+)?[bm])(?:_(?P<variant>base|instruct))?$")
 
 # torchtune module names -> the HF names PEFT (and the budget) use

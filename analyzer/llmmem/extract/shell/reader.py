@@ -13,14 +13,13 @@ from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
-from llmmem.budget.lora_targets import TORCHTUNE_LORA_TARGETS
 from llmmem.extract.builder import PlanBuilder
 from llmmem.extract.configs import FRAMEWORK_CONFIG_CLASSES, ConfigReading, Override, read_config
 from llmmem.extract.frameworks.common import Setting
 from llmmem.extract.frameworks.litgpt import LITGPT_LORA_DEFAULTS
 from llmmem.extract.frameworks.openrlhf import openrlhf_meanings
 from llmmem.extract.frameworks.swift import swift_accumulation
-from llmmem.extract.frameworks.torchtune import torchtune_model
+from llmmem.extract.frameworks.torchtune import TORCHTUNE_LORA_TARGETS, torchtune_model
 from llmmem.extract.frameworks.trl_fields import HF_TRAINING_ARGUMENTS, HF_TRL_ARGUMENTS
 from llmmem.extract.pragmas import ProjectSettings, apply_project_settings
 from llmmem.extract.shell.expand import ExpandedCommand, ShellExpander, ShellWord
@@ -752,7 +751,7 @@ class ShellPlanReader(LaunchOptionReader):
         method_settings: list[tuple[str, Any]] = []
         if method in ("lora", "qlora", "dora"):
             method_settings.append(("lora.enabled", True))
-            # the LoRA of torchtune's LoRA configs (llmmem.budget.lora_targets), rank 8,
+            # the LoRA of torchtune's LoRA configs (TORCHTUNE_LORA_TARGETS), rank 8,
             # alpha 16, adapters in the model's dtype
             lora_note = (
                 "torchtune's built-in LoRA configs (89 of 91: rank 8, alpha 16, the q, v and "
