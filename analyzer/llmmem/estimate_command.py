@@ -544,6 +544,27 @@ def _framework_provenance(args: argparse.Namespace, setup: TrainingSetup) -> str
     return "flag"
 
 
+def _preference_trainer_on_kbit(
+    args: argparse.Namespace, setup: TrainingSetup, preference: Any, prov: dict[str, str]
+) -> TrainingSetup:
+    """TRL's preference trainer of the objective over a k-bit base (llmmem.budget.trl_rules, as
+    a script's trainer is read), unless --kbit-prepare or --adapter-dtype say otherwise."""
+    if (
+        preference.trainer != "trl"
+        or getattr(args, "framework", None) not in (None, "hf", "trl")
+        or getattr(args, "kbit_prepare", None) is not None
+        or getattr(args, "adapter_dtype", None) is not None
+    ):
+        return setup
+    from llmmem.budget.trl_rules import preference_trainer_on_kbit
+
+    setup, note = preference_trainer_on_kbit(setup, preference.objective.value)
+    if note:
+        prov["quant"] = note
+        prov["adapter_dtype"] = note
+    return setup
+
+
 def _activation_offload(args: argparse.Namespace, framework: str, prov: dict[str, str]) -> bool:
     """--activation-offload as given; unsloth's checkpointing offloads by default
     (get_peft_model's use_gradient_checkpointing="unsloth", llmmem.budget.stacks.unsloth), as
@@ -712,6 +733,8 @@ def run_estimate(args: argparse.Namespace) -> int:
     setup, prov = build_setup(args, spec, gpu, supervised=preference is None)
     if preference is not None:
         from llmmem.preference_plan import autocast_as_mixed_precision
+
+        setup = _preference_trainer_on_kbit(args, setup, preference, prov)
 
         try:
             setup, preference = autocast_as_mixed_precision(setup, preference)

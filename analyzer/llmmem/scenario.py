@@ -468,6 +468,25 @@ def loaded_dtype_note(plan: TrainingPlan, spec: ModelSpec) -> str | None:
     )
 
 
+def _preference_trainer_on_kbit(
+    plan: TrainingPlan, analysis: Analysis, preference: Any
+) -> str | None:
+    """A k-bit model handed to TRL's preference trainer with a LoRA config: what that trainer
+    does to it (llmmem.budget.trl_rules), unless the script prepares the model itself."""
+    q = plan.quantization
+    if (
+        analysis.setup is None
+        or preference.trainer != "trl"
+        or plan.framework not in ("trl", "hf")
+        or (q is not None and q.prepare_for_kbit_training.source is not Provenance.DEFAULT)
+    ):
+        return None
+    from llmmem.budget.trl_rules import preference_trainer_on_kbit
+
+    analysis.setup, note = preference_trainer_on_kbit(analysis.setup, preference.objective.value)
+    return note
+
+
 def _swift_checkpoint_dtype(plan: TrainingPlan, analysis: Analysis) -> str | None:
     """ms-swift without --torch_dtype loads the checkpoint's own dtype and turns on the mixed
     precision that goes with it (ModelArguments._init_mixed_precision, ms-swift 4.6.0): a bf16
@@ -618,6 +637,8 @@ def analyze(
         if preference is not None:
             from llmmem.preference_plan import autocast_as_mixed_precision
 
+            kbit_note = _preference_trainer_on_kbit(plan, analysis, preference)
+            trl_note = trl_note or kbit_note
             analysis.setup, preference = autocast_as_mixed_precision(analysis.setup, preference)
         if preference is None:
             analysis.budget = estimate_budget(analysis.spec, analysis.setup, analysis.gpu)

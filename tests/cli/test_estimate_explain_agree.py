@@ -64,10 +64,7 @@ NOT_SIZED = {
 
 # the files the two roads still size apart, and why: a setting estimate has no flag for, a
 # setting this test does not map yet, or a rule written on one road only
-NO_FLAG: dict[str, str] = {
-    "tests/fixtures/noise/orpo_trainer_qlora.py": "one road only: the file's ORPOTrainer over a "
-    "k-bit model is read unprepared, estimate prepares it (--kbit-prepare's default)",
-}
+NO_FLAG: dict[str, str] = {}
 
 # the releases estimate's --versions takes (the others change nothing it sizes)
 VERSIONED = ("transformers", "torch", "bitsandbytes", "trl")
