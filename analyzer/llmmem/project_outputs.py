@@ -15,8 +15,8 @@ what follows them is only what a trainer or a merge step adds below an output fo
 (`checkpoint-500`, `final`, `merged_model`, `best_model`, `adapter`). Where several files write
 it, the longest match wins; files that train different models leave it unresolved. The search
 is bounded (the project's own folder: the nearest one above the file that holds `.git` or
-`pyproject.toml`; at most MAX_ENTRIES entries, files of at most MAX_FILE_BYTES) and reads only
-files whose text holds the folder's last part.
+`pyproject.toml`; at most MAX_ENTRIES entries, files of at most MAX_FILE_BYTES and
+MAX_BYTES_READ in all), and parses only the files whose text holds the folder's last part.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 WRITER_SUFFIXES = frozenset({".py", ".sh", ".bash", ".yaml", ".yml", ".json", ".ipynb"})
 MAX_ENTRIES = 3000  # files and folders looked at in one search
 MAX_FILE_BYTES = 512_000
+MAX_BYTES_READ = 8_000_000  # all the files one search reads (an editor searches on each edit)
 MAX_ROOT_LEVELS = 6  # folders above the file searched for the project's root
 SKIPPED_FOLDERS = frozenset(
     {"node_modules", "__pycache__", "site-packages", "wandb", "mlruns", "logs", "data"}
@@ -101,7 +102,7 @@ def project_root(path: Path) -> Path:
 def _candidate_files(root: Path, needle: str, skip: Path) -> list[Path]:
     """The project's files whose text holds `needle`, within the search's bounds."""
     found: list[Path] = []
-    seen = 0
+    seen = read = 0
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(
             d
@@ -118,8 +119,12 @@ def _candidate_files(root: Path, needle: str, skip: Path) -> list[Path]:
             if candidate.suffix.lower() not in WRITER_SUFFIXES or candidate == skip:
                 continue
             try:
-                if candidate.stat().st_size > MAX_FILE_BYTES:
+                size = candidate.stat().st_size
+                if size > MAX_FILE_BYTES:
                     continue
+                read += size
+                if read > MAX_BYTES_READ:
+                    return found
                 text = candidate.read_text(encoding="utf-8", errors="replace")
             except OSError:
                 continue
