@@ -13,6 +13,15 @@ What it loads and casts
   `prepare_model_for_kbit_training` (outside Megatron-SWIFT), so a 4-bit model keeps its norms,
   embeddings and head in the model's dtype and makes no fp32 copy of them: the HF budget's
   QLoRA counts that preparation by default.
+- `--quant_method bnb --quant_bits 4`: nf4 with double quantization, computing in
+  `bnb_4bit_compute_dtype`, which swift takes from `torch_dtype` where not given
+  (arguments/base_args/quant_args.py :40-43, :116-121: bf16 for bfloat16, fp32 for float16
+  and float32); transformers loads what bitsandbytes leaves alone (embeddings, norms, head) in
+  that dtype. Unprepared, an fp32 head under fp16 autocast is cast to 16 bits at each use
+  (frozen: autocast caches no cast of it) and its matmul keeps the cast for the input's
+  gradient until the head's backward: the same copy the HF budget counts for a head prepared
+  to fp32 (`weight_copies`; bench/swift_steps.py `qlora fp16 ckpt` read -5.0% at the loss
+  without it).
 - The adapters follow peft (fp32 where `lora_dtype` is not given: `LoraConfig.lora_dtype`
   None, tuners/peft.py :42-43, and peft's `autocast_adapter_dtype`); `--lora_dtype bfloat16`
   keeps them in bf16 (swift's `_cast_adapter_dtype_hook`, tuners/peft.py :147-160), while any
@@ -50,8 +59,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from llmmem.budget.activations import dtypes_for
 from llmmem.budget.setup import Precision, TrainingSetup
-from llmmem.budget.stacks.hf import Stack
+from llmmem.budget.stacks.hf import Stack, WeightCopies
 from llmmem.models.spec import ModelSpec
 
 RELEASE = "4.6.0"
@@ -79,6 +89,36 @@ class SwiftStack(Stack):
             # swift casts every trainable fp16 parameter to fp32 (tuner.py :403-407)
             setup = replace(setup, lora=replace(setup.lora, adapter_bytes=4))
         return setup
+
+    def weight_copies(self, spec: ModelSpec, setup: TrainingSetup) -> WeightCopies | None:
+        """A 4-bit model loaded in fp32 (swift's compute dtype for an fp16 or fp32 checkpoint)
+        under autocast: the HF budget's k-bit copies (one dequantized weight, the largest
+        Linear's) and autocast's 16-bit cast of the fp32 head, kept until the head's
+        backward; None (the HF budget's) otherwise."""
+        quant = setup.quant
+        if quant is None or quant.compute_dtype_bytes != 4 or not spec.is_causal_lm:
+            return None
+        if not dtypes_for(setup).autocast:
+            return None
+        largest = 2 * max(
+            (
+                lin.out_features * lin.in_features
+                for group in spec.blocks
+                for lin in group.linears
+                if lin.role != "expert"
+            ),
+            default=0,
+        )
+        head = 2 * spec.vocab_size * spec.hidden_size
+        return WeightCopies(
+            at_loss=largest + head,
+            backward_start=largest + head,
+            recompute=largest,
+            in_block=0,
+            formula="one dequantized k-bit weight (the largest Linear) + autocast's 16-bit "
+            "cast of the head, loaded in fp32 (swift's compute dtype), kept for the input "
+            "gradient",
+        )
 
     def notes(self, spec: ModelSpec, setup: TrainingSetup) -> list[str]:
         parts = []
