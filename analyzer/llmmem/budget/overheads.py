@@ -171,6 +171,29 @@ def unified_memory(total_bytes: int, pool_total_bytes: int, gpu: GpuTarget | Non
 IN_THE_ALLOCATOR = (Overhead.CUBLAS_WORKSPACES, Overhead.ALLOCATOR_SLACK)
 
 
+def with_load_kept(
+    overheads: dict[Overhead, Term], allocated_peak_bytes: int, load: Term | None
+) -> dict[Overhead, Term]:
+    """The allocator's slack raised so that the reserved peak is at least what loading the
+    model left reserved (`load`): the caching allocator keeps those blocks, and the step's own
+    tensors are cut from them, so a step that needs less than the load reserved reads the
+    load's reserved pool as its peak (a framework's stack says what its load holds)."""
+    if load is None:
+        return overheads
+    step_reserved, _ = reserved_and_device_total(allocated_peak_bytes, overheads)
+    kept = load.bytes - step_reserved
+    if kept <= 0:
+        return overheads
+    slack = overheads[Overhead.ALLOCATOR_SLACK]
+    raised = Term(
+        bytes=slack.bytes + kept,
+        formula=f"{slack.formula} + {format_bytes(kept)} kept reserved from {load.formula}, "
+        f"{format_bytes(load.bytes)} in all",
+        note=slack.note,
+    )
+    return {**overheads, Overhead.ALLOCATOR_SLACK: raised}
+
+
 def reserved_and_device_total(
     allocated_peak_bytes: int, overheads: dict[Overhead, Term]
 ) -> tuple[int, int]:

@@ -53,6 +53,7 @@ from llmmem.budget.overheads import (
     overhead_terms,
     reserved_and_device_total,
     unified_memory,
+    with_load_kept,
 )
 from llmmem.budget.result import Budget, Component, GpuTarget, Overhead, Phase, PhaseBudget, Term
 from llmmem.budget.setup import Method, Mode, SetupError, TrainingSetup
@@ -835,6 +836,10 @@ def estimate_budget(
     cached = cached_at_the_loss(spec, run, setup, phases, peak, recompute, acts, logits)
     hole = own_loss.hole_bytes if own_loss is not None else logits_hole(spec, setup)
     overheads = overhead_terms(setup, transient, live_tensors, hole, cached)
+    load_reserved = getattr(stack, "load_reserved", None)
+    if load_reserved is not None:
+        load = load_reserved(spec, setup, st.weights.bytes)
+        overheads = with_load_kept(overheads, peak.allocated_bytes, load)
     reserved, device_total = reserved_and_device_total(peak.allocated_bytes, overheads)
     if st.unified_bytes and not setup.first_step:
         resident = unified_memory(st.unified_bytes, device_total, gpu)

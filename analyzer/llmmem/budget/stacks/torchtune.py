@@ -22,7 +22,14 @@ What it loads and casts
   quantization factor per 256 scalers in the weight's dtype (:760), the scalers' mean (:732) and
   a 16-entry NF4 table (:650) in the weight's dtype, per tensor: 0.5 + 1/64 + e/16384 bytes per
   value plus 17·e bytes per tensor (bitsandbytes' double quantization keeps an fp32 factor per
-  256 scalers instead).
+  256 scalers instead). torchao 0.1 (torchtune 0.1.x, torch 2.2) kept the factor as a view of
+  the tensor it was taken from, one value per scaler (`quantization_factor[:, 0]`,
+  nf4tensor.py:333-347 at v0.1; made contiguous in torchao 0.3, pytorch/ao#298), and a loaded
+  weight keeps that view (`dest_tensor.quantization_factor = ref_tensor.quantization_factor`,
+  torchtune utils/_register_nf4_dispatch_ops.py:39 at 0914d5cf): e/64 bytes per value, not
+  e/16384.
+- Loading the model leaves blocks in the caching allocator that every later peak counts
+  (stacks/torchtune_load.py): with torchao 0.1 they decide a QLoRA run's reserved peak.
 - A NF4 matmul (`LinearNF4`, :1037-1048) saves only the NF4 weight and dequantizes it at each
   use, in forward and in backward (`weight.to(input.dtype)` → `get_original_weight`, :829-855):
   two int64 index tensors of half the values each (:833-834, 8 B per value), the table lookups
@@ -110,6 +117,7 @@ from llmmem.budget.setup import (
     TrainingSetup,
 )
 from llmmem.budget.stacks.hf import LossMoments, OffloadedActivations, Stack, WeightCopies
+from llmmem.budget.stacks.torchtune_load import nf4_load_kept, torchao_unchunked
 from llmmem.budget.weights import ParameterGroup, QuantizedBytes
 from llmmem.models.spec import ModelSpec
 from llmmem.units import format_bytes, format_count
@@ -127,16 +135,18 @@ OFFLOAD_STASH = 5
 TORCHTUNE_RULES = BlockRules(norm_output_fp32=True, repeats_kv_heads=True)
 
 
-def nf4_value_bytes(dtype_bytes: int) -> float:
+def nf4_value_bytes(dtype_bytes: int, factor_per_scaler: bool = False) -> float:
     """Bytes one torchao NF4 value costs: packed data, int8 scalers, the per-256-scalers factor
-    in the weight's dtype."""
-    return 0.5 + 1.0 / NF4_BLOCK + dtype_bytes / (NF4_BLOCK * NF4_SCALER_BLOCK)
+    in the weight's dtype (with `factor_per_scaler`, torchao 0.1's: the factor's whole tensor,
+    one value per scaler, kept behind its view)."""
+    factor_values = NF4_BLOCK if factor_per_scaler else NF4_BLOCK * NF4_SCALER_BLOCK
+    return 0.5 + 1.0 / NF4_BLOCK + dtype_bytes / factor_values
 
 
-def nf4_bytes_per_param(dtype_bytes: int, values: int) -> float:
+def nf4_bytes_per_param(dtype_bytes: int, values: int, factor_per_scaler: bool = False) -> float:
     """`nf4_value_bytes` with the tensor's own NF4 table and scalers' mean spread over it."""
     per_tensor = (NF4_TABLE + 1) * dtype_bytes
-    return nf4_value_bytes(dtype_bytes) + per_tensor / max(values, 1)
+    return nf4_value_bytes(dtype_bytes, factor_per_scaler) + per_tensor / max(values, 1)
 
 
 def nf4_dequantize_bytes(dtype_bytes: int, values: int) -> int:
@@ -273,9 +283,10 @@ class TorchtuneStack(Stack):
 
     def quantized_bytes(self, setup: TrainingSetup) -> QuantizedBytes:
         dtype_bytes = setup.precision.weight_bytes
+        whole_factor = torchao_unchunked(setup)
 
         def nf4(_quant: QuantSetup, in_features: int, out_features: int) -> float:
-            return nf4_bytes_per_param(dtype_bytes, in_features * out_features)
+            return nf4_bytes_per_param(dtype_bytes, in_features * out_features, whole_factor)
 
         return nf4
 
@@ -362,12 +373,20 @@ class TorchtuneStack(Stack):
             ),
         )
 
+    def load_reserved(
+        self, spec: ModelSpec, setup: TrainingSetup, weights_bytes: int
+    ) -> Term | None:
+        """What the model's build and load leave reserved for every later peak (QLoRA)."""
+        kept = nf4_load_kept(spec, setup, weights_bytes)
+        return kept.reserved if kept is not None else None
+
     def notes(self, spec: ModelSpec, setup: TrainingSetup) -> list[str]:
         dtype = "bf16" if setup.precision is Precision.BF16_TRUE else "fp32"
+        e = setup.precision.weight_bytes
         parts = [f"everything in {dtype} (adapters too, no autocast)"]
         if setup.quant is not None:
             parts.append(
-                f"torchao NF4 ({nf4_value_bytes(setup.precision.weight_bytes):.4g} B per value),"
+                f"torchao NF4 ({nf4_value_bytes(e, torchao_unchunked(setup)):.4g} B per value),"
                 " no k-bit preparation"
             )
         if setup.loss is LossImpl.CHUNKED:
