@@ -26,7 +26,7 @@ What one quantization holds on the device, for a Linear of n values in a dtype o
   compares every value with the 16-entry table at once, `diff = (value - nf4).abs()`
   (dtypes/nf4tensor.py:442-445 at v0.1): two (n × 16) tensors in e bytes alive together, beside
   the weight on the device (e·n) and its scaled blocks (`blocks / scales`, :394, e·n). For
-  Llama-2-7B's MLP projections (45.1M values, bf16) that is 3.2 GB.
+  Llama-2-7B's MLP projections (45.1M values, bf16) that is 3.1 GB.
 - from torchao 0.2 (pytorch/ao#196, 2024-05-01; torchtune 0.2.0 pins torchao 0.3.1): in chunks
   of 1,048,576 values (`CHUNK_SIZE`, nf4tensor.py:82 at 0.14.1) written into one uint8 index per
   value (:810-819): e·n + e·n + n + 2 × 16·e × 2^20.
