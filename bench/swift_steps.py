@@ -34,11 +34,13 @@ Two CPU stand-ins make the step the one a GPU runs, which the budget sizes:
   the step runs in fp32: the `fp32` cases run that step, against `--precision fp32`.
 
 A tiny Llama (2 blocks, h 256, 8 query and 2 K/V heads, MLP 768, vocabulary 4096), 2 x 256
-tokens, ms-swift 4.6.0 (torch 2.13.0+cpu, transformers 5.19.0, peft 0.20.0), swift's defaults
-(LoRA r 8, alpha 32, dropout 0.05, all-linear, adamw_torch_fused), MiB, swift's step / llmmem's
-budget and the error (`lora_dtype bf16`: bf16 weights with `--lora_dtype bfloat16`, bf16
-adapters; `lora_dtype fp16`: the fp16 case with `--lora_dtype float16`, whose adapters swift
-casts to fp32, pipelines/train/tuner.py:403-407):
+tokens, ms-swift 4.6.0 (torch 2.13.0+cpu, transformers 5.19.0, peft 0.20.0, bitsandbytes
+0.50.2), swift's defaults (LoRA r 8, alpha 32, dropout 0.05, all-linear, adamw_torch_fused),
+MiB, swift's step / llmmem's budget and the error (`lora_dtype bf16`: bf16 weights with
+`--lora_dtype bfloat16`, bf16 adapters; `lora_dtype fp16`: the fp16 case with `--lora_dtype
+float16`, whose adapters swift casts to fp32, pipelines/train/tuner.py:403-407; `qlora`: the
+LoRA case with `--quant_method bnb --quant_bits 4`). Printed by `python bench/swift_steps.py
+--env /work/venvs/swift` on 2026-12-06:
 
     case                              forward             backward       optimizer step   file
     lora bf16 ckpt        28.49/28.74   +0.9%  31.95/32.74   +2.5%   8.05/8.03    -0.1%  +2.5%
@@ -56,6 +58,16 @@ casts to fp32, pipelines/train/tuner.py:403-407):
     lora_dtype bf16 ckpt  27.91/28.31   +1.4%  31.51/32.31   +2.5%   7.47/7.46    -0.2%  +2.5%
     lora_dtype bf16       41.18/42.45   +3.1%  44.78/46.45   +3.7%   7.47/7.46    -0.2%  +3.7%
     lora_dtype fp16 ckpt  38.15/38.12   -0.1%  41.36/42.12   +1.9%  14.92/14.91   -0.1%  +1.9%
+    qlora bf16 ckpt       26.37/26.99   +2.3%  29.83/30.99   +3.9%   5.93/5.90    -0.4% +67.1%
+    qlora bf16            39.64/41.13   +3.7%  43.23/45.13   +4.4%   5.93/5.90    -0.4% +67.1%
+    qlora fp16 ckpt       33.16/33.49   +1.0%  36.36/37.49   +3.1%   9.93/9.90    -0.3%  +3.1%
+
+Every phase of the budget within 4.4%. QLoRA runs on the CPU: bitsandbytes 0.50.2 has a CPU
+backend for its 4-bit layers (`quantize_4bit` at load, the 4-bit matmul dequantizing to the
+input's dtype), so the step is swift's own, through transformers' bitsandbytes quantizer (nf4,
+double quantization, the compute dtype bf16 for the bf16 checkpoint and fp32 for the fp32 one);
+each 4-bit weight's quant state (absmax and its double-quantization state) is counted with the
+weights. bitsandbytes is not one of ms-swift's requirements: the environment adds it.
 
 What each gap was, or is:
 - the file road read full fine-tuning's optimizer step +25% (34.39 MiB against 27.52) while the
@@ -63,6 +75,18 @@ What each gap was, or is:
   TrainingArguments default steps (adamw_torch_fused on these releases).
 - the backward's +0.78 MiB in every case (+1% to +4%) is swift's `use_logits_to_keep`: the
   logits start at the first labelled position (247 of 256 here), which the budget cannot know.
+- QLoRA's +0.38 MiB beyond that, at the loss and the start of backward, is the HF budget's one
+  dequantized 4-bit weight (the largest Linear, 768 x 256 in 16 bits), which this step does
+  not hold there (the dequantized weight is a temporary of each matmul).
+- `qlora fp16 ckpt` read -5.0% at the loss while the budget counted autocast's 16-bit cast of
+  the head only for a head prepared to fp32: swift prepares nothing but loads an fp32
+  checkpoint's head in fp32, and under fp16 autocast the head's matmul keeps that cast until
+  its backward (2 MiB; budget.stacks.swift `weight_copies`).
+- the QLoRA cases over the bf16 checkpoint read +67.1% on the file road: the `swift sft`
+  reader leaves `bnb_4bit_compute_dtype` to BitsAndBytesConfig's default (fp32) where swift
+  takes it from `--torch_dtype` (quant_args.py:116-121), and the budget then loads the
+  embeddings and head in fp32 with an fp32 residual stream. `estimate --quant-compute-dtype
+  bf16` (the bench's column) is swift's step; the reader is not fixed yet.
 - before the dropout stand-in, LoRA without checkpointing read -8% to -14% (the CPU's mask).
 
 The environment with ms-swift is made outside the repository on first use (`--env`, default
@@ -88,8 +112,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 DEFAULT_ENV = Path.home() / ".cache" / "llmmem" / "bench-swift"
-# torch first, pinned, so that ms-swift's requirements pull no CUDA build
-RELEASES = ["torch==2.13.0", "ms-swift==4.6.0"]
+# torch first, pinned, so that ms-swift's requirements pull no CUDA build; bitsandbytes for the
+# QLoRA cases (0.50.2 runs its 4-bit layers on the CPU; ms-swift does not require it)
+RELEASES = ["torch==2.13.0", "ms-swift==4.6.0", "bitsandbytes==0.50.2"]
 RESULT = "swift-steps-result: "
 
 # a tiny Llama (grouped K/V heads)
@@ -105,12 +130,26 @@ DIMS = {
 
 
 def _case(
-    tuner: str, dtype: str, ckpt: bool, fp16: bool = False, lora_dtype: str = ""
+    tuner: str,
+    dtype: str,
+    ckpt: bool,
+    fp16: bool = False,
+    lora_dtype: str = "",
+    quant: bool = False,
 ) -> dict[str, Any]:
     """swift's settings of a case: `tuner_type`, the config's `torch_dtype`, checkpointing,
     `lora_dtype` (empty: swift's default, None); fp16: accelerate's fp16 autocast and
-    GradScaler as off the CPU, over fp32 weights (swift's fp16=True for them)."""
-    return {"tuner": tuner, "dtype": dtype, "ckpt": ckpt, "fp16": fp16, "lora_dtype": lora_dtype}
+    GradScaler as off the CPU, over fp32 weights (swift's fp16=True for them); quant:
+    `--quant_method bnb --quant_bits 4` (swift's nf4, double quantization, the compute dtype
+    from `torch_dtype`: arguments/base_args/quant_args.py:40-43, :116-121)."""
+    return {
+        "tuner": tuner,
+        "dtype": dtype,
+        "ckpt": ckpt,
+        "fp16": fp16,
+        "lora_dtype": lora_dtype,
+        "quant": quant,
+    }
 
 
 CASES: dict[str, dict[str, Any]] = {
@@ -129,6 +168,9 @@ CASES: dict[str, dict[str, Any]] = {
     "lora_dtype bf16 ckpt": _case("lora", "bfloat16", True, lora_dtype="bfloat16"),
     "lora_dtype bf16": _case("lora", "bfloat16", False, lora_dtype="bfloat16"),
     "lora_dtype fp16 ckpt": _case("lora", "float32", True, True, "float16"),
+    "qlora bf16 ckpt": _case("lora", "bfloat16", True, quant=True),
+    "qlora bf16": _case("lora", "bfloat16", False, quant=True),
+    "qlora fp16 ckpt": _case("lora", "float32", True, fp16=True, quant=True),
 }
 PHASES = ("forward", "backward", "optimizer_step")
 
@@ -252,6 +294,15 @@ def run_case(payload: dict[str, Any]) -> dict[str, Any]:
             model = kw["model"]
             for tensor in [*model.parameters(), *model.buffers()]:
                 tracker.track(tensor, "weights")
+            # a 4-bit weight's quant state (absmax, its own double-quantization state) is no
+            # parameter: bitsandbytes keeps it on the Params4bit
+            for module in model.modules():
+                state = getattr(getattr(module, "weight", None), "quant_state", None)
+                for part in (state, getattr(state, "state2", None)):
+                    for name in ("absmax", "code", "offset"):
+                        tensor = getattr(part, name, None)
+                        if isinstance(tensor, torch.Tensor):
+                            tracker.track(tensor, "weights")
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             tracker.armed = state.global_step == 1
@@ -316,6 +367,7 @@ def run_case(payload: dict[str, Any]) -> dict[str, Any]:
             dataset_num_proc=1,
             logging_steps=100,
             lora_dtype=payload["lora_dtype"] or None,
+            **({"quant_method": "bnb", "quant_bits": 4} if payload.get("quant") else {}),
         )
         seen["settings"] = {
             "torch_dtype": str(args.torch_dtype),
@@ -323,15 +375,26 @@ def run_case(payload: dict[str, Any]) -> dict[str, Any]:
             "fp16": args.fp16,
             "lora": [args.lora_rank, args.lora_alpha, args.lora_dropout, args.target_modules],
             "lora_dtype": str(args.lora_dtype),
+            "quant": [
+                args.quant_method,
+                args.quant_bits,
+                args.bnb_4bit_quant_type,
+                args.bnb_4bit_use_double_quant,
+                str(args.bnb_4bit_compute_dtype),
+            ],
         }
         MeasuredSft(args).run()
     except Exception:  # noqa: BLE001 - the case's one-line failure goes back to the table
         return {"error": traceback.format_exc().strip().splitlines()[-1][:300]}
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-    seen["versions"] = ", ".join(
-        f"{name} {version(name)}" for name in ("ms-swift", "torch", "transformers", "peft")
-    )
+    found = []
+    for name in ("ms-swift", "torch", "transformers", "peft", "bitsandbytes"):
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            pass
+    seen["versions"] = ", ".join(found)
     seen["reentrant"] = _reentrant_said()
     return seen
 
@@ -385,8 +448,9 @@ def environment(env: Path) -> Path:
     python = env / "bin" / "python"
     wanted = {line.split("==")[0]: line.split("==")[1] for line in RELEASES}
     if python.exists():
-        probe = "import importlib.metadata as m, json; "
-        probe += "print(json.dumps({n: m.version(n) for n in %r}))"
+        probe = "import importlib.metadata as m, json\nfound = {}\nfor n in %r:\n"
+        probe += "    try:\n        found[n] = m.version(n)\n"
+        probe += "    except m.PackageNotFoundError:\n        pass\nprint(json.dumps(found))"
         done = subprocess.run(
             [str(python), "-c", probe % list(wanted)], capture_output=True, text=True, check=False
         )
@@ -394,7 +458,13 @@ def environment(env: Path) -> Path:
             found = json.loads(done.stdout)
         except ValueError:
             found = {}
-        if all(found.get(k, "").split("+")[0] == v for k, v in wanted.items()):
+        missing = [f"{k}=={v}" for k, v in wanted.items() if found.get(k, "").split("+")[0] != v]
+        if not missing:
+            return python
+        if all(found.get(k, "").split("+")[0] == wanted[k] for k in ("torch", "ms-swift")):
+            # an environment made before a pin was added: add what it lacks
+            print(f"adding {', '.join(missing)} to {env} ...", file=sys.stderr)
+            subprocess.run([str(python), "-m", "pip", "install", "-q", *missing], check=True)
             return python
     print(f"making {env} with {', '.join(RELEASES)} ...", file=sys.stderr)
     venv.EnvBuilder(with_pip=True, clear=True).create(env)
@@ -440,6 +510,13 @@ def estimate_flags(model_dir: Path, payload: dict[str, Any]) -> list[str]:
         "--grad-ckpt" if payload["ckpt"] else "--no-grad-ckpt",
         "--versions", "transformers=5.19,torch=2.13", "--offline", "--format", "json",
     ]  # fmt: skip
+    if payload.get("quant"):
+        # swift's bnb defaults: nf4, double quantization, compute in the weights' 16-bit dtype
+        # (fp32 under fp16 or fp32 weights), quant_args.py:40-43, :116-121
+        compute = "bf16" if payload["dtype"] == "bfloat16" else "fp32"
+        flags[flags.index("--method") + 1] = "qlora"
+        flags += ["--quant", "nf4", "--double-quant", "--quant-compute-dtype", compute]
+        flags[flags.index("--versions") + 1] += ",bitsandbytes=0.50.2"
     if payload["tuner"] == "lora":
         flags += ["--lora-r", "8", "--lora-alpha", "32", "--lora-targets", "all-linear"]
         flags += ["--lora-dropout", "0.05"]
@@ -477,6 +554,8 @@ def command_line(model_dir: Path, payload: dict[str, Any]) -> str:
     ]  # fmt: skip
     if payload["lora_dtype"]:
         words += ["--lora_dtype", payload["lora_dtype"]]
+    if payload.get("quant"):
+        words += ["--quant_method bnb --quant_bits 4"]
     return " ".join(words) + "\n"
 
 
