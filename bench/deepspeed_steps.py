@@ -332,6 +332,14 @@ def measure(project: Path, name: str) -> list[dict[str, Any]] | str:
     return [json.loads(path.read_text()) for path in outputs]
 
 
+def releases() -> str:
+    """The releases the ranks run (this interpreter's)."""
+    from importlib.metadata import version
+
+    names = ("deepspeed", "accelerate", "transformers", "peft", "torch")
+    return ", ".join(f"{name} {version(name)}" for name in names)
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--rank"]:
         case = json.loads(argv[1])
@@ -339,12 +347,20 @@ def main(argv: list[str]) -> int:
         rank = int(os.environ.get("RANK", "0"))
         (Path(case["project"]) / f"rank{rank}.json").write_text(json.dumps(seen))
         return 0
+    if argv[:1] in (["-h"], ["--help"]):
+        print((__doc__ or "").strip())
+        return 0
     chosen = argv or list(CASES)
     unknown = [n for n in chosen if n not in CASES]
     if unknown:
         print(f"unknown case(s): {', '.join(unknown)}; known: {', '.join(CASES)}")
         return 2
     mib = 2**20
+    print(
+        f"The HF Trainer with DeepSpeed on {RANKS} CPU ranks against llmmem's budget, a tiny Llama "
+        f"({TINY['num_hidden_layers']} blocks, h {TINY['hidden_size']}, V {TINY['vocab_size']}), "
+        f"{BATCH} x {SEQ} tokens a rank, bf16 ({releases()}); MiB"
+    )
     print(f"{'case':13s}{'rank':>5s}" + "".join(f"{p:>26s}" for p in PHASES))
     print(f"{'':18s}" + "    measured  budget  error" * len(PHASES))
     errors: list[float] = []

@@ -296,6 +296,17 @@ def environment(trl: str = "0.29.1") -> Path:
     return python
 
 
+def releases_in(python: Path) -> str:
+    """The releases the environment's trainers run, as the table's first line says them."""
+    names = ["trl", "torch", "transformers", "peft", "accelerate"]
+    probe = (
+        "import importlib.metadata as m\n"
+        f"print(', '.join(n + ' ' + m.version(n) for n in {names!r}))"
+    )
+    done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
+    return done.stdout.strip() or "releases unknown"
+
+
 def measure(python: Path, case: Any, size: str) -> dict[str, Any]:
     from llmmem.verify.grpo_grid import PROMPT
     from llmmem.verify.preference_grid import CONFIGS
@@ -398,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     if batch < 1 or seq < 2:
         parser.error(f"--shape {args.shape}: at least 1 pair of 2 tokens")
     python = environment(args.trl)
+    print(f"TRL's own trainers on the CPU against llmmem's budget ({releases_in(python)})")
     ckpt = args.checkpointing == "on"
     if objectives == ["sft"]:
         return sft_table(
