@@ -101,3 +101,32 @@ def test_the_swift_sft_line_of_an_fp32_checkpoint_counts_the_cast(tmp_path: Path
     phase = forward(llmmem(tmp_path, "explain", "train.sh"))
     assert phase["components"]["weight_copies"] >= HEAD_CAST
     assert abs(phase["allocated_bytes"] / MEASURED_FP32_CHECKPOINT - 1) < 0.02
+
+
+def test_a_swift_qlora_line_computes_in_its_model_dtype(tmp_path: Path) -> None:
+    """swift takes bnb_4bit_compute_dtype from --torch_dtype (quant_args.py:116-121 in 4.6.0):
+    bfloat16 computes in bfloat16, float16 in float32; a line that says nothing is read so,
+    not with BitsAndBytesConfig's float32 default (which sized a bf16 line's step 67% over)."""
+    from llmmem.extract import extract_plan
+    from llmmem.scenario import analyze
+
+    line = (
+        "swift sft --model Qwen/Qwen2.5-0.5B-Instruct --quant_method bnb --quant_bits 4 "
+        "--torch_dtype {dtype} --dataset d.jsonl --max_length 512{extra}\n"
+    )
+    peaks = {}
+    for name, dtype, extra in (
+        ("bf16", "bfloat16", ""),
+        ("bf16 said", "bfloat16", " --bnb_4bit_compute_dtype bfloat16"),
+        ("fp16", "float16", ""),
+    ):
+        script = tmp_path / f"{name.replace(' ', '_')}.sh"
+        script.write_text(line.format(dtype=dtype, extra=extra))
+        plan = extract_plan(script)
+        assert plan.quantization is not None
+        want = "float32" if dtype == "float16" else "bfloat16"
+        assert plan.quantization.compute_dtype.value == want, name
+        analysis = analyze(plan)
+        assert analysis.budget is not None, analysis.problems
+        peaks[name] = analysis.budget.allocated_peak_bytes
+    assert peaks["bf16"] == peaks["bf16 said"]

@@ -196,6 +196,17 @@ def read_swift_quantization(reader: DocumentReader) -> None:
     reader.take(("bnb_4bit_quant_type",), "quantization.quant_type", as_text)
     reader.take(("bnb_4bit_use_double_quant",), "quantization.double_quant", as_bool)
     reader.take(("bnb_4bit_compute_dtype",), "quantization.compute_dtype", as_dtype)
+    # swift takes bnb_4bit_compute_dtype from the model's dtype: bfloat16 stays, float16 and
+    # float32 compute in float32 (arguments/base_args/quant_args.py:116-121 in 4.6.0); without
+    # --torch_dtype, the checkpoint's (bfloat16 for the models people fine-tune)
+    dtype = reader.converted(("torch_dtype",), as_dtype)
+    compute = "float32" if dtype in ("float16", "float32") else "bfloat16"
+    given = dtype or "the checkpoint's (bfloat16 assumed)"
+    reader.default(
+        "quantization.compute_dtype",
+        compute,
+        f"ms-swift computes a 4-bit model in {compute} for torch_dtype {given}",
+    )
     reader.default("quantization.quant_type", "nf4", "ms-swift bnb_4bit_quant_type default")
     reader.default("quantization.double_quant", True, "ms-swift bnb_4bit_use_double_quant")
     reader.default(
