@@ -30,9 +30,7 @@ def report(*flags: str) -> dict[str, Any]:
 
 
 def reference_bytes(out: dict[str, Any]) -> int:
-    return max(
-        phase["components"].get("reference_model", 0) for phase in out["phases"].values()
-    )
+    return max(phase["components"].get("reference_model", 0) for phase in out["phases"].values())
 
 
 def test_openrlhfs_reference_is_a_bf16_copy_partitioned_under_zero_3() -> None:
