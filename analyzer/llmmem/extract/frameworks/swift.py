@@ -137,6 +137,16 @@ def read_swift_precision(reader: DocumentReader) -> None:
     dtype = reader.take(("torch_dtype",), "torch_dtype", as_dtype)
     bf16 = reader.take(("bf16",), "bf16", as_bool)
     fp16 = reader.take(("fp16",), "fp16", as_bool)
+    if dtype is None and bf16 is None and fp16 is None:
+        # the checkpoint's own dtype, and the mixed precision swift turns on for it (the
+        # analysis reads the checkpoint's dtype: llmmem.scenario._swift_checkpoint_dtype)
+        reader.default(
+            "precision",
+            "bf16-autocast",
+            "ms-swift loads the checkpoint's dtype and turns on its mixed precision "
+            "(bf16 weights under bf16 autocast for a bf16 checkpoint)",
+        )
+        return
     if dtype is None or bf16 is not None or fp16 is not None:
         return
     flag = "bf16" if dtype == "bfloat16" else "fp16"
