@@ -481,6 +481,28 @@ def snapshot_download(found: Findings, callee: Symbol, args: CallArgs) -> Value 
 
 HUB_CALLS: dict[str, Handler] = {"snapshot_download": snapshot_download}
 
+# Keras' model zoos: a preset is a Keras model (JAX, TensorFlow or torch backend), trained by
+# Keras' own fit(), whose memory is not a transformers model's step
+KERAS_PACKAGES = ("keras_nlp.", "keras_hub.")
+
+
+def keras_preset(found: Findings, callee: Symbol, args: CallArgs) -> Value:
+    """`keras_nlp.models.GemmaCausalLM.from_preset("gemma_2b_en")`: a model llmmem does not size,
+    said where it is loaded."""
+    if not callee.name.startswith(KERAS_PACKAGES):
+        return Unknown(f"the result of {callee.name}()")
+    preset = settle(args.get("preset", 0)) if args.get("preset", 0) is not None else None
+    named = f"'{preset.value}'" if preset is not None else "a preset"
+    reason = (
+        f"{callee.owner}.from_preset({named}) is a Keras model ({callee.name.split('.')[0]}), "
+        "trained by Keras on JAX, TensorFlow or torch: llmmem sizes the PyTorch steps of "
+        "transformers-style models"
+    )
+    return new_model(found, args.node, Unknown(reason), args.keywords)
+
+
+KERAS_CALLS: dict[str, Handler] = {"from_preset": keras_preset}
+
 BITSANDBYTES_CALLS: dict[str, Handler] = {"BitsAndBytesConfig": bitsandbytes_config}
 
 # torch (optimizer classes are matched by `optimizer`, after every table) and accelerate
@@ -502,6 +524,7 @@ CALLS_BY_LEAF: dict[str, Handler] = {
     **TRANSFORMERS_CALLS,
     **PEFT_CALLS,
     **HUB_CALLS,
+    **KERAS_CALLS,
     **BITSANDBYTES_CALLS,
     **TORCH_CALLS,
     **ACCELERATE_CALLS,
