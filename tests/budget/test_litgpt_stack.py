@@ -118,3 +118,26 @@ def test_the_framework_changes_the_qlora_budget(llama32_1b: ModelSpec) -> None:
     hf = estimate_budget(llama32_1b, litgpt("qlora", framework=Framework.HF))
     assert own.allocated_peak_bytes != hf.allocated_peak_bytes
     assert any("Lightning's bitsandbytes plugin" in note for note in own.notes)
+
+
+def test_the_fused_qkv_drops_its_input_once(llama32_1b: ModelSpec) -> None:
+    """LitGPT's LoRAQKVLinear has one lora_A for its adapted q and v parts, fed one dropped copy
+    of the block's normalised input (litgpt/lora.py:421 at 0.4.0; the same in lit-gpt's 2023
+    scripts): per block one bool mask and one bf16 copy, N·h each, not one per adapted part
+    (bench/litgpt_steps.py's `lora dropout` case read +4.1% with two, +1.3% with one). Without
+    dropout lora_A keeps the normalised input itself (the frozen q, k, v keep nothing), so the
+    step with dropout holds 1 + 2 - 2 bytes more per N·h and block."""
+    from dataclasses import replace
+
+    plain = litgpt()
+    assert plain.lora is not None
+    dropped = replace(plain, lora=replace(plain.lora, dropout=0.05))
+
+    def forward_activations(setup: TrainingSetup) -> int:
+        phases = estimate_budget(llama32_1b, setup).phases
+        forward = next(p for p in phases if p.phase is Phase.FORWARD)
+        return forward.components[Component.ACTIVATIONS].bytes
+
+    tokens, hidden, layers = 2 * 512, 2048, 16
+    once = layers * tokens * hidden * (1 + 2 - 2)  # the mask and the copy, not the input
+    assert forward_activations(dropped) - forward_activations(plain) == once

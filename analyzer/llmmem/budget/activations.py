@@ -228,6 +228,10 @@ class BlockContext:
         private = 0.0
         stored = self.train.adapter_bytes  # the adapters' own dtype
         kept = 2 if self.dt.autocast else stored  # what lora_A's matmul keeps of its input
+        # LitGPT's fused qkv has one lora_A for its adapted parts, fed one dropped copy of the
+        # input (litgpt/lora.py:421 at 0.4.0: `self.lora_A` over `self.lora_dropout(x)`)
+        fused_dropout = self.setup.framework is Framework.LITGPT
+        dropped = False
         for lin in consumers:
             if (
                 self.train.linear_inputs_saved
@@ -255,7 +259,10 @@ class BlockContext:
                 into_lora_a = stored if peft_casts else tensor_dtype
                 if self.train.lora_dropout:
                     # dropout before lora_A: a bool mask and the dropped copy it keeps
-                    private += 1 + kept
+                    fused = fused_dropout and linear_position(lin) == "attn_in"
+                    if not (fused and dropped):
+                        private += 1 + kept
+                    dropped = dropped or fused
                 elif peft_casts or self.dt.autocast and into_lora_a == 4:
                     private += kept
                 else:
