@@ -27,16 +27,16 @@ on the query and value, 2 x 256 tokens, bf16-true (torch 2.13.0+cpu, litgpt 0.4.
 
     case            forward   llmmem    err  backward   llmmem    err      step   llmmem    err
     lora              26.89    27.25  +1.4%     28.90    29.27  +1.3%      7.27     7.25  -0.2%
-    lora dropout      27.14    28.25  +4.1%     29.15    30.27  +3.8%      7.27     7.25  -0.2%
+    lora dropout      27.14    27.50  +1.3%     29.15    29.52  +1.3%      7.27     7.25  -0.2%
     qlora             23.38    23.76  +1.6%     25.41    25.76  +1.4%      3.76     3.75  -0.3%
 
-Every phase within 4.1%. LoRA dropout adds 0.25 MiB to LitGPT's step and 1.00 MiB to the
-budget: LitGPT drops the fused qkv's input once for all its adapted parts (`after_A =
-F.linear(self.lora_dropout(x), self.lora_A)`, lora.py:421, one `lora_A` of r x (q, v) rows,
-:233), where the shared block rule (budget.activations `consumers_save`) counts a mask and a
-dropped copy for each adapted projection, as peft's one dropout per adapter does. The first
-block's dropout keeps no mask (its input, from the frozen embeddings, needs no gradient); the
-second keeps the CPU's mask in bf16 (2 B a value; CUDA's fused kernel keeps a 1-byte bool).
+Every phase within 1.6%. LitGPT drops the fused qkv's input once for all its adapted parts
+(`after_A = F.linear(self.lora_dropout(x), self.lora_A)`, lora.py:421, one `lora_A` of r x (q, v)
+rows, :233), and the block rule (budget.activations `consumers_save`) counts one mask and one
+dropped copy for LitGPT's fused qkv (with one per adapted projection, as peft's adapters each
+drop their own input, this case read +4.1%). The first block's dropout keeps no mask (its
+input, from the frozen embeddings, needs no gradient); the second keeps the CPU's mask in bf16
+(2 B a value; CUDA's fused kernel keeps a 1-byte bool).
 """
 
 from __future__ import annotations
