@@ -196,7 +196,14 @@ def _add_estimate_parser(sub: Any) -> None:
         "layers' inputs on the host); otherwise the estimate is the step without it and its "
         "band reaches down to the step with every saved tensor on the host",
     )
-    p.add_argument("--loss", choices=["standard", "chunked", "liger"], default=None)
+    p.add_argument(
+        "--loss",
+        choices=["standard", "chunked", "liger", "cce"],
+        default=None,
+        help="the loss: standard (HF's, fp32 logits), chunked (torchtune's and LitGPT's), "
+        "liger (Liger's fused linear cross-entropy) or cce (Cut Cross-Entropy, axolotl's "
+        "plugin: no logits at all)",
+    )
     p.add_argument(
         "--framework",
         choices=[

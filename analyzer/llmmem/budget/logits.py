@@ -89,6 +89,8 @@ def logits_moments(spec: ModelSpec, setup: TrainingSetup) -> LogitsMoments:
             "4 B × N·h (precomputed input gradient)",
             "4 B × N·h (precomputed input gradient)",
         )
+    if setup.loss is LossImpl.CCE:
+        return cut_cross_entropy_moments(spec, setup)
     if setup.loss is LossImpl.CHUNKED:
         # cross-entropy per chunk of CHUNK_POSITIONS positions, in the logits' own dtype (as
         # litgpt's chunked_cross_entropy): the logits and each chunk's log-softmax are kept,
@@ -152,6 +154,33 @@ def logits_moments(spec: ModelSpec, setup: TrainingSetup) -> LogitsMoments:
         f"({' + '.join(parts)}) B × {count}",
         f"{backward_per} B × {count}: saved log-softmax + its gradient + the input gradient (fp32)",
         f"{head_per} B × {count}: the logits' gradient in fp32 and in the compute dtype",
+    )
+
+
+def cut_cross_entropy_moments(spec: ModelSpec, setup: TrainingSetup) -> LogitsMoments:
+    """Apple's Cut Cross-Entropy (cut-cross-entropy 25.1.1, axolotl's CutCrossEntropyPlugin):
+    the head's matmul and the log-sum-exp run block by block in Triton, and no logit reaches
+    global memory. Forward keeps the log-sum-exp (fp32, one a position: cce_lse_forward.py:168),
+    the negated target logits it adds it to (fp32: indexed_dot.py:101), the vocabulary's mean
+    logit (fp32, one an entry: :176) and the indices of the positions that count (int64:
+    `valids`); backward recomputes the logits block by block and writes the hidden states'
+    gradient (`torch.zeros_like(e)`, the compute dtype: cce_backward.py:272) and, for a head
+    that trains, the head's gradient (counted with the gradients)."""
+    e = dtypes_for(setup).compute
+    n, vocab = setup.tokens, spec.vocab_size
+    kept = 4 * n + 8 * n + 4 * vocab  # lse, valids, logit_avg
+    forward = kept + 4 * n  # and the nll being reduced
+    grad_input = e * n * spec.hidden_size
+    order = 4 * vocab  # the vocabulary's order by mean logit (int32)
+    text = "4 B × N (log-sum-exp) + 8 B × N (positions) + 4 B × V (mean logits)"
+    return LogitsMoments(
+        forward,
+        kept + order + grad_input,
+        kept + order + grad_input,
+        text + " + 4 B × N (the losses): no logits (Cut Cross-Entropy)",
+        text + f" + 4 B × V (its order) + {e} B × N·h (the hidden states' gradient)",
+        f"{e} B × N·h: the hidden states' gradient, written block by block",
+        moment_backward="start of backward: Cut Cross-Entropy's blockwise gradient",
     )
 
 

@@ -128,6 +128,7 @@ class LossImpl(str, Enum):
     STANDARD = "standard"  # HF loss: logits upcast to fp32, log-softmax saved
     CHUNKED = "chunked"  # cross-entropy computed over chunks of the sequence
     LIGER = "liger"  # Liger's fused linear cross-entropy: logits never materialised whole
+    CCE = "cce"  # Cut Cross-Entropy (axolotl's plugin): logits never materialised at all
 
 
 class QuantType(str, Enum):

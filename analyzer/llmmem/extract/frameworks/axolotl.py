@@ -274,7 +274,7 @@ def read_axolotl_attention(reader: DocumentReader) -> None:
 def read_axolotl_loss(reader: DocumentReader) -> None:
     for key, loss, note in (
         ("liger_fused_linear_cross_entropy", "liger", "Liger fused linear cross-entropy"),
-        ("cut_cross_entropy", "liger", "Cut Cross-Entropy: logits never materialised whole"),
+        ("cut_cross_entropy", "cce", "Cut Cross-Entropy: no logits materialised"),
         ("chunked_cross_entropy", "chunked", "chunked cross-entropy"),
     ):
         if reader.converted((key,), as_bool):
