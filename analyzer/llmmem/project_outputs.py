@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -119,9 +120,11 @@ def _candidate_files(root: Path, needle: str, skip: Path) -> list[Path]:
             if candidate.suffix.lower() not in WRITER_SUFFIXES or candidate == skip:
                 continue
             try:
-                size = candidate.stat().st_size
-                if size > MAX_FILE_BYTES:
+                status = candidate.stat()
+                # a named pipe or a device would block the read or never end
+                if not stat.S_ISREG(status.st_mode) or status.st_size > MAX_FILE_BYTES:
                     continue
+                size = status.st_size
                 read += size
                 if read > MAX_BYTES_READ:
                     return found

@@ -146,3 +146,14 @@ def test_a_folder_nothing_in_the_project_writes_stays_unknown(
     assert report["budget"] is None
     problems = " ".join(report["problems"])
     assert "no such path" in problems and "writes it" not in problems
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
+def test_a_named_pipe_in_the_project_is_not_read(tmp_path: Path, env: dict[str, str]) -> None:
+    """The search reads regular files only: a FIFO named like a config would block for ever."""
+    root = project(tmp_path)
+    os.mkfifo(root / "sft_model.json")
+    launcher = root / "scripts" / "dpo.sh"
+    launcher.write_text(DPO_LAUNCHER.format(ref="/workspace/x/results/sft_model"))
+    report = explain(launcher, env)  # would time out reading the pipe
+    assert report["budget"] is None
