@@ -312,24 +312,38 @@ def budget_phases(project: Path) -> dict[str, int]:
 
 
 def measure(project: Path, name: str) -> list[dict[str, Any]] | str:
+    """Each rank's measured phases, or why the ranks did not run. A launch that ends without
+    a Python error (the rendezvous port taken by a launch before it, a rank gone without a
+    word) is tried once more on another port."""
     _zero, lora, ckpt = CASES[name]
     case = json.dumps({"project": str(project), "lora": lora, "ckpt": ckpt})
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={RANKS}"]
-        + ["--master_port", str(29500 + os.getpid() % 1000), __file__, "--rank", case],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
-        timeout=600,
-    )
-    outputs = sorted(project.glob("rank*.json"))
-    if done.returncode != 0 or len(outputs) != RANKS:
+    why = "no output"
+    for attempt in range(2):
+        for stale in project.glob("rank*.json"):
+            stale.unlink()
+        port = 29500 + (os.getpid() + 389 * attempt) % 1000
+        done = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={RANKS}"]
+            + ["--master_port", str(port), __file__, "--rank", case],
+            cwd=project,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+            timeout=600,
+        )
+        outputs = sorted(project.glob("rank*.json"))
+        if done.returncode == 0 and len(outputs) == RANKS:
+            return [json.loads(path.read_text()) for path in outputs]
         lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
         raised = [line for line in lines if re.match(r"^[\w.]*(Error|Exception): ", line)]
-        return (raised or lines or ["no output"])[0]
-    return [json.loads(path.read_text()) for path in outputs]
+        if raised:
+            return raised[0]
+        # bitsandbytes' import notices come first: the end of the output says more
+        why = f"exit {done.returncode}, {len(outputs)} of {RANKS} ranks wrote their phases: " + (
+            " | ".join(lines[-3:]) if lines else "no output"
+        )
+    return why
 
 
 def releases() -> str:
