@@ -100,9 +100,9 @@ def project_root(path: Path) -> Path:
     return path.parent
 
 
-def _candidate_files(root: Path, needle: str, skip: Path) -> list[Path]:
-    """The project's files whose text holds `needle`, within the search's bounds."""
-    found: list[Path] = []
+def _candidate_files(root: Path, needle: str, skip: Path) -> list[tuple[Path, str]]:
+    """The project's files whose text holds `needle`, and that text, within the search's bounds."""
+    found: list[tuple[Path, str]] = []
     seen = read = 0
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(
@@ -132,7 +132,7 @@ def _candidate_files(root: Path, needle: str, skip: Path) -> list[Path]:
             except OSError:
                 continue
             if needle in text:
-                found.append(candidate)
+                found.append((candidate, text))
         seen += len(dirs)
         if seen > MAX_ENTRIES:
             break
@@ -200,11 +200,7 @@ def find_project_writer(ref: str, path: Path) -> tuple[ProjectWriter | None, str
     root = project_root(path.absolute())
     best: list[ProjectWriter] = []
     best_score = 0
-    for candidate in _candidate_files(root, named[-1], path.absolute()):
-        try:
-            text = candidate.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            continue
+    for candidate, text in _candidate_files(root, named[-1], path.absolute()):
         matches = _written_paths(text, ref_parts, named[-1])
         if not matches:
             continue
