@@ -9,25 +9,11 @@ budget without that cast read 31.49 MiB (-5.0%).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "vocab_size": 4096,
-    "hidden_size": 256,
-    "intermediate_size": 768,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 1024,
-    "rms_norm_eps": 1e-5,
-    "tie_word_embeddings": False,
-}
+from swift_lines import TINY_LLAMA, llmmem
+
 MIB = 2**20
 # swift's own step, bench/swift_steps.py `qlora fp16 ckpt` and `qlora bf16 ckpt`: forward peak
 MEASURED_FP32_CHECKPOINT = 33.16 * MIB
@@ -40,24 +26,10 @@ LINE = (
 )
 
 
-def llmmem(folder: Path, *args: str) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, "-m", "llmmem", *args, "--format", "json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        cwd=folder,
-    )
-    assert done.returncode in (0, 1), done.stderr
-    report: dict[str, Any] = json.loads(done.stdout)
-    return report
-
-
 def model(tmp_path: Path, dtype: str) -> Path:
     folder = tmp_path / f"tiny-llama-{dtype}"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({**CONFIG, "torch_dtype": dtype}))
+    (folder / "config.json").write_text(json.dumps({**TINY_LLAMA, "torch_dtype": dtype}))
     return folder
 
 

@@ -3,30 +3,13 @@ copy in bf16, ZeRO-3 partitioned under --zero 3), by the same rule (preference_p
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from typing import Any
+
+from estimate_runs import estimate, report
 
 LLAMA_31_8B = 8_030_261_248
 BASE = ["--model", "meta-llama/Llama-3.1-8B-Instruct", "--objective", "dpo", "--method", "full"]
 BASE += ["--batch", "1", "--seq", "2048", "--world-size", "8", "--zero", "3"]
-
-
-def estimate(*flags: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "llmmem", "estimate", "--offline", *flags],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
-def report(*flags: str) -> dict[str, Any]:
-    done = estimate("--format", "json", *flags)
-    assert done.returncode == 0, done.stderr
-    out: dict[str, Any] = json.loads(done.stdout)
-    return out
 
 
 def reference_bytes(out: dict[str, Any]) -> int:

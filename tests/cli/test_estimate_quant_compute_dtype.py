@@ -4,31 +4,12 @@ float16 default (fp32 compute) gives it."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from typing import Any
+from estimate_runs import estimate, report
 
 # ms-swift's float16 QLoRA: no k-bit preparation, no autocast; the 4-bit layers' compute dtype
 # is then the dtype of their inputs and of the residual stream between them
 BASE = ["--model", "Qwen/Qwen2.5-1.5B-Instruct", "--method", "qlora", "--batch", "2"]
 BASE += ["--precision", "fp16-true", "--no-kbit-prepare"]
-
-
-def estimate(*flags: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "llmmem", "estimate", "--offline", *flags],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
-def report(*flags: str) -> dict[str, Any]:
-    done = estimate("--format", "json", *flags)
-    assert done.returncode == 0, done.stderr
-    out: dict[str, Any] = json.loads(done.stdout)
-    return out
 
 
 def test_fp32_compute_dequantizes_to_fp32() -> None:

@@ -3,29 +3,10 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from typing import Any
+from estimate_runs import estimate, report
 
 LLAMA_32_1B = 1_235_814_400  # LlamaForCausalLM, its head tied to the embedding
 HIDDEN = 2048
-
-
-def estimate(*flags: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "llmmem", "estimate", "--offline", *flags],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
-def report(*flags: str) -> dict[str, Any]:
-    done = estimate("--format", "json", *flags)
-    assert done.returncode == 0, done.stderr
-    out: dict[str, Any] = json.loads(done.stdout)
-    return out
 
 
 def test_a_sequence_classifier_has_its_head_and_no_vocabulary_logits() -> None:

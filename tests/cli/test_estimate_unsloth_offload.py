@@ -5,25 +5,10 @@ use_gradient_checkpointing=True."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from typing import Any
+from estimate_runs import report
 
 BASE = ["--model", "unsloth/Llama-3.2-3B-Instruct", "--method", "qlora", "--framework", "unsloth"]
 BASE += ["--batch", "2", "--seq", "2048", "--grad-ckpt"]
-
-
-def report(*flags: str) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, "-m", "llmmem", "estimate", "--offline", "--format", "json", *flags],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    out: dict[str, Any] = json.loads(done.stdout)
-    return out
 
 
 def test_unsloths_checkpointing_offloads_unless_told_not_to() -> None:
