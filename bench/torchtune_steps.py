@@ -55,6 +55,19 @@ as it sized these YAMLs before torchtune's stack (the HF stack; a LoRA builder w
     full                       673.71  673.68  -0.0%    729.70  729.68  -0.0% -0.0%   -5.3 / -6.0
     full ckpt in-bwd           565.57  565.55  -0.0%    621.56  621.55  -0.0% -0.0%   -3.8 / -4.7
     full ckpt offload in-bwd   561.57  561.55  -0.0%    617.56  617.55  -0.0% -0.0%   -3.1 / -4.1
+    lora fsdp2 x2              305.90  300.26  -1.8%    326.61  328.33  +0.5% -0.3%
+    lora ckpt fsdp2 x2         267.87  266.03  -0.7%    239.01  239.10  +0.0% -0.3%
+    full fsdp2 x2              485.68  480.41  -1.1%    567.68  567.41  -0.0% -0.1%
+    full ckpt fsdp2 x2         433.55  432.29  -0.3%    497.59  491.33  -1.3% -0.1%
+
+The `fsdp2 x2` cases run the distributed recipes on 2 CPU ranks over gloo
+(bench/torchtune_fsdp_rank.py: the recipe's own `_setup_model`, FSDP2 on every layer and the
+model, the block after prefetched in forward and the block before in backward, as a GPU
+overlaps them); the largest rank's peak per phase. Before torchtune's sharding was read they
+were sized as DDP replicas; with the HF FSDP rule (the root unit whole through the loss) forward
+read +6.7% and backward -10.9%: torchtune passes reshard_after_forward=True to the root as well,
+which torch >= 2.8 honours, so the loss runs without the root and the last all-gather's buffer,
+and backward gathers the root again (its buffer and the copied-out parameters both alive).
 
 What each gap was, or is (`--detail` prints the storages alive at each peak and where it was
 reached, with the autograd node):
@@ -74,6 +87,10 @@ reached, with the autograd node):
   embeddings' output, needs no gradient and keeps nothing; the budget counts its fp32 input.
 
     python bench/torchtune_steps.py [--size small|medium] [--case NAME ...] [--detail]
+
+The meter here reads a storage's size again when an op writes into one grown in place since it
+was counted (FSDP2's copy-out into its unsharded parameters): llmmem's shared tracker does so
+only when a new storage is counted, and missed those moments.
 """
 
 from __future__ import annotations
@@ -120,18 +137,24 @@ SIZES: dict[str, dict[str, int]] = {
     },
 }
 
-# name -> (method, checkpointing, offloading, optimizer in backward, loss)
-CASES: dict[str, tuple[str, bool, bool, bool, str]] = {
-    "lora": ("lora", False, False, False, "chunked"),
-    "lora ckpt": ("lora", True, False, False, "chunked"),
-    "lora ckpt offload": ("lora", True, True, False, "chunked"),
-    "lora standard loss": ("lora", False, False, False, "standard"),
-    "qlora": ("qlora", False, False, False, "chunked"),
-    "qlora ckpt": ("qlora", True, False, False, "chunked"),
-    "qlora ckpt offload": ("qlora", True, True, False, "chunked"),
-    "full": ("full", False, False, False, "chunked"),
-    "full ckpt in-bwd": ("full", True, False, True, "chunked"),
-    "full ckpt offload in-bwd": ("full", True, True, True, "chunked"),
+# name -> (method, checkpointing, offloading, optimizer in backward, loss, ranks): one rank runs
+# the single-device recipes' step in this process; more run the distributed recipes' (FSDP2)
+# under torchrun on CPU ranks over gloo (bench/torchtune_fsdp_rank.py)
+CASES: dict[str, tuple[str, bool, bool, bool, str, int]] = {
+    "lora": ("lora", False, False, False, "chunked", 1),
+    "lora ckpt": ("lora", True, False, False, "chunked", 1),
+    "lora ckpt offload": ("lora", True, True, False, "chunked", 1),
+    "lora standard loss": ("lora", False, False, False, "standard", 1),
+    "qlora": ("qlora", False, False, False, "chunked", 1),
+    "qlora ckpt": ("qlora", True, False, False, "chunked", 1),
+    "qlora ckpt offload": ("qlora", True, True, False, "chunked", 1),
+    "full": ("full", False, False, False, "chunked", 1),
+    "full ckpt in-bwd": ("full", True, False, True, "chunked", 1),
+    "full ckpt offload in-bwd": ("full", True, True, True, "chunked", 1),
+    "lora fsdp2 x2": ("lora", False, False, False, "chunked", 2),
+    "lora ckpt fsdp2 x2": ("lora", True, False, False, "chunked", 2),
+    "full fsdp2 x2": ("full", False, False, False, "chunked", 2),
+    "full ckpt fsdp2 x2": ("full", True, False, False, "chunked", 2),
 }
 
 
@@ -139,10 +162,11 @@ CASES: dict[str, tuple[str, bool, bool, bool, str]] = {
 
 
 def case_yaml(name: str, size: str, batch: int, seq: int, config_path: str) -> str:
-    method, ckpt, offload, in_bwd, loss = CASES[name]
+    method, ckpt, offload, in_bwd, loss, ranks = CASES[name]
     dims = SIZES[size]
+    world = f" world_size={ranks}" if ranks > 1 else ""
     lines = [
-        f"# llmmem: model_config={config_path}",
+        f"# llmmem: model_config={config_path}{world}",
         "model:",
         "  _component_: torchtune.models.llama3_1."
         + ("llama3_1" if method == "full" else "lora_llama3_1"),
@@ -184,6 +208,9 @@ def case_yaml(name: str, size: str, batch: int, seq: int, config_path: str) -> s
         "device: cpu",
         "dtype: bf16",
     ]
+    if ranks > 1:
+        # the distributed recipes' own keys (lora_finetune_distributed.py :279-280)
+        lines += ["fsdp_cpu_offload: False", "fsdp_reshard_after_forward: True"]
     return "\n".join(lines) + "\n"
 
 
@@ -210,29 +237,18 @@ def hf_config(size: str) -> dict[str, Any]:
 # -- inside the torchtune environment -----------------------------------------------------------
 
 
-def run_case(payload: dict[str, Any]) -> dict[str, Any]:
-    """One case, inside the environment with torchtune: each phase's peak of the second step."""
+def tracker_class() -> Any:
+    """llmmem's StorageTracker, counting torchao's NF4 weights by their inner tensors, leaving
+    out host memory (offloaded copies) and noting what was alive at each new peak (`detail`)."""
     import traceback
     import weakref
 
     import torch
-    from omegaconf import OmegaConf
 
     from llmmem.verify.tracker import StorageTracker
 
-    cfg = OmegaConf.create(payload["yaml"])
-    offload = bool(cfg.get("enable_activation_offloading", False))
-    if offload:
-        _cuda_stand_ins()
-
-    from torchtune import config, modules, training
-    from torchtune.modules.peft import get_adapter_params, set_trainable_params
-
     class Tracker(StorageTracker):
-        """The tracker, leaving out host memory (offloaded copies) and noting what was alive at
-        each new peak (with `detail`)."""
-
-        detail = bool(payload.get("detail"))
+        detail = False
         live: list[tuple[int, str]] = []
         host: set[int] = set()
         where = ""
@@ -244,6 +260,9 @@ def run_case(payload: dict[str, Any]) -> dict[str, Any]:
                 for inner in [*(getattr(t, name) for name in names), t.nf4]:
                     self.track(inner, category)
                 return
+            local = getattr(t, "_local_tensor", None)  # a DTensor (FSDP2): this rank's shard
+            if isinstance(local, torch.Tensor):
+                t = local
             try:
                 pointer = t.untyped_storage().data_ptr()
             except (RuntimeError, NotImplementedError, TypeError):
@@ -251,6 +270,16 @@ def run_case(payload: dict[str, Any]) -> dict[str, Any]:
             if pointer in self.host:
                 return
             super().track(t, category)
+
+        def _track(self, storage: Any, category: str | None) -> None:
+            # an op writing into a storage grown in place since it was counted: FSDP2's
+            # copy-out into its unsharded parameters, while its all-gather buffer is alive (the
+            # shared tracker reads such sizes again only when a new storage is counted)
+            key = id(storage)
+            if self.resizable and key in self.sizes and storage.nbytes() != self.sizes[key]:
+                self._read_sizes({key: weakref.ref(storage)})
+                self._note_peak()
+            super()._track(storage, category)
 
         def _note_peak(self) -> None:
             before = self.peak
@@ -265,7 +294,28 @@ def run_case(payload: dict[str, Any]) -> dict[str, Any]:
                 if node is not None:
                     self.where += f" in {node.name()}"
 
+    return Tracker
+
+
+def run_case(payload: dict[str, Any]) -> dict[str, Any]:
+    """One case, inside the environment with torchtune: each phase's peak of the second step."""
+    import traceback
+    import weakref
+
+    import torch
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create(payload["yaml"])
+    offload = bool(cfg.get("enable_activation_offloading", False))
+    if offload:
+        _cuda_stand_ins()
+
+    from torchtune import config, modules, training
+    from torchtune.modules.peft import get_adapter_params, set_trainable_params
+
     recipe_class = _recipe_class("lora_finetune_single_device", "LoRAFinetuneRecipeSingleDevice")
+    Tracker = tracker_class()
+    Tracker.detail = bool(payload.get("detail"))
     tracker = Tracker()
     if offload:
         _host_copies(tracker, weakref)
@@ -450,9 +500,11 @@ def environment() -> Path:
     return python
 
 
-def measure(python: Path, yaml_text: str, detail: bool) -> dict[str, Any]:
+def measure(python: Path, yaml_text: str, detail: bool, ranks: int = 1) -> dict[str, Any]:
     payload = {"yaml": yaml_text, "detail": detail}
     env = {**os.environ, "PYTHONPATH": str(REPO / "analyzer"), "TOKENIZERS_PARALLELISM": "false"}
+    if ranks > 1:
+        return measure_ranks(python, payload, env, ranks)
     done = subprocess.run(
         [str(python), str(Path(__file__).resolve()), "--run-case", json.dumps(payload)],
         capture_output=True,
@@ -466,6 +518,51 @@ def measure(python: Path, yaml_text: str, detail: bool) -> dict[str, Any]:
         tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
         return {"error": tail[0][:200]}
     result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def measure_ranks(
+    python: Path, payload: dict[str, Any], env: dict[str, str], ranks: int
+) -> dict[str, Any]:
+    """The distributed recipe's step on `ranks` CPU ranks; per phase the largest rank's peak
+    (the budget sizes one device), with the ranks' spread kept."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder)
+        (out / "payload.json").write_text(json.dumps(payload))
+        done = subprocess.run(
+            [
+                str(python),
+                "-m",
+                "torch.distributed.run",
+                "--nproc-per-node",
+                str(ranks),
+                "--master-port",
+                str(29500 + os.getpid() % 1000),
+                str(HERE / "torchtune_fsdp_rank.py"),
+                str(out),
+                str(out / "payload.json"),
+            ],
+            capture_output=True,
+            text=True,
+            env={**env, "OMP_NUM_THREADS": "1"},
+            timeout=3600,
+            check=False,
+        )
+        found = [out / f"rank{rank}.json" for rank in range(ranks)]
+        if done.returncode != 0 or not all(path.exists() for path in found):
+            errors = [line for line in done.stderr.splitlines() if "Error" in line]
+            return {"error": (errors[-1:] or ["the ranks wrote nothing"])[0][:200]}
+        each = [json.loads(path.read_text()) for path in found]
+    result: dict[str, Any] = {}
+    for phase in ("forward", "backward", "optimizer_step"):
+        peaks = [rank[phase] for rank in each]
+        top = max(range(ranks), key=lambda rank: peaks[rank])
+        result[phase] = peaks[top]
+        result[phase + " spread"] = max(peaks) - min(peaks)
+        for key in ("where", "live"):
+            if phase + " " + key in each[top]:
+                result[phase + " " + key] = each[top][phase + " " + key]
+    result["versions"] = each[0]["versions"]
     return result
 
 
@@ -520,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
             text = case_yaml(name, args.size, batch, seq, str(config_path))
             yaml_path = Path(folder) / (name.replace(" ", "_") + ".yaml")
             yaml_path.write_text(text)
-            got = measure(python, text, args.detail)
+            got = measure(python, text, args.detail, CASES[name][5])
             want = budget(python, yaml_path)
             versions = got.get("versions", versions)
             rows.append((name, got, want))

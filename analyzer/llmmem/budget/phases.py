@@ -41,7 +41,7 @@ from llmmem.budget.fsdp_moments import (
     fsdp_last_moments,
     root_reduce_scatter,
 )
-from llmmem.budget.logits import logits_hole, logits_moments
+from llmmem.budget.logits import logits_count, logits_hole, logits_moments
 from llmmem.budget.model_states import (
     model_state_terms,
     step_temporaries,
@@ -289,6 +289,12 @@ def estimate_budget(
                 if spec.is_causal_lm:
                     root_head_gradient = spec.vocab_size * spec.hidden_size * dt.compute
     extra_fwd = gathered
+    # the root unit resharded as the model's forward returns (torchtune's explicit
+    # reshard_after_forward on torch >= 2.8): the loss and its backward run without it, and
+    # without the last all-gather's buffer, which the forward's root frees as it returns
+    # (torch 2.13 _fsdp_state.py:333-342)
+    root_away = root if root and stack.fsdp_root_resharded(run) else 0
+    gone_after_forward = gathered if root_away else 0
     ddp_buckets = st.gradients.bytes if shard.gradient_buckets else 0
     zero = zero_buffers(spec, setup, shard, st)
     # ZeRO-3 allocates its bucket with the optimizer and keeps it; ZeRO-1/2 from the first
@@ -347,6 +353,12 @@ def estimate_budget(
         Component.GRADIENTS: Term(bytes=grads_between, formula=grads_text),
         Component.OPTIMIZER_STATES: states,
     }
+    after_forward_temp = forward_temp
+    if root_away:
+        after_forward_temp = Term(
+            bytes=forward_temp.bytes - gone_after_forward,
+            formula=forward_temp.formula + " − all of it (resharded and freed as forward returns)",
+        )
     forward = phase(
         Phase.FORWARD,
         "end of forward, loss computed",
@@ -354,7 +366,7 @@ def estimate_budget(
             **in_forward,
             Component.ACTIVATIONS: activations,
             Component.LOGITS: Term(bytes=logits.forward_end, formula=logits.formula_forward),
-            Component.TEMPORARIES: forward_temp,
+            Component.TEMPORARIES: after_forward_temp,
         },
     )
     in_flight = attention_in_flight(spec, whole, setup, dt.compute)
@@ -446,16 +458,19 @@ def estimate_budget(
         forward = max(forward, inside, key=lambda p: p.allocated_bytes)
     if root:
         # FSDP gathers the root unit as forward starts: its all-gather buffer and the
-        # parameters copied out of it are both alive for a moment, the first block prefetched
+        # parameters copied out of it are both alive while the first block is gathered
+        # (FSDP2 frees a buffer only once the next all-gather is waited on), that block's
+        # buffer and copied-out parameters too (torchtune's distributed recipe on CPU ranks)
         root_gather = phase(
             Phase.FORWARD,
-            "start of forward: the root unit gathered",
+            "start of forward: the root unit and the first block gathered",
             {
                 **in_forward,
                 Component.TEMPORARIES: Term(
-                    bytes=forward_temp.bytes + root,
+                    bytes=forward_temp.bytes + root + block_gathered,
                     formula=temporaries_text(gathered, ddp_buckets, shard)
-                    + " + the root unit's all-gather buffer",
+                    + " + the root unit's all-gather buffer"
+                    + (" + the first block's" if block_gathered else ""),
                 ),
             },
         )
@@ -523,7 +538,11 @@ def estimate_budget(
                 Component.GRADIENTS: Term(bytes=grads_between, formula=grads_text),
                 Component.ACTIVATIONS: activations,
                 Component.WEIGHT_COPIES: Term(bytes=copies_bwd, formula=copies_text),
-                Component.TEMPORARIES: temp_fwd,
+                Component.TEMPORARIES: Term(
+                    bytes=temp_fwd.bytes - gone_after_forward,
+                    formula=temp_fwd.formula
+                    + (" − all of it (resharded and freed after forward)" if root_away else ""),
+                ),
             },
         ),
         (
@@ -543,6 +562,29 @@ def estimate_budget(
             },
         ),
     ]
+    if root_away:
+        # backward reaches the head's outputs (every chunk's loss done): the root unit is
+        # gathered again, its all-gather buffer and the parameters copied out of it both alive
+        backward_moments.append(
+            (
+                "head backward starts: the root unit gathered again",
+                {
+                    Component.LOGITS: Term(
+                        bytes=dt.compute * logits_count(spec, run),
+                        formula=f"{dt.compute} B × N·V: the logits' gradient",
+                    ),
+                    Component.GRADIENTS: Term(bytes=grads_between, formula=grads_text),
+                    Component.ACTIVATIONS: activations,
+                    Component.WEIGHT_COPIES: Term(bytes=copies_bwd, formula=copies_text),
+                    # the copy-out's moment: the last block is prefetched after it
+                    Component.TEMPORARIES: Term(
+                        bytes=2 * root_away,
+                        formula="the root unit gathered again: its all-gather buffer and the "
+                        "parameters copied out of it",
+                    ),
+                },
+            )
+        )
     if in_backward and not always:
         backward_moments.append(
             (

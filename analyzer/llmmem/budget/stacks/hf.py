@@ -90,5 +90,12 @@ class Stack:
     def notes(self, spec: ModelSpec, setup: TrainingSetup) -> list[str]:
         return []
 
+    def fsdp_root_resharded(self, setup: TrainingSetup) -> bool:
+        """Whether FSDP's root unit (embeddings, final norm, head) is resharded when the
+        model's forward returns and gathered again as backward reaches it. accelerate (the HF
+        Trainer's FSDP2) leaves the root's `reshard_after_forward` to torch, which keeps the
+        root whole (accelerate 1.15 utils/fsdp_utils.py:881-885)."""
+        return False
+
 
 HF_STACK = Stack()

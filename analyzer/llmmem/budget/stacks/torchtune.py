@@ -91,6 +91,16 @@ Checkpointing and offload
   checkpointing (lora :172-175, full :171-174), so what is offloaded is each layer's
   checkpointed input and the final norm's tensors; the offloaded step is the step, not a floor.
 
+Its sharding (the `*_distributed` recipes)
+- `training.shard_model` (training/_distributed.py:519-568): `fully_shard` on every `layers.i`
+  (and `custom_sharded_layers`), then on the whole model, FSDP2, with the config's
+  `fsdp_reshard_after_forward` (default True) passed explicitly to each: from torch 2.8 the
+  root unit (embeddings, final norm, head) is then resharded as the model's forward returns, so
+  the loss runs without it and backward gathers it again before the head's backward (its
+  all-gather buffer and the parameters copied out of it, for a moment both);
+  `fsdp_cpu_offload` is FSDP2's CPUOffloadPolicy. The loop is the single-device one's with the
+  token count all-reduced before `scale_grads` (lora_finetune_distributed.py:777-830).
+
 Its optimizer
 - `optimizer_in_bwd: True` (full recipe :143-156, :467-477): one optimizer per parameter,
   stepped and zeroed in the parameter's post-accumulate-grad hook (training/memory.py:219-242);
@@ -108,6 +118,7 @@ from llmmem.budget.activations import ActivationEstimate, BlockRules, dtypes_for
 from llmmem.budget.logits import LogitsMoments, logits_count
 from llmmem.budget.result import Term
 from llmmem.budget.setup import (
+    FsdpShard,
     LossImpl,
     Method,
     Precision,
@@ -314,6 +325,13 @@ class TorchtuneStack(Stack):
         if setup.loss is LossImpl.STANDARD:
             return upcast_loss(spec, setup)
         return None
+
+    def fsdp_root_resharded(self, setup: TrainingSetup) -> bool:
+        """`training.shard_model` passes `reshard_after_forward` to every `fully_shard`, the
+        root's too (training/_distributed.py:550-568), and torch from 2.8 on honours an
+        explicit True on the root (pytorch#154704: `_auto_reshard_after_forward`,
+        _fsdp_state.py:205-207 at 2.13; before, the root was always kept whole)."""
+        return setup.distributed.fsdp is FsdpShard.FULL_SHARD and setup.torch_release >= (2, 8)
 
     def weight_copies(self, spec: ModelSpec, setup: TrainingSetup) -> WeightCopies | None:
         if setup.quant is None:

@@ -136,6 +136,7 @@ def read_torchtune(reader: DocumentReader) -> None:
         else:
             reader.put("precision", precision, ("dtype",), "torchtune keeps everything in dtype")
     read_torchtune_optimizer(reader)
+    read_torchtune_fsdp(reader)
     loss = reader.converted(("loss", "_component_"), as_text)
     if loss is not None:
         loss_name = loss.rsplit(".", 1)[-1]
@@ -168,6 +169,39 @@ TORCHTUNE_DEFAULTS: tuple[tuple[str, Any, str], ...] = (
     ("attn_implementation", "sdpa", "torchtune attention runs on SDPA"),
     ("loss", "standard", "torchtune cross-entropy"),
 )
+
+
+# the keys only the distributed recipes read (torchtune 0.6.1 recipes/*_distributed.py:
+# `cfg.get("fsdp_cpu_offload", False)`, `cfg.get("fsdp_reshard_after_forward", True)`,
+# `cfg.get("custom_sharded_layers", None)`), which shard every `layers.i` and then the whole
+# model with FSDP2's fully_shard (training/_distributed.py shard_model)
+TORCHTUNE_FSDP_KEYS = ("fsdp_cpu_offload", "fsdp_reshard_after_forward", "custom_sharded_layers")
+
+
+def read_torchtune_fsdp(reader: DocumentReader) -> None:
+    """A config with a distributed recipe's keys is sharded with FSDP2: full sharding, or
+    sharding of gradients and states only where `fsdp_reshard_after_forward: False` keeps the
+    gathered parameters from forward to backward; `fsdp_cpu_offload` keeps parameters,
+    gradients and the optimizer step on the host (CPUOffloadPolicy)."""
+    present = [key for key in TORCHTUNE_FSDP_KEYS if reader.found((key,))[0]]
+    if not present:
+        return
+    reshard = reader.converted(("fsdp_reshard_after_forward",), as_bool)
+    reader.put(
+        "distributed.fsdp",
+        "shard_grad_op" if reshard is False else "full_shard",
+        (present[0],) if reshard is None else ("fsdp_reshard_after_forward",),
+        "torchtune's distributed recipes shard with FSDP2"
+        + (
+            ": reshard_after_forward False keeps the gathered parameters"
+            if reshard is False
+            else ""
+        ),
+    )
+    offload = reader.converted(("fsdp_cpu_offload",), as_bool)
+    if offload is not None:
+        for key in ("distributed.offload_params", "distributed.offload_optimizer"):
+            reader.put(key, offload, ("fsdp_cpu_offload",), "FSDP2's CPUOffloadPolicy")
 
 
 def read_torchtune_optimizer(reader: DocumentReader) -> None:
