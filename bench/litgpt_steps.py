@@ -1,4 +1,4 @@
-"""The budget against LitGPT's own `finetune lora` step, run on the CPU.
+"""The budget against LitGPT's own `finetune lora` and `finetune full` steps, run on the CPU.
 
 `llmmem estimate --framework litgpt` sizes LitGPT's own stack (llmmem.budget.stacks.litgpt). This
 runs the pieces of LitGPT 0.4.0's `finetune lora` step on the CPU under llmmem's StorageTracker
@@ -29,13 +29,16 @@ on the query and value, 2 x 256 tokens, bf16-true (torch 2.13.0+cpu, litgpt 0.4.
     lora              26.89    27.25  +1.4%     28.90    29.27  +1.3%      7.27     7.25  -0.2%
     lora dropout      27.14    27.50  +1.3%     29.15    29.52  +1.3%      7.27     7.25  -0.2%
     qlora             23.38    23.76  +1.6%     25.41    25.76  +1.4%      3.76     3.75  -0.3%
+    full              46.41    45.76  -1.4%     46.42    45.77  -1.4%     34.65    34.64  -0.0%
 
-Every phase within 1.6%. LitGPT drops the fused qkv's input once for all its adapted parts
-(`after_A = F.linear(self.lora_dropout(x), self.lora_A)`, lora.py:421, one `lora_A` of r x (q, v)
-rows, :233), and the block rule (budget.activations `consumers_save`) counts one mask and one
-dropped copy for LitGPT's fused qkv (with one per adapted projection, as peft's adapters each
-drop their own input, this case read +4.1%). The first block's dropout keeps no mask (its
-input, from the frozen embeddings, needs no gradient); the second keeps the CPU's mask in bf16
+Every phase within 1.6%. `full` is `finetune full`'s step (finetune/full.py:132-139, :236-246):
+`litgpt.model.GPT`, every parameter trained, `model(input_ids)` (the head not chunked) and
+`chunked_cross_entropy(logits[..., :-1, :], ...)`. LitGPT drops the fused qkv's input once for all
+its adapted parts (`after_A = F.linear(self.lora_dropout(x), self.lora_A)`, lora.py:421, one
+`lora_A` of r x (q, v) rows, :233), and the block rule (budget.activations `consumers_save`) counts
+one mask and one dropped copy for LitGPT's fused qkv (with one per adapted projection, as peft's
+adapters each drop their own input, this case read +4.1%). The first block's dropout keeps no mask
+(its input, from the frozen embeddings, needs no gradient); the second keeps the CPU's mask in bf16
 (2 B a value; CUDA's fused kernel keeps a 1-byte bool).
 """
 
@@ -69,11 +72,12 @@ DIMS = {
     "vocab_size": 4096,
     "block_size": 1024,
 }
-# name -> (quantize, LoRA dropout)
-CASES: dict[str, tuple[bool, float]] = {
-    "lora": (False, 0.0),
-    "lora dropout": (False, 0.05),
-    "qlora": (True, 0.0),
+# name -> (method, LoRA dropout)
+CASES: dict[str, tuple[str, float]] = {
+    "lora": ("lora", 0.0),
+    "lora dropout": ("lora", 0.05),
+    "qlora": ("qlora", 0.0),
+    "full": ("full", 0.0),
 }
 
 
@@ -109,7 +113,8 @@ def run_case(payload: dict[str, Any]) -> dict[str, Any]:
 
     from llmmem.verify.tracker import StorageTracker
 
-    quantize, dropout = payload["quantize"], payload["dropout"]
+    method, dropout = payload["method"], payload["dropout"]
+    quantize, full = method == "qlora", method == "full"
     batch, seq = payload["batch"], payload["seq"]
     config = Config(
         name="tiny-llama3",
@@ -129,9 +134,16 @@ def run_case(payload: dict[str, Any]) -> dict[str, Any]:
     )
     torch.manual_seed(0)
     torch.set_default_dtype(torch.bfloat16)
-    model = GPT(config)
+    if full:
+        # finetune/full.py:132-133: litgpt.model.GPT, every parameter trained
+        from litgpt.model import GPT as FullGPT
+
+        model = FullGPT(config)
+    else:
+        model = GPT(config)
     torch.set_default_dtype(torch.float32)
-    mark_only_lora_as_trainable(model)
+    if not full:
+        mark_only_lora_as_trainable(model)
     if quantize:
         _quantize_on_the_cpu(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -150,10 +162,15 @@ def run_case(payload: dict[str, Any]) -> dict[str, Any]:
                 input_ids = torch.randint(0, DIMS["vocab_size"], (batch, seq))
                 targets = input_ids.clone()
                 tracker.reset_peak("activations")
-                # finetune/lora.py:287-290
-                logits = model(input_ids, lm_head_chunk_size=128)
-                logits[-1] = logits[-1][..., :-1, :]
-                loss = chunked_cross_entropy(logits, targets[..., 1:])
+                if full:
+                    # finetune/full.py:237-239: whole logits, the loss chunked
+                    logits = model(input_ids)
+                    loss = chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])
+                else:
+                    # finetune/lora.py:287-290
+                    logits = model(input_ids, lm_head_chunk_size=128)
+                    logits[-1] = logits[-1][..., :-1, :]
+                    loss = chunked_cross_entropy(logits, targets[..., 1:])
                 if measured:
                     seen["forward"] = tracker.peak
                 tracker.reset_peak("temporaries")
@@ -239,15 +256,15 @@ def measure(python: Path, payload: dict[str, Any]) -> dict[str, Any]:
 def budget(model_dir: Path, payload: dict[str, Any]) -> dict[str, Any]:
     """llmmem's phases for the same settings, as `llmmem estimate --framework litgpt` gives them."""
     flags = [
-        "--model", str(model_dir), "--framework", "litgpt",
-        "--method", "qlora" if payload["quantize"] else "lora",
-        "--lora-r", "8", "--lora-alpha", "16", "--lora-targets", "q_proj,v_proj",
+        "--model", str(model_dir), "--framework", "litgpt", "--method", payload["method"],
         "--batch", str(payload["batch"]), "--seq", str(payload["seq"]),
         "--precision", "bf16-true", "--optim", "adamw_torch", "--offline", "--format", "json",
     ]  # fmt: skip
+    if payload["method"] != "full":
+        flags += ["--lora-r", "8", "--lora-alpha", "16", "--lora-targets", "q_proj,v_proj"]
     if payload["dropout"]:
         flags += ["--lora-dropout", str(payload["dropout"])]
-    if payload["quantize"]:
+    if payload["method"] == "qlora":
         flags += ["--quant", "nf4", "--versions", "bitsandbytes=0.50"]
     done = subprocess.run(
         [sys.executable, "-m", "llmmem", "estimate", *flags],
@@ -287,16 +304,16 @@ def main(argv: list[str] | None = None) -> int:
         model_dir.mkdir()
         (model_dir / "config.json").write_text(json.dumps(hf_config()))
         for name in args.case or list(CASES):
-            quantize, dropout = CASES[name]
-            payload = {"quantize": quantize, "dropout": dropout, "batch": batch, "seq": seq}
+            method, dropout = CASES[name]
+            payload = {"method": method, "dropout": dropout, "batch": batch, "seq": seq}
             got = measure(python, payload)
             want = budget(model_dir, payload)
             versions = got.get("versions", versions)
             rows.append((name, got, want))
     print(
-        f"LitGPT's finetune lora step on the CPU against llmmem's budget, a tiny Llama 3 "
-        f"({DIMS['n_layer']} blocks, h {DIMS['n_embd']}, V {DIMS['vocab_size']}), {batch} x "
-        f"{seq} tokens, bf16-true ({versions}); MiB"
+        f"LitGPT's finetune lora and full steps on the CPU against llmmem's budget, a tiny "
+        f"Llama 3 ({DIMS['n_layer']} blocks, h {DIMS['n_embd']}, V {DIMS['vocab_size']}), "
+        f"{batch} x {seq} tokens, bf16-true ({versions}); MiB"
     )
     print(
         f"{'case':14} {'forward':>8} {'llmmem':>8} {'err':>6}  {'backward':>8} {'llmmem':>8} "

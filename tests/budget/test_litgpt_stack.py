@@ -141,3 +141,25 @@ def test_the_fused_qkv_drops_its_input_once(llama32_1b: ModelSpec) -> None:
     tokens, hidden, layers = 2 * 512, 2048, 16
     once = layers * tokens * hidden * (1 + 2 - 2)  # the mask and the copy, not the input
     assert forward_activations(dropped) - forward_activations(plain) == once
+
+
+@pytest.mark.parametrize(("batch", "copies"), [(2, 2), (1, 1)])
+def test_finetune_full_keeps_the_whole_logits_beside_the_losss_copy(
+    llama32_1b: ModelSpec, batch: int, copies: int
+) -> None:
+    """`finetune full` calls the model without `lm_head_chunk_size` (finetune/full.py:237): the
+    whole logits stay bound to the loop's `logits` while `chunked_cross_entropy` reshapes the
+    shifted slice (a copy for more than one row; one row's slice is a view) and keeps every
+    128-row chunk's bf16 log-softmax (utils.py:279-297). Measured on the CPU
+    (bench/litgpt_steps.py `full`: -1.4% at 2 x 256, -2.0% at 1 x 1024, where the chunked-head
+    rule of `finetune lora` read -5.7% and +10.5%)."""
+    stack = stack_for(Framework.LITGPT)
+    setup = stack.prepare(litgpt("full", batch=batch, seq=1024, lora=None))
+    spec = stack.model(llama32_1b, setup)  # type: ignore[attr-defined]
+    moments = stack.loss(spec, setup)
+    assert moments is not None
+    vocab = llama32_1b.vocab_size
+    whole, shifted = 2 * batch * 1024 * vocab, 2 * batch * 1023 * vocab
+    assert moments.moments.forward_end == whole + copies * shifted
+    assert moments.moments.backward_start == 2 * whole + shifted
+    assert "the whole logits" in moments.moments.formula_forward

@@ -18,6 +18,9 @@ What it builds and casts
   the layer's quant state is fp16 whatever the training dtype.
 
 Its loss
+- `finetune full` calls `model(input_ids)` (finetune/full.py:237): the whole logits, then
+  `chunked_cross_entropy` over a reshaped copy of the shifted slice (`whole_logits_loss`); the
+  rest of this section is `finetune lora`'s.
 - `model(input_ids, lm_head_chunk_size=128)` (finetune/lora.py:287) applies the head to each run
   of 128 positions and returns the chunks' logits in the model's dtype (lora.py:546-548);
   `chunked_cross_entropy` (utils.py:248-277) takes each chunk's cross-entropy in that dtype (no
@@ -189,6 +192,37 @@ def chunked_loss(spec: ModelSpec, setup: TrainingSetup) -> LogitsMoments:
     )
 
 
+def whole_logits_loss(spec: ModelSpec, setup: TrainingSetup) -> LogitsMoments:
+    """`finetune full`: `model(input_ids)` makes the whole logits (no `lm_head_chunk_size`,
+    finetune/full.py:237) and `chunked_cross_entropy(logits[..., :-1, :], ...)` reshapes the
+    shifted slice (a copy where the batch has more than one row), then splits it into chunks of
+    128 rows whose cross-entropy keeps each log-softmax in the logits' dtype (utils.py:279-297):
+    while its last chunk runs, the logits, the copy and every chunk's log-softmax are alive.
+    Backward gives the copy's gradient, then the slice's into a zero tensor of the logits'
+    shape, beside the logits the loop keeps."""
+    e = dtypes_for(setup).compute
+    n = logits_count(spec, setup)
+    shifted = setup.batch * max(setup.seq - 1, 0) * spec.vocab_size
+    shared = logits_moments(spec, setup)
+    # one row: the slice of positions is contiguous and `reshape` gives a view
+    copies = 2 if setup.batch > 1 else 1
+    return replace(
+        shared,
+        forward_end=e * n + copies * e * shifted,
+        backward_start=2 * e * n + e * shifted,
+        formula_forward=f"{e} B × N·V (the whole logits) + "
+        + (
+            f"2 × {e} B × the shifted positions' logits (the loss's reshaped copy and its "
+            "chunks' log-softmaxes)"
+            if copies == 2
+            else f"{e} B × the shifted positions' logits (the chunks' log-softmaxes; one row's "
+            "slice reshapes to a view)"
+        ),
+        formula_backward=f"2 × {e} B × N·V (the logits and their gradient) + {e} B × the "
+        "shifted positions' (the copy's gradient)",
+    )
+
+
 def untied(spec: ModelSpec) -> ModelSpec:
     """The model with a head of its own, as LitGPT builds every model."""
     if not spec.is_causal_lm or not spec.tie_word_embeddings:
@@ -255,9 +289,11 @@ class LitgptStack(Stack):
     def loss(self, spec: ModelSpec, setup: TrainingSetup) -> LossMoments | None:
         if not spec.is_causal_lm or setup.loss is not LossImpl.CHUNKED:
             return None
-        shared = chunked_loss(spec, setup)
         hole = logits_hole(spec, setup)
-        if setup.quant is None or setup.method is Method.FULL:
+        if setup.method is Method.FULL:
+            return LossMoments(whole_logits_loss(spec, setup), hole)
+        shared = chunked_loss(spec, setup)
+        if setup.quant is None:
             return LossMoments(shared, hole)
         e = dtypes_for(setup).compute
         head = spec.vocab_size * spec.hidden_size
