@@ -291,8 +291,10 @@ def wide_case_from_row(row: dict[str, Any]) -> CalibrationCase:
         spec = replace(spec, activation="gelu_pytorch_tanh")
     stack = _wide_stack(row)
     world = int(row.get("world_size") or 1)
+    # a DeepSpeed run states its ZeRO stage; any other multi-GPU row is FSDP
+    zero_stage = int(row.get("zero_stage") or 0)
     replica = world > 1 and "NO_SHARD" in notes  # FSDP-wrapped, a whole replica per GPU
-    sharded = world > 1 and not replica
+    sharded = world > 1 and not replica and not zero_stage
     cpu_offload = "CPU Offload True" in notes or "offload_params=True" in notes
     method = Method(row["method"])
     # FSDP-QLoRA: bnb_4bit_quant_storage in a float dtype, which FSDP shards like the others
@@ -343,6 +345,7 @@ def wide_case_from_row(row: dict[str, Any]) -> CalibrationCase:
         quant=quant,
         distributed=DistributedSetup(
             world_size=world,
+            zero_stage=zero_stage,
             fsdp=FsdpShard.FULL_SHARD if sharded else FsdpShard.NO_SHARD if replica else None,
             offload_params=cpu_offload,
             offload_optimizer=cpu_offload,
@@ -364,7 +367,8 @@ def wide_case_from_row(row: dict[str, Any]) -> CalibrationCase:
 
 def wide_class(case: CalibrationCase) -> str:
     """The row's class: method × metric × sharding."""
-    sharding = "FSDP" if case.setup.distributed.world_size > 1 else "1 GPU"
+    d = case.setup.distributed
+    sharding = f"ZeRO-{d.zero_stage}" if d.zero_stage else "FSDP" if d.world_size > 1 else "1 GPU"
     return f"{case.setup.method.value} {case.row['metric']} {sharding}"
 
 
