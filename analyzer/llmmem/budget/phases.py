@@ -458,19 +458,23 @@ def estimate_budget(
         forward = max(forward, inside, key=lambda p: p.allocated_bytes)
     if root:
         # FSDP gathers the root unit as forward starts: its all-gather buffer and the
-        # parameters copied out of it are both alive while the first block is gathered
-        # (FSDP2 frees a buffer only once the next all-gather is waited on), that block's
-        # buffer and copied-out parameters too (torchtune's distributed recipe on CPU ranks)
+        # parameters copied out of it are both alive for a moment. Measured on torchtune's
+        # distributed recipe (FSDP2 on CPU ranks): the root's buffer is still alive while the
+        # first block is gathered (freed once the next all-gather is waited on), that block's
+        # buffer and copied-out parameters too; the HF Trainer's FSDP keeps its checked rule
+        first_gathered = block_gathered if root_away else 0
         root_gather = phase(
             Phase.FORWARD,
-            "start of forward: the root unit and the first block gathered",
+            "start of forward: the root unit and the first block gathered"
+            if first_gathered
+            else "start of forward: the root unit gathered",
             {
                 **in_forward,
                 Component.TEMPORARIES: Term(
-                    bytes=forward_temp.bytes + root + block_gathered,
+                    bytes=forward_temp.bytes + root + first_gathered,
                     formula=temporaries_text(gathered, ddp_buckets, shard)
                     + " + the root unit's all-gather buffer"
-                    + (" + the first block's" if block_gathered else ""),
+                    + (" + the first block's" if first_gathered else ""),
                 ),
             },
         )
