@@ -59,6 +59,8 @@ as it sized these YAMLs before torchtune's stack (the HF stack; a LoRA builder w
     lora ckpt fsdp2 x2         267.87  266.03  -0.7%    239.01  239.10  +0.0% -0.3%
     full fsdp2 x2              485.68  480.41  -1.1%    567.68  567.41  -0.0% -0.1%
     full ckpt fsdp2 x2         433.55  432.29  -0.3%    497.59  491.33  -1.3% -0.1%
+    full fsdp2 x2 own units    481.55  480.41  -0.2%    523.68  535.41  +2.2% -0.1%
+    lora fsdp2 x2 own units    294.60  300.26  +1.9%    262.60  264.33  +0.7% -0.3%
 
 The `fsdp2 x2` cases run the distributed recipes on 2 CPU ranks over gloo
 (bench/torchtune_fsdp_rank.py: the recipe's own `_setup_model`, FSDP2 on every layer and the
@@ -68,6 +70,9 @@ were sized as DDP replicas; with the HF FSDP rule (the root unit whole through t
 read +6.7% and backward -10.9%: torchtune passes reshard_after_forward=True to the root as well,
 which torch >= 2.8 honours, so the loss runs without the root and the last all-gather's buffer,
 and backward gathers the root again (its buffer and the copied-out parameters both alive).
+The `own units` cases add 8B_full.yaml's `custom_sharded_layers: ['tok_embeddings', 'output']`:
+the head gathered again for its own backward only, the embeddings at the very end (sized with
+the root unit, the full case read +8.3% in backward).
 
 What each gap was, or is (`--detail` prints the storages alive at each peak and where it was
 reached, with the autograd node):
@@ -155,6 +160,8 @@ CASES: dict[str, tuple[str, bool, bool, bool, str, int]] = {
     "lora ckpt fsdp2 x2": ("lora", True, False, False, "chunked", 2),
     "full fsdp2 x2": ("full", False, False, False, "chunked", 2),
     "full ckpt fsdp2 x2": ("full", True, False, False, "chunked", 2),
+    "full fsdp2 x2 own units": ("full", False, False, False, "chunked", 2),
+    "lora fsdp2 x2 own units": ("lora", False, False, False, "chunked", 2),
 }
 
 
@@ -211,6 +218,9 @@ def case_yaml(name: str, size: str, batch: int, seq: int, config_path: str) -> s
     if ranks > 1:
         # the distributed recipes' own keys (lora_finetune_distributed.py :279-280)
         lines += ["fsdp_cpu_offload: False", "fsdp_reshard_after_forward: True"]
+    if name.endswith("own units"):
+        # llama3_1/8B_full.yaml's: the embeddings and the head sharded as units of their own
+        lines.append("custom_sharded_layers: ['tok_embeddings', 'output']")
     return "\n".join(lines) + "\n"
 
 

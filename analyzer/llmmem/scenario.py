@@ -32,6 +32,7 @@ from llmmem.budget.setup import (
     TrainingSetup,
     VisionSetup,
 )
+from llmmem.extract.frameworks.torchtune import own_units_note, torchtune_own_units
 from llmmem.models.spec import ModelSpec
 from llmmem.plan import Provenance, Sourced, TrainingPlan
 from llmmem.release_defaults import with_release_defaults
@@ -175,6 +176,9 @@ def setup_from_plan(plan: TrainingPlan, spec: ModelSpec) -> TrainingSetup:
         prefetch_bucket_size=_elements_or_auto(d.prefetch_bucket_size.value),
         param_persistence_threshold=_elements_or_auto(d.param_persistence_threshold.value),
         sub_group_size=int(d.sub_group_size.value),
+        fsdp_own_units=torchtune_own_units(_extra_value(plan, "custom_sharded_layers"))
+        if fsdp is not None
+        else (),
     )
     distributed = with_context_parallel_of(plan, distributed)
     return TrainingSetup(
@@ -206,15 +210,20 @@ def setup_from_plan(plan: TrainingPlan, spec: ModelSpec) -> TrainingSetup:
         if _extra_flag(plan, "unsloth")
         else PLAN_STACKS.get(str(plan.framework), Framework.HF),
         loss_chunks=_whole_extra(plan, "num_output_chunks", 8),
+        framework_script=_extra_text(plan, "litgpt_script") or None,
         vision=vision_of(plan, spec),
         float8=_extra_text(plan, "fp8_backend") == "AO" and lora is None and quant is None,
         float8_te=_extra_text(plan, "fp8_backend") == "TE" and lora is None and quant is None,
     )
 
 
-def _extra_text(plan: TrainingPlan, name: str) -> str:
+def _extra_value(plan: TrainingPlan, name: str) -> Any:
     kept = plan.extra.get(name)
-    value = kept.value if isinstance(kept, Sourced) else kept
+    return kept.value if isinstance(kept, Sourced) else kept
+
+
+def _extra_text(plan: TrainingPlan, name: str) -> str:
+    value = _extra_value(plan, name)
     return str(value) if value is not None else ""
 
 
@@ -665,6 +674,9 @@ def analyze(
         analysis.budget = with_local_evidence(analysis.budget, Path(plan.path), plan.framework)
         if note:
             analysis.budget.notes.append(note)
+        units = own_units_note(_extra_value(plan, "custom_sharded_layers"))
+        if units:
+            analysis.budget.notes.append(units)
     except (SetupError, ValueError) as err:
         analysis.problems.append(str(err).removeprefix("Value error, "))
     return analysis

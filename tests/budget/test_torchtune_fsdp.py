@@ -81,19 +81,31 @@ def test_the_root_is_gathered_again_in_backward_from_torch_2_8() -> None:
 
 
 def test_before_torch_2_8_the_root_stays_whole_through_the_loss() -> None:
-    """At 2 × 1024 tokens forward peaks at the loss either way: torch 2.7 kept the root whole
-    there (its `fully_shard` clamped the root's reshard_after_forward to False), and the last
-    block's all-gather buffer; from 2.8 the forward's root frees that buffer as it reshards."""
+    """At 2 × 1024 tokens forward peaks at the loss either way. Before 2.8 torch clamped the
+    root's reshard_after_forward to False (its code, pytorch#154704): the root is whole at the
+    loss. From 2.8 nothing is gathered there (measured on 2.13: the loss moment of the bench's
+    cases); the older path keeps the HF rule and is not measured here."""
     now = estimate_budget(SPEC, replace(lora_over_two(), seq=1024), with_first_step=False)
     old = replace(lora_over_two(torch="2.7"), seq=1024)
     before = estimate_budget(SPEC, old, with_first_step=False)
     for budget in (now, before):
         assert budget.phase(Phase.FORWARD).moment == "end of forward, loss computed"
     forward_now, forward_before = now.phase(Phase.FORWARD), before.phase(Phase.FORWARD)
-    assert forward_before.allocated_bytes - forward_now.allocated_bytes == ROOT + BLOCK
+    assert forward_before.allocated_bytes - forward_now.allocated_bytes >= ROOT
     assert Component.TEMPORARIES not in forward_now.components  # nothing gathered
     assert "gathered again" in now.phase(Phase.BACKWARD).moment
     assert "gathered again" not in before.phase(Phase.BACKWARD).moment
+
+
+def test_forward_starts_with_the_root_and_the_first_block_gathered() -> None:
+    """Under checkpointing forward peaks as it starts: the root's all-gather buffer and the
+    parameters copied out of it, and the first block's, all alive (the bench's `lora ckpt
+    fsdp2 x2`: 267.87 MiB measured at the first layer's call, transformer.py:635)."""
+    budget = estimate_budget(SPEC, replace(lora_over_two(), grad_ckpt=True), with_first_step=False)
+    forward = budget.phase(Phase.FORWARD)
+    assert forward.moment == "start of forward: the root unit and the first block gathered"
+    # the blocks' frozen weights (the adapters, 0.3 MiB a block, are not counted gathered)
+    assert forward.components[Component.TEMPORARIES].bytes == 2 * ROOT + 2 * BLOCK
 
 
 def test_the_hf_trainers_fsdp_keeps_the_root_whole() -> None:
@@ -160,3 +172,54 @@ def test_tune_run_of_a_distributed_recipe_is_sized_per_fsdp2_rank(tmp_path: Path
         env={**os.environ, "COLUMNS": "200"},
     )
     assert "FSDP shard_grad_op over 4 of 4 devices" in done.stdout
+
+
+def test_embeddings_and_head_as_units_of_their_own_leave_the_blocks_backward() -> None:
+    """`custom_sharded_layers: ['tok_embeddings', 'output']` (torchtune's 8B_full.yaml): the
+    head is gathered again for its own backward only and the embeddings at the very end, so the
+    head's backward holds the root without the embeddings (measured: the `full fsdp2 x2 own
+    units` case, +8.3% in backward while sized with the root unit, +2.2% now)."""
+    full = replace(lora_over_two(), method=Method.FULL, lora=None)
+    split = replace(
+        full,
+        distributed=replace(full.distributed, fsdp_own_units=("embeddings", "head")),
+    )
+    whole = estimate_budget(SPEC, full, with_first_step=False).phase(Phase.BACKWARD)
+    apart = estimate_budget(SPEC, split, with_first_step=False).phase(Phase.BACKWARD)
+    assert (
+        whole.moment
+        == apart.moment
+        == ("head backward: logits gradient and the head's weight gradient")
+    )
+    embeddings = V * H * 2
+    assert whole.allocated_bytes - apart.allocated_bytes == embeddings
+
+
+def test_custom_sharded_layers_are_read_as_units_and_others_are_said(tmp_path: Path) -> None:
+    import json
+
+    path = tmp_path / "8B_full.yaml"
+    path.write_text(
+        "# llmmem: world_size=4\n"
+        + DISTRIBUTED.replace("lora_llama3_1_8b", "llama3_1_8b")
+        + "custom_sharded_layers: ['tok_embeddings', 'output']\n"
+    )
+
+    def explained() -> dict:  # type: ignore[type-arg]
+        done = subprocess.run(
+            [sys.executable, "-m", "llmmem", "explain", str(path), "--format", "json"],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ},
+        )
+        return json.loads(done.stdout)["budget"]  # type: ignore[no-any-return]
+
+    apart = explained()
+    assert not any("custom_sharded_layers" in note for note in apart["notes"])
+    path.write_text(path.read_text().replace("custom_sharded_layers", "fsdp_cpu_offload: False\n#"))
+    whole = explained()
+    assert whole["allocated_peak_bytes"] > apart["allocated_peak_bytes"]
+    path.write_text(path.read_text() + "custom_sharded_layers: ['norm']\n")
+    said = [n for n in explained()["notes"] if n.startswith("custom_sharded_layers")]
+    assert said and "['norm']" in said[0]

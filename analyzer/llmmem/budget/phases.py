@@ -292,9 +292,21 @@ def estimate_budget(
     # the root unit resharded as the model's forward returns (torchtune's explicit
     # reshard_after_forward on torch >= 2.8): the loss and its backward run without it, and
     # without the last all-gather's buffer, which the forward's root frees as it returns
-    # (torch 2.13 _fsdp_state.py:333-342)
+    # (torch 2.13 _fsdp_state.py:333-342, in older releases too; measured on 2.13 only, so
+    # a root kept whole keeps the shared rule)
     root_away = root if root and stack.fsdp_root_resharded(run) else 0
     gone_after_forward = gathered if root_away else 0
+    # the embeddings and the head as FSDP units of their own (torchtune's
+    # custom_sharded_layers), resharded after their own forward and backward: the head is
+    # gathered again for its backward only, the embeddings at the very end; the blocks'
+    # backward holds neither (measured: torchtune's 8B_full setting on CPU ranks)
+    own = set(setup.distributed.fsdp_own_units) if root_away and spec.is_causal_lm else set()
+    if spec.tie_word_embeddings:
+        own = set()  # one tied weight cannot be two units
+    unit_bytes = spec.vocab_size * spec.hidden_size * run.precision.weight_bytes
+    embeddings_own = unit_bytes if "embeddings" in own else 0
+    head_own = unit_bytes if "head" in own else 0
+    held_back = extra_fwd - embeddings_own - head_own
     ddp_buckets = st.gradients.bytes if shard.gradient_buckets else 0
     zero = zero_buffers(spec, setup, shard, st)
     # ZeRO-3 allocates its bucket with the optimizer and keeps it; ZeRO-1/2 from the first
@@ -562,7 +574,11 @@ def estimate_budget(
                 ),
                 # FSDP: the root's backward prefetches the last block, in the all-gather
                 # buffer forward's last block left (freed at the root's post-forward)
-                Component.TEMPORARIES: temp_fwd,
+                Component.TEMPORARIES: Term(
+                    bytes=temp_fwd.bytes - embeddings_own,
+                    formula=temp_fwd.formula
+                    + (" − the embeddings (a unit of their own)" if embeddings_own else ""),
+                ),
             },
         ),
     ]
@@ -582,9 +598,10 @@ def estimate_budget(
                     Component.WEIGHT_COPIES: Term(bytes=copies_bwd, formula=copies_text),
                     # the copy-out's moment: the last block is prefetched after it
                     Component.TEMPORARIES: Term(
-                        bytes=2 * root_away,
+                        bytes=2 * (root_away - embeddings_own),
                         formula="the root unit gathered again: its all-gather buffer and the "
-                        "parameters copied out of it",
+                        "parameters copied out of it"
+                        + (" (not the embeddings: a unit of their own)" if embeddings_own else ""),
                     ),
                 },
             )
@@ -643,7 +660,7 @@ def estimate_budget(
                     Component.TEMPORARIES: Term(
                         bytes=recompute
                         + workspace
-                        + extra_fwd
+                        + held_back
                         + block_gathered
                         + ddp_buckets
                         + in_backward
@@ -694,12 +711,13 @@ def estimate_budget(
             saved=in_blocks_saved,
             recompute=recompute,
             workspace=(workspace, workspace_text),
-            gathered=extra_fwd,
+            gathered=held_back,
             gathered_text=temporaries_text(gathered, 0, shard, blocks=True),
             block_gathered=block_gathered,
             block_gradients=block_gradients,
             input_gradient=2 * dt.residual * n_h,
-            head_gradient=root_head_gradient,
+            # the head a unit of its own: its gradient reduced as its backward ends
+            head_gradient=0 if head_own else root_head_gradient,
             grads_between=Term(bytes=grads_between, formula=grads_text),
         )
     if block_gradients:
@@ -708,7 +726,7 @@ def estimate_budget(
             st,
             first_block=first_block,
             workspace=(workspace, workspace_text),
-            held=extra_fwd + block_gathered + root_head_gradient,
+            held=held_back + block_gathered + (0 if head_own else root_head_gradient),
             held_text=temporaries_text(gathered, 0, shard, blocks=True)
             + " (the block before's reduce-scatter input) + the head's whole gradient",
             block_gradients=block_gradients,
@@ -749,7 +767,7 @@ def estimate_budget(
                     ),
                     Component.TEMPORARIES: Term(
                         bytes=workspace
-                        + extra_fwd
+                        + held_back
                         + block_gathered
                         + ddp_buckets
                         + in_backward

@@ -328,6 +328,9 @@ class DistributedSetup:
     param_persistence_threshold: int | None = 100_000
     # ZeRO-3 steps the optimizer over runs of at least this many partition elements
     sub_group_size: int = 1_000_000_000
+    # modules FSDP shards as units of their own beside the blocks, out of the root unit:
+    # "embeddings", "head" (torchtune's custom_sharded_layers: tok_embeddings, output)
+    fsdp_own_units: tuple[str, ...] = ()
     # context (sequence) parallelism: each sample's sequence divided over this many of the
     # world's ranks (llmmem.budget.context_parallel), by ring attention (torch's
     # context_parallel, ring-flash-attn) or Ulysses' all-to-all (DeepSpeed)
@@ -501,6 +504,9 @@ class TrainingSetup:
     # the chunks torchtune's CEWithChunkedOutputLoss splits the sequence into
     # (`num_output_chunks`, 8 by default); the torchtune stack's chunked loss only
     loss_chunks: int = 8
+    # the framework's own script that runs the step, where its scripts differ (LitGPT:
+    # finetune_lora, finetune_adapter, finetune_full, pretrain); None: the method's script
+    framework_script: str | None = None
     # the model runs under torch.compile: AOTAutograd's partitioner recomputes cheap ops in
     # backward instead of saving their outputs, so the step saves no more than eager's and no
     # less than checkpointing would keep (see budget.phases.compile_floor_text)

@@ -98,7 +98,11 @@ Its sharding (the `*_distributed` recipes)
   root unit (embeddings, final norm, head) is then resharded as the model's forward returns, so
   the loss runs without it and backward gathers it again before the head's backward (its
   all-gather buffer and the parameters copied out of it, for a moment both);
-  `fsdp_cpu_offload` is FSDP2's CPUOffloadPolicy. The loop is the single-device one's with the
+  `fsdp_cpu_offload` is FSDP2's CPUOffloadPolicy. `custom_sharded_layers` names modules
+  sharded as units of their own before the model (`get_shard_conditions`, :470-516): with
+  `tok_embeddings` and `output` (8B_full.yaml) the root holds the final norm only, the head is
+  gathered again for its backward and reduced as it ends, the embeddings at the very end
+  (DistributedSetup.fsdp_own_units). The loop is the single-device one's with the
   token count all-reduced before `scale_grads` (lora_finetune_distributed.py:777-830).
 
 Its optimizer

@@ -202,6 +202,31 @@ def read_torchtune_fsdp(reader: DocumentReader) -> None:
     if offload is not None:
         for key in ("distributed.offload_params", "distributed.offload_optimizer"):
             reader.put(key, offload, ("fsdp_cpu_offload",), "FSDP2's CPUOffloadPolicy")
+    reader.keep("custom_sharded_layers", ("custom_sharded_layers",))
+
+
+# custom_sharded_layers' names that the budget sizes as units of their own (torchtune's
+# TransformerDecoder: `tok_embeddings`, `output`)
+TORCHTUNE_OWN_UNITS = {"tok_embeddings": "embeddings", "output": "head"}
+
+
+def torchtune_own_units(layers: object) -> tuple[str, ...]:
+    """The budget's names of the modules `custom_sharded_layers` shards apart."""
+    names = as_name_list(layers) if layers else None
+    return tuple(TORCHTUNE_OWN_UNITS[name] for name in names or [] if name in TORCHTUNE_OWN_UNITS)
+
+
+def own_units_note(layers: object) -> str | None:
+    """What the budget says of `custom_sharded_layers` names it does not size apart."""
+    names = as_name_list(layers) if layers else None
+    others = [name for name in names or [] if name not in TORCHTUNE_OWN_UNITS]
+    if not others:
+        return None
+    return (
+        f"custom_sharded_layers {others}: torchtune shards these as FSDP units of their own; "
+        "llmmem sizes them inside the units that hold them (tok_embeddings and output are "
+        "sized apart)"
+    )
 
 
 def read_torchtune_optimizer(reader: DocumentReader) -> None:

@@ -77,20 +77,6 @@ class LaunchOptionReader:
         if launch.launcher == "swift" and processes is None:
             self.swift_single_process(environment)
             return
-        if launch.launcher == "tune" and (launch.subcommand or "").endswith("_distributed"):
-            # torchtune's distributed recipes shard every layer and the model with FSDP2
-            # (torchtune 0.6.1 training/_distributed.py shard_model); the config's
-            # fsdp_reshard_after_forward, read with it, decides full or grad-op sharding
-            command = launch.command.words[0]
-            self.settings.append(
-                Setting(
-                    "distributed.fsdp",
-                    "full_shard",
-                    Provenance.DEFAULT,
-                    self.word_range(command),
-                    f"torchtune's {launch.subcommand} recipe shards with FSDP2",
-                )
-            )
         if launch.launcher == "trl":
             trl_options = program_options(launch.arguments)
             if "num_processes" in trl_options:
