@@ -163,3 +163,45 @@ def test_finetune_full_keeps_the_whole_logits_beside_the_losss_copy(
     assert moments.moments.forward_end == whole + copies * shifted
     assert moments.moments.backward_start == 2 * whole + shifted
     assert "the whole logits" in moments.moments.formula_forward
+
+
+@pytest.mark.parametrize(
+    ("script", "whole"),
+    [("finetune_full", True), ("pretrain", False), ("finetune_adapter", False)],
+)
+def test_the_litgpt_script_decides_how_the_head_runs(
+    tmp_path: object, script: str, whole: bool
+) -> None:
+    """`litgpt finetune full` keeps the whole logits beside the loss's copy; `pretrain`
+    (pretrain.py:294-295: no slice, the reshape a view) and `finetune adapter` (its chunked
+    head, finetune/adapter.py:256) are sized with the chunked rule. The script comes from the
+    command line."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    folder = Path(str(tmp_path))
+    (folder / "c.yaml").write_text(
+        "checkpoint_dir: checkpoints/meta-llama/Llama-3.2-1B\nprecision: bf16-true\n"
+        "train:\n  micro_batch_size: 2\n  max_seq_length: 512\n"
+    )
+    words = script.replace("_", " ")
+    (folder / "train.sh").write_text(f"litgpt {words} --config c.yaml\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "llmmem", "explain", str(folder / "train.sh"), "--format", "json"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ},
+    )
+    forward = json.loads(done.stdout)["budget"]["phases"]["forward"]
+    logits = forward["components"]["logits"]
+    vocab = 128256  # Llama 3.2's, untied by LitGPT
+    whole_logits = 2 * 2 * 512 * vocab
+    shifted = 2 * 2 * 511 * vocab
+    if whole:
+        assert logits == whole_logits + 2 * shifted
+    else:
+        assert logits < whole_logits + 2 * shifted

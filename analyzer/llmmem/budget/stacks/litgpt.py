@@ -192,6 +192,19 @@ def chunked_loss(spec: ModelSpec, setup: TrainingSetup) -> LogitsMoments:
     )
 
 
+def whole_logits(setup: TrainingSetup) -> bool:
+    """Whether the step is `finetune full`'s (the head not chunked, the loss over a shifted
+    slice): that script, or full fine-tuning where no script is named. `finetune lora` and
+    `finetune adapter` chunk the head (lm_head_chunk_size=128, finetune/adapter.py:256);
+    `pretrain` takes the whole logits without a slice (pretrain.py:294-295), a reshape that
+    is a view: its chunks' log-softmaxes beside the logits, as the chunked rule counts them
+    (one chunk's copy apart)."""
+    script = setup.framework_script
+    if script is None:
+        return setup.method is Method.FULL
+    return script == "finetune_full"
+
+
 def whole_logits_loss(spec: ModelSpec, setup: TrainingSetup) -> LogitsMoments:
     """`finetune full`: `model(input_ids)` makes the whole logits (no `lm_head_chunk_size`,
     finetune/full.py:237) and `chunked_cross_entropy(logits[..., :-1, :], ...)` reshapes the
@@ -290,7 +303,7 @@ class LitgptStack(Stack):
         if not spec.is_causal_lm or setup.loss is not LossImpl.CHUNKED:
             return None
         hole = logits_hole(spec, setup)
-        if setup.method is Method.FULL:
+        if whole_logits(setup):
             return LossMoments(whole_logits_loss(spec, setup), hole)
         shared = chunked_loss(spec, setup)
         if setup.quant is None:

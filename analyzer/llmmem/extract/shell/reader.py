@@ -304,6 +304,17 @@ class ShellPlanReader(LaunchOptionReader):
         self.add_reading(reading)
         if launch.launcher == "swift":
             self.swift_launch_defaults(launch, reading)
+        if launch.launcher == "litgpt" and launch.subcommand:
+            # the script decides how the head and the loss run (budget.stacks.litgpt)
+            self.settings.append(
+                Setting(
+                    "litgpt_script",
+                    launch.subcommand,
+                    Provenance.EXPLICIT,
+                    self.word_range(launch.command.words[1]),
+                    f"litgpt {launch.subcommand.replace('_', ' ')}",
+                )
+            )
         if launch.launcher == "litgpt" and launch.subcommand == "finetune_lora":
             self.settings.append(
                 Setting(
