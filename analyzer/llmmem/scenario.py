@@ -67,6 +67,8 @@ class Analysis:
     budget: Budget | None = None
     problems: list[str] = field(default_factory=list)
     model_error: str | None = None  # why the model could not be resolved
+    # why the setup is not sized: its framework refuses it, or llmmem does not model it
+    refusal: str | None = None
     # the releases of the stack the file runs with, each with its source (llmmem.versions)
     versions: dict[str, Any] = field(default_factory=dict)
 
@@ -678,7 +680,8 @@ def analyze(
         if units:
             analysis.budget.notes.append(units)
     except (SetupError, ValueError) as err:
-        analysis.problems.append(str(err).removeprefix("Value error, "))
+        analysis.refusal = str(err).removeprefix("Value error, ")
+        analysis.problems.append(analysis.refusal)
     return analysis
 
 

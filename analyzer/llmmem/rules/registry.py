@@ -22,6 +22,9 @@ class Rule:
     example: str
     fix: str
     check: Check
+    # runs only where no other rule has a warning or an error for the file: a last word for
+    # what the others have not said
+    fallback: bool = False
 
     def doc(self) -> str:
         """The rule's documentation, as `--explain` and the editor show it (Markdown)."""
