@@ -80,7 +80,7 @@ from llmmem.budget.logits import (
     logits_hole,
     logits_moments,
 )
-from llmmem.budget.setup import LossImpl, Method, QuantType, TrainingSetup
+from llmmem.budget.setup import LossImpl, Method, QuantType, SetupError, TrainingSetup
 from llmmem.budget.stacks.hf import LossMoments, Stack, WeightCopies
 from llmmem.budget.weights import Inventory, ParameterGroup, bitsandbytes_bytes
 from llmmem.models.spec import BlockGroup, LinearModule, ModelSpec
@@ -251,6 +251,15 @@ def untied(spec: ModelSpec) -> ModelSpec:
 
 class LitgptStack(Stack):
     name = "litgpt"
+
+    def check(self, setup: TrainingSetup) -> None:
+        script = setup.framework_script or ""
+        if script.startswith("finetune_adapter"):
+            raise SetupError(
+                f"litgpt {script.replace('_', ' ')} trains LLaMA-Adapter's "
+                "prompts and gates (litgpt/adapter.py), which llmmem does not size; it is not "
+                "full fine-tuning (finetune lora and finetune full are sized)"
+            )
 
     def prepare(self, setup: TrainingSetup) -> TrainingSetup:
         weight = setup.precision.weight_bytes
