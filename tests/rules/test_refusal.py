@@ -71,3 +71,30 @@ def test_a_refusal_another_rule_explains_is_said_once(tmp_path: Path) -> None:
     done = lint(path)
     codes = [line.split()[1] for line in done.stdout.splitlines()]
     assert "LLM013" in codes and "LLM018" not in codes
+
+
+KBIT_SCRIPT = """\
+from transformers import AutoModelForCausalLM, BitsAndBytesConfig, Trainer, TrainingArguments
+
+model = AutoModelForCausalLM.from_pretrained(
+    "meta-llama/Llama-3.2-1B", quantization_config=BitsAndBytesConfig(load_in_4bit=True)
+)
+"""
+
+
+def test_a_trainer_over_a_4bit_model_without_adapters_is_said_but_a_loader_is_not(
+    tmp_path: Path,
+) -> None:
+    """Full fine-tuning of a 4-bit model is not possible: said where a Trainer trains it; a
+    file that only loads the model (no trainer) trains nothing and gets no finding."""
+    loader = tmp_path / "load_model.py"
+    loader.write_text(KBIT_SCRIPT)
+    assert "LLM018" not in lint(loader).stdout
+    trainer = tmp_path / "train.py"
+    trainer.write_text(
+        KBIT_SCRIPT
+        + 'args = TrainingArguments(output_dir="out", per_device_train_batch_size=2)\n'
+        + "Trainer(model=model, args=args).train()\n"
+    )
+    done = lint(trainer)
+    assert "LLM018" in done.stdout and "no LoRA adapter" in done.stdout, done.stdout

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 from llmmem.rules.finding import Finding, Severity
 from llmmem.rules.fit import anchor
+from llmmem.rules.practices import has_training_signal
 from llmmem.rules.registry import Rule, register
 from llmmem.scenario import Analysis
 
 
 def check_setup_not_sized(analysis: Analysis, text: str) -> list[Finding]:
     if analysis.refusal is None or analysis.budget is not None:
+        return []
+    plan = analysis.plan
+    if plan.kind in ("python", "notebook") and plan.trainer_range is None:
+        return []  # code that loads a model but trains nothing llmmem sees (a loader, a demo)
+    if not has_training_signal(plan):
         return []
     return [
         Finding(
