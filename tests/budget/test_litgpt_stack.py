@@ -167,15 +167,15 @@ def test_finetune_full_keeps_the_whole_logits_beside_the_losss_copy(
 
 @pytest.mark.parametrize(
     ("script", "whole"),
-    [("finetune_full", True), ("pretrain", False), ("finetune_adapter", False)],
+    [("finetune_full", True), ("pretrain", False)],
 )
 def test_the_litgpt_script_decides_how_the_head_runs(
     tmp_path: object, script: str, whole: bool
 ) -> None:
     """`litgpt finetune full` keeps the whole logits beside the loss's copy; `pretrain`
-    (pretrain.py:294-295: no slice, the reshape a view) and `finetune adapter` (its chunked
-    head, finetune/adapter.py:256) are sized with the chunked rule. The script comes from the
-    command line."""
+    (pretrain.py:294-295: no slice, the reshape a view) is sized with the chunked rule.
+    The script comes from the command line (`finetune adapter` is refused:
+    tests/rules/test_refusal.py)."""
     import json
     import os
     import subprocess
