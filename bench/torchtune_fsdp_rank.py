@@ -110,6 +110,9 @@ def run_rank(out: Path, payload: dict[str, Any]) -> None:
     dtype = training.get_dtype(cfg.dtype, device=torch.device("cpu"))
     torch.manual_seed(0)
     model, recipe = setup_model(cfg, dtype, world)
+    if payload.get("root_kept"):
+        # torch before 2.8: the root kept whole after forward whatever the recipe passed
+        model.set_reshard_after_forward(False, recurse=False)
     gc.collect()
     prefetch_as_a_gpu(model)
     loss_fn = config.instantiate(cfg.loss)

@@ -61,6 +61,8 @@ as it sized these YAMLs before torchtune's stack (the HF stack; a LoRA builder w
     full ckpt fsdp2 x2         433.55  432.29  -0.3%    497.59  491.33  -1.3% -0.1%
     full fsdp2 x2 own units    481.55  480.41  -0.2%    523.68  535.41  +2.2% -0.1%
     lora fsdp2 x2 own units    294.60  300.26  +1.9%    262.60  264.33  +0.7% -0.3%
+    lora fsdp2 x2 root kept    305.90  300.33  -1.8%    305.26  307.34  +0.7% -0.3%
+    full fsdp2 x2 root kept    485.68  485.40  -0.1%    567.68  567.41  -0.0% -0.1%
 
 The `fsdp2 x2` cases run the distributed recipes on 2 CPU ranks over gloo
 (bench/torchtune_fsdp_rank.py: the recipe's own `_setup_model`, FSDP2 on every layer and the
@@ -72,7 +74,9 @@ which torch >= 2.8 honours, so the loss runs without the root and the last all-g
 and backward gathers the root again (its buffer and the copied-out parameters both alive).
 The `own units` cases add 8B_full.yaml's `custom_sharded_layers: ['tok_embeddings', 'output']`:
 the head gathered again for its own backward only, the embeddings at the very end (sized with
-the root unit, the full case read +8.3% in backward).
+the root unit, the full case read +8.3% in backward). The `root kept` cases emulate torch before
+2.8 (the root kept whole after forward) and are sized for torch 2.7: the last block's buffer is
+freed at the loss there too (+6.7% and +5.3% in forward while it was counted).
 
 What each gap was, or is (`--detail` prints the storages alive at each peak and where it was
 reached, with the autograd node):
@@ -162,7 +166,13 @@ CASES: dict[str, tuple[str, bool, bool, bool, str, int]] = {
     "full ckpt fsdp2 x2": ("full", True, False, False, "chunked", 2),
     "full fsdp2 x2 own units": ("full", False, False, False, "chunked", 2),
     "lora fsdp2 x2 own units": ("lora", False, False, False, "chunked", 2),
+    "lora fsdp2 x2 root kept": ("lora", False, False, False, "chunked", 2),
+    "full fsdp2 x2 root kept": ("full", False, False, False, "chunked", 2),
 }
+# the `root kept` cases: torch before 2.8 kept FSDP2's root whole after forward whatever
+# reshard_after_forward said (pytorch#154704); emulated on torch 2.13 by setting the root's
+# reshard_after_forward to False after the recipe's setup, and sized by llmmem for torch 2.7
+ROOT_KEPT_TORCH = "2.7.1"
 
 
 # -- the torchtune YAML of a case ---------------------------------------------------------------
@@ -510,8 +520,10 @@ def environment() -> Path:
     return python
 
 
-def measure(python: Path, yaml_text: str, detail: bool, ranks: int = 1) -> dict[str, Any]:
-    payload = {"yaml": yaml_text, "detail": detail}
+def measure(
+    python: Path, yaml_text: str, detail: bool, ranks: int = 1, root_kept: bool = False
+) -> dict[str, Any]:
+    payload = {"yaml": yaml_text, "detail": detail, "root_kept": root_kept}
     env = {**os.environ, "PYTHONPATH": str(REPO / "analyzer"), "TOKENIZERS_PARALLELISM": "false"}
     if ranks > 1:
         return measure_ranks(python, payload, env, ranks)
@@ -576,9 +588,15 @@ def measure_ranks(
     return result
 
 
-def budget(python: Path, yaml_path: Path) -> dict[str, Any]:
-    """llmmem's phases for the YAML, as `llmmem explain FILE --format json` gives them."""
+def budget(python: Path, yaml_path: Path, torch_release: str | None = None) -> dict[str, Any]:
+    """llmmem's phases for the YAML, as `llmmem explain FILE --format json` gives them: the
+    releases read from the environment, or with `torch_release` from a requirements file
+    beside the YAML that pins it (and the environment's torchtune and torchao)."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "analyzer"), "LLMMEM_RUN_ENV": str(python)}
+    if torch_release is not None:
+        del env["LLMMEM_RUN_ENV"]
+        pins = [f"torch=={torch_release}", *RELEASES[1:]]
+        (yaml_path.parent / "requirements.txt").write_text("\n".join(pins) + "\n")
     done = subprocess.run(
         [sys.executable, "-m", "llmmem", "explain", str(yaml_path), "--format", "json"],
         capture_output=True,
@@ -627,8 +645,10 @@ def main(argv: list[str] | None = None) -> int:
             text = case_yaml(name, args.size, batch, seq, str(config_path))
             yaml_path = Path(folder) / (name.replace(" ", "_") + ".yaml")
             yaml_path.write_text(text)
-            got = measure(python, text, args.detail, CASES[name][5])
-            want = budget(python, yaml_path)
+            kept = name.endswith("root kept")
+            got = measure(python, text, args.detail, CASES[name][5], root_kept=kept)
+            want = budget(python, yaml_path, ROOT_KEPT_TORCH if kept else None)
+            (Path(folder) / "requirements.txt").unlink(missing_ok=True)
             versions = got.get("versions", versions)
             rows.append((name, got, want))
     print(

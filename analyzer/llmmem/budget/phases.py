@@ -295,7 +295,8 @@ def estimate_budget(
     # (torch 2.13 _fsdp_state.py:333-342, in older releases too; measured on 2.13 only, so
     # a root kept whole keeps the shared rule)
     root_away = root if root and stack.fsdp_root_resharded(run) else 0
-    gone_after_forward = gathered if root_away else 0
+    last_gather = gathered - root if root and stack.fsdp_loss_without_last_gather else 0
+    gone_after_forward = root_away + last_gather
     # the embeddings and the head as FSDP units of their own (torchtune's
     # custom_sharded_layers), resharded after their own forward and backward: the head is
     # gathered again for its backward only, the embeddings at the very end; the blocks'
@@ -366,10 +367,15 @@ def estimate_budget(
         Component.OPTIMIZER_STATES: states,
     }
     after_forward_temp = forward_temp
-    if root_away:
+    if gone_after_forward:
         after_forward_temp = Term(
             bytes=forward_temp.bytes - gone_after_forward,
-            formula=forward_temp.formula + " − all of it (resharded and freed as forward returns)",
+            formula=forward_temp.formula
+            + (
+                " − all of it (resharded and freed as forward returns)"
+                if root_away
+                else " − the last block's (freed as forward returns)"
+            ),
         )
     forward = phase(
         Phase.FORWARD,
@@ -557,7 +563,13 @@ def estimate_budget(
                 Component.TEMPORARIES: Term(
                     bytes=temp_fwd.bytes - gone_after_forward,
                     formula=temp_fwd.formula
-                    + (" − all of it (resharded and freed after forward)" if root_away else ""),
+                    + (
+                        " − all of it (resharded and freed after forward)"
+                        if root_away
+                        else " − the last block's (freed after forward)"
+                        if gone_after_forward
+                        else ""
+                    ),
                 ),
             },
         ),

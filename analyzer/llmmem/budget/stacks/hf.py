@@ -58,6 +58,9 @@ class Stack:
     # whether the framework's activation offloading moves every saved tensor it may, so the
     # offloaded step is the estimate (not a floor the band reaches down to)
     offload_is_exact = False
+    # FSDP: nothing gathered is left at the loss but the root (the forward's root frees the
+    # last all-gather's buffer as it returns); measured on the stacks that set it
+    fsdp_loss_without_last_gather = False
 
     def check(self, setup: TrainingSetup) -> None:
         """Raise SetupError for a setup the framework refuses to run."""
