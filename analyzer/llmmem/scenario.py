@@ -32,7 +32,6 @@ from llmmem.budget.setup import (
     TrainingSetup,
     VisionSetup,
 )
-from llmmem.extract.frameworks.torchtune import own_units_note, torchtune_own_units
 from llmmem.models.spec import ModelSpec
 from llmmem.plan import Provenance, Sourced, TrainingPlan
 from llmmem.release_defaults import with_release_defaults
@@ -178,9 +177,7 @@ def setup_from_plan(plan: TrainingPlan, spec: ModelSpec) -> TrainingSetup:
         prefetch_bucket_size=_elements_or_auto(d.prefetch_bucket_size.value),
         param_persistence_threshold=_elements_or_auto(d.param_persistence_threshold.value),
         sub_group_size=int(d.sub_group_size.value),
-        fsdp_own_units=torchtune_own_units(_extra_value(plan, "custom_sharded_layers"))
-        if fsdp is not None
-        else (),
+        fsdp_own_units=_own_units(plan) if fsdp is not None else (),
     )
     distributed = with_context_parallel_of(plan, distributed)
     return TrainingSetup(
@@ -217,6 +214,26 @@ def setup_from_plan(plan: TrainingPlan, spec: ModelSpec) -> TrainingSetup:
         float8=_extra_text(plan, "fp8_backend") == "AO" and lora is None and quant is None,
         float8_te=_extra_text(plan, "fp8_backend") == "TE" and lora is None and quant is None,
     )
+
+
+def _own_units(plan: TrainingPlan) -> tuple[str, ...]:
+    """torchtune's `custom_sharded_layers` as the budget's own FSDP units (the reader's module
+    is imported only for a plan that has the key: start-up stays free of YAML)."""
+    layers = _extra_value(plan, "custom_sharded_layers")
+    if not layers:
+        return ()
+    from llmmem.extract.frameworks.torchtune import torchtune_own_units
+
+    return torchtune_own_units(layers)
+
+
+def _own_units_note(plan: TrainingPlan) -> str | None:
+    layers = _extra_value(plan, "custom_sharded_layers")
+    if not layers:
+        return None
+    from llmmem.extract.frameworks.torchtune import own_units_note
+
+    return own_units_note(layers)
 
 
 def _extra_value(plan: TrainingPlan, name: str) -> Any:
@@ -676,7 +693,7 @@ def analyze(
         analysis.budget = with_local_evidence(analysis.budget, Path(plan.path), plan.framework)
         if note:
             analysis.budget.notes.append(note)
-        units = own_units_note(_extra_value(plan, "custom_sharded_layers"))
+        units = _own_units_note(plan)
         if units:
             analysis.budget.notes.append(units)
     except (SetupError, ValueError) as err:
