@@ -127,12 +127,7 @@ def run_rank(out: Path, payload: dict[str, Any]) -> None:
     seen: dict[str, Any] = {}
 
     def note(phase: str) -> None:
-        seen[phase] = tracker.peak
-        if tracker.detail:
-            seen[phase + " where"] = tracker.where
-            seen[phase + " live"] = [
-                f"{size / 2**20:.2f} {what}" for size, what in tracker.live[:24]
-            ]
+        steps.note_peak(tracker, seen, phase)
 
     with tracker:
         for tensor in [*model.parameters(), *model.buffers()]:

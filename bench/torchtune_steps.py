@@ -317,6 +317,14 @@ def tracker_class() -> Any:
     return Tracker
 
 
+def note_peak(tracker: Any, seen: dict[str, Any], phase: str) -> None:
+    """A phase's peak into `seen`; with `detail`, where it was reached and what was alive."""
+    seen[phase] = tracker.peak
+    if tracker.detail:
+        seen[phase + " where"] = tracker.where
+        seen[phase + " live"] = [f"{size / 2**20:.2f} {what}" for size, what in tracker.live[:24]]
+
+
 def run_case(payload: dict[str, Any]) -> dict[str, Any]:
     """One case, inside the environment with torchtune: each phase's peak of the second step."""
     import traceback
@@ -370,12 +378,7 @@ def run_case(payload: dict[str, Any]) -> dict[str, Any]:
     seen: dict[str, Any] = {}
 
     def note(phase: str) -> None:
-        seen[phase] = tracker.peak
-        if tracker.detail:
-            seen[phase + " where"] = tracker.where
-            seen[phase + " live"] = [
-                f"{size / 2**20:.2f} {what}" for size, what in tracker.live[:24]
-            ]
+        note_peak(tracker, seen, phase)
 
     try:
         with tracker:
