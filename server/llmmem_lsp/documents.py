@@ -20,11 +20,11 @@ import itertools
 import logging
 import threading
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from llmmem_lsp.preload import PreloadingExecutor, preload
 from llmmem_lsp.settings import ServerSettings
 
 if TYPE_CHECKING:  # imported by the first analysis, not at start
@@ -142,7 +142,7 @@ class Analyzer:
         self._analysis_slot: asyncio.Lock | None = None  # one analysis at a time
         self._running: set[threading.Event] = set()  # stop signals of analyses in flight
         self.closed = False  # after `shutdown`: nothing more is published
-        self._hub_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="llmmem-hub")
+        self._hub_pool = PreloadingExecutor(max_workers=2, thread_name_prefix="llmmem-hub")
         self._hub_tried: set[str] = set()
         # lookups in flight, by model id (held so that they are not collected mid-flight)
         self._hub_pending: dict[str, asyncio.Future[None]] = {}
@@ -321,6 +321,7 @@ class Analyzer:
             finally:
                 self._running.discard(stop)
 
+        preload()  # every first import on this thread, none racing in the workers
         self._running.add(stop)
         threading.Thread(target=work, name="llmmem-analysis", daemon=True).start()
         try:

@@ -10,7 +10,6 @@ instance of it, each answered by a module of its own (`hovers`, `lenses`, `code_
 from __future__ import annotations
 
 import asyncio
-import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from llmmem_lsp.language_server import (
     log,
 )
 from llmmem_lsp.links import document_links
+from llmmem_lsp.preload import PreloadingExecutor, preload
 from llmmem_lsp.protocol import LlmmemProtocol
 from llmmem_lsp.settings import ServerSettings, read_settings
 
@@ -73,22 +73,15 @@ def initialize(ls: LlmmemServer, params: types.InitializeParams) -> None:
     ls.apply_settings(params.initialization_options, check_gpu=False)
     if params.process_id is not None:
         ls.watch_parent(params.process_id)
-
-
-def _preload() -> None:
-    """Load the analyzer while the editor opens its documents: `initialize` was answered
-    without it, and the first analysis need not wait for the imports."""
-    try:
-        import llmmem.check  # noqa: F401
-        import llmmem.report.markdown  # noqa: F401
-        import llmmem_lsp.placement  # noqa: F401
-    except Exception:  # the analysis that needs it will say what is wrong
-        log.debug("preloading the analyzer failed", exc_info=True)
+    # the jobs handlers hand to the loop's executor import nothing for the first time
+    # beside another thread (see `preload`)
+    asyncio.get_running_loop().set_default_executor(
+        PreloadingExecutor(thread_name_prefix="llmmem-worker")
+    )
 
 
 @server.feature(types.INITIALIZED)
 async def initialized(ls: LlmmemServer, params: types.InitializedParams) -> None:
-    threading.Thread(target=_preload, name="llmmem-preload", daemon=True).start()
     ls.show_settings_problems(ls.gpu_setting_problems())
     caps = ls.client_capabilities
     workspace = caps.workspace
@@ -109,6 +102,9 @@ async def initialized(ls: LlmmemServer, params: types.InitializedParams) -> None
             )
         except Exception as err:
             log.info("client refused the file watcher: %s", err)
+    # the analyzer imported on this thread before a worker thread imports any of it (see
+    # `preload`; an analysis that starts earlier, while the settings are pulled, does it first)
+    preload()
     if ls.analyzer.settings.detect_gpu and not ls.analyzer.settings.gpu:
         asyncio.get_running_loop().create_task(_detect_gpu(ls))
 
@@ -134,6 +130,7 @@ async def _pull_configuration(ls: LlmmemServer) -> None:
         return
     if not answer:
         return
+    before = (ls.analyzer.settings, dict(ls.analyzer.folder_settings))
     ls.apply_settings(answer[0])
     per_folder: dict[str, ServerSettings] = {}
     for (_, folder_path), raw in zip(folders, answer[1:], strict=False):
@@ -146,6 +143,9 @@ async def _pull_configuration(ls: LlmmemServer) -> None:
         except (OSError, RuntimeError):
             continue
     ls.analyzer.folder_settings = per_folder
+    if (ls.analyzer.settings, per_folder) != before:
+        # a document opened while the settings were on their way was analysed without them
+        ls.analyzer.reanalyse_all()
 
 
 async def _detect_gpu(ls: LlmmemServer) -> None:

@@ -41,6 +41,42 @@ def test_the_server_module_loads_no_analyzer_before_the_first_analysis() -> None
     assert not [name for name in loaded if name.startswith(HEAVY)]
 
 
+PRELOAD_THEN_ANALYSE = """
+import sys
+from pathlib import Path
+from llmmem_lsp.preload import preload
+preload()
+before = set(sys.modules)
+from llmmem.check import check_text
+names = sorted(Path("examples").iterdir()) + sorted(Path("tests/fixtures").rglob("*.py"))[:60]
+for path in names:
+    if path.is_file():
+        check_text(path, path.read_text(), hub=False)
+print("torch" in sys.modules)
+print(" ".join(sorted(m for m in set(sys.modules) - before if m.startswith("llmmem"))))
+"""
+
+
+def test_initialized_leaves_no_first_import_of_the_analyzer_to_a_worker_thread() -> None:
+    """Two threads importing a package and its submodule for the first time can deadlock in
+    Python's import system (a completion request once failed so, racing an analysis thread).
+    The server imports the analyzer on its own thread at `initialized` and before the first
+    analysis; after that, analysing the examples and fixtures imports none of its modules
+    for the first time, and the start has not loaded torch."""
+    done = subprocess.run(
+        [sys.executable, "-c", PRELOAD_THEN_ANALYSE],
+        capture_output=True,
+        text=True,
+        env=SERVER_ENV,
+        cwd=ROOT,
+        check=True,
+        timeout=300,
+    )
+    torch_loaded, first_imports = (done.stdout.splitlines() + ["", ""])[:2]
+    assert torch_loaded == "False"
+    assert first_imports == ""
+
+
 def vscode_initialization_options() -> dict[str, object]:
     """What the VS Code extension sends at start with nothing set: each server setting its
     manifest declares, at its default (an empty GPU name sent as null, as config.ts does)."""
