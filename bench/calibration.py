@@ -268,6 +268,19 @@ def _wide_framework(row: dict[str, Any]) -> Framework:
     return Framework.PLAIN if "custom" in framework else Framework.HF
 
 
+def unmodelled_kernels(row: dict[str, Any]) -> list[str]:
+    """What a row states that the budget has no term for: an `attn` kernel outside AttnImpl
+    (unsloth trains gpt-oss with flex attention), and `tiled_mlp` (unsloth's
+    `unsloth_tiled_mlp`: each MLP run over the sequence in tiles, unsloth_zoo/tiled_mlp.py)."""
+    found = []
+    attn = row.get("attn")
+    if attn is not None and attn not in {kernel.value for kernel in AttnImpl}:
+        found.append(f"attention {attn} (sized: {', '.join(k.value for k in AttnImpl)})")
+    if row.get("tiled_mlp"):
+        found.append("unsloth's tiled MLP (unsloth_tiled_mlp)")
+    return found
+
+
 def wide_case_from_row(row: dict[str, Any]) -> CalibrationCase:
     """A measured-wide.jsonl row as a scenario; RowSkipped where it cannot be expressed."""
     if not row.get("metric"):
@@ -284,6 +297,10 @@ def wide_case_from_row(row: dict[str, Any]) -> CalibrationCase:
     target_names = [t.strip() for t in targets.split(",")] if targets else None
     if target_names and "lm_head" in target_names:
         raise RowSkipped("LoRA on the output head (lm_head) is not modelled")
+    unmodelled = unmodelled_kernels(row)
+    if unmodelled:
+        verb = "are" if len(unmodelled) > 1 else "is"
+        raise RowSkipped(f"{' and '.join(unmodelled)} {verb} not modelled")
     # LitGPT's own model code and training loop (held-out rows; no row of measured-wide.jsonl)
     is_litgpt = str(row.get("framework", "")).lower() == "litgpt"
     if is_litgpt and spec.activation in ("gelu_new", "gelu_fast"):

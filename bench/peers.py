@@ -19,7 +19,8 @@ The rows:
   fixed them (with_stated_stack).
 
 No row of either set is in a peer's own calibration (fitcheck-llm and torch-preflight were
-fitted to runs of their own on a Tesla T4; no row here is a T4 run).
+fitted to runs of their own on a Tesla T4; the one T4 row here, unsloth's 2024 TinyLlama
+notebook, is none of them).
 
 Each peer (bench/peer_estimators.py) answers a row with its figure for the row's metric —
 T: tensors only (allocated rows), R: total less the CUDA context (reserved rows), D: device

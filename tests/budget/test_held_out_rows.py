@@ -20,9 +20,11 @@ from calibration import (  # noqa: E402
     load_rows,
     wide_case_from_row,
 )
+from peers import with_stated_stack  # noqa: E402
 
 from llmmem.budget.bands import BANDS_FILE  # noqa: E402
-from llmmem.budget.setup import Framework, LossImpl  # noqa: E402
+from llmmem.budget.phases import estimate_budget  # noqa: E402
+from llmmem.budget.setup import Framework, LossImpl, Precision  # noqa: E402
 
 HELD_OUT = {str(row["id"]): row for row in load_rows(HELD_OUT_FILE)}
 
@@ -64,3 +66,25 @@ def test_a_fused_qkv_carries_litgpts_query_and_value_adapters() -> None:
 def test_lora_on_the_output_head_is_named_as_not_modelled() -> None:
     with pytest.raises(RowSkipped, match="lm_head"):
         wide_case_from_row(HELD_OUT["litgpt-hub-phi-2-lora-mb4"])
+
+
+def test_unsloths_notebook_row_runs_unsloths_stack_as_the_notebook_set_it() -> None:
+    case = with_stated_stack(
+        wide_case_from_row(HELD_OUT["unsloth-nb-tinyllama-rope4096-qlora-r32"])
+    )
+    setup = case.setup
+    assert setup.framework is Framework.UNSLOTH
+    assert setup.precision is Precision.FP16 and not case.gpu.bf16  # fp16 autocast on a T4
+    assert (setup.batch, setup.seq, setup.grad_accum, setup.grad_ckpt) == (2, 4096, 4, False)
+    assert setup.optim == "adamw_8bit" and setup.torch_version == "2.1"
+    assert setup.quant is not None and setup.quant.double_quant
+    budget = estimate_budget(case.spec, setup, case.gpu)
+    assert budget.trainable_params == 25_231_360  # as the notebook prints it
+    assert any(
+        note.startswith("unsloth ") and "fused cross-entropy" in note for note in budget.notes
+    )
+
+
+def test_unsloths_gpt_oss_row_names_the_kernels_llmmem_does_not_size() -> None:
+    with pytest.raises(RowSkipped, match=r"attention flex_attention .* tiled MLP"):
+        wide_case_from_row(HELD_OUT["unsloth-nb-gpt-oss-20b-486k-tiled-mlp"])
