@@ -205,6 +205,7 @@ FITCHECK_OPTIMIZERS = {
     "adamw_torch": "adamw",
     "adamw_hf": "adamw",
     "adamw_bnb_8bit": "adam8bit",
+    "adamw_8bit": "adam8bit",  # the HF Trainer's alias of adamw_bnb_8bit
     # the same 8 B of fp32 states per trainable parameter; fitcheck has no paging
     "paged_adamw_32bit": "adamw",
 }
@@ -293,6 +294,7 @@ PREFLIGHT_OPTIMIZERS = {
     "adamw_torch": "adamw",
     "adamw_hf": "adamw",
     "adamw_bnb_8bit": "adamw-8bit",
+    "adamw_8bit": "adamw-8bit",  # the HF Trainer's alias of adamw_bnb_8bit
     "adafactor": "adafactor",
 }
 PREFLIGHT_DTYPES = {
