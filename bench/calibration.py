@@ -37,6 +37,7 @@ from llmmem.budget.trl_rules import sft_trainer_on_kbit
 from llmmem.gpus import find_gpu
 from llmmem.models.architectures import spec_from_config
 from llmmem.models.catalog import catalog_entry
+from llmmem.models.resolve import ModelResolutionError, resolve_model
 from llmmem.models.spec import ModelSource, ModelSpec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -281,17 +282,69 @@ def unmodelled_kernels(row: dict[str, Any]) -> list[str]:
     return found
 
 
-def wide_case_from_row(row: dict[str, Any]) -> CalibrationCase:
-    """A measured-wide.jsonl row as a scenario; RowSkipped where it cannot be expressed."""
-    if not row.get("metric"):
-        raise RowSkipped("no metric: a slope-only row")
+# DeepSpeed's bf16 options that keep the model's states in 16 bits (PR #7700, DeepSpeed 0.18.3):
+# the budget keeps DeepSpeed's fp32 master, fp32 gradient partition and fp32 optimizer states
+UNMODELLED_DEEPSPEED_BF16 = ("bf16_master_weights_and_grads", "bf16_optimizer_states")
+
+
+def unmodelled_deepspeed_settings(row: dict[str, Any]) -> list[str]:
+    """DeepSpeed settings a row states that the budget has no term for: `bf16` options that keep
+    the master weights, gradients and optimizer states in bf16, and its `torch_autocast`
+    section (autocast over DeepSpeed's bf16 model)."""
+    found = [name for name in UNMODELLED_DEEPSPEED_BF16 if row.get(name)]
+    if row.get("torch_autocast"):
+        found.append("DeepSpeed's torch_autocast")
+    return found
+
+
+def _wide_spec(row: dict[str, Any]) -> ModelSpec:
+    """The row's model: a config committed under bench/ (`model_config`: a model of the run's
+    own code, written as the transformers architecture closest to it, read as
+    `llmmem estimate --model <folder>` reads it), else the bundled catalog's."""
+    local = row.get("model_config")
+    if local:
+        try:
+            return resolve_model(str(HELD_OUT_FILE.parent / local), hub=False)
+        except ModelResolutionError as error:
+            raise RowSkipped(str(error)) from None
     entry = catalog_entry(row["model"])
     if entry is None:
         raise RowSkipped(f"unknown model {row['model']} (not in the bundled catalog)")
     try:
-        spec = spec_from_config(entry.config, model_id=entry.model_id, source=ModelSource.CATALOG)
+        return spec_from_config(entry.config, model_id=entry.model_id, source=ModelSource.CATALOG)
     except ValueError as error:
         raise RowSkipped(f"{row['model']}: {error}") from None
+
+
+def _zero_buckets(row: dict[str, Any]) -> dict[str, Any]:
+    """The ZeRO settings a DeepSpeed row's config states (DeepSpeed's own key names); the
+    others keep DistributedSetup's defaults, which are DeepSpeed's."""
+    stated: dict[str, Any] = {}
+    if "reduce_bucket_size" in row:
+        stated["reduce_bucket_size"] = int(row["reduce_bucket_size"])
+    if "stage3_param_persistence_threshold" in row:
+        stated["param_persistence_threshold"] = int(row["stage3_param_persistence_threshold"])
+    if "stage3_prefetch_bucket_size" in row:
+        stated["prefetch_bucket_size"] = int(row["stage3_prefetch_bucket_size"])
+    if "overlap_comm" in row:
+        stated["overlap_comm"] = bool(row["overlap_comm"])
+    return stated
+
+
+def wide_case_from_row(row: dict[str, Any]) -> CalibrationCase:
+    """A measured-wide.jsonl row as a scenario; RowSkipped where it cannot be expressed."""
+    if not row.get("metric"):
+        raise RowSkipped("no metric: a slope-only row")
+    unmodelled_settings = unmodelled_deepspeed_settings(row)
+    if unmodelled_settings:
+        *rest, last = unmodelled_settings
+        named = f"{', '.join(rest)} and {last}" if rest else last
+        verb = "are" if rest else "is"
+        raise RowSkipped(
+            f"{named} {verb} not modelled (the budget keeps DeepSpeed's fp32 master, gradient "
+            "partition and optimizer states)"
+        )
+    spec = _wide_spec(row)
     notes = str(row.get("notes", ""))
     targets = row.get("lora_targets")
     target_names = [t.strip() for t in targets.split(",")] if targets else None
@@ -366,6 +419,7 @@ def wide_case_from_row(row: dict[str, Any]) -> CalibrationCase:
             fsdp=FsdpShard.FULL_SHARD if sharded else FsdpShard.NO_SHARD if replica else None,
             offload_params=cpu_offload,
             offload_optimizer=cpu_offload,
+            **_zero_buckets(row),
         ),
         torch_version=stack["torch"],
         transformers_version=stack["transformers"],

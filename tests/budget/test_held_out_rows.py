@@ -24,7 +24,9 @@ from peers import with_stated_stack  # noqa: E402
 
 from llmmem.budget.bands import BANDS_FILE  # noqa: E402
 from llmmem.budget.phases import estimate_budget  # noqa: E402
-from llmmem.budget.setup import Framework, LossImpl, Precision  # noqa: E402
+from llmmem.budget.result import Component, Phase  # noqa: E402
+from llmmem.budget.setup import AttnImpl, Framework, LossImpl, Precision  # noqa: E402
+from llmmem.models.spec import ModelSource  # noqa: E402
 
 HELD_OUT = {str(row["id"]): row for row in load_rows(HELD_OUT_FILE)}
 
@@ -88,3 +90,44 @@ def test_unsloths_notebook_row_runs_unsloths_stack_as_the_notebook_set_it() -> N
 def test_unsloths_gpt_oss_row_names_the_kernels_llmmem_does_not_size() -> None:
     with pytest.raises(RowSkipped, match=r"attention flex_attention .* tiled MLP"):
         wide_case_from_row(HELD_OUT["unsloth-nb-gpt-oss-20b-486k-tiled-mlp"])
+
+
+DEEPSPEED_BASELINE = "deepspeed-bf16-master-baseline-6.9b-zero3-4gpu"
+
+
+def test_a_models_own_code_is_sized_from_the_config_committed_beside_the_rows() -> None:
+    case = with_stated_stack(wide_case_from_row(HELD_OUT[DEEPSPEED_BASELINE]))
+    assert case.spec.source is ModelSource.LOCAL
+    assert case.spec.architecture == "GPT2LMHeadModel"
+    # train.py's SimpleTransformerModel at hidden 4096, 32 blocks, 512 positions and the GPT-2
+    # tokenizer's vocabulary; the config has GPT-2's final LayerNorm and no output bias
+    vocab, positions, h, blocks = 50_257, 512, 4096, 32
+    block = (3 * h * h + 3 * h) + (h * h + h) + 2 * 2 * h + (4 * h * h + 4 * h) + (4 * h * h + h)
+    train_py = vocab * h + positions * h + blocks * block + (h * vocab + vocab)
+    assert case.spec.total_params == train_py - vocab + 2 * h
+    setup = case.setup
+    assert setup.framework is Framework.PLAIN  # its own loop over the DeepSpeed engine
+    assert setup.attn is AttnImpl.EAGER and setup.grad_ckpt
+    d = setup.distributed
+    assert (d.world_size, d.zero_stage) == (4, 3)
+    # configs/baseline.json's buckets, not DeepSpeed's defaults
+    assert d.reduce_bucket_size == 50_000_000 and d.param_persistence_threshold == 0
+    budget = estimate_budget(case.spec, setup, case.gpu)
+    assert budget.peak_phase is Phase.OPTIMIZER_STEP
+    assert "kept whole on every rank" not in budget.peak.components[Component.WEIGHTS].formula
+
+
+def test_deepspeeds_bf16_model_states_are_named_as_not_modelled() -> None:
+    with pytest.raises(
+        RowSkipped,
+        match="bf16_master_weights_and_grads, bf16_optimizer_states and DeepSpeed's "
+        "torch_autocast are not modelled",
+    ):
+        wide_case_from_row(HELD_OUT["deepspeed-bf16-master-bf16-states-6.9b-zero3-4gpu"])
+
+
+def test_a_model_config_that_is_not_there_is_said_in_one_line() -> None:
+    row = {**HELD_OUT[DEEPSPEED_BASELINE], "model_config": "models/no-such-model/config.json"}
+    with pytest.raises(RowSkipped) as raised:
+        wide_case_from_row(row)
+    assert "no-such-model" in str(raised.value) and "\n" not in str(raised.value)
