@@ -1,6 +1,8 @@
-"""`llmmem estimate`: flags → ModelSpec + TrainingSetup + GPU → Budget → table or JSON.
+"""`llmmem estimate`: flags → a TrainingPlan (llmmem.flag_plan) → the road a file's plan
+takes (llmmem.sizing) → Budget → table or JSON.
 
-Every setting that was not given is defaulted here and labelled `default` in the output.
+Every setting that was not given takes the HF Trainer's default (or, with `--framework`, that
+framework's) and is labelled `default` in the output.
 """
 
 from __future__ import annotations
@@ -12,29 +14,17 @@ from dataclasses import replace
 from typing import Any
 
 from llmmem.budget.limits import largest_batch, largest_seq
-from llmmem.budget.lora_targets import default_lora_targets, torchtune_lora_targets
-from llmmem.budget.optimizers import find_optimizer
 from llmmem.budget.phases import estimate_budget
 from llmmem.budget.result import Budget, GpuTarget
 from llmmem.budget.setup import (
-    TESTED_TRANSFORMERS,
-    AttnImpl,
-    DistributedSetup,
     Framework,
-    FsdpShard,
-    LoraSetup,
-    LossImpl,
-    Method,
-    Mode,
-    Precision,
-    QuantSetup,
-    QuantType,
     SetupError,
     TrainingSetup,
     release,
 )
 from llmmem.budget.stacks import stack_for
 from llmmem.errors import UsageError
+from llmmem.flag_plan import overlay_flags, plan_from_flags
 from llmmem.fp8_flags import add_fp8_flags, fp8_from_args
 from llmmem.model_flags import add_task_flags, hub_wanted, resolve_spec, with_task_flags
 from llmmem.models.spec import ModelSpec
@@ -49,41 +39,10 @@ from llmmem.objective_flags import (
     preference_from_args,
 )
 from llmmem.parallel_flags import add_parallel_flags, parallel_from_args, parallel_line
+from llmmem.sizing import PlanSetup, plan_setup
 from llmmem.units import format_bytes
 from llmmem.vision_flags import add_vision_flags, vision_from_args, vision_line
 
-# What HF Trainer / TRL do when a setting is not given.
-DEFAULTS: dict[str, Any] = {
-    "method": "full",
-    "batch": 8,  # TrainingArguments.per_device_train_batch_size
-    "seq": 1024,  # TRL SFTConfig.max_length
-    "grad_accum": 1,
-    "grad_ckpt": False,
-    "optim": "adamw_torch_fused",  # TrainingArguments.optim on torch >= 2.8
-    "lora_r": 8,  # peft LoraConfig.r
-    "lora_alpha": 8,
-    "lora_targets": None,  # peft picks per architecture: q and v projections for most
-    "attn": "sdpa",
-    "loss": "standard",
-    "world_size": 1,
-    "zero": 0,
-    "mode": "train",
-    "new_tokens": 256,
-}
-
-
-# --framework: the stack each value trains with (llmmem.budget.stacks)
-FRAMEWORK_STACKS: dict[str, Framework] = {
-    "hf": Framework.HF,
-    "trl": Framework.HF,
-    "axolotl": Framework.HF,
-    "llamafactory": Framework.HF,
-    "torchtune": Framework.TORCHTUNE,
-    "litgpt": Framework.LITGPT,
-    "plain": Framework.PLAIN,
-    "swift": Framework.SWIFT,
-    "unsloth": Framework.UNSLOTH,
-}
 # the values that run the HF Trainer (or TRL's trainers on it) around transformers' models
 HF_TRAINER_FRAMEWORKS = {"trl": "TRL", "axolotl": "axolotl", "llamafactory": "LLaMA-Factory"}
 
@@ -128,15 +87,6 @@ def found_versions(args: argparse.Namespace) -> dict[str, Any]:
         cached = find_versions(Path.cwd())
         args._found_versions = cached
     return dict(cached)
-
-
-def _bitsandbytes_release(args: argparse.Namespace) -> str | None:
-    """QuantSetup's bitsandbytes_version: the flag's, else the found release, else None."""
-    flagged = parse_versions(getattr(args, "versions", None)).get("bitsandbytes")
-    if flagged:
-        return flagged
-    found = found_versions(args).get("bitsandbytes")
-    return str(found.release) if found is not None else None
 
 
 def versions_dict(args: argparse.Namespace) -> dict[str, Any]:
@@ -195,15 +145,6 @@ def add_plan_flags(parser: argparse.ArgumentParser) -> None:
     add_fp8_flags(parser)
 
 
-def _pick(args: argparse.Namespace, name: str, provenance: dict[str, str]) -> Any:
-    value = getattr(args, name, None)
-    if value is None:
-        provenance[name] = "default"
-        return DEFAULTS.get(name)
-    provenance[name] = "flag"
-    return value
-
-
 def resolve_gpu(name: str | None) -> tuple[GpuTarget | None, str]:
     from llmmem.gpus import UnknownGpuError, detect_local_gpus, find_gpu
 
@@ -223,293 +164,86 @@ def resolve_gpu(name: str | None) -> tuple[GpuTarget | None, str]:
     return None, "none"
 
 
+def run_versions(args: argparse.Namespace) -> dict[str, Any]:
+    """The releases the run uses (llmmem.versions.FoundVersion by library): the --versions
+    flags over what was found for the current folder."""
+    from llmmem.versions import FoundVersion
+
+    versions = found_versions(args)
+    for library, given in parse_versions(getattr(args, "versions", None)).items():
+        versions[library] = FoundVersion(
+            library=library, version=given, source="flag (--versions)", kind="flag"
+        )
+    return versions
+
+
 def build_setup(
-    args: argparse.Namespace, spec: ModelSpec, gpu: GpuTarget | None, *, supervised: bool = True
+    args: argparse.Namespace,
+    spec: ModelSpec,
+    gpu: GpuTarget | None,
+    *,
+    supervised: bool = True,
+    preference: Any | None = None,
 ) -> tuple[TrainingSetup, dict[str, str]]:
-    """The setup the flags ask for; `supervised`: an SFT step (no preference objective), which
-    `--framework trl` with a known TRL release sizes as that release's SFTTrainer."""
-    prov: dict[str, str] = {}
-    method = Method(_pick(args, "method", prov))
-    if getattr(args, "quant", None) and args.method is None:
-        method = Method.QLORA if args.quant in ("nf4", "fp4") else Method.LORA
-        prov["method"] = "implied by --quant"
-    prequantized = spec.checkpoint_quantization
-    bnb_checkpoint = (
-        prequantized is not None
-        and prequantized.method == "bitsandbytes"
-        and not getattr(args, "quant", None)
-    )
-    if bnb_checkpoint:
-        if args.method == "full":
-            raise UsageError(
-                f"{spec.model_id} is a pre-quantized bitsandbytes checkpoint and cannot be fully "
-                "fine-tuned: use --method lora (LoRA over the quantized base) or the original model"
-            )
-        if args.method is None:
-            method = Method.QLORA
-            prov["method"] = "implied by the pre-quantized checkpoint"
-    framework_name = getattr(args, "framework", None) or "hf"
-    torchtune = framework_name == "torchtune"
-    if torchtune:
-        _refuse_for_torchtune(args)
-    precision_arg = getattr(args, "precision", None)
-    if torchtune and precision_arg in (None, "bf16", "bf16-true", "bf16-autocast"):
-        # torchtune keeps the whole model in its config's dtype: bf16 in its configs
-        precision = Precision.BF16_TRUE
-        prov["precision"] = (
-            "torchtune's dtype (bf16 in its configs): weights, adapters, gradients and states "
-            "in bf16, no autocast"
-            if precision_arg is None
-            else "flag, as torchtune's dtype: everything in bf16, no autocast"
-        )
-        if gpu is not None and not gpu.bf16:
-            raise UsageError(
-                f"{gpu.name} has no bf16 support: torchtune then trains in fp32 (--precision fp32)"
-            )
-    elif precision_arg is None:
-        precision = Precision.BF16 if (gpu is None or gpu.bf16) else Precision.FP16
-        prov["precision"] = (
-            "default (bf16 autocast"
-            + (
-                ""
-                if precision is Precision.BF16
-                else f"; fp16 as {gpu.name if gpu else ''} has no bf16"
-            )
-            + ")"
-        )
-    else:
-        precision = Precision(precision_arg)
-        prov["precision"] = "flag"
-        if gpu is not None and precision.uses_bf16 and not gpu.bf16:
-            raise UsageError(
-                f"{gpu.name} has no bf16 support: use --precision fp16 (or fp32), or a newer GPU"
-            )
-    lora = None
-    quant = None
-    if method in (Method.LORA, Method.QLORA):
-        targets_text = _pick(args, "lora_targets", prov)
-        targets = (
-            [t.strip() for t in targets_text.split(",") if t.strip()]
-            if targets_text
-            else torchtune_lora_targets(spec)
-            if torchtune
-            else default_lora_targets(spec)
-        )
-        if not targets_text:
-            prov["lora_targets"] = (
-                "torchtune's LoRA configs (q, v and output projections, the MLP)"
-                if torchtune
-                else "default (PEFT's choice for this architecture)"
-            )
-        to_save = getattr(args, "lora_modules_to_save", None)
-        dropout = getattr(args, "lora_dropout", None)
-        if dropout is not None and not 0 <= dropout < 1:
-            raise UsageError(f"--lora-dropout must be at least 0 and below 1, got {dropout:g}")
-        adapter_dtype = getattr(args, "adapter_dtype", None)
-        try:
-            lora = LoraSetup(
-                r=_pick(args, "lora_r", prov),
-                alpha=_pick(args, "lora_alpha", prov),
-                targets=targets,
-                dora=bool(getattr(args, "dora", False)),
-                modules_to_save=[m.strip() for m in to_save.split(",") if m.strip()]
-                if to_save
-                else [],
-                dropout=dropout or 0.0,
-                adapter_bytes=4 if adapter_dtype in (None, "fp32") else 2,
-            )
-        except SetupError as err:
-            raise UsageError(str(err)) from None
-        prov["lora_dropout"] = "flag" if dropout is not None else "default (0)"
-        prov["adapter_dtype"] = (
-            "torchtune: the model's dtype"
-            if torchtune
-            else "flag"
-            if adapter_dtype
-            else "default (fp32: autocast_adapter_dtype)"
-        )
-    elif any(
-        getattr(args, f, None) is not None
-        for f in (
-            "lora_r",
-            "lora_alpha",
-            "lora_targets",
-            "lora_modules_to_save",
-            "lora_dropout",
-            "adapter_dtype",
-        )
-    ):
-        raise UsageError("--lora-* and --adapter-dtype flags need --method lora or qlora")
-    if getattr(args, "quant", None) or method is Method.QLORA or bnb_checkpoint:
-        quant_type = QuantType(args.quant or "nf4")
-        double_quant = bool(args.double_quant)
-        if bnb_checkpoint and prequantized is not None:
-            quant_type = (
-                QuantType.INT8
-                if prequantized.bits == 8
-                else QuantType(prequantized.quant_type or "nf4")
-            )
-            double_quant = prequantized.double_quant
-            if method is Method.LORA and quant_type is not QuantType.INT8:
-                method = Method.QLORA
-        if method is Method.FULL:
-            raise UsageError(
-                "--quant needs --method lora or qlora: a quantized base cannot be fully fine-tuned"
-            )
-        if method is Method.QLORA and quant_type is QuantType.INT8:
-            method = Method.LORA  # LoRA over an 8-bit base
-        storage = getattr(args, "quant_storage", None)
-        try:
-            prepare = getattr(args, "kbit_prepare", None)
-            quant = QuantSetup(
-                quant_type=quant_type,
-                double_quant=double_quant,
-                quant_storage=storage or "uint8",
-                prepare_for_kbit_training=True if prepare is None else bool(prepare),
-                compute_dtype_bytes=4
-                if getattr(args, "quant_compute_dtype", None) == "fp32"
-                else 2,
-            )
-            bnb_release = _bitsandbytes_release(args)
-            if bnb_release:
-                quant = replace(quant, bitsandbytes_version=bnb_release)
-        except SetupError as err:
-            raise UsageError(str(err)) from None
-        prov["quant_storage"] = "flag" if storage else "default (uint8)"
-        prov["quant"] = (
-            "flag"
-            if args.quant
-            else "the checkpoint's own quantization"
-            if bnb_checkpoint
-            else "default (qlora: nf4)"
-        )
-    elif getattr(args, "kbit_prepare", None) is not None:
-        raise UsageError("--kbit-prepare needs --quant (or --method qlora)")
-    elif getattr(args, "double_quant", None):
-        raise UsageError("--double-quant needs --quant nf4 or fp4 (or --method qlora)")
-    elif getattr(args, "quant_storage", None):
-        raise UsageError("--quant-storage needs --quant nf4 or fp4 (or --method qlora)")
-    elif getattr(args, "quant_compute_dtype", None):
-        raise UsageError("--quant-compute-dtype needs --quant nf4 or fp4 (or --method qlora)")
-    versions = parse_versions(getattr(args, "versions", None))
-    found = found_versions(args)
+    """The setup the flags ask for, by the road a file's plan takes (llmmem.sizing);
+    `supervised`: an SFT step (no preference objective), which `--framework trl` with a known
+    TRL release sizes as that release's SFTTrainer."""
+    made, prov = plan_setup_of_flags(args, spec, gpu, supervised=supervised, preference=preference)
+    return made.setup, prov
+
+
+def plan_setup_of_flags(
+    args: argparse.Namespace,
+    spec: ModelSpec,
+    gpu: GpuTarget | None,
+    *,
+    supervised: bool = True,
+    preference: Any | None = None,
+) -> tuple[PlanSetup, dict[str, str]]:
+    """The flags as a plan (llmmem.flag_plan), sized by the plan's road (llmmem.sizing), and
+    the provenance of each line of estimate's table."""
+    versions = run_versions(args)
+    flags = plan_from_flags(args, spec, gpu, supervised=supervised and preference is None)
+    prov = flags.prov
+    flagged = parse_versions(getattr(args, "versions", None))
     for library, field_name in (
         ("transformers", "transformers_version"),
         ("torch", "torch_version"),
         ("bitsandbytes", "bitsandbytes_version"),
     ):
-        if library in versions:
+        if library in flagged:
             prov[field_name] = "flag"
-        elif library in found:
-            prov[field_name] = found[library].source
-            versions[library] = found[library].release
-    optim = _pick(args, "optim", prov)
-    try:
-        find_optimizer(optim)
-    except SetupError as err:
-        raise UsageError(str(err)) from None
-    zero = _pick(args, "zero", prov)
-    fsdp = getattr(args, "fsdp", None)
-    world = _pick(args, "world_size", prov)
-    offload = getattr(args, "offload", None)
-    shards_params = zero == 3 or fsdp is not None
-    if offload == "params" and not shards_params:
-        raise UsageError(
-            "--offload params needs ZeRO stage 3 (--zero 3) or FSDP (--fsdp): only sharded "
-            "parameters can live on the CPU"
-        )
-    try:
-        distributed = DistributedSetup(
-            world_size=world,
-            zero_stage=zero,
-            fsdp=FsdpShard(fsdp) if fsdp else None,
-            # FSDP's CPUOffload moves the parameters and steps them on the CPU: states too
-            offload_optimizer=offload in ("optimizer", "all")
-            or (offload == "params" and fsdp is not None),
-            offload_params=offload in ("params", "all") and shards_params,
-        )
-        setup = TrainingSetup(
-            mode=Mode(_pick(args, "mode", prov)),
-            method=method,
-            batch=_pick(args, "batch", prov),
-            seq=_pick(args, "seq", prov),
-            grad_accum=_pick(args, "grad_accum", prov),
-            grad_ckpt=_pick(args, "grad_ckpt", prov),
-            precision=precision,
-            optim=optim,
-            attn=AttnImpl(_pick(args, "attn", prov)),
-            loss=LossImpl(_pick(args, "loss", prov) if not torchtune else args.loss or "chunked"),
-            lora=lora,
-            quant=quant,
-            distributed=distributed,
-            new_tokens=_pick(args, "new_tokens", prov),
-            first_step=bool(getattr(args, "first_step", False)),
-            use_cache=bool(getattr(args, "use_cache", False)),
-            optimizer_in_backward=bool(getattr(args, "optimizer_in_backward", False)),
-            packing=getattr(args, "packed", None),
-            activation_offload=_activation_offload(args, framework_name, prov),
-            compile=bool(getattr(args, "compile", False)),
-            reentrant_checkpointing=getattr(args, "reentrant_ckpt", None),
-            transformers_version=versions.get("transformers", TESTED_TRANSFORMERS),
-            framework=FRAMEWORK_STACKS[framework_name],
-        )
-        if "torch" in versions:
-            setup = replace(setup, torch_version=versions["torch"])
-        trl_release = versions.get("trl") or (found["trl"].release if "trl" in found else None)
-        if trl_release is not None:
-            # the preference budgets count one TRL release's own moments for that release only
-            setup = replace(setup, trl_version=trl_release)
-            if framework_name == "trl" and supervised:
-                # that release's SFTTrainer: its loss and metrics (llmmem.budget.stacks.trl)
-                setup = replace(setup, framework=Framework.TRL)
-        setup = _with_release_defaults(args, spec, setup, prov)
-        setup = _sft_trainer_rules(args, setup, prov, supervised=supervised)
-        if setup.framework is Framework.LITGPT and getattr(args, "loss", None) is None:
-            # litgpt's finetune scripts compute chunked_cross_entropy (128 positions a chunk)
-            setup = replace(setup, loss=LossImpl.CHUNKED)
-            prov["loss"] = "litgpt's default (chunked cross-entropy)"
-        if torchtune and getattr(args, "loss", None) is None:
-            prov["loss"] = "torchtune's configs' CEWithChunkedOutputLoss (8 chunks)"
-        prov["framework"] = _framework_provenance(args, setup)
+        elif library in versions:
+            prov[field_name] = versions[library].source
+
+    def overlay(setup: TrainingSetup) -> TrainingSetup:
+        setup = overlay_flags(args, setup, prov)
+        if setup.vision is not None and setup.vision.assumed:
+            prov["images"] = setup.vision.assumed
         setup = vision_from_args(args, spec, setup, prov)
         setup = parallel_from_args(args, setup, prov)
-        setup = fp8_from_args(args, setup, gpu, prov)
-        stack = stack_for(setup.framework)
-        stack.check(setup)
-        setup = stack.prepare(setup)
+        return fp8_from_args(args, setup, gpu, prov)
+
+    try:
+        made = plan_setup(flags.plan, spec, versions, preference=preference, overlay=overlay)
     except SetupError as err:
         raise UsageError(str(err)) from None
-    return setup, prov
+    for name, note in made.restated.items():
+        if name in RESTATED_FLAGS:
+            prov[RESTATED_FLAGS[name]] = note
+    if made.checkpointing_note:
+        prov["grad_ckpt"] = made.checkpointing_note
+    if made.trl_note:
+        prov["quant"] = made.trl_note
+        prov["adapter_dtype"] = made.trl_note
+    if made.dtype_note:
+        prov["precision"] = made.dtype_note
+    prov["framework"] = _framework_provenance(args, made.setup)
+    return made, prov
 
 
 # the plan's names of the settings the releases may restate, as estimate's flags name them
 RESTATED_FLAGS = {"optim": "optim", "attn_implementation": "attn", "max_seq_length": "seq"}
-
-
-def _with_release_defaults(
-    args: argparse.Namespace, spec: ModelSpec, setup: TrainingSetup, prov: dict[str, str]
-) -> TrainingSetup:
-    """The flags not given take the defaults of the releases the run uses, as a file's
-    do (llmmem.release_defaults)."""
-    from llmmem.release_defaults import Unstated, release_defaults
-
-    flagged = parse_versions(getattr(args, "versions", None))
-    torch_found = found_versions(args).get("torch")
-    made = release_defaults(
-        spec,
-        setup,
-        Unstated(
-            optim=getattr(args, "optim", None) is None,
-            attn=getattr(args, "attn", None) is None,
-            seq=getattr(args, "seq", None) is None,
-        ),
-        torch_build=str(torch_found.version)
-        if torch_found is not None and "torch" not in flagged
-        else None,
-    )
-    for name, (_, note) in made.restated.items():
-        prov[RESTATED_FLAGS[name]] = note
-    return made.setup
 
 
 def _framework_provenance(args: argparse.Namespace, setup: TrainingSetup) -> str:
@@ -531,100 +265,24 @@ def _framework_provenance(args: argparse.Namespace, setup: TrainingSetup) -> str
         why = f"{HF_TRAINER_FRAMEWORKS[name]} runs the HF Trainer"
         if name == "trl":
             why += "; --versions trl=X adds its release's SFTTrainer rules"
-        return f"flag: the HF budget ({why})"
+            return f"flag: the HF budget ({why})"
+        return f"flag: the HF budget ({why}), with its defaults for the settings not given"
     if name == "torchtune":
         return "flag: torchtune's own stack (llmmem.budget.stacks.torchtune)"
     if name == "litgpt":
         return (
             "flag: LitGPT's own model code and stack (llmmem.budget.stacks.litgpt: a head of "
-            "its own, Lightning's 4-bit head, its chunked loss)"
+            "its own, Lightning's 4-bit head, its chunked loss), with its defaults for the "
+            "settings not given"
+        )
+    if name == "swift":
+        return (
+            "flag: ms-swift's own stack (llmmem.budget.stacks.swift), with its defaults for "
+            "the settings not given"
         )
     if name == "plain":
         return "flag: a loop of the script's own (the HF Trainer's FSDP wrapping not assumed)"
     return "flag"
-
-
-def _preference_trainer_on_kbit(
-    args: argparse.Namespace, setup: TrainingSetup, preference: Any, prov: dict[str, str]
-) -> TrainingSetup:
-    """TRL's preference trainer of the objective over a k-bit base (llmmem.budget.trl_rules, as
-    a script's trainer is read), unless --kbit-prepare or --adapter-dtype say otherwise."""
-    if (
-        preference.trainer != "trl"
-        or getattr(args, "framework", None) not in (None, "hf", "trl")
-        or getattr(args, "kbit_prepare", None) is not None
-        or getattr(args, "adapter_dtype", None) is not None
-    ):
-        return setup
-    from llmmem.budget.trl_rules import preference_trainer_on_kbit
-
-    setup, note = preference_trainer_on_kbit(setup, preference.objective.value)
-    if note:
-        prov["quant"] = note
-        prov["adapter_dtype"] = note
-    return setup
-
-
-def _activation_offload(args: argparse.Namespace, framework: str, prov: dict[str, str]) -> bool:
-    """--activation-offload as given; unsloth's checkpointing offloads by default
-    (get_peft_model's use_gradient_checkpointing="unsloth", llmmem.budget.stacks.unsloth), as
-    a script that leaves it unsaid is read."""
-    given = getattr(args, "activation_offload", None)
-    if given is not None:
-        prov["activation_offload"] = "flag"
-        return bool(given)
-    if framework == "unsloth" and getattr(args, "grad_ckpt", None):
-        prov["activation_offload"] = (
-            'unsloth\'s default: use_gradient_checkpointing="unsloth" keeps the checkpointed '
-            "layers' inputs on the host"
-        )
-        return True
-    return False
-
-
-def _refuse_for_torchtune(args: argparse.Namespace) -> None:
-    """Flags for what torchtune has no switch for: one line saying what it does instead."""
-    if getattr(args, "kbit_prepare", None):
-        raise UsageError(
-            "--kbit-prepare: torchtune does not prepare a k-bit model (its norms, embeddings "
-            "and head stay in the model's dtype)"
-        )
-    model_dtype = "fp32" if getattr(args, "precision", None) == "fp32" else "bf16"
-    if getattr(args, "adapter_dtype", None) not in (None, model_dtype):
-        raise UsageError(
-            "--adapter-dtype: torchtune keeps the LoRA weights in the model's dtype (its "
-            "`dtype`); set --precision instead"
-        )
-    if getattr(args, "quant_storage", None):
-        raise UsageError("--quant-storage: torchtune's NF4 weights are torchao tensors")
-
-
-def _sft_trainer_rules(
-    args: argparse.Namespace,
-    setup: TrainingSetup,
-    prov: dict[str, str],
-    *,
-    supervised: bool,
-) -> TrainingSetup:
-    """--framework trl of a supervised step: the rules of the run's TRL release's SFTTrainer
-    (llmmem.sft_trainer_rules, as a file's SFTTrainer has them), unless a flag says otherwise."""
-    trl = setup.trl_version  # the flag's release, else the one found beside the file
-    if getattr(args, "framework", None) != "trl" or not supervised or trl is None:
-        return setup
-    from llmmem.sft_trainer_rules import with_sft_trainer
-
-    made = with_sft_trainer(
-        setup,
-        trl,
-        kbit_stated=getattr(args, "kbit_prepare", None) is not None
-        or bool(getattr(args, "adapter_dtype", None)),
-    )
-    if made.checkpointing_note:
-        prov["grad_ckpt"] = made.checkpointing_note
-    if made.kbit_note:
-        prov["quant"] = made.kbit_note
-        prov["adapter_dtype"] = made.kbit_note
-    return made.setup
 
 
 def setup_lines(
@@ -730,16 +388,10 @@ def run_estimate(args: argparse.Namespace) -> int:
     grpo = getattr(preference, "grpo", None)
     if grpo is not None:
         args.seq = grpo.seq  # the policy's sequence: prompt + completion
-    setup, prov = build_setup(args, spec, gpu, supervised=preference is None)
-    if preference is not None:
-        from llmmem.preference_plan import autocast_as_mixed_precision
-
-        setup = _preference_trainer_on_kbit(args, setup, preference, prov)
-
-        try:
-            setup, preference = autocast_as_mixed_precision(setup, preference)
-        except SetupError as err:
-            raise UsageError(str(err)) from None
+    made, prov = plan_setup_of_flags(
+        args, spec, gpu, supervised=preference is None, preference=preference
+    )
+    setup, preference = made.setup, made.preference
     if grpo is not None:
         prov["seq"] = "max prompt + max completion"
         if args.max_batch and args.batch is None:
@@ -772,7 +424,7 @@ def run_estimate(args: argparse.Namespace) -> int:
         def sized(spec: ModelSpec, setup: TrainingSetup, gpu: GpuTarget | None) -> Budget:
             return estimate_preference_budget(spec, setup, preference, gpu)
 
-    if args.max_batch and gpu is not None and grpo is not None:
+    if args.max_batch and gpu is not None and grpo is not None and preference is not None:
         # the micro-batch moves in steps that keep the generation batch a multiple of
         # num_generations
         unit = grpo_batch_unit(grpo, setup)
@@ -794,7 +446,8 @@ def run_estimate(args: argparse.Namespace) -> int:
         from llmmem.report.json_report import budget_dict
 
         out = budget_dict(budget, spec)
-        values = setup.to_dict()
+        # what the stack makes of the setup: the one the budget sized
+        values = stack_for(setup.framework).prepare(setup).to_dict()
         if preference is not None:
             from llmmem.budget.preference import reference_for
 

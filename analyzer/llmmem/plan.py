@@ -28,6 +28,7 @@ class Provenance(str, Enum):
     PRAGMA = "pragma"  # a `# llmmem: key=value` comment or [tool.llmmem] in pyproject.toml
     CONFIG = "config"  # a referenced file (DeepSpeed JSON, accelerate YAML, ...)
     ASSUMED = "assumed"  # nothing said it: llmmem's own assumption, stated in `note`
+    FLAG = "flag"  # a flag of `llmmem estimate` (llmmem.flag_plan)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

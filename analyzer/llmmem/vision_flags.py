@@ -125,7 +125,7 @@ def vision_from_args(
         if len(given) > 1:
             raise UsageError(f"{flags}: --images 0 sizes no images, so the others say nothing")
         prov["images"] = "flag: no images (the vision tower counted as weights only)"
-        return setup
+        return replace(setup, vision=None)
     if images is None:
         images = 1
         prov["images"] = "1 (default, as the image flags were given)"

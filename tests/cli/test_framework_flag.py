@@ -192,7 +192,10 @@ def test_swift_changes_a_qlora_budget_and_keeps_a_lora_one(estimate: Any) -> Non
     assert swift["setup"]["values"]["quant"]["prepare_for_kbit_training"] is False
     assert swift["allocated_peak_bytes"] < hf["allocated_peak_bytes"] - 2**30
     assert any(note.startswith("ms-swift 4.6.0's stack") for note in swift["notes"])
-    lora = (*LLAMA_8B, "--method", "lora", "--precision", "bf16-autocast")
+    # the same settings (ms-swift's own defaults differ: checkpointing, LoRA on every linear)
+    lora = (*LLAMA_8B, "--method", "lora", "--precision", "bf16-autocast", "--batch", "8")
+    lora += ("--grad-accum", "1", "--no-grad-ckpt", "--lora-r", "8", "--lora-alpha", "8")
+    lora += ("--lora-dropout", "0.05", "--lora-targets", "q_proj,v_proj")
     assert (
         estimate(*lora, "--framework", "swift")["allocated_peak_bytes"]
         == estimate(*lora)["allocated_peak_bytes"]

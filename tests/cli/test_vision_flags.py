@@ -41,7 +41,7 @@ def test_images_lengthen_the_sequence_by_qwens_own_resize(
     # 2×2 patches a token: 1196 tokens an image, two images 2392
     report = estimate(capsys, *QWEN_VL, "--images", "2", "--image-size", "1280x720")
     assert "sequence: 1024 text tokens + 2392 image tokens = 3416" in report["notes"]
-    text_only = estimate(capsys, *QWEN_VL)
+    text_only = estimate(capsys, *QWEN_VL, "--images", "0")
     assert report["allocated_peak_bytes"] > 2 * text_only["allocated_peak_bytes"]
     assert any("no images given" in note for note in text_only["notes"])
     assert report["setup"]["values"]["vision"]["images"] == 2

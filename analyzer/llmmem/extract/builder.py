@@ -904,6 +904,12 @@ class PlanBuilder:
             found = self._resolve(key, report=False)
             if found is not None:
                 extra[key] = found
+        if self._resolve("quantization.bits", report=False) is None:
+            # a pre-quantized checkpoint loads in k-bit with no config in the file: whether
+            # the file prepares it (llmmem.scenario_setup.checkpoint_quantization_plan)
+            found = self._resolve("quantization.prepare_for_kbit_training", report=False)
+            if found is not None:
+                extra["prepare_for_kbit_training"] = found
         return extra
 
 
