@@ -10,9 +10,12 @@ first analysis starts leaves no first import to race: `preload` runs before an a
 starts and before a job goes to a `PreloadingExecutor` (the event loop's default executor and
 the hub lookups' pool), each on the event loop's thread.
 
-Left out: `llmmem.verify` (the in-process step runners: they import torch, and the server runs
-`llmmem verify` in a subprocess) and `llmmem.integrations` (the in-run API, for the training
-process), so a start stays free of torch.
+Left out: the modules of `llmmem.verify` (the in-process step runners: they import torch, and
+the server runs `llmmem verify` in a subprocess) and of `llmmem.integrations` (the in-run API,
+for the training process), so a start stays free of torch; walking the packages still imports
+their `__init__` modules, which import no torch. Third-party libraries the analysis imports late
+(huggingface_hub for a cached model, urllib in a hub lookup) are not preloaded: they are
+imported by one analysis or lookup thread at a time in the usual case, not guarded.
 """
 
 from __future__ import annotations
@@ -59,7 +62,12 @@ def preload() -> None:
     if _done:
         return
     _done = True
-    for name in preloaded_modules():
+    try:
+        names = preloaded_modules()  # walking the packages imports their __init__ modules
+    except Exception:
+        log.debug("preloading the analyzer failed", exc_info=True)
+        return
+    for name in names:
         try:
             importlib.import_module(name)
         except Exception:

@@ -130,7 +130,8 @@ async def _pull_configuration(ls: LlmmemServer) -> None:
         return
     if not answer:
         return
-    before = (ls.analyzer.settings, dict(ls.analyzer.folder_settings))
+    analyzer = ls.analyzer
+    before = {uri: analyzer.settings_for(doc.path) for uri, doc in analyzer.documents.items()}
     ls.apply_settings(answer[0])
     per_folder: dict[str, ServerSettings] = {}
     for (_, folder_path), raw in zip(folders, answer[1:], strict=False):
@@ -142,10 +143,12 @@ async def _pull_configuration(ls: LlmmemServer) -> None:
             per_folder[str(Path(folder_path).resolve())] = settings
         except (OSError, RuntimeError):
             continue
-    ls.analyzer.folder_settings = per_folder
-    if (ls.analyzer.settings, per_folder) != before:
-        # a document opened while the settings were on their way was analysed without them
-        ls.analyzer.reanalyse_all()
+    analyzer.folder_settings = per_folder
+    # a document opened while the settings were on their way was analysed without them
+    for uri, settings in before.items():
+        doc = analyzer.documents.get(uri)
+        if doc is not None and analyzer.settings_for(doc.path) != settings:
+            analyzer.schedule(doc, delay=0.0)
 
 
 async def _detect_gpu(ls: LlmmemServer) -> None:
