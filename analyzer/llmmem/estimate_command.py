@@ -225,7 +225,9 @@ def plan_setup_of_flags(
         return fp8_from_args(args, setup, gpu, prov)
 
     try:
-        made = plan_setup(flags.plan, spec, versions, preference=preference, overlay=overlay)
+        made = plan_setup(
+            flags.plan, spec, versions, preference=preference, overlay=overlay, gpu=gpu
+        )
     except SetupError as err:
         raise UsageError(str(err)) from None
     for name, note in made.restated.items():
@@ -442,12 +444,13 @@ def run_estimate(args: argparse.Namespace) -> int:
     if args.max_seq and gpu is not None:
         best, at_best = largest_seq(spec, setup, gpu, sized)
         limits["max_seq"] = _limit_dict(best, at_best)
+    # what the framework's stack makes of the setup: the one the budget sized
+    shown = stack_for(setup.framework).prepare(setup)
     if args.format == "json":
         from llmmem.report.json_report import budget_dict
 
         out = budget_dict(budget, spec)
-        # what the stack makes of the setup: the one the budget sized
-        values = stack_for(setup.framework).prepare(setup).to_dict()
+        values = shown.to_dict()
         if preference is not None:
             from llmmem.budget.preference import reference_for
 
@@ -480,7 +483,7 @@ def run_estimate(args: argparse.Namespace) -> int:
                 )
             else:
                 extra.append(f"{label} that fits: none — even 1 does not fit")
-    lines = setup_lines(setup, prov, gpu_prov, gpu, versions_dict(args))
+    lines = setup_lines(shown, prov, gpu_prov, gpu, versions_dict(args))
     if preference is not None:
         from llmmem.budget.preference import reference_for
 

@@ -117,7 +117,12 @@ def framework_defaults(framework: str | None) -> dict[str, tuple[Any, str]]:
     elif framework == "litgpt":
         from llmmem.extract.frameworks.litgpt import LITGPT_DEFAULTS, LITGPT_LORA_DEFAULTS
 
-        tables = (LITGPT_DEFAULTS, LITGPT_LORA_DEFAULTS)
+        # its checkpointing follows the strategy (its reader: on above one device), which a
+        # flag says: left to --grad-ckpt
+        tables = (
+            tuple(row for row in LITGPT_DEFAULTS if row[0] != "gradient_checkpointing"),
+            LITGPT_LORA_DEFAULTS,
+        )
     out: dict[str, tuple[Any, str]] = {}
     for table in tables:
         for key, value, note in table:
@@ -161,6 +166,8 @@ def plan_from_flags(
     if getattr(args, "quant", None) and args.method is None:
         method = Method.QLORA if args.quant in ("nf4", "fp4") else Method.LORA
         prov["method"] = "implied by --quant"
+    elif args.method == "lora" and getattr(args, "quant", None) in ("nf4", "fp4"):
+        prov["method"] = "flag: LoRA over a 4-bit base is QLoRA"
     prequantized = spec.checkpoint_quantization
     bnb_checkpoint = (
         prequantized is not None

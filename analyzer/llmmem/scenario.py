@@ -115,9 +115,17 @@ def analyze(
     try:
         from llmmem.preference_plan import preference_setup, unmodelled_objective_problem
 
-        preference = preference_setup(plan)
+        try:
+            preference = preference_setup(plan)
+        except (SetupError, ValueError):
+            # the setup without the objective still shows; the objective's error is the refusal
+            analysis.setup = plan_setup(plan, analysis.spec, analysis.versions, preference=None,
+                                        gpu=analysis.gpu).setup  # fmt: skip
+            raise
         unmodelled = unmodelled_objective_problem(plan)
-        made = plan_setup(plan, analysis.spec, analysis.versions, preference=preference)
+        made = plan_setup(
+            plan, analysis.spec, analysis.versions, preference=preference, gpu=analysis.gpu
+        )
         analysis.setup = made.setup
         if unmodelled:
             analysis.problems.append(unmodelled)

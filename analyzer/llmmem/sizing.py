@@ -49,10 +49,12 @@ def plan_setup(
     *,
     preference: PreferenceSetup | None,
     overlay: Callable[[TrainingSetup], TrainingSetup] | None = None,
+    gpu: GpuTarget | None = None,
 ) -> PlanSetup:
     """The setup `plan` trains `spec` with under the library releases `versions` (name ->
     FoundVersion), `preference` the objective's setup (None: supervised); `overlay` lays what
-    only a flag says over the plan's setup. Raises SetupError (or ValueError) for a plan that
+    only a flag says over the plan's setup; `gpu` the target, where a framework's rule depends on
+    it. Raises SetupError (or ValueError) for a plan that
     cannot run."""
     from llmmem.versions import apply_to_setup
 
@@ -68,14 +70,17 @@ def plan_setup(
     }
     _sft_trainer_rules(plan, versions, made)
     _trl_sft_stack(plan, versions, made)
-    made.dtype_note = _loaded_dtype(plan, spec, made) or _swift_checkpoint_dtype(plan, spec, made)
+    made.dtype_note = _loaded_dtype(plan, spec, made) or _swift_checkpoint_dtype(
+        plan, spec, made, gpu
+    )
     if overlay is not None:
         made.setup = overlay(made.setup)
     _float8(plan, spec, made)
     if made.preference is not None:
         from llmmem.preference_plan import autocast_as_mixed_precision
 
-        made.trl_note = made.trl_note or _preference_trainer_on_kbit(plan, made)
+        kbit_note = _preference_trainer_on_kbit(plan, made)
+        made.trl_note = made.trl_note or kbit_note
         made.setup, made.preference = autocast_as_mixed_precision(made.setup, made.preference)
     return made
 
@@ -163,17 +168,23 @@ def _loaded_dtype(plan: TrainingPlan, spec: ModelSpec, made: PlanSetup) -> str |
     return note
 
 
-def _swift_checkpoint_dtype(plan: TrainingPlan, spec: ModelSpec, made: PlanSetup) -> str | None:
+def _swift_checkpoint_dtype(
+    plan: TrainingPlan, spec: ModelSpec, made: PlanSetup, gpu: GpuTarget | None
+) -> str | None:
     """ms-swift without --torch_dtype loads the checkpoint's own dtype and turns on the mixed
     precision that goes with it (ModelArguments._init_mixed_precision, ms-swift 4.6.0): a bf16
     checkpoint trains as bf16 weights under bf16 autocast, an fp32 one under fp16 AMP. The
-    note, where this changed the setup."""
+    note, where this changed the setup. Not on a GPU without bf16 (the precision stays as the
+    plan has it: fp16 there), nor where the objective's mixed precision is said to be off."""
     if (
         plan.framework != "swift"
         or "torch_dtype" in plan.extra
         or plan.precision.source not in (Provenance.DEFAULT, Provenance.ASSUMED)
         or plan.quantization is not None
+        or (made.preference is not None and made.preference.mixed_precision is False)
     ):
+        return None
+    if spec.torch_dtype == "bfloat16" and gpu is not None and not gpu.bf16:
         return None
     if spec.torch_dtype == "bfloat16":
         precision, said = Precision.BF16_AUTOCAST, "bf16 weights under bf16 autocast"
@@ -215,9 +226,19 @@ def _preference_trainer_on_kbit(plan: TrainingPlan, made: PlanSetup) -> str | No
         or preference.trainer != "trl"
         or plan.framework not in ("trl", "hf")
         or _kbit_stated(plan)
+        or kept_flag(plan, "unsloth")  # unsloth's patched trainers: its stack's own rules
     ):
         return None
     from llmmem.budget.trl_rules import preference_trainer_on_kbit
 
     made.setup, note = preference_trainer_on_kbit(made.setup, preference.objective.value)
     return note
+
+
+def kept_flag(plan: TrainingPlan, name: str) -> bool:
+    """A framework switch a reader kept in `plan.extra` (unsloth's loader: `unsloth`)."""
+    value = plan.extra.get(name)
+    value = getattr(value, "value", value)
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes")
+    return bool(value)

@@ -171,3 +171,36 @@ def test_flags_that_cannot_run_together_are_still_refused_with_one_line(
         code = main(["estimate", "--offline", "--model", "Qwen/Qwen2.5-0.5B", *flags])
         err = capsys.readouterr().err
         assert code != 0 and err.count("\n") == 1 and said in err, (flags, err)
+
+
+def test_ms_swift_on_a_gpu_without_bf16_keeps_fp16(capsys: pytest.CaptureFixture[str]) -> None:
+    """ms-swift's rule would load a bf16 checkpoint as bf16: not on a T4, where the precision
+    stays the fp16 that GPU takes, as `--precision bf16` is refused there."""
+    flags = ["estimate", "--offline", "--format", "json", "--model", "Qwen/Qwen2.5-0.5B"]
+    report = _run(capsys, [*flags, "--framework", "swift", "--method", "lora", "--gpu", "T4"])
+    assert report["setup"]["values"]["precision"] == "fp16"
+    assert "no bf16" in report["setup"]["provenance"]["precision"]
+
+
+def test_the_table_shows_the_setup_the_framework_runs(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchtune prepares no k-bit model and keeps its adapters in bf16: the settings table says
+    what the budget sized, as the JSON does."""
+    monkeypatch.setenv("COLUMNS", "240")  # one line a setting
+    flags = ["--offline", "--model", "Qwen/Qwen2.5-0.5B", "--method", "qlora"]
+    assert main(["estimate", *flags, "--framework", "torchtune", "--gpu", "A100-80GB"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any("quantization" in line and "no kbit prepare" in line for line in lines)
+    assert any(line.strip().startswith("LoRA") and "in 16 bits" in line for line in lines)
+
+
+def test_unsloths_preference_trainer_keeps_its_own_adapters(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """unsloth patches TRL's trainers and keeps fp32 adapters over a 4-bit base: TRL's own
+    k-bit rule (bf16 adapters) is not laid over it."""
+    flags = ["--model", "Qwen/Qwen2.5-0.5B", "--objective", "dpo", "--method", "qlora"]
+    report = estimate(capsys, *flags, "--framework", "unsloth")
+    assert report["setup"]["values"]["lora"]["adapter_bytes"] == 4
+    assert "DPOTrainer" not in report["setup"]["provenance"].get("quant", "")
