@@ -193,6 +193,13 @@ class BlockRules:
 
     norm_output_fp32: bool = False
     repeats_kv_heads: bool = False
+    # unsloth's own autograd functions (unsloth 2026.10.9, kernels/fast_lora.py, llmmem.budget.
+    # stacks.unsloth): LoRA_QKV and LoRA_W keep their input alone, LoRA_MLP its input, the gate
+    # and the up projection's outputs (:448); none keeps a LoRA intermediate or a cast copy
+    fast_lora: bool = False
+    # unsloth's fast_rms_layernorm keeps its input as it comes and an fp32 rsqrt a row
+    # (kernels/rms_layernorm.py :981), no fp32 copy of the input
+    fast_norm: bool = False
 
 
 TRANSFORMERS_RULES = BlockRules()
@@ -276,11 +283,23 @@ class BlockContext:
         tally.add(private, width)
         return shared
 
+    def fast_lora(self, linears: list[LinearModule]) -> bool:
+        """Whether unsloth's own LoRA function runs these Linears: each has an adapter and no
+        bias (unsloth's get_peft_model patches a group only so, models/llama.py :5330-5420)."""
+        return (
+            self.rules.fast_lora
+            and bool(linears)
+            and all(self.train.adapter(lin) and not lin.bias for lin in linears)
+        )
+
     def norm(self, tally: Tally, width: str = "N·h", input_dtype: int | None = None) -> int:
         """A norm over the residual stream; returns the dtype of its output."""
         d = self.dt.residual if input_dtype is None else input_dtype
         trains = self.train.base_trains
         kind = self.spec.norm
+        if self.rules.fast_norm and kind != "layernorm":
+            tally.add(d, width)  # its input (the fp32 rsqrt a row is N × 4 B: left out)
+            return d
         if kind == "layernorm":
             tally.add(d, width)  # native_layer_norm saves its input (and per-row stats)
         elif kind == "gemma_rmsnorm":
@@ -467,9 +486,12 @@ def block_tally(ctx: BlockContext, group: BlockGroup) -> Tally:
     else:
         ctx.norm(tally)
         one_norm_parallel = spec.parallel_residual and not two_norm_parallel
-        ctx.consumers_save(
-            tally, dt.residual, "N·h", attn_in + (mlp_in if one_norm_parallel else [])
-        )
+        if not spec.parallel_residual and ctx.fast_lora(attn_in):
+            tally.add(dt.residual, "N·h")  # LoRA_QKV keeps the norm's output, nothing else
+        else:
+            ctx.consumers_save(
+                tally, dt.residual, "N·h", attn_in + (mlp_in if one_norm_parallel else [])
+            )
     fused_qkv = len(attn_in) == 1 or ctx.setup.framework is Framework.LITGPT
     attention_core(ctx, tally, fused_qkv=fused_qkv)
     if ctx.setup.framework is Framework.LITGPT and any(ctx.train.adapter(x) for x in attn_in):
@@ -483,7 +505,11 @@ def block_tally(ctx: BlockContext, group: BlockGroup) -> Tally:
         and not math_sdpa_fallback(spec)
         and spec.model_type not in CONCATENATED_ROTARY_TYPES
     )
-    ctx.consumers_save(tally, dt.compute, "N·q", attn_out, already_saved=sdpa_keeps_output)
+    if ctx.fast_lora(attn_out):
+        if not sdpa_keeps_output:
+            tally.add(dt.compute, "N·q")  # LoRA_W keeps its input, nothing else
+    else:
+        ctx.consumers_save(tally, dt.compute, "N·q", attn_out, already_saved=sdpa_keeps_output)
     if _dropout(spec, "hidden") > 0:
         tally.add(2, "N·h")  # two residual dropout masks (bool)
     if any(linear_position(lin) == "cross_in" for lin in group.linears):
@@ -493,6 +519,18 @@ def block_tally(ctx: BlockContext, group: BlockGroup) -> Tally:
         ctx.consumers_save(tally, dt.residual, "N·h", mlp_in)
         mlp_core(ctx, tally, group)
         ctx.norm(tally)
+        return tally
+    down = _linears(group, "mlp_out")
+    if (
+        not spec.parallel_residual
+        and not group.num_experts
+        and spec.mlp == "gated"
+        and spec.model_type not in SANDWICH_NORM_TYPES
+        and ctx.fast_lora(mlp_in + down)
+    ):
+        ctx.norm(tally)
+        tally.add(dt.residual, "N·h")  # LoRA_MLP keeps its input,
+        tally.add(2 * dt.compute, "N·I")  # the gate's and the up projection's outputs
         return tally
     if not spec.parallel_residual:
         ctx.norm(tally)

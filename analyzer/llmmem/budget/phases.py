@@ -168,7 +168,7 @@ def estimate_budget(
     inv = own_inventory(stack, spec, setup, inv)
     optim = find_optimizer(setup.optim)
     st = model_state_terms(spec, setup, inv, optim, shard)
-    rules = stack.block_rules(run)
+    rules = stack.block_rules(spec, run)
     acts = estimate_activations(spec, run, rules)
     own_loss = stack.loss(spec, run)
     logits = own_loss.moments if own_loss is not None else logits_moments(spec, run)

@@ -70,7 +70,7 @@ class Stack:
         """The setup with what the framework always does filled in (adapter dtype, ...)."""
         return setup
 
-    def block_rules(self, setup: TrainingSetup) -> BlockRules:
+    def block_rules(self, spec: ModelSpec, setup: TrainingSetup) -> BlockRules:
         return TRANSFORMERS_RULES
 
     def quantized_bytes(self, setup: TrainingSetup) -> QuantizedBytes:

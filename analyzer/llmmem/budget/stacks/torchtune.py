@@ -296,7 +296,7 @@ class TorchtuneStack(Stack):
             setup = replace(setup, reentrant_checkpointing=False)
         return setup
 
-    def block_rules(self, setup: TrainingSetup) -> BlockRules:
+    def block_rules(self, spec: ModelSpec, setup: TrainingSetup) -> BlockRules:
         return TORCHTUNE_RULES
 
     def quantized_bytes(self, setup: TrainingSetup) -> QuantizedBytes:

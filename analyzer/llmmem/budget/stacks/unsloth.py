@@ -25,6 +25,20 @@ Its checkpointing: `use_gradient_checkpointing="unsloth"` (get_peft_model's defa
   buffering turns on after the first pass with free memory to spare, :1309-1314, :1444). The
   budget counts one buffer, there from the first backward on, so in every phase of the step.
 
+Its layers (FastLlamaModel: llama, mistral, qwen2, qwen3, gemma, gemma2, cohere, granite)
+- Each decoder layer runs `fast_rms_layernorm` (models/llama.py :1212-1233), which keeps its
+  input as it comes and an fp32 rsqrt a row (kernels/rms_layernorm.py :981), where
+  transformers' RMSNorm keeps an fp32 copy of its input.
+- `patch_peft_model` (models/llama.py :5330-5420) runs a layer's q, k and v through LoRA_QKV,
+  its o through LoRA_W and its gate, up and down through LoRA_MLP where every Linear of the
+  group has an adapter and no bias, the adapters no DoRA, LoRA dropout is 0 and the base
+  weights are 16-bit or k-bit (an fp32 base and FSDP1 keep PEFT's forward). Those functions
+  (kernels/fast_lora.py) keep their input alone (LoRA_QKV :845, LoRA_W :1073) and, for the
+  MLP, the input, the gate's output and the up projection's output (LoRA_MLP :448): no LoRA
+  intermediate, no dropout copy, no cast of the input for fp32 adapters (the adapters' matmuls
+  run in the input's dtype, `matmul_lora`). With unsloth's offloaded checkpointing this is the
+  one layer recomputed at a time; without checkpointing, every layer.
+
 Its loss
 - unsloth's Llama forward returns no logits in training (`UNSLOTH_RETURN_LOGITS` unset,
   models/llama.py :2087-2122) and computes `unsloth_fused_ce_loss` (unsloth_zoo/fused_losses/
@@ -41,10 +55,10 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from llmmem.budget.activations import ActivationEstimate, dtypes_for
+from llmmem.budget.activations import ActivationEstimate, BlockRules, dtypes_for
 from llmmem.budget.logits import LogitsMoments
 from llmmem.budget.result import Term
-from llmmem.budget.setup import LossImpl, SetupError, TrainingSetup
+from llmmem.budget.setup import LossImpl, Precision, SetupError, TrainingSetup
 from llmmem.budget.stacks.hf import LossMoments, OffloadedActivations, Stack
 from llmmem.models.spec import ModelSpec
 from llmmem.units import format_bytes, format_count
@@ -53,6 +67,30 @@ RELEASE = "2026.10.9"
 CE_BYTES_PER_LOGIT = 16  # unsloth_zoo's `_CE_BYTES_PER_LOGIT`
 CE_TARGET_CAP = 4 * 2**30  # `_CE_TARGET_GB_CAP`: 4 GiB
 OFFLOAD_MIN_SEQ = 512  # below this max_seq_length "unsloth" is plain checkpointing
+
+
+# the model types FastLlamaModel's patch_peft_model fuses (models/llama.py :5253-5274; falcon_h1
+# keeps PEFT's MLP, qwen3moe's experts are not a gated MLP of three Linears)
+FAST_LAYER_TYPES = frozenset(
+    {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "cohere", "granite"}
+)
+# the base weights' precisions that are 16-bit (an fp32 base keeps PEFT's forward, :5326-5328)
+SIXTEEN_BIT_BASES = (Precision.BF16_TRUE, Precision.FP16_TRUE, Precision.BF16_AUTOCAST)
+
+
+def unsloth_block_rules(spec: ModelSpec, setup: TrainingSetup) -> BlockRules:
+    """What unsloth's own layer functions keep, where they run (module docstring)."""
+    if spec.model_type not in FAST_LAYER_TYPES:
+        return BlockRules()
+    lora = setup.lora
+    fused = (
+        lora is not None
+        and lora.dropout == 0
+        and not lora.dora
+        and (setup.quant is not None or setup.precision in SIXTEEN_BIT_BASES)
+        and setup.distributed.fsdp is None
+    )
+    return BlockRules(fast_lora=fused, fast_norm=True)
 
 
 def fused_ce_chunks(tokens: int, vocab: int, target: int = CE_TARGET_CAP) -> int:
@@ -104,6 +142,9 @@ class UnslothStack(Stack):
             setup = replace(setup, activation_offload=False)
         return setup
 
+    def block_rules(self, spec: ModelSpec, setup: TrainingSetup) -> BlockRules:
+        return unsloth_block_rules(spec, setup)
+
     def loss(self, spec: ModelSpec, setup: TrainingSetup) -> LossMoments | None:
         if not spec.is_causal_lm or setup.loss is not LossImpl.STANDARD:
             return None
@@ -142,6 +183,14 @@ class UnslothStack(Stack):
             )
         elif setup.grad_ckpt and setup.seq < OFFLOAD_MIN_SEQ:
             parts.append(f"plain checkpointing (unsloth offloads from {OFFLOAD_MIN_SEQ} tokens)")
+        rules = unsloth_block_rules(spec, setup)
+        if rules.fast_lora:
+            parts.append(
+                "its own LoRA functions (LoRA_QKV, LoRA_W, LoRA_MLP: each keeps its input, the "
+                "MLP also its gate and up outputs)"
+            )
+        if rules.fast_norm:
+            parts.append("its RMSNorm (keeps its input, no fp32 copy)")
         if spec.is_causal_lm and setup.loss is LossImpl.STANDARD:
             parts.append("its fused cross-entropy (no logits kept)")
         return [
