@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import replace
 from typing import Any
@@ -48,7 +49,7 @@ HF_TRAINER_FRAMEWORKS = {"trl": "TRL", "axolotl": "axolotl", "llamafactory": "LL
 
 
 # the libraries whose release changes what a step holds, as `--versions` names them
-VERSIONED_LIBRARIES = ("transformers", "torch", "bitsandbytes", "trl")
+VERSIONED_LIBRARIES = ("transformers", "torch", "bitsandbytes", "trl", "unsloth")
 
 
 def parse_versions(text: str | list[str] | None) -> dict[str, str]:
@@ -68,6 +69,11 @@ def parse_versions(text: str | list[str] | None) -> dict[str, str]:
                 f"--versions: no rule depends on {library!r}; name one of "
                 f"{', '.join(VERSIONED_LIBRARIES)} (e.g. transformers=4.48.1)"
             )
+        if library == "unsloth":  # a date: 2025.10.10, its patch part matters
+            if not re.fullmatch(r"\d{4}\.\d{1,2}(?:\.\d{1,3})?", version.strip()):
+                raise UsageError(f"--versions: {item!r} is not unsloth=YYYY.M[.P]")
+            found[library] = version.strip()
+            continue
         try:
             major, minor = release(version.strip())
         except ValueError:
@@ -131,7 +137,8 @@ def add_plan_flags(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         help="library releases the run uses, e.g. transformers=4.48.1 (MoE experts are "
-        "quantized one nn.Linear each before transformers 5), torch=2.4, bitsandbytes=0.42; "
+        "quantized one nn.Linear each before transformers 5), torch=2.4, bitsandbytes=0.42, "
+        "unsloth=2024.11.7 (its loss changed by release); "
         "without it they are read from the environment and the requirement/lock files of the "
         "current folder (a .venv, requirements*.txt, pyproject.toml, uv.lock, poetry.lock, "
         "environment.yml), else the releases the tests pin",

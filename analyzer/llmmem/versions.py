@@ -42,6 +42,7 @@ LIBRARIES = (
     "deepspeed",
     "accelerate",
     "torchtune",
+    "unsloth",
 )
 
 # the releases tests/constraints.txt pins (tests/cli/test_versions.py checks they agree); TRL
@@ -545,6 +546,12 @@ def setup_releases(versions: dict[str, FoundVersion]) -> dict[str, str]:
         found = versions.get(library)
         if found is not None and re.match(r"\d+\.\d+", found.release):
             out[field_name] = found.release
+    unsloth = versions.get("unsloth")
+    # unsloth's releases are dates (2025.10.10) and its loss changed within a month: the whole
+    # release, not "major.minor"
+    calendar = re.match(r"\d{4}\.\d+(?:\.\d+)?", unsloth.version) if unsloth else None
+    if calendar:
+        out["unsloth_version"] = calendar.group(0)
     return out
 
 

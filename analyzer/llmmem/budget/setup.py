@@ -489,6 +489,9 @@ class TrainingSetup:
     # the TRL release, "major.minor", where it is known (None: not known; a preference budget
     # then follows the release it restates)
     trl_version: str | None = None
+    # the unsloth release, as its calendar version ("2024.1", "2025.10.10") where it is known:
+    # its loss changed from release to release (llmmem.budget.stacks.unsloth)
+    unsloth_version: str | None = None
     # several samples per row or one flat row (None: one sample per row, padded to seq)
     packing: Packing | None = None
     # saved activations copied to the host in forward and back in backward (TRL's and

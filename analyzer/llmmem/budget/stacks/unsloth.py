@@ -56,7 +56,7 @@ import math
 from dataclasses import replace
 
 from llmmem.budget.activations import ActivationEstimate, BlockRules, dtypes_for
-from llmmem.budget.logits import LogitsMoments
+from llmmem.budget.logits import LogitsMoments, cut_cross_entropy_moments
 from llmmem.budget.result import Term
 from llmmem.budget.setup import LossImpl, Precision, SetupError, TrainingSetup
 from llmmem.budget.stacks.hf import LossMoments, OffloadedActivations, Stack
@@ -122,6 +122,76 @@ def fused_ce_loss(spec: ModelSpec, setup: TrainingSetup) -> LossMoments:
     return LossMoments(moments, 0)
 
 
+# unsloth's releases (calendar versions) where its Llama training loss changed, read in the
+# released wheels (models/llama.py `CausalLM_fast_forward`; 2024.1 at commit 2f55935f):
+# - up to 2024.11.7 the whole logits and `fast_cross_entropy_loss` (2024.11.7 llama.py:966-993;
+#   before 2024.2, a vocabulary over 65,536 went to torch's cross-entropy on `logits.float()`,
+#   2024.1 kernels/cross_entropy_loss.py:163-173);
+# - from 2024.11.8 Apple's Cut Cross-Entropy (`fused_linear_cross_entropy`, unsloth_zoo
+#   loss_utils.py:135-157) where it loads (torch 2.4 or newer), and from 2024.12.5 the whole
+#   logits again for 1,024 positions or fewer (llama.py:1004-1008);
+# - from 2025.8.5 unsloth's chunked loss (`unsloth_fused_ce_loss`, llama.py:1207-1219), the
+#   whole logits still for 1,024 positions or fewer;
+# - from 2025.10.10 the chunked loss whatever the positions (llama.py:1206).
+CUT_CROSS_ENTROPY_FROM = (2024, 11, 8)
+SMALL_BATCH_LOGITS_FROM = (2024, 12, 5)
+CHUNKED_LOSS_FROM = (2025, 8, 5)
+ALWAYS_CHUNKED_FROM = (2025, 10, 10)
+CHUNKED_VOCAB_FROM = (2024, 2)  # a vocabulary past 65,536 through its own kernel (e7c53fb3)
+SMALL_BATCH_POSITIONS = 1024
+
+
+def calendar(version: str | None) -> tuple[int, ...] | None:
+    """ "2025.10.10" -> (2025, 10, 10); None where unknown or unreadable."""
+    if not version:
+        return None
+    parts = tuple(int(part) for part in version.split(".")[:3] if part.isdigit())
+    return parts if len(parts) >= 2 else None
+
+
+def loss_of_release(spec: ModelSpec, setup: TrainingSetup) -> str:
+    """Which loss the run's unsloth release computes: "fused" (the chunked loss), "cce",
+    "logits" (the whole logits, unsloth's kernel) or "torch" (the whole logits upcast for
+    torch's cross-entropy)."""
+    found = calendar(setup.unsloth_version)
+    if found is None or found >= ALWAYS_CHUNKED_FROM:
+        return "fused"
+    few = setup.tokens <= SMALL_BATCH_POSITIONS
+    cce_loads = setup.torch_release >= (2, 4)
+    if found >= CHUNKED_LOSS_FROM:
+        if few or (found < (2025, 9, 1) and not cce_loads):
+            return "logits"
+        return "fused"
+    if found >= CUT_CROSS_ENTROPY_FROM:
+        if not cce_loads or (few and found >= SMALL_BATCH_LOGITS_FROM):
+            return "logits"
+        return "cce"
+    if found < CHUNKED_VOCAB_FROM and spec.vocab_size > 65536:
+        return "torch"
+    return "logits"
+
+
+def whole_logits_loss(spec: ModelSpec, setup: TrainingSetup) -> LossMoments:
+    """`fast_cross_entropy_loss` over the whole logits (2024.11.7 kernels/cross_entropy_loss.py
+    :290-365): the logits in the compute dtype, kept, with an fp32 log-sum-exp a position and the
+    shifted labels (int64); backward writes the gradient into the logits themselves. No fp32
+    copy of the logits: each row is upcast in the kernel's registers."""
+    e = dtypes_for(setup).compute
+    n = setup.tokens
+    logits = e * n * spec.vocab_size
+    count = f"N·V = {format_count(n)}×{format_count(spec.vocab_size)}"
+    moments = LogitsMoments(
+        forward_end=logits + 16 * n,
+        backward_start=logits + 12 * n,
+        head_backward=logits,
+        formula_forward=f"{e} B × {count} (the logits) + 4 B × N (log-sum-exp) + 8 B × N "
+        "(labels) + 4 B × N (the losses): unsloth's cross-entropy kernel",
+        formula_backward=f"{e} B × {count}: the gradient written into the logits + 12 B × N",
+        formula_head=f"{e} B × {count}: the logits' gradient, in place",
+    )
+    return LossMoments(moments, 0)
+
+
 class UnslothStack(Stack):
     name = "unsloth"
     offload_is_exact = True
@@ -148,6 +218,13 @@ class UnslothStack(Stack):
     def loss(self, spec: ModelSpec, setup: TrainingSetup) -> LossMoments | None:
         if not spec.is_causal_lm or setup.loss is not LossImpl.STANDARD:
             return None
+        kind = loss_of_release(spec, setup)
+        if kind == "logits":
+            return whole_logits_loss(spec, setup)
+        if kind == "cce":
+            return LossMoments(cut_cross_entropy_moments(spec, setup), 0)
+        if kind == "torch":
+            return None  # the shared rule: the logits upcast for torch's cross-entropy
         return fused_ce_loss(spec, setup)
 
     def offloaded(
@@ -192,11 +269,26 @@ class UnslothStack(Stack):
         if rules.fast_norm:
             parts.append("its RMSNorm (keeps its input, no fp32 copy)")
         if spec.is_causal_lm and setup.loss is LossImpl.STANDARD:
-            parts.append("its fused cross-entropy (no logits kept)")
+            parts.append(LOSS_WORDS[loss_of_release(spec, setup)])
+        if setup.unsloth_version:
+            head = (
+                f"unsloth {setup.unsloth_version}'s stack (read in {RELEASE}, its loss in the "
+                "release's own wheel)"
+            )
+        else:
+            head = f"unsloth {RELEASE}'s stack (the run's release not found: --versions unsloth=X)"
         return [
-            f"unsloth {RELEASE}'s stack, read from its code and unmeasured here (its kernels "
-            "need CUDA): " + "; ".join(parts)
+            f"{head}, read from its code and unmeasured here (its kernels need CUDA): "
+            + "; ".join(parts)
         ]
 
+
+LOSS_WORDS = {
+    "fused": "its fused cross-entropy (no logits kept)",
+    "cce": "Cut Cross-Entropy (no logits kept)",
+    "logits": "its cross-entropy kernel over the whole logits (the gradient written into them)",
+    "torch": "the whole logits upcast for torch's cross-entropy (its kernel took no vocabulary "
+    "past 65,536 before 2024.2)",
+}
 
 UNSLOTH_STACK = UnslothStack()
