@@ -279,36 +279,7 @@ def unmodelled_kernels(row: dict[str, Any]) -> list[str]:
         found.append(f"attention {attn} (sized: {', '.join(k.value for k in AttnImpl)})")
     if row.get("tiled_mlp"):
         found.append("unsloth's tiled MLP (unsloth_tiled_mlp)")
-    loss = unsloth_loss_of_release(row.get("unsloth_release"))
-    if loss is not None:
-        found.append(loss)
     return found
-
-
-# the first unsloth release whose Llama training forward always computes the chunked fused loss
-# the unsloth stack sizes (unsloth 2025.10.10 llama.py:1206: `bsz*q_len <= 1024` no longer makes
-# the whole logits); read in the released wheels
-UNSLOTH_FUSED_LOSS_FROM = (2025, 10, 10)
-
-
-def unsloth_loss_of_release(release: object) -> str | None:
-    """The loss an unsloth release before UNSLOTH_FUSED_LOSS_FROM computes, which the stack
-    (read in 2026.10.9) does not size; None from that release on, or where the row names none.
-    Up to 2024.11.7 the whole logits with Fast_CrossEntropyLoss (llama.py:966-993 at
-    2024.11.7); from 2024.11.8 Cut Cross-Entropy (unsloth_zoo loss_utils.py:135-157); from
-    2025.8.5 unsloth's chunked loss, with 1,024 positions or fewer still the whole logits."""
-    if not release:
-        return None
-    parts = tuple(int(part) for part in str(release).split(".") if part.isdigit())
-    if parts >= UNSLOTH_FUSED_LOSS_FROM:
-        return None
-    if parts < (2024, 11, 8):
-        kind = "the whole logits with Fast_CrossEntropyLoss"
-    elif parts < (2025, 8, 5):
-        kind = "Cut Cross-Entropy, or the whole logits"
-    else:
-        kind = "the chunked loss, or the whole logits at 1,024 positions or fewer"
-    return f"unsloth {release}'s loss ({kind}; the stack sizes unsloth 2026.10.9's fused loss)"
 
 
 # DeepSpeed's bf16 options that keep the model's states in 16 bits (PR #7700, DeepSpeed 0.18.3):
@@ -454,6 +425,8 @@ def wide_case_from_row(row: dict[str, Any]) -> CalibrationCase:
         transformers_version=stack["transformers"],
         framework=_wide_framework(row),
         first_step=runs_longest_first(row),
+        # unsloth's loss follows its release (llmmem.budget.stacks.unsloth `loss_of_release`)
+        unsloth_version=str(row["unsloth_release"]) if row.get("unsloth_release") else None,
     )
     trl_release = None
     if "trl" in stack and "trl" in str(row.get("framework", "")).lower():

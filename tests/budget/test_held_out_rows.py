@@ -70,28 +70,24 @@ def test_lora_on_the_output_head_is_named_as_not_modelled() -> None:
         wide_case_from_row(HELD_OUT["litgpt-hub-phi-2-lora-mb4"])
 
 
-def test_unsloths_notebook_row_is_listed_for_its_releases_loss() -> None:
-    """unsloth 2024.1 computed its loss on the whole fp16 logits; the stack sizes 2026.10.9's
-    chunked fused loss: the row is listed, not scored, with that reason."""
-    with pytest.raises(RowSkipped, match="unsloth 2024.1's loss .*whole logits"):
-        wide_case_from_row(HELD_OUT["unsloth-nb-tinyllama-rope4096-qlora-r32"])
-
-
 def test_unsloths_notebook_row_runs_unsloths_stack_as_the_notebook_set_it() -> None:
-    row = dict(HELD_OUT["unsloth-nb-tinyllama-rope4096-qlora-r32"])
-    del row["unsloth_release"]  # the notebook's settings, as a current release would run them
-    case = with_stated_stack(wide_case_from_row(row))
+    case = with_stated_stack(
+        wide_case_from_row(HELD_OUT["unsloth-nb-tinyllama-rope4096-qlora-r32"])
+    )
     setup = case.setup
-    assert setup.framework is Framework.UNSLOTH
+    assert setup.framework is Framework.UNSLOTH and setup.unsloth_version == "2024.1"
     assert setup.precision is Precision.FP16 and not case.gpu.bf16  # fp16 autocast on a T4
     assert (setup.batch, setup.seq, setup.grad_accum, setup.grad_ckpt) == (2, 4096, 4, False)
     assert setup.optim == "adamw_8bit" and setup.torch_version == "2.1"
     assert setup.quant is not None and setup.quant.double_quant
     budget = estimate_budget(case.spec, setup, case.gpu)
     assert budget.trainable_params == 25_231_360  # as the notebook prints it
-    assert any(
-        note.startswith("unsloth ") and "fused cross-entropy" in note for note in budget.notes
-    )
+    # 2024.1 computed its loss on the whole fp16 logits, with its own kernel
+    (note,) = [note for note in budget.notes if note.startswith("unsloth 2024.1's stack")]
+    assert "over the whole logits" in note
+    logits = 2 * 2 * 4096 * case.spec.vocab_size
+    forward = budget.phase(Phase.FORWARD)
+    assert forward.components[Component.LOGITS].bytes >= logits
 
 
 def test_unsloths_gpt_oss_row_names_the_kernels_llmmem_does_not_size() -> None:
