@@ -262,8 +262,8 @@ def budget(model_dir: Path, payload: dict[str, Any]) -> dict[str, Any]:
     ]  # fmt: skip
     if payload["method"] != "full":
         flags += ["--lora-r", "8", "--lora-alpha", "16", "--lora-targets", "q_proj,v_proj"]
-    if payload["dropout"]:
-        flags += ["--lora-dropout", str(payload["dropout"])]
+    if payload["method"] != "full":  # the case's own (LitGPT's default is 0.05)
+        flags += ["--lora-dropout", str(payload["dropout"] or 0)]
     if payload["method"] == "qlora":
         flags += ["--quant", "nf4", "--versions", "bitsandbytes=0.50"]
     done = subprocess.run(

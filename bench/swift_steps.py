@@ -505,7 +505,7 @@ def estimate_flags(model_dir: Path, payload: dict[str, Any]) -> list[str]:
         precision = "fp16"  # fp16 autocast over the fp32 weights, as off the CPU
     flags = [
         "--model", str(model_dir), "--framework", "swift", "--method", payload["tuner"],
-        "--batch", str(payload["batch"]), "--seq", str(payload["seq"]),
+        "--batch", str(payload["batch"]), "--seq", str(payload["seq"]), "--grad-accum", "1",
         "--precision", precision, "--optim", "adamw_torch_fused",
         "--grad-ckpt" if payload["ckpt"] else "--no-grad-ckpt",
         "--versions", "transformers=5.19,torch=2.13", "--offline", "--format", "json",

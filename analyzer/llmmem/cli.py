@@ -51,6 +51,18 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def _probability(text: str) -> float:
+    """A dropout probability: 0 is one (no dropout, where a framework's default has one); the
+    setup refuses 1 or more in one line of its own."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text[:24]}'") from None
+    if not 0 <= value <= 10**9:
+        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, got {text[:24]}")
+    return value
+
+
 def _add_estimate_parser(sub: Any) -> None:
     p = sub.add_parser(
         "estimate",
@@ -143,7 +155,7 @@ def _add_estimate_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--lora-dropout",
-        type=_finite_float,
+        type=_probability,
         default=None,
         help="LoRA dropout probability (PEFT's default 0): a dropout keeps a mask and its "
         "output per adapted linear",

@@ -235,8 +235,8 @@ def estimate_flags(plan: TrainingPlan, report: dict[str, Any]) -> list[str]:
             flags += ["--lora-targets", targets if isinstance(targets, str) else ",".join(targets)]
         if lora.modules_to_save.value:
             flags += ["--lora-modules-to-save", ",".join(lora.modules_to_save.value)]
-        if lora.dropout.value:
-            flags += ["--lora-dropout", str(lora.dropout.value)]
+        # always: a framework's own default (LitGPT's and ms-swift's 0.05) is not PEFT's 0
+        flags += ["--lora-dropout", str(lora.dropout.value or 0)]
         if lora.dora.value:
             flags.append("--dora")
         if str(_extra(plan, "lora_dtype")).lower() in ("bfloat16", "bf16"):
