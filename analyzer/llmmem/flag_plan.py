@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field, replace
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,7 @@ FLAG_KEYS = {
 }
 
 
+@cache
 def framework_defaults(framework: str | None) -> dict[str, tuple[Any, str]]:
     """What the framework's own reader takes for a setting its config leaves out (its
     defaults tables, `llmmem.extract.frameworks`), by estimate's flag: `--framework swift`

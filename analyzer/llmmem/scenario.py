@@ -119,8 +119,10 @@ def analyze(
             preference = preference_setup(plan)
         except (SetupError, ValueError):
             # the setup without the objective still shows; the objective's error is the refusal
-            analysis.setup = plan_setup(plan, analysis.spec, analysis.versions, preference=None,
-                                        gpu=analysis.gpu).setup  # fmt: skip
+            supervised = plan_setup(
+                plan, analysis.spec, analysis.versions, preference=None, gpu=analysis.gpu
+            )
+            analysis.setup = supervised.setup
             raise
         unmodelled = unmodelled_objective_problem(plan)
         made = plan_setup(

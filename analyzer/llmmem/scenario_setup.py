@@ -125,14 +125,14 @@ def setup_from_plan(plan: TrainingPlan, spec: ModelSpec) -> TrainingSetup:
         quant=quant,
         distributed=distributed,
         use_cache=bool(plan.use_cache.value) if plan.use_cache is not None else False,
-        optimizer_in_backward=_extra_flag(plan, "optimizer_in_bwd"),
+        optimizer_in_backward=extra_flag(plan, "optimizer_in_bwd"),
         packing=packing_of(plan),
         activation_offload=_offloads_activations(plan) or _unsloth_offloads(plan),
         reentrant_checkpointing=_reentrant(plan),
         # TrainingArguments/axolotl `torch_compile`, torchtune `compile`
-        compile=_extra_flag(plan, "torch_compile") or _extra_flag(plan, "compile"),
+        compile=extra_flag(plan, "torch_compile") or extra_flag(plan, "compile"),
         framework=Framework.UNSLOTH
-        if _extra_flag(plan, "unsloth")
+        if extra_flag(plan, "unsloth")
         else PLAN_STACKS.get(str(plan.framework), Framework.HF),
         loss_chunks=_whole_extra(plan, "num_output_chunks", 8),
         framework_script=extra_text(plan, "litgpt_script") or None,
@@ -334,7 +334,7 @@ def _unsloth_offloads(plan: TrainingPlan) -> bool:
     inputs wait on the host; the reader says so in the checkpointing's provenance."""
     note = plan.gradient_checkpointing.note or ""
     return (
-        _extra_flag(plan, "unsloth")
+        extra_flag(plan, "unsloth")
         and bool(plan.gradient_checkpointing.value)
         and "unsloth's offloaded gradient checkpointing" in note
     )
@@ -390,12 +390,12 @@ def packing_of(plan: TrainingPlan) -> Packing | None:
       concatenates them with no boundary: plain causal rows.
     """
     if plan.framework == "axolotl":
-        return Packing.ROWS if _extra_flag(plan, "sample_packing") else None
+        return Packing.ROWS if extra_flag(plan, "sample_packing") else None
     if plan.framework == "llamafactory":
-        return Packing.ROWS if _extra_flag(plan, "neat_packing") else None
-    if _extra_flag(plan, "padding_free"):
+        return Packing.ROWS if extra_flag(plan, "neat_packing") else None
+    if extra_flag(plan, "padding_free"):
         return Packing.FLAT
-    if _extra_flag(plan, "packing"):
+    if extra_flag(plan, "packing"):
         kept = plan.extra.get("packing_strategy")
         strategy = kept.value if isinstance(kept, Sourced) else kept
         if str(strategy or "bfd").strip().lower() == "bfd":
@@ -403,7 +403,7 @@ def packing_of(plan: TrainingPlan) -> Packing | None:
     return None
 
 
-def _extra_flag(plan: TrainingPlan, name: str) -> bool:
+def extra_flag(plan: TrainingPlan, name: str) -> bool:
     """A framework switch kept in `plan.extra` (torchtune's `optimizer_in_bwd: True`)."""
     kept = plan.extra.get(name)
     value = kept.value if isinstance(kept, Sourced) else kept

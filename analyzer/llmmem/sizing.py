@@ -22,7 +22,7 @@ from llmmem.budget.setup import Framework, Precision, TrainingSetup
 from llmmem.models.spec import ModelSpec
 from llmmem.plan import Provenance, TrainingPlan
 from llmmem.release_defaults import with_release_defaults
-from llmmem.scenario_setup import extra_text, loaded_dtype_note, setup_from_plan
+from llmmem.scenario_setup import extra_flag, extra_text, loaded_dtype_note, setup_from_plan
 
 if TYPE_CHECKING:
     from llmmem.budget.preference_setup import PreferenceSetup
@@ -226,19 +226,10 @@ def _preference_trainer_on_kbit(plan: TrainingPlan, made: PlanSetup) -> str | No
         or preference.trainer != "trl"
         or plan.framework not in ("trl", "hf")
         or _kbit_stated(plan)
-        or kept_flag(plan, "unsloth")  # unsloth's patched trainers: its stack's own rules
+        or extra_flag(plan, "unsloth")  # unsloth's patched trainers: its stack's own rules
     ):
         return None
     from llmmem.budget.trl_rules import preference_trainer_on_kbit
 
     made.setup, note = preference_trainer_on_kbit(made.setup, preference.objective.value)
     return note
-
-
-def kept_flag(plan: TrainingPlan, name: str) -> bool:
-    """A framework switch a reader kept in `plan.extra` (unsloth's loader: `unsloth`)."""
-    value = plan.extra.get(name)
-    value = getattr(value, "value", value)
-    if isinstance(value, str):
-        return value.strip().lower() in ("true", "1", "yes")
-    return bool(value)
